@@ -1,0 +1,73 @@
+"""Reproducible .tar.gz archives and safe extraction.
+
+Same files in, same bytes out: members sorted, mtime 0, owner root, fixed modes, gzip header without
+a time or a file name. Extraction refuses members that would land outside the destination.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from trtflow.errors import TrtflowError
+
+
+class UnsafeArchive(TrtflowError):
+    """An archive member would be written outside the destination or is not a plain file."""
+
+
+def write_reproducible_tar(folder: Path, archive: Path, prefix: str) -> None:
+    """Pack every file under `folder` as `prefix/<relative path>` into a deterministic .tar.gz."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    with open(archive, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as zipped:
+        with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in files:
+                with path.open("rb") as handle:
+                    tar.addfile(_member(f"{prefix}/{path.relative_to(folder).as_posix()}", path.stat().st_size), handle)
+
+
+def _member(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def extract_tar(archive: Path, destination: Path) -> None:
+    """Extract regular files only, refusing absolute paths, `..`, links and devices."""
+    destination.mkdir(parents=True, exist_ok=True)
+    root = destination.resolve()
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            target = (root / member.name).resolve()
+            if member.isdir():
+                continue
+            if not member.isfile() or not target.is_relative_to(root) or os.path.isabs(member.name):
+                raise UnsafeArchive(f"{archive}: refusing member {member.name!r} (outside the destination or not a regular file)")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(member) as source, open(target, "wb") as sink:  # type: ignore[union-attr]
+                shutil.copyfileobj(source, sink)
+
+
+def replace_dir_atomically(source: Path, destination: Path) -> None:
+    """Put a finished folder in place of `destination`; never a half-written one."""
+    old = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.old-"))
+    if destination.exists():
+        os.replace(destination, old / "x")
+    os.replace(source, destination)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_member(archive: Path, suffix: str) -> bytes:
+    """The bytes of the first member whose name ends with `suffix` (e.g. '/manifest.json')."""
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith(suffix):
+                return tar.extractfile(member).read()  # type: ignore[union-attr]
+    raise TrtflowError(f"{archive}: no member ending in {suffix}")
+

@@ -1,0 +1,94 @@
+"""The backend protocol: turn an ONNX file into an engine for a set of compute capabilities.
+
+Backends take plain values and paths (never recipe objects) and import their TensorRT module lazily,
+so planning a no-op run never pays for loading TensorRT.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Protocol
+
+from trtflow.errors import EnvironmentProblem
+
+Shape = list[int]
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything a backend needs to build one engine."""
+
+    onnx_path: Path
+    engine_path: Path
+    compute_capabilities: list[str]
+    profiles: list[dict[str, tuple[Shape, Shape, Shape]]]
+    workspace_bytes: Optional[int] = None
+    optimization_level: int = 3
+    hardware_compatibility: str = "none"
+    version_compatible: bool = False
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One engine I/O tensor as the built network declares it (-1 marks a dynamic dimension)."""
+
+    name: str
+    mode: str  # "input" | "output"
+    dtype: str
+    shape: list[int]
+
+
+@dataclass
+class BuildResult:
+    backend: str
+    backend_version: str
+    tensors: list[TensorSpec]
+    engine_bytes: int
+    log: list[str] = field(default_factory=list)
+
+    def to_record(self) -> dict:
+        return asdict(self)
+
+
+class Backend(Protocol):
+    name: str
+    module: str
+    extra: str
+
+    def engine_from_onnx(self, request: BuildRequest) -> BuildResult: ...
+
+    def engine_validity(self, engine: bytes) -> str: ...
+
+
+BACKENDS = {
+    "tensorrt-rtx": ("trtflow.backends.tensorrt_rtx", "tensorrt-rtx"),
+    "tensorrt": ("trtflow.backends.tensorrt", "tensorrt"),
+}
+
+
+def backend_version(name: str) -> Optional[str]:
+    """Installed version of a backend's package without importing it (cheap enough for every plan)."""
+    try:
+        return importlib.metadata.version(BACKENDS[name][1])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def get_backend(name: str) -> Backend:
+    """The backend object; raises EnvironmentProblem with the install command if it is missing."""
+    module = importlib.import_module(BACKENDS[name][0])
+    backend = module.BACKEND
+    backend.load()
+    return backend
+
+
+def import_or_explain(module: str, extra: str, why: str = ""):
+    """Import a heavy optional module, or raise an EnvironmentProblem that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        hint = f"pip install 'trtflow[{extra}]'" + (f" ({why})" if why else "")
+        raise EnvironmentProblem(f"module {module!r} is required: {hint} [{exc}]") from None

@@ -1,0 +1,70 @@
+"""Full TensorRT (10/11): builds on the GPU it runs on, optionally hardware- and version-compatible.
+
+Unlike TensorRT-RTX it cannot target another architecture: a build refuses to run unless the local
+GPU's compute capability is one the target declares (or the target asks for a hardware-compatible
+engine and every declared capability is Ampere or newer).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
+from trtflow.backends.trt_common import build_engine
+from trtflow.errors import EnvironmentProblem, StageError
+
+HARDWARE_LEVELS = {"ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}
+
+
+def local_compute_capabilities() -> list[str]:
+    """Compute capabilities of the GPUs on this machine, as sm_XY, from nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        raise EnvironmentProblem("the tensorrt backend builds on a GPU, and this machine has none (no nvidia-smi)")
+    result = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise EnvironmentProblem(f"nvidia-smi failed: {result.stderr.strip() or result.stdout.strip()}")
+    return sorted({"sm_" + line.strip().replace(".", "") for line in result.stdout.splitlines() if line.strip()})
+
+
+class TensorRTBackend:
+    name = "tensorrt"
+    module = "tensorrt"
+    extra = "tensorrt"
+
+    def __init__(self) -> None:
+        self._trt: Any = None
+
+    def load(self) -> None:
+        if self._trt is None:
+            self._trt = import_or_explain(self.module, self.extra, "from NVIDIA's package index, needs a GPU")
+
+    def engine_from_onnx(self, request: BuildRequest) -> BuildResult:
+        self.load()
+        trt = self._trt
+        _check_local_gpu(request)
+
+        def configure(config: Any, logger: Any) -> None:
+            if request.hardware_compatibility != "none":
+                level = HARDWARE_LEVELS[request.hardware_compatibility]
+                config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
+            if request.version_compatible:
+                config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+
+        return build_engine(trt, request, configure, self.name)
+
+
+def _check_local_gpu(request: BuildRequest) -> None:
+    """Refuse to label an engine with capabilities the local GPU cannot produce."""
+    local = local_compute_capabilities()
+    wanted = set(request.compute_capabilities)
+    if request.hardware_compatibility == "ampere_plus":
+        if all(int(cc[3:]) >= 80 for cc in wanted) and any(int(cc[3:]) >= 80 for cc in local):
+            return
+        raise StageError(f"an ampere_plus engine needs an Ampere+ GPU here and Ampere+ targets (local: {local}, target: {sorted(wanted)})")
+    if len(wanted) != 1 or not wanted <= set(local):
+        raise StageError(f"the tensorrt backend builds for the local GPU ({', '.join(local)}); the target declares {', '.join(sorted(wanted))}")
+
+
+BACKEND = TensorRTBackend()

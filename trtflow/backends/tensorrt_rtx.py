@@ -1,0 +1,44 @@
+"""TensorRT-RTX: builds engines on the CPU, ahead of time, for the compute capabilities a target names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
+from trtflow.backends.trt_common import build_engine
+from trtflow.errors import StageError
+
+
+class TensorRTRTXBackend:
+    name = "tensorrt-rtx"
+    module = "tensorrt_rtx"
+    extra = "rtx"
+
+    def __init__(self) -> None:
+        self._trt: Any = None
+
+    def load(self) -> None:
+        if self._trt is None:
+            self._trt = import_or_explain(self.module, self.extra)
+
+    def engine_from_onnx(self, request: BuildRequest) -> BuildResult:
+        """Build for exactly the requested compute capabilities; no GPU is needed."""
+        self.load()
+        trt = self._trt
+        capabilities = [self._capability(cc) for cc in request.compute_capabilities]
+
+        def configure(config: Any, logger: Any) -> None:
+            config.num_compute_capabilities = len(capabilities)
+            for index, capability in enumerate(capabilities):
+                config.set_compute_capability(capability, index)
+
+        return build_engine(trt, request, configure, self.name)
+
+    def _capability(self, cc: str) -> Any:
+        value = getattr(self._trt.ComputeCapability, cc.replace("_", "").upper(), None)
+        if value is None:
+            raise StageError(f"tensorrt-rtx {self._trt.__version__} cannot target {cc}")
+        return value
+
+
+BACKEND = TensorRTRTXBackend()

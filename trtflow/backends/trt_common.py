@@ -1,0 +1,92 @@
+"""Engine building shared by TensorRT and TensorRT-RTX, which expose the same Python API.
+
+Each function takes the imported TensorRT module (`trt`) as its first argument so one code path
+serves both backends; the backend modules only add what differs (targets, compatibility flags).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from trtflow.backends.base import BuildRequest, BuildResult, TensorSpec
+from trtflow.errors import StageError
+
+DTYPE_NAMES = {
+    "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
+    "INT64": "int64", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8e4m3", "INT4": "int4", "FP4": "float4e2m1",
+}
+
+
+def make_logger(trt: Any) -> Any:
+    """A TensorRT logger that keeps warnings and errors so a failed build can say why."""
+
+    class CollectingLogger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.lines: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            if severity <= trt.ILogger.Severity.WARNING:
+                self.lines.append(f"{severity.name}: {msg}")
+
+    return CollectingLogger()
+
+
+def network_from_onnx(trt: Any, builder: Any, logger: Any, onnx_path: str) -> tuple[Any, Any]:
+    """Parse an ONNX file into a strongly typed network (the only kind TensorRT 11 and RTX build).
+
+    Returns (network, parser): the parser owns the weights the network points at, so the caller
+    keeps it alive until the engine is built.
+    """
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(onnx_path):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise StageError("the ONNX parser rejected the model: " + "; ".join(errors or logger.lines))
+    return network, parser
+
+
+def config_from_request(trt: Any, builder: Any, request: BuildRequest) -> Any:
+    """Builder config with profiles, memory limit and optimization level (never precision flags)."""
+    config = builder.create_builder_config()
+    for shapes in request.profiles:
+        profile = builder.create_optimization_profile()
+        for name, (min_shape, opt_shape, max_shape) in shapes.items():
+            profile.set_shape(name, min_shape, opt_shape, max_shape)
+        config.add_optimization_profile(profile)
+    if request.workspace_bytes:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, request.workspace_bytes)
+    config.builder_optimization_level = request.optimization_level
+    return config
+
+
+def tensors_from_network(network: Any) -> list[TensorSpec]:
+    """The I/O tensors as the network declares them, inputs first."""
+    tensors = []
+    for mode, count, get in (("input", network.num_inputs, network.get_input), ("output", network.num_outputs, network.get_output)):
+        for index in range(count):
+            tensor = get(index)
+            dtype = DTYPE_NAMES.get(tensor.dtype.name, tensor.dtype.name.lower())
+            tensors.append(TensorSpec(name=tensor.name, mode=mode, dtype=dtype, shape=list(tensor.shape)))
+    return tensors
+
+
+def build_engine(trt: Any, request: BuildRequest, configure: Callable[[Any, Any], None], backend: str) -> BuildResult:
+    """Parse, configure (`configure(config, logger)` adds backend specifics), build, write the engine file."""
+    logger = make_logger(trt)
+    builder = trt.Builder(logger)
+    network, _parser = network_from_onnx(trt, builder, logger, str(request.onnx_path))
+    config = config_from_request(trt, builder, request)
+    configure(config, logger)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise StageError("the engine build failed: " + ("; ".join(logger.lines[-5:]) or "no message from the builder"))
+    data = memoryview(serialized)
+    request.engine_path.write_bytes(data)
+    return BuildResult(
+        backend=backend,
+        backend_version=trt.__version__,
+        tensors=tensors_from_network(network),
+        engine_bytes=data.nbytes,
+        log=logger.lines[-50:],
+    )

@@ -1,0 +1,262 @@
+"""The `trtflow` command. The only place that reads arguments, prints, and maps errors to exit codes.
+
+Exit codes: 0 success; 1 a stage failed; 2 bad command line; 3 invalid project, recipe or file;
+4 something missing from this machine (a package, a GPU); 70 a bug in trtflow (please report it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from trtflow import __version__
+from trtflow.errors import InternalError, TrtflowError
+from trtflow.plan import BUILT, CACHED, FAILED, SKIPPED, NodeState
+
+
+class Context:
+    def __init__(self, project_dir: Path, verbose: bool):
+        self.project_dir = project_dir
+        self.verbose = verbose
+
+    def session(self, recipes: tuple[str, ...] = ()):
+        from trtflow.session import Session
+
+        return Session.open(self.project_dir, recipes)
+
+
+pass_context = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-C", "--project", "project_dir", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True, help="Folder holding pipeline.yaml.")
+@click.option("-v", "--verbose", is_flag=True, help="Show details (tracebacks of failed stages, build logs).")
+@click.version_option(__version__, prog_name="trtflow")
+@click.pass_context
+def cli(ctx: click.Context, project_dir: Path, verbose: bool) -> None:
+    """Build TensorRT engines for a GPU fleet from declarative recipes, rebuilding only what changed."""
+    ctx.obj = Context(project_dir, verbose)
+
+
+@cli.command()
+@pass_context
+def validate(ctx: Context) -> None:
+    """Check pipeline.yaml, every recipe, and that each model parses and fits its profiles."""
+    session = ctx.session()
+    session.check_models()
+    project = session.project
+    click.echo(f"ok: {len(project.recipes)} recipe(s), {len(project.pipeline.targets)} target(s), {len(session.dag)} stage(s)")
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1)
+@click.option("--explain", is_flag=True, help="Name what changed since the last run for every stale stage.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@pass_context
+def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -> None:
+    """Show every stage and whether it is cached, new, or stale (and why). Writes nothing."""
+    session = ctx.session(recipes)
+    try:
+        states = list(session.plan().values())
+    finally:
+        session.close()
+    if as_json:
+        click.echo(json.dumps({"nodes": [s.to_json() for s in states]}, indent=2))
+        return
+    for state in states:
+        click.echo(f"{state.node.id:<48} {state.label}")
+        if explain:
+            for change in state.changes[1:] if state.reason else []:
+                click.echo(f"{'':<48}   also: {change}")
+    click.echo(_counts(states))
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1)
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Stages to run at once (TensorRT-RTX builds use one core each).")
+@click.option("--force", is_flag=True, help="Run every selected stage even if cached.")
+@click.option("--dry-run", is_flag=True, help="Show what would run, run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (no progress display).")
+@pass_context
+def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, as_json: bool) -> None:
+    """Run the stale stages of the selected recipes (all by default) and write their packages."""
+    from trtflow.runner import RunOptions
+
+    session = ctx.session(recipes)
+    try:
+        if dry_run:
+            states = list(session.plan(force).values())
+            _print_summary(states, as_json, 0.0, dry_run=True)
+            return
+        started = time.perf_counter()
+        view = None if as_json else _progress_view(ctx.verbose)
+        states = list(session.run(RunOptions(jobs=jobs, force=force), view).values())
+        if view is not None:
+            view.close()
+    finally:
+        session.close()
+    _print_summary(states, as_json, time.perf_counter() - started)
+    if any(s.status == FAILED for s in states):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def inspect(path: Path, as_json: bool) -> None:
+    """Show a package (folder or .tar.gz), a manifest.json, or an engine file."""
+    from trtflow.inspection import inspect_path
+
+    info = inspect_path(path)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    elif info["kind"] == "engine":
+        _print_engine(info)
+    else:
+        _print_manifest(info["path"], info["manifest"])
+
+
+@cli.command()
+@click.argument("what", type=click.Choice(["manifest", "recipe", "pipeline"]))
+def schema(what: str) -> None:
+    """Print the JSON Schema of a manifest, a recipe or pipeline.yaml (for editors and validators)."""
+    if what == "manifest":
+        from trtflow.manifest import manifest_json_schema
+
+        click.echo(json.dumps(manifest_json_schema(), indent=2))
+        return
+    from trtflow.recipe import Pipeline, Recipe
+
+    click.echo(json.dumps((Recipe if what == "recipe" else Pipeline).model_json_schema(), indent=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+
+
+def _counts(states: list[NodeState]) -> str:
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state.status] = counts.get(state.status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items()) or "nothing to do"
+
+
+def _print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False) -> None:
+    if as_json:
+        counts = {status: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
+        click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "nodes": [s.to_json() for s in states]}, indent=2))
+        return
+    if dry_run:
+        for state in states:
+            click.echo(f"{'would run' if state.status != CACHED else 'cached':<10} {state.node.id:<48} {state.label}")
+        click.echo(f"dry run: {sum(s.status != CACHED for s in states)} stage(s) would run, {sum(s.status == CACHED for s in states)} cached")
+        return
+    for state in states:
+        if state.status in (FAILED, SKIPPED):
+            click.echo(f"{state.status:<8} {state.node.id}: {state.reason}", err=True)
+    built = [s for s in states if s.status == BUILT]
+    line = f"{len(built)} built, {sum(s.status == CACHED for s in states)} cached, {sum(s.status == FAILED for s in states)} failed, {sum(s.status == SKIPPED for s in states)} skipped in {seconds:.2f} s"
+    if not built and all(s.status == CACHED for s in states):
+        line += " (all stages cached, nothing to do)"
+    click.echo(line)
+
+
+def _print_manifest(path: str, manifest: dict) -> None:
+    click.echo(f"package {manifest['recipe']}  ({path})")
+    click.echo(f"  trtflow {manifest['trtflow_version']}, manifest schema {manifest['schema_version']}, source sha256 {manifest['source']['sha256'][:16]}")
+    for engine in manifest["engines"]:
+        click.echo(f"  {engine['file']}")
+        click.echo(f"    target {engine['target']} ({', '.join(engine['compute_capabilities'])}), {engine['precision']}, {engine['backend']} {engine['backend_version']}")
+        click.echo(f"    {engine['size']} bytes, sha256 {engine['sha256']}")
+        for tensor in engine["tensors"]:
+            ranges = "; ".join(f"{p['min']}..{p['max']} opt {p['opt']}" for p in tensor["profiles"])
+            click.echo(f"    {tensor['mode']:<6} {tensor['name']} {tensor['dtype']} {tensor['shape']}" + (f"  profiles: {ranges}" if ranges else ""))
+
+
+def _print_engine(info: dict) -> None:
+    click.echo(f"engine {info['path']}: {info['size']} bytes, sha256 {info['sha256']}")
+    entry = info["manifest_entry"]
+    if entry is None:
+        click.echo("  no manifest describes it (inspect the package folder it came from for details)")
+        return
+    click.echo(f"  recipe {info['recipe']}, target {entry['target']} ({', '.join(entry['compute_capabilities'])}), {entry['precision']}, {entry['backend']} {entry['backend_version']}")
+
+
+class _PlainView:
+    """One line per finished stage: for logs and CI, where a live display would be noise."""
+
+    def __init__(self, verbose: bool):
+        self.verbose = verbose
+        self.done = 0
+
+    def __call__(self, event: str, state: NodeState) -> None:
+        if event == "start":
+            click.echo(f"run      {state.node.id}  ({state.label})", err=True)
+            return
+        self.done += 1
+        if state.status == CACHED and not self.verbose:
+            return
+        timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
+        click.echo(f"{state.status:<8} {state.node.id}{timing}", err=True)
+        if self.verbose and state.detail:
+            click.echo(state.detail, err=True)
+
+    def close(self) -> None:
+        pass
+
+
+class _RichView(_PlainView):
+    """A live progress bar on a terminal, with finished stages printed above it."""
+
+    def __init__(self, verbose: bool):
+        super().__init__(verbose)
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} done"), TimeElapsedColumn(), console=Console(stderr=True))
+        self.task = self.progress.add_task("running", total=None)
+        self.progress.start()
+
+    def __call__(self, event: str, state: NodeState) -> None:
+        if event == "start":
+            self.progress.update(self.task, description=f"running {state.node.id}")
+            return
+        if state.status != CACHED:
+            timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
+            self.progress.console.print(f"{state.status:<8} {state.node.id}{timing}", markup=False, highlight=False)
+        self.progress.advance(self.task)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def _progress_view(verbose: bool) -> _PlainView:
+    return _RichView(verbose) if sys.stderr.isatty() else _PlainView(verbose)
+
+
+def main(argv: Optional[list[str]] = None) -> Any:
+    """Entry point: run the CLI, turning expected errors into one line and an exit code."""
+    verbose = "-v" in (argv if argv is not None else sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    try:
+        return cli.main(args=argv, prog_name="trtflow", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except InternalError as exc:
+        traceback.print_exc()
+        click.echo(f"trtflow: internal error: {exc} (please report this)", err=True)
+        sys.exit(exc.exit_code)
+    except TrtflowError as exc:
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,84 @@
+"""Canonical JSON, file digests with a stat cache, and stage keys.
+
+A stage key is the sha256 of the canonical JSON of everything that determines a stage's output:
+
+    >>> stage_key({"kind": "build", "version": 1, "params": {"cc": ["sm_86"]},
+    ...            "inputs": {"model": "ab12..."}, "fingerprint": {"backend": "tensorrt-rtx 1.7.1.116"}})
+    'sha256 of {"fingerprint":{...},"inputs":{...},"kind":"build","params":{...},"version":1}'
+
+Paths never enter a key, only the digests of what they point to, so moving a project keeps its cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, MutableMapping, Optional
+
+CHUNK = 1 << 20
+# A file modified within this window of being hashed may change again within the same mtime tick,
+# so its signature is not remembered (git calls this the "racy clean" problem).
+RACY_WINDOW_NS = 2_000_000_000
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal values always give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def stage_key(components: dict[str, Any]) -> str:
+    """The key of a stage: sha256 of the canonical JSON of its components (kind, version, params, inputs, fingerprint)."""
+    return sha256_text(canonical_json(components))
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks (constant memory for multi-GB models)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_signature(stat: os.stat_result) -> list[int]:
+    """What must stay equal for a remembered digest to be trusted (as git's index and DVC do)."""
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+
+
+class FileDigests:
+    """sha256 of files, re-reading a file only when its (size, mtime_ns, inode) changed.
+
+    `memory` is any mutable mapping of absolute path -> {"sig": [...], "sha256": "..."}; the store
+    provides a persistent one so an unchanged multi-GB model is not re-read on every run.
+    """
+
+    def __init__(self, memory: Optional[MutableMapping[str, Any]] = None):
+        self._memory: MutableMapping[str, Any] = memory if memory is not None else {}
+        self.hashed_bytes = 0
+
+    def digest(self, path: Path) -> str:
+        path = Path(os.path.abspath(path))
+        stat = path.stat()
+        signature = file_signature(stat)
+        remembered = self._memory.get(str(path))
+        if remembered and remembered.get("sig") == signature:
+            return remembered["sha256"]
+        digest = sha256_file(path)
+        self.hashed_bytes += stat.st_size
+        unchanged_while_read = file_signature(path.stat()) == signature
+        if unchanged_while_read and time.time_ns() - stat.st_mtime_ns > RACY_WINDOW_NS:
+            self._memory[str(path)] = {"sig": signature, "sha256": digest}
+        return digest
+
+    def adopt(self, other: "FileDigests") -> None:
+        """Remember what another (in-memory) instance learned, so nothing is hashed twice in a run."""
+        if isinstance(other._memory, dict):
+            for path, entry in other._memory.items():
+                self._memory[path] = entry

@@ -1,0 +1,74 @@
+"""Check a recipe against its ONNX model before any work: parseable, and profiles that fit its inputs.
+
+Runs in `trtflow validate` and before `trtflow run` touches the store, so a bad model or a profile
+naming a missing input is one clear error naming the recipe field, with nothing written.
+Only the graph is read (external weights are not loaded).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from trtflow.errors import ProjectError
+from trtflow.recipe import RecipeFile
+
+Dims = list[Optional[int]]  # None marks a dynamic dimension
+
+
+def check_recipe_model(item: RecipeFile, root: Path) -> None:
+    """Raise ProjectError if the model does not parse or the profiles do not fit its inputs."""
+    inputs = model_inputs(item, item.source_path(root))
+    _check_profile_names(item, inputs)
+    _check_dynamic_inputs_covered(item, inputs)
+    for index, profile in enumerate(item.recipe.profiles):
+        for name, shape in profile.inputs.items():
+            _check_shape(item, ("profiles", index, "inputs", name), inputs[name], shape.triple())
+
+
+def model_inputs(item: RecipeFile, path: Path) -> dict[str, Dims]:
+    """The model's real inputs (initializers excluded) and their dimensions."""
+    import onnx
+
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:
+        raise ProjectError(f"{item.where('source', 'onnx')}: cannot parse ONNX model {item.recipe.source.onnx}: {_first_line(exc)}") from None
+    if not model.graph.node and not model.graph.output:
+        raise ProjectError(f"{item.where('source', 'onnx')}: {item.recipe.source.onnx} holds no ONNX graph")
+    initializers = {init.name for init in model.graph.initializer}
+    return {v.name: _dims(v) for v in model.graph.input if v.name not in initializers}
+
+
+def _dims(value: Any) -> Dims:
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in value.type.tensor_type.shape.dim]
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _check_profile_names(item: RecipeFile, inputs: dict[str, Dims]) -> None:
+    for index, profile in enumerate(item.recipe.profiles):
+        for name in profile.inputs:
+            if name not in inputs:
+                known = ", ".join(inputs) or "none"
+                raise ProjectError(f"{item.where('profiles', index, 'inputs', name)}: the model has no input {name!r} (its inputs: {known})")
+
+
+def _check_dynamic_inputs_covered(item: RecipeFile, inputs: dict[str, Dims]) -> None:
+    named = set(item.recipe.profiles[0].inputs) if item.recipe.profiles else set()
+    for name, dims in inputs.items():
+        if None in dims and name not in named:
+            shown = "[" + ",".join("?" if d is None else str(d) for d in dims) + "]"
+            raise ProjectError(f"{item.where('profiles')}: input {name!r} has dynamic shape {shown}: give its min/opt/max in every profile")
+
+
+def _check_shape(item: RecipeFile, loc: tuple, dims: Dims, triple: tuple) -> None:
+    for field, shape in zip(("min", "opt", "max"), triple):
+        if len(shape) != len(dims):
+            raise ProjectError(f"{item.where(*loc, field)}: rank {len(shape)} but the model's input has rank {len(dims)}")
+        for axis, (want, have) in enumerate(zip(dims, shape)):
+            if want is not None and want != have:
+                raise ProjectError(f"{item.where(*loc, field)}: dimension {axis} is fixed to {want} in the model, not {have}")
