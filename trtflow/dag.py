@@ -100,9 +100,12 @@ def _recipe_nodes(project: Project, item: RecipeFile) -> list[Node]:
     return [cleanup, *builds, _package_node(recipe.name, builds, cleanup.id)]
 
 
-def profile_triples(item: RecipeFile) -> list[dict[str, list[list[int]]]]:
-    """Profiles as [{input: [min, opt, max]}], the plain form backends and manifests use."""
-    return [{name: list(shape.triple()) for name, shape in profile.inputs.items()} for profile in item.recipe.profiles]
+def plain_profiles(item: RecipeFile) -> list[dict[str, dict[str, list[int]]]]:
+    """Profiles as [{input: {min, opt, max}}], the plain form keys, backends and manifests use."""
+    return [
+        {name: dict(zip(("min", "opt", "max"), shape.triple())) for name, shape in profile.inputs.items()}
+        for profile in item.recipe.profiles
+    ]
 
 
 def _build_node(recipe: str, precision: str, target: str, spec: TargetSpec, item: RecipeFile, model_node: str) -> Node:
@@ -112,7 +115,7 @@ def _build_node(recipe: str, precision: str, target: str, spec: TargetSpec, item
         recipe=recipe,
         params={
             "precision": precision,
-            "profiles": profile_triples(item),
+            "profiles": plain_profiles(item),
             "workspace_mib": item.recipe.build.workspace_mib,
             "optimization_level": item.recipe.build.optimization_level,
         },

@@ -15,7 +15,7 @@ def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput
         onnx_path=inputs["model"].files["model"],
         engine_path=workdir / "model.engine",
         compute_capabilities=params["compute_capabilities"],
-        profiles=[{name: tuple(triple) for name, triple in profile.items()} for profile in params["profiles"]],
+        profiles=[{name: (s["min"], s["opt"], s["max"]) for name, s in profile.items()} for profile in params["profiles"]],
         workspace_bytes=workspace * (1 << 20) if workspace else None,
         optimization_level=params["optimization_level"],
         hardware_compatibility=params["hardware_compatibility"],

@@ -53,7 +53,7 @@ def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream) -> Eng
 
 
 def _tensor(spec: dict, profiles: list[dict]) -> Tensor:
-    shapes = [ProfileShape(min=p[spec["name"]][0], opt=p[spec["name"]][1], max=p[spec["name"]][2]) for p in profiles if spec["name"] in p]
+    shapes = [ProfileShape(**profile[spec["name"]]) for profile in profiles if spec["name"] in profile]
     return Tensor(profiles=shapes, **spec)
 
 

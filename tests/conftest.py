@@ -1,0 +1,88 @@
+"""Shared fixtures: a real project tree on disk (pipeline, recipes, ONNX models) built in one call."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import pytest
+
+from trtflow.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+PIPELINE = """\
+store: artifacts/store
+packages: artifacts/packages
+recipes: [recipes/*.yaml]
+targets:
+  rtx-ampere: {backend: tensorrt-rtx, compute_capabilities: [sm_86]}
+  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}
+"""
+
+TINY_RECIPE = """\
+source:
+  onnx: models/tiny_cnn.onnx
+precisions: [fp32]
+targets: [rtx-ampere, rtx-ada]
+profiles:
+  - inputs:
+      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}
+"""
+
+
+def example_models():
+    """The repo's model generators (models/make_models.py), shared with the example project."""
+    spec = importlib.util.spec_from_file_location("make_models", REPO / "models" / "make_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def trtflow(root: Path, *args: str) -> Result:
+    """Run the real CLI entry point in this process (errors and exit codes as a user sees them)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(["-C", str(root), *args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def trtflow_process(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python -m trtflow` as a separate process, as CI and users do."""
+    return subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def write_project(root: Path, recipes: dict[str, str] | None = None, pipeline: str = PIPELINE) -> Path:
+    """pipeline.yaml, recipes/<name>.yaml and models/tiny_cnn.onnx under `root`."""
+    (root / "recipes").mkdir(parents=True, exist_ok=True)
+    (root / "models").mkdir(exist_ok=True)
+    (root / "pipeline.yaml").write_text(pipeline)
+    for name, text in (recipes if recipes is not None else {"tiny": TINY_RECIPE}).items():
+        (root / "recipes" / f"{name}.yaml").write_text(text)
+    import numpy as np
+
+    onnx.save(example_models().tiny_cnn(np.random.default_rng(0)), root / "models" / "tiny_cnn.onnx")
+    return root
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A fresh project: one recipe (tiny_cnn, fp32) and two TensorRT-RTX targets (sm_86, sm_89)."""
+    return write_project(tmp_path / "proj")

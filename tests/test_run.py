@@ -1,0 +1,156 @@
+"""End to end: the real CLI builds real TensorRT-RTX engines on the CPU, packages them, and reruns incrementally."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from conftest import TINY_RECIPE, trtflow, trtflow_process, write_project
+
+
+def run_json(root: Path, *args: str) -> dict:
+    result = trtflow(root, "run", "--json", *args)
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def statuses(summary: dict) -> dict[str, str]:
+    return {node["id"]: node["status"] for node in summary["nodes"]}
+
+
+def built(summary: dict) -> set[str]:
+    return {node_id for node_id, status in statuses(summary).items() if status == "built"}
+
+
+def manifest(root: Path, recipe: str = "tiny") -> dict:
+    return json.loads((root / "artifacts" / "packages" / recipe / "manifest.json").read_text())
+
+
+def test_run_packages_one_engine_per_precision_and_target(project: Path) -> None:
+    summary = run_json(project)
+    assert summary["built"] == 4 and summary["failed"] == 0
+    package = project / "artifacts" / "packages" / "tiny"
+    engines = manifest(project)["engines"]
+    assert sorted((e["precision"], e["target"], tuple(e["compute_capabilities"])) for e in engines) == [
+        ("fp32", "rtx-ada", ("sm_89",)), ("fp32", "rtx-ampere", ("sm_86",))]
+    for engine in engines:
+        data = (package / engine["file"]).read_bytes()
+        assert engine["sha256"] == hashlib.sha256(data).hexdigest() and engine["size"] == len(data) > 10_000
+        assert engine["backend"] == "tensorrt-rtx" and engine["backend_version"].startswith("1.")
+        assert [t["name"] for t in engine["tensors"]] == ["input", "logits"]
+        assert engine["tensors"][0]["profiles"] == [{"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}]
+    sums = dict(line.split("  ")[::-1] for line in (package / "SHA256SUMS").read_text().splitlines())
+    assert sums["manifest.json"] == hashlib.sha256((package / "manifest.json").read_bytes()).hexdigest()
+    with tarfile.open(project / "artifacts" / "packages" / "tiny.tar.gz") as tar:
+        assert sorted(tar.getnames()) == sorted(f"tiny/{p.relative_to(package).as_posix()}" for p in package.rglob("*") if p.is_file())
+
+
+def test_inspect_shows_package_manifest_and_engine(project: Path) -> None:
+    run_json(project)
+    package = project / "artifacts" / "packages" / "tiny"
+    for path in (package, project / "artifacts" / "packages" / "tiny.tar.gz", package / "manifest.json"):
+        shown = trtflow(project, "inspect", str(path))
+        assert shown.code == 0 and "rtx-ada (sm_89)" in shown.out and "tensorrt-rtx 1." in shown.out
+    engine = package / manifest(project)["engines"][0]["file"]
+    info = json.loads(trtflow(project, "inspect", "--json", str(engine)).out)
+    assert info["kind"] == "engine" and info["manifest_entry"]["file"] == manifest(project)["engines"][0]["file"]
+
+
+def test_second_run_executes_nothing_and_says_so(project: Path) -> None:
+    run_json(project)
+    again = trtflow_process(project, "run")
+    assert again.returncode == 0, again.stderr
+    assert "0 built, 4 cached" in again.stdout and "all stages cached" in again.stdout
+    assert set(statuses(run_json(project)).values()) == {"cached"}
+
+
+def test_changing_one_target_rebuilds_only_its_builds_and_the_package(project: Path) -> None:
+    run_json(project)
+    pipeline = project / "pipeline.yaml"
+    pipeline.write_text(pipeline.read_text().replace("sm_89", "sm_120"))
+    plan = trtflow(project, "plan", "--explain")
+    assert "build:tiny/fp32/rtx-ada" in plan.out and "compute_capabilities: ['sm_89'] -> ['sm_120']" in plan.out
+    assert built(run_json(project)) == {"build:tiny/fp32/rtx-ada", "package:tiny"}
+    assert [e["compute_capabilities"] for e in manifest(project)["engines"] if e["target"] == "rtx-ada"] == [["sm_120"]]
+
+
+def test_changing_a_profile_rebuilds_only_that_recipes_builds(tmp_path: Path) -> None:
+    root = write_project(tmp_path / "p", {"tiny": TINY_RECIPE, "other": TINY_RECIPE})
+    run_json(root)
+    recipe = root / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("max: [8, 3, 32, 32]", "max: [16, 3, 32, 32]"))
+    explained = trtflow(root, "plan", "--explain").out
+    assert "profiles[0].input.max: [8,3,32,32] -> [16,3,32,32]" in explained
+    assert built(run_json(root)) == {"build:tiny/fp32/rtx-ampere", "build:tiny/fp32/rtx-ada", "package:tiny"}
+
+
+def test_deleted_store_object_is_rebuilt(project: Path) -> None:
+    run_json(project)
+    engine_digest = manifest(project)["engines"][0]["sha256"]
+    shutil.rmtree(project / "artifacts" / "packages")
+    obj = project / "artifacts" / "store" / "objects" / engine_digest[:2] / engine_digest
+    obj.chmod(0o644)
+    obj.unlink()
+    rebuilt = run_json(project)
+    assert len(built(rebuilt)) == 1 and next(iter(built(rebuilt))).startswith("build:")
+    assert obj.is_file() and manifest(project)["engines"][0]["sha256"] == engine_digest  # same bytes again
+
+
+def test_builds_are_deterministic_and_force_reruns_everything(project: Path) -> None:
+    run_json(project)
+    before = (project / "artifacts" / "packages" / "tiny.tar.gz").read_bytes()
+    assert run_json(project, "--force")["built"] == 4
+    assert (project / "artifacts" / "packages" / "tiny.tar.gz").read_bytes() == before
+
+
+def test_dry_run_writes_nothing(project: Path) -> None:
+    result = trtflow(project, "run", "--dry-run")
+    assert result.code == 0 and "4 stage(s) would run" in result.out
+    assert not (project / "artifacts").exists()
+
+
+def _unsupported_op_model(path: Path) -> None:
+    """Valid ONNX (passes the checker) that no TensorRT parser can import: an op from a custom domain."""
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def test_a_failing_build_stops_its_package_but_not_other_recipes(tmp_path: Path) -> None:
+    root = write_project(tmp_path / "p", {"tiny": TINY_RECIPE, "broken": "source: {onnx: models/broken.onnx}\ntargets: [rtx-ampere]\n"})
+    _unsupported_op_model(root / "models" / "broken.onnx")
+    result = trtflow(root, "run", "--json")
+    assert result.code == 1
+    states = statuses(json.loads(result.out))
+    assert states["build:broken/fp32/rtx-ampere"] == "failed" and states["package:broken"] == "skipped"
+    assert states["package:tiny"] == "built"
+    failure = next(n for n in json.loads(result.out)["nodes"] if n["status"] == "failed")
+    assert "Frobnicate" in failure["reason"]
+    assert (root / "artifacts" / "packages" / "tiny.tar.gz").is_file() and not (root / "artifacts" / "packages" / "broken").exists()
+
+
+def test_parallel_run_builds_the_same_package(tmp_path: Path) -> None:
+    serial, parallel = write_project(tmp_path / "a"), write_project(tmp_path / "b")
+    run_json(serial)
+    assert run_json(parallel, "-j", "2")["built"] == 4
+    assert (serial / "artifacts/packages/tiny.tar.gz").read_bytes() == (parallel / "artifacts/packages/tiny.tar.gz").read_bytes()
+
+
+def test_static_lstm_without_dynamic_dims_builds(tmp_path: Path) -> None:
+    from conftest import example_models
+    import numpy as np
+
+    root = write_project(tmp_path / "p", {"lstm": "source: {onnx: models/lstm.onnx}\nprofiles:\n  - inputs: {sequence: {shape: [50, 1, 32]}}\n"})
+    onnx.save(example_models().seq_lstm(np.random.default_rng(1)), root / "models" / "lstm.onnx")
+    assert run_json(root)["built"] == 4
+    tensors = manifest(root, "lstm")["engines"][0]["tensors"]
+    assert tensors[0]["shape"] == [50, 1, 32] and tensors[1]["shape"] == [1, 8]
