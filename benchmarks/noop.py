@@ -1,0 +1,268 @@
+"""No-op benchmark: how long `trtflow run` takes when every stage is already cached.
+
+    python benchmarks/noop.py [--recipes 100] [--workdir DIR] [--jobs 2] [--repeat 5]
+
+The goal (from the issue): a no-op `trtflow run` of a realistic project finishes in under 1 s on this
+2-core machine. A no-op happens on every CI job and every edit-run cycle; it only has to load the
+project, compute every stage key and find it in the store, so its cost should be close to Python's
+own start-up, not grow with the number of stages.
+
+What is measured, each as a real subprocess (`sys.executable ...`), wall-clock time:
+  1. a generated project: N recipes (default 100) x 2 tensorrt-rtx targets (sm_86, sm_89), each with
+     its own tiny ONNX model (Conv+Relu, weights seeded by the recipe number), fp32, one profile with a
+     dynamic batch. That is 4 stages per recipe (cleanup, 2 builds, package): 400 stages by default;
+  2. the full build, `python -m trtflow -C DIR run -j JOBS --json`, once (must exit 0);
+  3. the same command again, --repeat times: the no-op (its JSON must say built == 0). The first no-op
+     after the build is reported on its own line, since it may re-hash files written less than
+     2 s before they were first hashed (the stat cache's racy window);
+  4. the baselines, measured the same way in the same run: `python -c pass` (bare interpreter),
+     `python -c "import trtflow"` (the baseline the goal is set against) and
+     `python -c "import trtflow.cli"` (what every command pays before doing anything);
+  5. a table of min/median, the ratios of the no-op to the baselines, and the goal check
+     (median no-op < 1 s). Exit status: 0 goal met, 1 goal missed, 2 a correctness check failed;
+  6. where the no-op's time goes: one no-op under cProfile (top trtflow functions by cumulative
+     time) and one under `-X importtime` (slowest top-level imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper
+
+REPO = Path(__file__).resolve().parent.parent
+GOAL_SECONDS = 1.0
+
+PIPELINE = """\
+store: artifacts/store
+packages: artifacts/packages
+recipes: [recipes/*.yaml]
+targets:
+  rtx-ampere: {backend: tensorrt-rtx, compute_capabilities: [sm_86]}
+  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}
+"""
+
+RECIPE = """\
+source:
+  onnx: models/{name}.onnx
+precisions: [fp32]
+profiles:
+  - inputs:
+      input: {{min: [1, 1, 8, 8], opt: [4, 1, 8, 8], max: [8, 1, 8, 8]}}
+"""
+
+
+class CheckFailed(Exception):
+    """A run did not do what the benchmark relies on (so its timings would mean nothing)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the project
+
+
+def load_make_models():
+    """models/make_models.py, imported by path (its seeded-initializer and model helpers)."""
+    spec = importlib.util.spec_from_file_location("make_models", REPO / "models" / "make_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_model(make_models, seed: int):
+    """Conv(1->4, 3x3) + Relu on [batch, 1, 8, 8]; the weights (so the file) differ for every seed."""
+    rng = np.random.default_rng(seed)
+    inits = [make_models._init(rng, "conv.w", 4, 1, 3, 3), make_models._init(rng, "conv.b", 4)]
+    nodes = [
+        helper.make_node("Conv", ["input", "conv.w", "conv.b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["output"]),
+    ]
+    graph = helper.make_graph(
+        nodes, f"tiny_{seed}",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        inits,
+    )
+    return make_models._model(graph)
+
+
+def write_project(root: Path, recipes: int) -> None:
+    """pipeline.yaml, recipes/rNNN.yaml and models/rNNN.onnx for `recipes` recipes (old recipes removed)."""
+    make_models = load_make_models()
+    (root / "recipes").mkdir(parents=True, exist_ok=True)
+    (root / "models").mkdir(exist_ok=True)
+    for old in (root / "recipes").glob("*.yaml"):
+        old.unlink()
+    (root / "pipeline.yaml").write_text(PIPELINE)
+    for index in range(recipes):
+        name = f"r{index:04d}"
+        (root / "models" / f"{name}.onnx").write_bytes(tiny_model(make_models, index).SerializeToString())
+        (root / "recipes" / f"{name}.yaml").write_text(RECIPE.format(name=name))
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+
+
+def timed(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    """Wall seconds of one subprocess, and its result (stdout/stderr captured, stdin not a terminal)."""
+    started = time.perf_counter()
+    result = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return time.perf_counter() - started, result
+
+
+def run_command(project: Path, jobs: int) -> list[str]:
+    return [sys.executable, "-m", "trtflow", "-C", str(project), "run", "-j", str(jobs), "--json"]
+
+
+def checked_summary(result: subprocess.CompletedProcess, what: str) -> dict:
+    """The --json summary of a run that must have exited 0."""
+    if result.returncode != 0:
+        raise CheckFailed(f"{what} exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout)
+
+
+def full_build(project: Path, jobs: int) -> tuple[float, dict]:
+    seconds, result = timed(run_command(project, jobs))
+    summary = checked_summary(result, "the full build")
+    if summary["failed"] or summary["skipped"]:
+        raise CheckFailed(f"the full build had {summary['failed']} failed, {summary['skipped']} skipped stages")
+    return seconds, summary
+
+
+def noop_once(project: Path, jobs: int) -> float:
+    seconds, result = timed(run_command(project, jobs))
+    summary = checked_summary(result, "the no-op run")
+    if summary["built"] != 0 or summary["cached"] != len(summary["nodes"]):
+        raise CheckFailed(f"the no-op run was not a no-op: built={summary['built']} cached={summary['cached']}")
+    return seconds
+
+
+def python_once(code: str) -> float:
+    seconds, result = timed([sys.executable, "-c", code])
+    if result.returncode != 0:
+        raise CheckFailed(f"python -c {code!r} exited {result.returncode}:\n{result.stderr[-2000:]}")
+    return seconds
+
+
+def repeat(measure, repetitions: int) -> list[float]:
+    """`repetitions` timings after one untimed warm-up (bytecode caches, page cache)."""
+    measure()
+    return [measure() for _ in range(repetitions)]
+
+
+# ---------------------------------------------------------------------------------------------
+# where the time goes
+
+
+def cprofile_noop(project: Path, jobs: int, top: int = 10) -> list[str]:
+    """Top trtflow functions by cumulative time in one no-op run under cProfile (imports left out)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "noop.prof"
+        args = [sys.executable, "-m", "cProfile", "-o", str(out), *run_command(project, jobs)[1:]]
+        _, result = timed(args)
+        checked_summary(result, "the profiled no-op run")
+        stats = pstats.Stats(str(out))
+    total = max(ct for _, _, _, ct, _ in stats.stats.values())
+    mark = f"{os.sep}trtflow{os.sep}"
+    rows = [(ct, tt, nc, key) for key, (_, nc, tt, ct, _) in stats.stats.items() if mark in key[0] and key[2] != "<module>"]
+    lines = [f"profiled no-op: {total:.3f} s in all (cProfile adds overhead); top trtflow functions by cumulative time,",
+             "module bodies (imports) left out, see below:", f"  {'cum s':>7} {'own s':>7} {'calls':>7}  function"]
+    for ct, tt, nc, (filename, line, name) in sorted(rows, reverse=True)[:top]:
+        lines.append(f"  {ct:7.3f} {tt:7.3f} {nc:7d}  {filename[filename.rfind(mark) + 1:]}:{line} {name}")
+    return lines
+
+
+def importtime_noop(project: Path, jobs: int, top: int = 10) -> list[str]:
+    """Import cost of one no-op run: trtflow's own modules, and each other package's outermost import."""
+    _, result = timed([sys.executable, "-X", "importtime", *run_command(project, jobs)[1:]])
+    checked_summary(result, "the -X importtime no-op run")
+    own, packages, total = 0, {}, 0
+    for line in result.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        self_us, cumulative, name = line[len("import time:"):].split("|")
+        package, indent = name.strip().split(".")[0], len(name) - len(name.lstrip())
+        total += int(self_us)
+        own += int(self_us) if package == "trtflow" else 0
+        if package != "trtflow" and indent > 1:  # imported by something else (usually trtflow)
+            packages[package] = max(packages.get(package, 0), int(cumulative))
+    lines = [f"imports of a no-op run (-X importtime): {total / 1e6:.3f} s in all, trtflow's own module bodies {own / 1e6:.3f} s;",
+             "slowest packages it imports (outermost import, including what that imports; rows overlap):"]
+    lines += [f"  {us / 1e6:7.3f} s  {name}" for name, us in sorted(packages.items(), key=lambda kv: -kv[1])[:top]]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def table(rows: dict[str, list[float]]) -> list[str]:
+    lines = [f"{'measurement':<32} {'n':>3} {'min s':>8} {'median s':>9}"]
+    for name, values in rows.items():
+        lines.append(f"{name:<32} {len(values):>3} {min(values):8.3f} {statistics.median(values):9.3f}")
+    return lines
+
+
+def ratios(noop: list[float], baselines: dict[str, list[float]]) -> list[str]:
+    lines = []
+    for name, values in baselines.items():
+        by_min, by_median = min(noop) / min(values), statistics.median(noop) / statistics.median(values)
+        lines.append(f"no-op run / {name:<27} {by_min:5.1f}x (min)  {by_median:5.1f}x (median)")
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", type=int, default=100, help="recipes to generate (4 stages each)")
+    parser.add_argument("--workdir", type=Path, help="project folder to use (default: a temporary one)")
+    parser.add_argument("--jobs", type=int, default=2, help="trtflow run -j")
+    parser.add_argument("--repeat", type=int, default=5, help="timed repetitions of each measurement")
+    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile / importtime breakdown")
+    return parser.parse_args(argv)
+
+
+def benchmark(project: Path, args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    write_project(project, args.recipes)
+    print(f"project: {project} ({args.recipes} recipes x 2 targets, generated in {time.perf_counter() - started:.2f} s)")
+    seconds, summary = full_build(project, args.jobs)
+    print(f"full build: {seconds:.2f} s wall, exit 0, {summary['built']} built, {summary['cached']} cached (-j {args.jobs})")
+    first = noop_once(project, args.jobs)
+    rows = {"first no-op after the build": [first], "no-op trtflow run": repeat(lambda: noop_once(project, args.jobs), args.repeat)}
+    baselines = {code: repeat(lambda: python_once(code), args.repeat) for code in ("pass", "import trtflow", "import trtflow.cli")}
+    rows.update({f"python -c {code!r}": values for code, values in baselines.items()})
+    print("\n".join(["", *table(rows), "", *ratios(rows["no-op trtflow run"], {f"'{c}'": v for c, v in baselines.items()})]))
+    if not args.no_profile:
+        print("\n".join(["", *cprofile_noop(project, args.jobs), "", *importtime_noop(project, args.jobs)]))
+    median = statistics.median(rows["no-op trtflow run"])
+    passed = median < GOAL_SECONDS
+    print(f"\nno-op under {GOAL_SECONDS:g} s: {'PASS' if passed else 'FAIL'} (median {median:.3f} s, {summary['cached'] + summary['built']} stages)")
+    return 0 if passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            return benchmark(args.workdir.resolve(), args)
+        with tempfile.TemporaryDirectory(prefix="trtflow-noop-") as tmp:
+            return benchmark(Path(tmp), args)
+    except CheckFailed as exc:
+        print(f"check failed: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Bad input is refused up front: exit 3, one `error: <file>:<line>: <field>: <message>` line, no traceback,
+nothing written to the store. Every case is a real project on disk, differing from a valid one by one edit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+from conftest import PIPELINE, trtflow, write_project
+
+PROJECT_ERROR = 3  # trtflow/cli.py: "3 invalid project, recipe or file"
+
+
+def recipe(
+    onnx: str = "models/tiny_cnn.onnx",
+    precisions: str = "[fp32]",
+    targets: str = "[rtx-ampere, rtx-ada]",
+    build: str = "optimization_level: 3",
+    input: str = "input",
+    min: str = "[1, 3, 32, 32]",
+    opt: str = "[4, 3, 32, 32]",
+    max: str = "[8, 3, 32, 32]",
+    extra: str = "",
+) -> str:
+    """A recipe in block style so that every field sits on its own, known line (numbers on the right)."""
+    return (
+        "source:\n"  # 1
+        f"  onnx: {onnx}\n"  # 2  source.onnx
+        f"precisions: {precisions}\n"  # 3  precisions
+        f"targets: {targets}\n"  # 4  targets
+        "build:\n"  # 5
+        f"  {build}\n"  # 6  build.*
+        "profiles:\n"  # 7  profiles
+        "  - inputs:\n"  # 8  profiles[0].inputs
+        f"      {input}:\n"  # 9  profiles[0].inputs.<input>
+        f"        min: {min}\n"  # 10
+        f"        opt: {opt}\n"  # 11
+        f"        max: {max}\n"  # 12
+        f"{extra}"  # 13 onwards
+    )
+
+
+VALID = recipe()
+NO_PROFILES = VALID.split("profiles:")[0]  # lines 1-6 only
+
+
+def make_project(root: Path, recipes: Optional[dict[str, str]] = None, pipeline: str = PIPELINE) -> Path:
+    root = write_project(root, recipes=recipes if recipes is not None else {"tiny": VALID}, pipeline=pipeline)
+    assert not (root / "artifacts").exists()
+    return root
+
+
+def files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*"))
+
+
+def assert_wrote_nothing(root: Path, before: list[Path]) -> None:
+    assert not (root / "artifacts" / "store").exists()
+    assert not (root / "artifacts").exists()
+    assert files(root) == before
+
+
+def assert_refused(root: Path, where: str, message: str) -> None:
+    """`validate` and `run` both exit 3 with exactly `error: <where>: ...<message>...` and write nothing."""
+    before = files(root)
+    for command in ("validate", "run"):
+        result = trtflow(root, command)
+        context = f"trtflow {command}: code {result.code}\nstdout: {result.out!r}\nstderr: {result.err!r}"
+        assert result.code == PROJECT_ERROR, context
+        assert "Traceback" not in result.err + result.out, context
+        assert result.out == "", context
+        lines = result.err.splitlines()
+        assert len(lines) == 1, context
+        assert lines[0].startswith(f"error: {where}: "), context
+        assert message in lines[0], context
+    assert_wrote_nothing(root, before)
+
+
+# (id, recipe text, "file:line: field", message fragment); the recipe is recipes/tiny.yaml
+RECIPE_CASES = [
+    ("unclosed-bracket", recipe(precisions="[fp32"), "recipes/tiny.yaml:4", "expected ',' or ']'"),  # the bracket opens on line 3
+    ("bad-mapping", recipe(extra="name: a: b\n"), "recipes/tiny.yaml:13", "invalid YAML: mapping values are not allowed"),
+    ("not-a-mapping", "- source: models/tiny_cnn.onnx\n", "recipes/tiny.yaml:1", "the file must hold a mapping of keys"),
+    ("duplicate-key", recipe(extra="precisions: [fp32]\n"), "recipes/tiny.yaml:13", "duplicate key 'precisions'"),
+    ("unknown-top-level-key", recipe(extra="outputs: [engine]\n"), "recipes/tiny.yaml:13: outputs", "unknown key 'outputs'"),
+    ("unknown-nested-key", recipe(build="workspce_mib: 5"), "recipes/tiny.yaml:6: build.workspce_mib", "unknown key 'workspce_mib'"),
+    ("missing-field", recipe().replace("source:\n  onnx: models/tiny_cnn.onnx\n", "source: {}\n"), "recipes/tiny.yaml:1: source.onnx", "required field is missing"),
+    ("missing-model-file", recipe(onnx="models/absent.onnx"), "recipes/tiny.yaml:2: source.onnx", "model file not found: models/absent.onnx"),
+    ("min-gt-opt", recipe(min="[5, 3, 32, 32]"), "recipes/tiny.yaml:10: profiles[0].inputs.input.min", "min must be <= opt in every dimension"),
+    ("opt-gt-max", recipe(opt="[9, 3, 32, 32]"), "recipes/tiny.yaml:12: profiles[0].inputs.input.max", "opt must be <= max in every dimension"),
+    ("zero-dim", recipe(min="[0, 3, 32, 32]"), "recipes/tiny.yaml:10: profiles[0].inputs.input.min", "min dimensions must be >= 1"),
+    ("rank-differs-in-triple", recipe(opt="[4, 3, 32]"), "recipes/tiny.yaml:12: profiles[0].inputs.input.max", "min, opt and max must have the same rank"),
+    ("unknown-target", recipe(targets="[rtx-hopper]"), "recipes/tiny.yaml:4: targets[0]", "unknown target 'rtx-hopper' (pipeline.yaml defines: rtx-ampere, rtx-ada)"),
+    ("unknown-second-target", recipe(targets="[rtx-ampere, h100]"), "recipes/tiny.yaml:4: targets[1]", "unknown target 'h100'"),
+    ("precision-fp16", recipe(precisions="[fp16]"), "recipes/tiny.yaml:3: precisions", "unknown precision 'fp16' (supported: fp32)"),
+    ("precision-int3", recipe(precisions="[fp32, int3]"), "recipes/tiny.yaml:3: precisions", "unknown precision 'int3'"),
+    # checked against the ONNX model (trtflow/modelcheck.py)
+    ("input-not-in-model", recipe(input="image"), "recipes/tiny.yaml:9: profiles[0].inputs.image", "the model has no input 'image' (its inputs: input)"),
+    ("dynamic-model-no-profiles", NO_PROFILES, "recipes/tiny.yaml:1: profiles", "input 'input' has dynamic shape [?,3,32,32]"),
+    ("rank-differs-from-model", recipe(min="[1, 3, 32]", opt="[4, 3, 32]", max="[8, 3, 32]"), "recipes/tiny.yaml:10: profiles[0].inputs.input.min", "rank 3 but the model's input has rank 4"),
+    ("static-dim-contradicts-model", recipe(min="[1, 3, 16, 32]", opt="[4, 3, 16, 32]", max="[8, 3, 16, 32]"), "recipes/tiny.yaml:10: profiles[0].inputs.input.min", "dimension 2 is fixed to 32 in the model, not 16"),
+]
+
+
+@pytest.mark.parametrize("text, where, message", [c[1:] for c in RECIPE_CASES], ids=[c[0] for c in RECIPE_CASES])
+def test_bad_recipe(tmp_path: Path, text: str, where: str, message: str) -> None:
+    assert_refused(make_project(tmp_path / "proj", {"tiny": text}), where, message)
+
+
+def _write_model(data: bytes) -> Callable[[Path], None]:
+    return lambda root: (root / "models" / "tiny_cnn.onnx").write_bytes(data)
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (_write_model(b"this is not an onnx model\n"), "cannot parse ONNX model models/tiny_cnn.onnx: DecodeError"),
+        (_write_model(b""), "models/tiny_cnn.onnx holds no ONNX graph"),
+    ],
+    ids=["garbage-bytes", "empty-file"],
+)
+def test_unparseable_model(tmp_path: Path, corrupt: Callable[[Path], None], message: str) -> None:
+    root = make_project(tmp_path / "proj")
+    corrupt(root)
+    assert_refused(root, "recipes/tiny.yaml:2: source.onnx", message)
+
+
+def pipeline(backend: str = "tensorrt-rtx", ccs: str = "[sm_86]", recipes: str = "[recipes/*.yaml]", extra: str = "") -> str:
+    return (
+        "store: artifacts/store\n"  # 1
+        "packages: artifacts/packages\n"  # 2
+        f"recipes: {recipes}\n"  # 3
+        "targets:\n"  # 4
+        "  rtx-ampere:\n"  # 5
+        f"    backend: {backend}\n"  # 6
+        f"    compute_capabilities: {ccs}\n"  # 7
+        "  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}\n"  # 8
+        f"{extra}"  # 9 onwards
+    )
+
+
+PIPELINE_CASES = [
+    ("unknown-backend", pipeline(backend="tensorrt-llm"), "pipeline.yaml:6: targets.rtx-ampere.backend", "'tensorrt-rtx' or 'tensorrt'"),
+    ("unsupported-capability", pipeline(ccs="[sm_90]"), "pipeline.yaml:7: targets.rtx-ampere.compute_capabilities", "tensorrt-rtx cannot target sm_90"),
+    ("malformed-capability", pipeline(ccs="[ampere]"), "pipeline.yaml:7: targets.rtx-ampere.compute_capabilities", "compute capability 'ampere' is not of the form sm_86 or 8.6"),
+    ("recipes-glob-matches-nothing", pipeline(recipes="[recipes/*.yml]"), "pipeline.yaml:3: recipes[0]", "no file matches 'recipes/*.yml'"),
+    ("unknown-pipeline-key", pipeline(extra="cache: /tmp\n"), "pipeline.yaml:9: cache", "unknown key 'cache'"),
+    ("duplicate-target", pipeline(extra="  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}\n"), "pipeline.yaml:9", "duplicate key 'rtx-ada'"),
+]
+
+
+@pytest.mark.parametrize("text, where, message", [c[1:] for c in PIPELINE_CASES], ids=[c[0] for c in PIPELINE_CASES])
+def test_bad_pipeline(tmp_path: Path, text: str, where: str, message: str) -> None:
+    assert_refused(make_project(tmp_path / "proj", pipeline=text), where, message)
+
+
+def test_missing_pipeline(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "proj")
+    (root / "pipeline.yaml").unlink()
+    assert_refused(root, "pipeline.yaml", "file not found")
+
+
+def test_two_recipes_with_the_same_name(tmp_path: Path) -> None:
+    same = "name: tiny\n" + VALID
+    root = make_project(tmp_path / "proj", {"a": same, "b": same})
+    assert_refused(root, "recipes/b.yaml:1: name", "recipe name 'tiny' is also used by recipes/a.yaml")
+
+
+def test_the_cases_differ_from_a_valid_project(tmp_path: Path) -> None:
+    """The helpers' defaults make a valid project, so each case above fails for its one edit alone."""
+    root = make_project(tmp_path / "proj", {"tiny": VALID, "static": VALID.replace("[1, 3", "[4, 3").replace("[8, 3", "[4, 3")}, pipeline())
+    result = trtflow(root, "validate")
+    assert (result.code, result.err) == (0, ""), result
+    assert result.out.startswith("ok: 2 recipe(s), 2 target(s)")
+    assert not (root / "artifacts").exists()
+
+
+@pytest.mark.parametrize("args", [("plan",), ("plan", "--explain"), ("plan", "--json"), ("run", "--dry-run")])
+def test_planning_writes_nothing(project: Path, args: tuple[str, ...]) -> None:
+    before = files(project)
+    result = trtflow(project, *args)
+    assert result.code == 0, result
+    assert "build:tiny/fp32/rtx-ada" in result.out, result.out
+    assert_wrote_nothing(project, before)

@@ -1,0 +1,66 @@
+"""Architecture rules that keep the core usable without the CLI and the no-op run cheap."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "trtflow"
+LEAVES = {"recipe", "hashing", "store", "manifest", "errors", "yamlsource", "archive"}
+HEAVY = ("onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch", "rich", "numpy")
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _trtflow_imports(path: Path) -> set[str]:
+    """Every trtflow module a file imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trtflow"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("trtflow"))
+    return found
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_nothing_imports_the_cli(module: str) -> None:
+    if module not in ("trtflow.cli", "trtflow.__main__"):
+        assert "trtflow.cli" not in _trtflow_imports(MODULES[module])
+
+
+@pytest.mark.parametrize("leaf", sorted(LEAVES))
+def test_leaves_import_only_other_leaves(leaf: str) -> None:
+    allowed = {f"trtflow.{name}" for name in LEAVES} | {"trtflow"}
+    assert _trtflow_imports(MODULES[f"trtflow.{leaf}"]) <= allowed
+
+
+def test_backends_never_see_recipes() -> None:
+    for module, path in MODULES.items():
+        if module.startswith("trtflow.backends"):
+            assert not {m for m in _trtflow_imports(path) if m in ("trtflow.recipe", "trtflow.dag", "trtflow.runner")}
+
+
+def test_planning_imports_no_heavy_library() -> None:
+    """A no-op run must not pay for onnx, TensorRT or torch: plan and the CLI import none of them."""
+    code = "import sys, trtflow.cli, trtflow.session; print(sorted(m for m in sys.modules if m.split('.')[0] in %r))" % (HEAVY,)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+COMMANDS = ["validate", "plan", "run", "inspect", "schema"]
+
+
+@pytest.mark.parametrize("command", [[], *[[c] for c in COMMANDS]])
+def test_every_command_has_help(command: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "trtflow", *command, "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "Usage:" in result.stdout
