@@ -97,17 +97,24 @@ def tiny_model(make_models, seed: int):
 
 
 def write_project(root: Path, recipes: int) -> None:
-    """pipeline.yaml, recipes/rNNN.yaml and models/rNNN.onnx for `recipes` recipes (old recipes removed)."""
+    """pipeline.yaml, recipes/rNNN.yaml and models/rNNN.onnx for `recipes` recipes (other recipes removed)."""
     make_models = load_make_models()
     (root / "recipes").mkdir(parents=True, exist_ok=True)
     (root / "models").mkdir(exist_ok=True)
+    names = [f"r{index:04d}" for index in range(recipes)]
     for old in (root / "recipes").glob("*.yaml"):
-        old.unlink()
-    (root / "pipeline.yaml").write_text(PIPELINE)
-    for index in range(recipes):
-        name = f"r{index:04d}"
-        (root / "models" / f"{name}.onnx").write_bytes(tiny_model(make_models, index).SerializeToString())
-        (root / "recipes" / f"{name}.yaml").write_text(RECIPE.format(name=name))
+        if old.stem not in names:
+            old.unlink()
+    write_if_changed(root / "pipeline.yaml", PIPELINE.encode())
+    for index, name in enumerate(names):
+        write_if_changed(root / "models" / f"{name}.onnx", tiny_model(make_models, index).SerializeToString())
+        write_if_changed(root / "recipes" / f"{name}.yaml", RECIPE.format(name=name).encode())
+
+
+def write_if_changed(path: Path, data: bytes) -> None:
+    """Leave an identical file untouched, so re-using a --workdir keeps its mtimes (and stat cache)."""
+    if not path.is_file() or path.read_bytes() != data:
+        path.write_bytes(data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,21 +173,47 @@ def repeat(measure, repetitions: int) -> list[float]:
 
 
 def cprofile_noop(project: Path, jobs: int, top: int = 10) -> list[str]:
-    """Top trtflow functions by cumulative time in one no-op run under cProfile (imports left out)."""
+    """One no-op run under cProfile: the top trtflow functions, and the library calls they spend time in."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "noop.prof"
-        args = [sys.executable, "-m", "cProfile", "-o", str(out), *run_command(project, jobs)[1:]]
-        _, result = timed(args)
+        _, result = timed([sys.executable, "-m", "cProfile", "-o", str(out), *run_command(project, jobs)[1:]])
         checked_summary(result, "the profiled no-op run")
-        stats = pstats.Stats(str(out))
-    total = max(ct for _, _, _, ct, _ in stats.stats.values())
-    mark = f"{os.sep}trtflow{os.sep}"
-    rows = [(ct, tt, nc, key) for key, (_, nc, tt, ct, _) in stats.stats.items() if mark in key[0] and key[2] != "<module>"]
-    lines = [f"profiled no-op: {total:.3f} s in all (cProfile adds overhead); top trtflow functions by cumulative time,",
-             "module bodies (imports) left out, see below:", f"  {'cum s':>7} {'own s':>7} {'calls':>7}  function"]
-    for ct, tt, nc, (filename, line, name) in sorted(rows, reverse=True)[:top]:
-        lines.append(f"  {ct:7.3f} {tt:7.3f} {nc:7d}  {filename[filename.rfind(mark) + 1:]}:{line} {name}")
+        stats = pstats.Stats(str(out)).stats
+    total = max(ct for _, _, _, ct, _ in stats.values())
+    lines = [f"profiled no-op: {total:.3f} s in all (cProfile adds overhead); module bodies (imports) left out, see below.",
+             "top trtflow functions by cumulative time:", f"  {'cum s':>7} {'own s':>7} {'calls':>7}  function"]
+    own = sorted(((ct, tt, nc, key) for key, (_, nc, tt, ct, _) in stats.items() if _in_trtflow(key)), reverse=True)
+    lines += [f"  {ct:7.3f} {tt:7.3f} {nc:7d}  {_where(key)}" for ct, tt, nc, key in own[:top]]
+    lines += ["library functions called directly by trtflow code, by cumulative time spent in those calls:",
+              f"  {'cum s':>7} {'calls':>7}  function  <- called from"]
+    lines += [f"  {ct:7.3f} {nc:7d}  {_where(key)}  <- {callers}" for ct, nc, key, callers in _library_calls(stats)[:top]]
     return lines
+
+
+def _in_trtflow(key: tuple) -> bool:
+    return f"{os.sep}trtflow{os.sep}" in key[0] and key[2] != "<module>"
+
+
+def _where(key: tuple) -> str:
+    filename, line, name = key
+    for mark in (f"{os.sep}trtflow{os.sep}", f"{os.sep}site-packages{os.sep}", f"{os.sep}lib{os.sep}"):
+        if mark in filename:
+            filename = filename[filename.rfind(mark) + len(mark):]
+            break
+    return f"{filename}:{line} {name}" if line else name
+
+
+def _library_calls(stats: dict) -> list[tuple]:
+    """(cumulative s, calls, function, trtflow callers) for non-trtflow functions that trtflow calls."""
+    rows = []
+    for key, (_, _, _, _, callers) in stats.items():
+        if f"{os.sep}trtflow{os.sep}" in key[0]:
+            continue
+        ours = {caller: v for caller, v in callers.items() if _in_trtflow(caller)}
+        if ours:
+            names = ", ".join(sorted({caller[2] for caller in ours}))
+            rows.append((sum(v[3] for v in ours.values()), sum(v[0] for v in ours.values()), key, names))
+    return sorted(rows, key=lambda row: -row[0])
 
 
 def importtime_noop(project: Path, jobs: int, top: int = 10) -> list[str]:

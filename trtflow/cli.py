@@ -258,5 +258,9 @@ def main(argv: Optional[list[str]] = None) -> Any:
     except TrtflowError as exc:
         if verbose:
             traceback.print_exc()
-        click.echo(f"error: {exc}", err=True)
+        click.echo("\n".join(f"error: {line}" for line in str(exc).splitlines()), err=True)
         sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug: show everything needed to report it
+        traceback.print_exc()
+        click.echo(f"trtflow: internal error: {type(exc).__name__}: {exc} (please report this)", err=True)
+        sys.exit(InternalError.exit_code)

@@ -11,10 +11,10 @@ import glob
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trtflow.errors import ProjectError
 from trtflow.yamlsource import YamlDocument, load_yaml
@@ -32,6 +32,17 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
+
+
+def _known_precision(value: str) -> str:
+    if value not in SUPPORTED_PRECISIONS:
+        raise ValueError(f"unknown precision {value!r} (supported: {', '.join(SUPPORTED_PRECISIONS)})")
+    return value
+
+
+Precision = Annotated[str, AfterValidator(_known_precision)]
+# A shape dimension: a real positive integer (YAML `true` or 1.0 are not dimensions), within int32.
+Dim = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
 
 
 class StrictModel(BaseModel):
@@ -104,22 +115,20 @@ class OnnxSource(StrictModel):
 class InputShape(StrictModel):
     """The min/opt/max shape of one input in one profile; `shape:` is shorthand for a static input."""
 
-    min: Optional[list[int]] = None
-    opt: Optional[list[int]] = None
-    max: Optional[list[int]] = None
-    shape: Optional[list[int]] = None
+    min: Optional[list[Dim]] = None
+    opt: Optional[list[Dim]] = None
+    max: Optional[list[Dim]] = None
+    shape: Optional[list[Dim]] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "InputShape":
         if self.shape is not None:
             if any(v is not None for v in (self.min, self.opt, self.max)):
                 raise FieldError("shape", "give either shape or min/opt/max, not both")
-            _check_dims("shape", self.shape)
             return self
         for name in ("min", "opt", "max"):
             if getattr(self, name) is None:
                 raise FieldError(name, f"{name} is required (or give a static shape:)")
-            _check_dims(name, getattr(self, name))
         if not len(self.min) == len(self.opt) == len(self.max):
             raise FieldError("max", "min, opt and max must have the same rank")
         if any(a > b for a, b in zip(self.min, self.opt)):
@@ -133,11 +142,6 @@ class InputShape(StrictModel):
         if self.shape is not None:
             return list(self.shape), list(self.shape), list(self.shape)
         return list(self.min), list(self.opt), list(self.max)  # type: ignore[arg-type]
-
-
-def _check_dims(field: str, dims: list[int]) -> None:
-    if any(d < 1 for d in dims):
-        raise FieldError(field, f"{field} dimensions must be >= 1")
 
 
 class Profile(StrictModel):
@@ -156,17 +160,14 @@ class Recipe(StrictModel):
 
     name: str = Field(pattern=NAME_PATTERN)
     source: OnnxSource
-    precisions: list[str] = Field(default_factory=lambda: ["fp32"], min_length=1)
+    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
     targets: Optional[list[str]] = Field(default=None, min_length=1)
     profiles: list[Profile] = Field(default_factory=list)
     build: BuildOptions = Field(default_factory=BuildOptions)
 
     @field_validator("precisions")
     @classmethod
-    def _known_precisions(cls, value: list[str]) -> list[str]:
-        for precision in value:
-            if precision not in SUPPORTED_PRECISIONS:
-                raise ValueError(f"unknown precision {precision!r} (supported: {', '.join(SUPPORTED_PRECISIONS)})")
+    def _unique_precisions(cls, value: list[str]) -> list[str]:
         if len(set(value)) != len(value):
             raise ValueError("precisions must not repeat")
         return value
@@ -234,6 +235,7 @@ def format_loc(loc: tuple) -> str:
 
 
 def _error_lines(document: YamlDocument, display: str, exc: pydantic.ValidationError) -> list[str]:
+    """One `file:line: field: message` per problem, in file order."""
     lines = []
     for error in exc.errors():
         loc = tuple(error["loc"])
@@ -245,9 +247,11 @@ def _error_lines(document: YamlDocument, display: str, exc: pydantic.ValidationE
             message = f"unknown key {loc[-1]!r}"
         elif error["type"] == "missing":
             message = "required field is missing"
+        elif error["type"] == "literal_error":
+            message = f"{error['input']!r} is not one of {error['ctx']['expected']}"
         message = message.removeprefix("Value error, ")
-        lines.append(f"{display}:{document.line_of(loc)}: {format_loc(loc)}: {message}")
-    return lines
+        lines.append((document.line_of(loc), f"{display}:{document.line_of(loc)}: {format_loc(loc)}: {message}"))
+    return [text for _, text in sorted(lines, key=lambda item: item[0])]
 
 
 def _validate(model: type[BaseModel], document: YamlDocument, display: str, extra: dict | None = None) -> Any:
@@ -263,6 +267,8 @@ def _validate(model: type[BaseModel], document: YamlDocument, display: str, extr
 def load_project(root: Path) -> Project:
     """Load and cross-check pipeline.yaml and every recipe it names; raises ProjectError on any problem."""
     root = root.resolve()
+    if not (root / PIPELINE_FILE).is_file():
+        raise ProjectError(f"{PIPELINE_FILE}: not found in {root} (run trtflow in the project folder or pass -C DIR)")
     pipeline_doc = load_yaml(root / PIPELINE_FILE, PIPELINE_FILE)
     pipeline = _validate(Pipeline, pipeline_doc, PIPELINE_FILE)
     recipes = tuple(_load_recipe(root, path, pipeline) for path in _recipe_paths(root, pipeline, pipeline_doc))

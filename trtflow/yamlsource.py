@@ -51,13 +51,21 @@ def load_yaml(path: Path, display: str) -> YamlDocument:
     try:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ProjectError(f"{display}{line}: invalid YAML: {problem}") from None
+        raise ProjectError(f"{display}{_yaml_problem(exc)}") from None
     builder = _Builder(display)
     data = {} if node is None else builder.value(node, ())
     return YamlDocument(path, data, builder.lines)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """`:4: invalid YAML: did not find expected ',' or ']' (while parsing a flow sequence opened at line 3)`."""
+    mark = getattr(exc, "problem_mark", None)
+    line = f":{mark.line + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and context_mark is not None and (mark is None or context_mark.line != mark.line):
+        problem += f" ({context} opened at line {context_mark.line + 1})"
+    return f"{line}: invalid YAML: {problem}"
 
 
 class _Builder:
@@ -74,12 +82,22 @@ class _Builder:
             return self._mapping(node, loc)
         if isinstance(node, yaml.SequenceNode):
             return [self.value(item, loc + (i,)) for i, item in enumerate(node.value)]
-        return self._scalars.construct_object(node, deep=True)
+        return self._scalar(node)
+
+    def _scalar(self, node: yaml.Node) -> Any:
+        """A plain value; tags that would build objects (or fail to build) are errors at their line."""
+        try:
+            return self._scalars.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, TypeError) as exc:
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: invalid YAML value: {problem}") from None
 
     def _mapping(self, node: yaml.MappingNode, loc: Loc) -> dict:
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = self._scalars.construct_object(key_node, deep=True)
+            key = self._scalar(key_node)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise ProjectError(f"{self.display}:{key_node.start_mark.line + 1}: invalid YAML: a key must be a plain value")
             if key in result:
                 line = key_node.start_mark.line + 1
                 raise ProjectError(f"{self.display}:{line}: duplicate key {key!r}")
