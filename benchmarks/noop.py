@@ -217,23 +217,30 @@ def _library_calls(stats: dict) -> list[tuple]:
 
 
 def importtime_noop(project: Path, jobs: int, top: int = 10) -> list[str]:
-    """Import cost of one no-op run: trtflow's own modules, and each other package's outermost import."""
+    """Import cost of one no-op run: self time summed by top-level package, and trtflow's modules."""
     _, result = timed([sys.executable, "-X", "importtime", *run_command(project, jobs)[1:]])
     checked_summary(result, "the -X importtime no-op run")
-    own, packages, total = 0, {}, 0
-    for line in result.stderr.splitlines():
-        if not line.startswith("import time:") or "cumulative" in line:
-            continue
-        self_us, cumulative, name = line[len("import time:"):].split("|")
-        package, indent = name.strip().split(".")[0], len(name) - len(name.lstrip())
-        total += int(self_us)
-        own += int(self_us) if package == "trtflow" else 0
-        if package != "trtflow" and indent > 1:  # imported by something else (usually trtflow)
-            packages[package] = max(packages.get(package, 0), int(cumulative))
-    lines = [f"imports of a no-op run (-X importtime): {total / 1e6:.3f} s in all, trtflow's own module bodies {own / 1e6:.3f} s;",
-             "slowest packages it imports (outermost import, including what that imports; rows overlap):"]
-    lines += [f"  {us / 1e6:7.3f} s  {name}" for name, us in sorted(packages.items(), key=lambda kv: -kv[1])[:top]]
+    rows = _importtime_rows(result.stderr)
+    by_package: dict[str, int] = {}
+    for self_us, _, name in rows:
+        by_package[name.split(".")[0]] = by_package.get(name.split(".")[0], 0) + self_us
+    ours = sorted(((cumulative, name) for _, cumulative, name in rows if name.startswith("trtflow")), reverse=True)
+    lines = [f"imports of a no-op run (-X importtime): {sum(by_package.values()) / 1e6:.3f} s in all; by top-level package",
+             "(module bodies summed, no overlap):"]
+    lines += [f"  {us / 1e6:7.3f} s  {name}" for name, us in sorted(by_package.items(), key=lambda kv: -kv[1])[:top]]
+    lines += ["trtflow modules, cumulative (including everything they import first):"]
+    lines += [f"  {us / 1e6:7.3f} s  {name}" for us, name in ours[:top] if us >= 1000]
     return lines
+
+
+def _importtime_rows(stderr: str) -> list[tuple[int, int, str]]:
+    """(self us, cumulative us, module) for every line `-X importtime` wrote."""
+    rows = []
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "cumulative" not in line:
+            self_us, cumulative, name = line[len("import time:"):].split("|")
+            rows.append((int(self_us), int(cumulative), name.strip()))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,36 +258,51 @@ def ratios(noop: list[float], baselines: dict[str, list[float]]) -> list[str]:
     lines = []
     for name, values in baselines.items():
         by_min, by_median = min(noop) / min(values), statistics.median(noop) / statistics.median(values)
-        lines.append(f"no-op run / {name:<27} {by_min:5.1f}x (min)  {by_median:5.1f}x (median)")
+        lines.append(f"no-op run / {name:<31} {by_min:5.1f}x (min)  {by_median:5.1f}x (median)")
     return lines
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", type=int, default=100, help="recipes to generate (4 stages each)")
+    parser.add_argument("--recipes", type=positive, default=100, help="recipes to generate (4 stages each)")
     parser.add_argument("--workdir", type=Path, help="project folder to use (default: a temporary one)")
-    parser.add_argument("--jobs", type=int, default=2, help="trtflow run -j")
-    parser.add_argument("--repeat", type=int, default=5, help="timed repetitions of each measurement")
+    parser.add_argument("--jobs", type=positive, default=2, help="trtflow run -j")
+    parser.add_argument("--repeat", type=positive, default=5, help="timed repetitions of each measurement")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile / importtime breakdown")
     return parser.parse_args(argv)
 
 
+def measure(project: Path, jobs: int, repetitions: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(no-op timings, baseline timings), each by the name it is shown under."""
+    noop = {"first no-op after the build": [noop_once(project, jobs)],
+            "no-op trtflow run": repeat(lambda: noop_once(project, jobs), repetitions)}
+    baselines = {f"python -c {code!r}": repeat(lambda: python_once(code), repetitions)
+                 for code in ("pass", "import trtflow", "import trtflow.cli")}
+    return noop, baselines
+
+
 def benchmark(project: Path, args: argparse.Namespace) -> int:
+    """Write the project, build it, time the no-op and the baselines, print the report; 0 if the goal is met."""
     started = time.perf_counter()
     write_project(project, args.recipes)
-    print(f"project: {project} ({args.recipes} recipes x 2 targets, generated in {time.perf_counter() - started:.2f} s)")
+    print(f"project: {project} ({args.recipes} recipes x 2 targets, written in {time.perf_counter() - started:.2f} s)")
     seconds, summary = full_build(project, args.jobs)
     print(f"full build: {seconds:.2f} s wall, exit 0, {summary['built']} built, {summary['cached']} cached (-j {args.jobs})")
-    first = noop_once(project, args.jobs)
-    rows = {"first no-op after the build": [first], "no-op trtflow run": repeat(lambda: noop_once(project, args.jobs), args.repeat)}
-    baselines = {code: repeat(lambda: python_once(code), args.repeat) for code in ("pass", "import trtflow", "import trtflow.cli")}
-    rows.update({f"python -c {code!r}": values for code, values in baselines.items()})
-    print("\n".join(["", *table(rows), "", *ratios(rows["no-op trtflow run"], {f"'{c}'": v for c, v in baselines.items()})]))
+    noop, baselines = measure(project, args.jobs, args.repeat)
+    print("\n".join(["", *table({**noop, **baselines}), "", *ratios(noop["no-op trtflow run"], baselines)]))
     if not args.no_profile:
         print("\n".join(["", *cprofile_noop(project, args.jobs), "", *importtime_noop(project, args.jobs)]))
-    median = statistics.median(rows["no-op trtflow run"])
+    median = statistics.median(noop["no-op trtflow run"])
     passed = median < GOAL_SECONDS
-    print(f"\nno-op under {GOAL_SECONDS:g} s: {'PASS' if passed else 'FAIL'} (median {median:.3f} s, {summary['cached'] + summary['built']} stages)")
+    stages = summary["cached"] + summary["built"]
+    print(f"\nno-op under {GOAL_SECONDS:g} s: {'PASS' if passed else 'FAIL'} (median {median:.3f} s, {stages} stages)")
     return 0 if passed else 1
 
 

@@ -154,3 +154,36 @@ def test_static_lstm_without_dynamic_dims_builds(tmp_path: Path) -> None:
     assert run_json(root)["built"] == 4
     tensors = manifest(root, "lstm")["engines"][0]["tensors"]
     assert tensors[0]["shape"] == [50, 1, 32] and tensors[1]["shape"] == [1, 8]
+
+
+def test_lock_records_every_node_and_frozen_passes_when_unchanged(project: Path) -> None:
+    run_json(project)
+    lock_text = (project / "trtflow.lock").read_text()
+    nodes = json.loads(lock_text)["nodes"]
+    assert sorted(nodes) == ["build:tiny/fp32/rtx-ada", "build:tiny/fp32/rtx-ampere", "cleanup:tiny", "package:tiny"]
+    assert nodes["build:tiny/fp32/rtx-ada"]["params"]["precision"] == "fp32"
+    assert nodes["package:tiny"]["outputs"]["package"] == hashlib.sha256((project / "artifacts/packages/tiny.tar.gz").read_bytes()).hexdigest()
+    assert run_json(project, "--frozen")["cached"] == 4
+    assert (project / "trtflow.lock").read_text() == lock_text
+
+
+def test_frozen_builds_from_an_empty_store_when_the_lock_matches(project: Path) -> None:
+    run_json(project)
+    shutil.rmtree(project / "artifacts")
+    assert run_json(project, "--frozen")["built"] == 4
+
+
+def test_frozen_fails_before_building_and_names_the_change(project: Path) -> None:
+    run_json(project)
+    shutil.rmtree(project / "artifacts")
+    recipe = project / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("opt: [4, 3, 32, 32]", "opt: [2, 3, 32, 32]"))
+    result = trtflow(project, "run", "--frozen")
+    assert result.code == 3 and not (project / "artifacts").exists()
+    assert "build:tiny/fp32/rtx-ada: profiles[0].input.opt: [4,3,32,32] -> [2,3,32,32]" in result.err
+    assert result.err.startswith("error: trtflow.lock: the plan differs from the lock")
+
+
+def test_frozen_without_a_lock_says_how_to_make_one(project: Path) -> None:
+    result = trtflow(project, "run", "--frozen")
+    assert result.code == 3 and "trtflow.lock: not found" in result.err

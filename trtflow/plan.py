@@ -34,6 +34,7 @@ class NodeState:
     changes: list[str] = field(default_factory=list)
     seconds: Optional[float] = None
     detail: str = ""
+    record: Optional[dict] = field(default=None, repr=False)  # the store record of a cached node
 
     @property
     def label(self) -> str:
@@ -92,7 +93,7 @@ def plan(dag: Dag, resolver: Resolver, force: bool = False) -> dict[str, NodeSta
         record = resolver.cached_record(key) if key and not force else None
         if record is not None:
             finished[node.id] = record
-            states[node.id] = NodeState(node, CACHED, key=key, components=components)
+            states[node.id] = NodeState(node, CACHED, key=key, components=components, record=record)
         else:
             waiting_on = [dep.node for dep in node.deps if dep.node not in finished]
             states[node.id] = resolver.stale_state(node, components, force, waiting_on)
@@ -151,3 +152,29 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(item, f"{prefix}[{index}]"))
         return out
     return {prefix: value}
+
+
+def frozen_differences(dag: Dag, resolver: Resolver, lock: dict, all_node_ids: set[str]) -> list[str]:
+    """Every way the plan differs from the lock, one line each; empty when they agree.
+
+    Upstream outputs are taken from the lock, so this works on an empty store, before anything runs.
+    """
+    locked = {node_id: {"outputs": entry.outputs} for node_id, entry in lock.items()}
+    lines = []
+    for node in dag:
+        entry = lock.get(node.id)
+        components = resolver.components(node, locked) if entry else None
+        if entry is None:
+            lines.append(f"{node.id}: not in the lock (a new stage)")
+        elif components is None:
+            lines.append(f"{node.id}: an upstream stage is missing from the lock")
+        elif stage_key(components) != entry.key:
+            lines.extend(f"{node.id}: {change}" for change in diff_components(entry.components, components) or ["key differs"])
+    recipes = {node.recipe for node in dag}
+    gone = [node_id for node_id in lock if node_id not in all_node_ids and _recipe_of(node_id) in recipes | {None}]
+    return lines + [f"{node_id}: in the lock but no longer in the project" for node_id in sorted(gone)]
+
+
+def _recipe_of(node_id: str) -> Optional[str]:
+    """`build:tiny/fp32/rtx-ada` -> `tiny`."""
+    return node_id.split(":", 1)[1].split("/", 1)[0] if ":" in node_id else None

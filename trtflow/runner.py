@@ -31,6 +31,7 @@ Listener = Callable[[str, NodeState], None]  # ("start" | "done", state)
 class RunOptions:
     jobs: int = 1
     force: bool = False
+    frozen: bool = False
 
 
 @dataclass
@@ -45,8 +46,12 @@ class _Running:
 class Runner:
     """Runs one DAG against one store; `run()` returns the final state of every node."""
 
-    def __init__(self, dag: Dag, store: Store, resolver: Resolver, packages_dir: Path, options: RunOptions, listener: Optional[Listener] = None):
+    def __init__(self, dag: Dag, store: Store, resolver: Resolver, packages_dir: Path, options: RunOptions,
+                 listener: Optional[Listener] = None, expected_keys: Optional[dict[str, str]] = None,
+                 planned: Optional[dict[str, NodeState]] = None):
         self.dag, self.store, self.resolver = dag, store, resolver
+        self.expected_keys = expected_keys  # --frozen: every node must resolve to the key the lock holds
+        self.planned = planned or {}  # cached nodes found by planning are not looked up twice
         self.packages_dir = packages_dir
         self.options = options
         self.listener = listener or (lambda event, state: None)
@@ -78,12 +83,26 @@ class Runner:
                 self._settle(NodeState(node, SKIPPED, f"upstream {blocked[0]} failed or was skipped"))
             elif any(d.node not in self.finished for d in node.deps) or len(running) >= self.options.jobs:
                 still.append(node)
-            elif not self._use_cached(node):
+            elif not self._off_lock(node) and not self._use_cached(node):
                 job = self._start(node)
                 running[job[0]] = job[1]
         return still
 
+    def _off_lock(self, node: Node) -> bool:
+        """Under --frozen, fail a node whose key left the lock (an upstream built different bytes)."""
+        if self.expected_keys is None:
+            return False
+        key = stage_key(self.resolver.components(node, self.finished))
+        if key == self.expected_keys.get(node.id):
+            return False
+        self._settle(NodeState(node, FAILED, "key differs from trtflow.lock: an upstream stage produced different bytes", key=key))
+        return True
+
     def _use_cached(self, node: Node) -> bool:
+        planned = self.planned.get(node.id)
+        if planned is not None and planned.status == CACHED and not self.options.force:
+            self._finish(NodeState(node, CACHED, key=planned.key, components=planned.components), planned.record)
+            return True
         components = self.resolver.components(node, self.finished)
         key = stage_key(components)
         record = None if self.options.force else self.resolver.cached_record(key)

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from trtflow.dag import Dag, dag_from_project
+from trtflow.errors import ProjectError
 from trtflow.hashing import FileDigests
+from trtflow.lockfile import LOCK_FILE, LockEntry, read_lock, write_lock
 from trtflow.modelcheck import check_recipe_model
-from trtflow.plan import CACHED, NodeState, Resolver, plan
+from trtflow.plan import CACHED, NodeState, Resolver, frozen_differences, plan
 from trtflow.recipe import Project, load_project
 from trtflow.runner import Listener, RunOptions, Runner
 from trtflow.store import Store
@@ -25,6 +27,7 @@ class Session:
         for name in names:
             project.recipe(name)  # raises a ProjectError naming the known recipes
         full = dag_from_project(project)
+        self.all_node_ids = set(full.nodes)
         self.dag: Dag = full.for_recipes(names) if names else full
         self.store: Optional[Store] = Store.existing(project.store_dir)
         digests = self.store.file_digests() if self.store else FileDigests()
@@ -44,16 +47,42 @@ class Session:
             if node is not None and (states is None or states[node.id].status != CACHED):
                 check_recipe_model(item, self.project.root)
 
+    @property
+    def lock_path(self) -> Path:
+        return self.project.root / LOCK_FILE
+
+    def frozen_keys(self) -> dict[str, str]:
+        """The lock's key per node, after checking the plan matches it (ProjectError naming each change)."""
+        lock = read_lock(self.lock_path)
+        if lock is None:
+            raise ProjectError(f"{LOCK_FILE}: not found; --frozen needs one: run `trtflow run` once and commit {LOCK_FILE}")
+        changes = frozen_differences(self.dag, self.resolver, lock, self.all_node_ids)
+        if changes:
+            raise ProjectError(f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n" + "\n".join(f"  {line}" for line in changes))
+        return {node.id: lock[node.id].key for node in self.dag}
+
     def run(self, options: RunOptions, listener: Optional[Listener] = None) -> dict[str, NodeState]:
-        """Plan, pre-check the models that will be read, then execute what is not cached."""
-        self.check_models(self.plan(options.force))
+        """Plan, pre-check the models that will be read, then execute what is not cached; update the lock."""
+        expected = self.frozen_keys() if options.frozen else None
+        planned = self.plan(options.force)
+        self.check_models(planned)
         if self.store is None:
             self.store = Store.create(self.project.store_dir)
             digests = self.store.file_digests()
             digests.adopt(self.resolver.digests)
             self.resolver = Resolver(self.store, digests)
-        runner = Runner(self.dag, self.store, self.resolver, self.project.packages_dir, options, listener)
-        return runner.run()
+        runner = Runner(self.dag, self.store, self.resolver, self.project.packages_dir, options, listener, expected, planned)
+        states = runner.run()
+        if not options.frozen:
+            self._update_lock(runner.finished)
+        return states
+
+    def _update_lock(self, finished: dict[str, dict]) -> None:
+        """Entries of this run's finished nodes replace old ones; nodes gone from the project are dropped."""
+        entries = {k: v for k, v in (read_lock(self.lock_path) or {}).items() if k in self.all_node_ids}
+        for node_id, record in finished.items():
+            entries[node_id] = LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"])
+        write_lock(self.lock_path, entries)
 
     def close(self) -> None:
         if self.store is not None:

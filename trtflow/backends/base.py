@@ -6,6 +6,7 @@ so planning a no-op run never pays for loading TensorRT.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 from dataclasses import asdict, dataclass, field
@@ -69,6 +70,7 @@ BACKENDS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def backend_version(name: str) -> Optional[str]:
     """Installed version of a backend's package without importing it (cheap enough for every plan)."""
     try:

@@ -8,6 +8,7 @@ clock, and import their heavy libraries (onnx, TensorRT) only inside `run`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import traceback
@@ -37,8 +38,9 @@ class StageOutput:
     record: dict[str, Any]
 
 
+@functools.lru_cache(maxsize=None)
 def tool_version(distribution: str) -> Optional[str]:
-    """Installed version of a package, read from its metadata (cheap: no import)."""
+    """Installed version of a package, read from its metadata (no import; remembered for the process)."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:

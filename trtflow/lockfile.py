@@ -1,0 +1,63 @@
+"""trtflow.lock: what the last run resolved, per node: key, key components and output digests.
+
+JSON, not YAML: at 1000 stages PyYAML takes a third of a second to read and write it, JSON a few ms,
+and a no-op run reads it every time.
+
+Commit it for release builds. It stores the actual parameter values, not just keys, so a frozen run
+can say *what* changed. It holds no times: the same project always writes the same lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from trtflow.errors import ProjectError
+
+LOCK_FILE = "trtflow.lock"
+LOCK_VERSION = 1
+NOTE = "Written by `trtflow run`: every stage's key, key components and output digests. Commit it; `trtflow run --frozen` fails if the plan no longer matches it."
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    key: str
+    components: dict
+    outputs: dict[str, str]
+
+    def to_json(self) -> dict:
+        return {"key": self.key, **self.components, "outputs": self.outputs}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LockEntry":
+        components = {k: data[k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
+        return cls(key=data["key"], components=components, outputs=data["outputs"])
+
+
+def read_lock(path: Path) -> Optional[dict[str, LockEntry]]:
+    """The lock's entries by node id, or None if there is no lock file."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("version") != LOCK_VERSION:
+            raise ProjectError(f"{path.name}: lock version {data.get('version')!r} is not {LOCK_VERSION}; run without --frozen to rewrite it")
+        return {node: LockEntry.from_json(entry) for node, entry in (data.get("nodes") or {}).items()}
+    except (ValueError, AttributeError, KeyError, TypeError) as exc:
+        raise ProjectError(f"{path.name}: unreadable lock file ({type(exc).__name__}: {exc}); delete it and run again") from None
+
+
+def write_lock(path: Path, entries: dict[str, LockEntry]) -> None:
+    """Write the lock atomically (temp file + rename), nodes sorted, so diffs stay readable."""
+    body = {"note": NOTE, "version": LOCK_VERSION, "nodes": {node: entries[node].to_json() for node in sorted(entries)}}
+    text = json.dumps(body, indent=1, sort_keys=True) + "\n"
+    if path.is_file() and path.read_text() == text:
+        return
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w") as out:
+        out.write(text)
+    os.replace(temp, path)
