@@ -53,7 +53,7 @@ def test_rtx_rejects_a_profile_for_an_unknown_input(tmp_path: Path) -> None:
 
 @needs_tensorrt
 def test_tensorrt_builds_for_the_local_gpu(tmp_path: Path) -> None:
-    from trtflow.backends.tensorrt import local_compute_capabilities
+    from trtflow.device import query_compute_capabilities
 
-    result = get_backend("tensorrt").engine_from_onnx(_request(tmp_path, "t.engine", local_compute_capabilities()[:1]))
+    result = get_backend("tensorrt").engine_from_onnx(_request(tmp_path, "t.engine", list(query_compute_capabilities()[:1])))
     assert result.engine_bytes == (tmp_path / "t.engine").stat().st_size > 0

@@ -57,7 +57,7 @@ def test_planning_imports_no_heavy_library() -> None:
     assert out.strip() == "[]"
 
 
-COMMANDS = ["validate", "plan", "run", "inspect", "schema"]
+COMMANDS = ["validate", "plan", "run", "inspect", "schema", "provision"]
 
 
 @pytest.mark.parametrize("command", [[], *[[c] for c in COMMANDS]])

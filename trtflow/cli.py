@@ -1,7 +1,8 @@
 """The `trtflow` command. The only place that reads arguments, prints, and maps errors to exit codes.
 
 Exit codes: 0 success; 1 a stage failed; 2 bad command line; 3 invalid project, recipe or file;
-4 something missing from this machine (a package, a GPU); 70 a bug in trtflow (please report it).
+4 something missing from this machine (a package, a GPU); 5 no engine fits the device (provision);
+70 a bug in trtflow (please report it).
 """
 
 from __future__ import annotations
@@ -82,9 +83,10 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Stages to run at once (TensorRT-RTX builds use one core each).")
 @click.option("--force", is_flag=True, help="Run every selected stage even if cached.")
 @click.option("--dry-run", is_flag=True, help="Show what would run, run nothing.")
+@click.option("--frozen", is_flag=True, help="Fail before building anything if the plan differs from trtflow.lock (for CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (no progress display).")
 @pass_context
-def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, as_json: bool) -> None:
+def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, frozen: bool, as_json: bool) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow.runner import RunOptions
 
@@ -96,9 +98,11 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run:
             return
         started = time.perf_counter()
         view = None if as_json else _progress_view(ctx.verbose)
-        states = list(session.run(RunOptions(jobs=jobs, force=force), view).values())
-        if view is not None:
-            view.close()
+        try:
+            states = list(session.run(RunOptions(jobs=jobs, force=force, frozen=frozen), view).values())
+        finally:
+            if view is not None:
+                view.close()
     finally:
         session.close()
     _print_summary(states, as_json, time.perf_counter() - started)
@@ -134,6 +138,34 @@ def schema(what: str) -> None:
     from trtflow.recipe import Pipeline, Recipe
 
     click.echo(json.dumps((Recipe if what == "recipe" else Pipeline).model_json_schema(), indent=2))
+
+
+@cli.command()
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--gpu", default="auto", show_default=True, help="auto (nvidia-smi), a compute capability (sm_86 or 8.6), or a target name of the package.")
+@click.option("--runtime-version", help="TensorRT or TensorRT-RTX version on the device, e.g. 10.13.3; without it version rules are not applied.")
+@click.option("--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="Consider only engines of this backend.")
+@click.option("--precision", help="Consider only engines of this precision (default: the first in manifest order that fits).")
+@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write <recipe>-<precision>.engine and .json into.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
+def provision(package: Path, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], dest: Path, as_json: bool) -> None:
+    """Pick the engine of PACKAGE (folder, .tar.gz or manifest.json) that fits a GPU, verify it, write it to DEST."""
+    from trtflow import provision as prov
+
+    loaded = prov.load_package(package)
+    device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision)
+    record = prov.provision(loaded, device, dest)
+    if as_json:
+        click.echo(json.dumps(record, indent=2))
+        return
+    _print_provision(record)
+
+
+def _print_provision(record: dict) -> None:
+    click.echo(f"chose {record['chosen']['file']} for {record['device']['gpu']}: {record['chosen']['reason']}")
+    if record["runtime"]["version"] is None:
+        click.echo("  runtime version not checked (pass --runtime-version to apply the version rules)")
+    click.echo(f"wrote {record['written']['engine']} and {Path(record['written']['record']).name}")
 
 
 # ---------------------------------------------------------------------------------------------

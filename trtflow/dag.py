@@ -1,12 +1,13 @@
 """Expand a project into a DAG of stage nodes, in topological order.
 
-For each recipe: cleanup -> one build per (precision, target) -> package. For the recipe `tiny`
-with precision fp32 and targets rtx-ampere, rtx-ada:
+For each recipe: cleanup -> one build per (precision, target) -> one verify per build -> package.
+For the recipe `tiny` with precision fp32 and targets rtx-ampere, rtx-ada:
 
     cleanup:tiny
-    build:tiny/fp32/rtx-ampere   (input model <- cleanup:tiny)
-    build:tiny/fp32/rtx-ada      (input model <- cleanup:tiny)
-    package:tiny                 (inputs engine:fp32/rtx-ampere, engine:fp32/rtx-ada <- the builds)
+    build:tiny/fp32/rtx-ampere    (input model <- cleanup:tiny)
+    verify:tiny/fp32/rtx-ampere   (inputs source file, model <- cleanup:tiny, engine <- the build)
+    build:tiny/fp32/rtx-ada, verify:tiny/fp32/rtx-ada   (likewise)
+    package:tiny                  (inputs engine:fp32/<target> and verify:fp32/<target> for each target)
 
 A node's parameters and fingerprint hold only what changes its output: a target's *name* is not in a
 build's key (renaming a target reuses its engines), its compute capabilities are.
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from trtflow.backends.base import backend_version
+from trtflow.device import local_compute_capabilities
 from trtflow.recipe import Project, RecipeFile, TargetSpec
 from trtflow.stages import STAGE_VERSIONS, tool_version
 
@@ -97,7 +99,8 @@ def _recipe_nodes(project: Project, item: RecipeFile) -> list[Node]:
         for precision in recipe.precisions
         for target in item.target_names(project.pipeline)
     ]
-    return [cleanup, *builds, _package_node(recipe.name, builds, cleanup.id)]
+    verifies = [_verify_node(build, item, project.root, cleanup.id) for build in builds]
+    return [cleanup, *[n for pair in zip(builds, verifies) for n in pair], _package_node(recipe.name, builds, verifies, cleanup.id)]
 
 
 def plain_profiles(item: RecipeFile) -> list[dict[str, dict[str, list[int]]]]:
@@ -131,12 +134,32 @@ def _build_node(recipe: str, precision: str, target: str, spec: TargetSpec, item
     )
 
 
-def _package_node(recipe: str, builds: list[Node], cleanup_id: str) -> Node:
+def _verify_node(build: Node, item: RecipeFile, root: Path, model_node: str) -> Node:
+    """Verification of one build; its fingerprint names the local GPUs, since they decide whether the engine runs."""
+    return Node(
+        id=build.id.replace("build:", "verify:", 1),
+        kind="verify",
+        recipe=build.recipe,
+        params={"profiles": build.params["profiles"], **item.recipe.verify.model_dump()},
+        fingerprint={
+            "onnxruntime": tool_version("onnxruntime") or tool_version("onnxruntime-gpu"),
+            "local_gpus": list(local_compute_capabilities()),
+            **{k: build.fingerprint[k] for k in ("backend", "backend_version", "compute_capabilities", "hardware_compatibility")},
+        },
+        deps=(Dep("model", model_node, "model"), Dep("engine", build.id, "engine")),
+        sources=(("source", item.source_path(root)),),
+        info=build.info,
+    )
+
+
+def _package_node(recipe: str, builds: list[Node], verifies: list[Node], cleanup_id: str) -> Node:
     engines = [
-        {"role": f"engine:{b.info['precision']}/{b.info['target']}", "target": b.info["target"], **b.params, **b.fingerprint}
+        {"role": f"engine:{b.info['precision']}/{b.info['target']}", "verify_role": f"verify:{b.info['precision']}/{b.info['target']}",
+         "target": b.info["target"], **b.params, **b.fingerprint}
         for b in builds
     ]
     deps = [Dep(e["role"], b.id, "engine") for e, b in zip(engines, builds)]
+    deps += [Dep(e["verify_role"], v.id, "report") for e, v in zip(engines, verifies)]
     return Node(
         id=f"package:{recipe}",
         kind="package",

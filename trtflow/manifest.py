@@ -41,6 +41,41 @@ class BuilderOptions(_Model):
     optimization_level: int
 
 
+class OutputError(_Model):
+    name: str
+    max_abs_error: Optional[float]
+    max_rel_error: Optional[float]
+    passed: bool
+    problem: Optional[str] = None
+
+
+class OnnxComparison(_Model):
+    """The ONNX the engine was built from vs the source model, on ONNX Runtime (CPU)."""
+
+    runtime: str
+    samples: int
+    rtol: float
+    atol: float
+    outputs: list[OutputError]
+    passed: bool
+
+
+class EngineRun(_Model):
+    """The engine itself executed and compared; `status` is `not run (<reason>)` where it could not be."""
+
+    status: str
+    gpu: Optional[str] = None
+    samples: Optional[int] = None
+    outputs: list[OutputError] = []
+    passed: Optional[bool] = None
+
+
+class Verification(_Model):
+    onnx_compare: OnnxComparison
+    engine_checks: dict[str, object]
+    engine_run: EngineRun
+
+
 class Engine(_Model):
     file: str
     sha256: str
@@ -54,6 +89,7 @@ class Engine(_Model):
     version_compatible: bool
     builder: BuilderOptions
     tensors: list[Tensor]
+    verification: Optional[Verification] = None  # always filled by trtflow run; absent only in hand-made manifests
     stage_key: str
 
 

@@ -155,6 +155,16 @@ class BuildOptions(StrictModel):
     optimization_level: int = Field(default=3, ge=0, le=5)
 
 
+class VerifyOptions(StrictModel):
+    """How the ONNX the engine is built from is compared with the source model (and the engine, on a GPU)."""
+
+    rtol: float = Field(default=1e-3, ge=0)
+    atol: float = Field(default=1e-4, ge=0)
+    samples: int = Field(default=6, ge=1, le=10_000)
+    seed: int = 0
+    on_fail: Literal["fail", "warn"] = "fail"
+
+
 class Recipe(StrictModel):
     """One model: its source, precisions, shapes, targets and builder options."""
 
@@ -164,6 +174,7 @@ class Recipe(StrictModel):
     targets: Optional[list[str]] = Field(default=None, min_length=1)
     profiles: list[Profile] = Field(default_factory=list)
     build: BuildOptions = Field(default_factory=BuildOptions)
+    verify: VerifyOptions = Field(default_factory=VerifyOptions)
 
     @field_validator("precisions")
     @classmethod

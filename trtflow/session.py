@@ -79,7 +79,11 @@ class Session:
 
     def _update_lock(self, finished: dict[str, dict]) -> None:
         """Entries of this run's finished nodes replace old ones; nodes gone from the project are dropped."""
-        entries = {k: v for k, v in (read_lock(self.lock_path) or {}).items() if k in self.all_node_ids}
+        try:
+            previous = read_lock(self.lock_path) or {}
+        except ProjectError:
+            previous = {}  # an unreadable lock is replaced: this run knows everything it needs
+        entries = {k: v for k, v in previous.items() if k in self.all_node_ids}
         for node_id, record in finished.items():
             entries[node_id] = LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"])
         write_lock(self.lock_path, entries)

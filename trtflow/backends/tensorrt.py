@@ -7,25 +7,15 @@ engine and every declared capability is Ampere or newer).
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+from pathlib import Path
 from typing import Any
 
 from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
-from trtflow.backends.trt_common import build_engine
+from trtflow.device import no_gpu_reason, query_compute_capabilities
+from trtflow.backends.trt_common import build_engine, outputs_from_engine
 from trtflow.errors import EnvironmentProblem, StageError
 
 HARDWARE_LEVELS = {"ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}
-
-
-def local_compute_capabilities() -> list[str]:
-    """Compute capabilities of the GPUs on this machine, as sm_XY, from nvidia-smi."""
-    if shutil.which("nvidia-smi") is None:
-        raise EnvironmentProblem("the tensorrt backend builds on a GPU, and this machine has none (no nvidia-smi)")
-    result = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise EnvironmentProblem(f"nvidia-smi failed: {result.stderr.strip() or result.stdout.strip()}")
-    return sorted({"sm_" + line.strip().replace(".", "") for line in result.stdout.splitlines() if line.strip()})
 
 
 class TensorRTBackend:
@@ -54,10 +44,17 @@ class TensorRTBackend:
 
         return build_engine(trt, request, configure, self.name)
 
+    def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
+        """Execute the engine on the local GPU (verify calls this only where one exists)."""
+        self.load()
+        return outputs_from_engine(self._trt, engine_path, feeds)
+
 
 def _check_local_gpu(request: BuildRequest) -> None:
     """Refuse to label an engine with capabilities the local GPU cannot produce."""
-    local = local_compute_capabilities()
+    local = list(query_compute_capabilities())
+    if not local:
+        raise EnvironmentProblem(f"the tensorrt backend builds on a GPU, and this machine has {no_gpu_reason()}")
     wanted = set(request.compute_capabilities)
     if request.hardware_compatibility == "ampere_plus":
         if all(int(cc[3:]) >= 80 for cc in wanted) and any(int(cc[3:]) >= 80 for cc in local):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
-from trtflow.backends.trt_common import build_engine
+from trtflow.backends.trt_common import build_engine, outputs_from_engine
 from trtflow.errors import StageError
 
 
@@ -33,6 +34,11 @@ class TensorRTRTXBackend:
                 config.set_compute_capability(capability, index)
 
         return build_engine(trt, request, configure, self.name)
+
+    def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
+        """Execute the engine on the local GPU (verify calls this only where one exists)."""
+        self.load()
+        return outputs_from_engine(self._trt, engine_path, feeds)
 
     def _capability(self, cc: str) -> Any:
         value = getattr(self._trt.ComputeCapability, cc.replace("_", "").upper(), None)

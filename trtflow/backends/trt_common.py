@@ -90,3 +90,54 @@ def build_engine(trt: Any, request: BuildRequest, configure: Callable[[Any, Any]
         engine_bytes=data.nbytes,
         log=logger.lines[-50:],
     )
+
+
+def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict) -> dict:
+    """Run a serialized engine once on this machine's GPU, with device buffers from torch.
+
+    Only reached where a GPU exists (verify checks first); raises StageError when it cannot run.
+    """
+    try:
+        import torch
+    except ImportError:
+        raise StageError("running an engine needs torch with CUDA for device buffers: pip install torch") from None
+    if not torch.cuda.is_available():
+        raise StageError("torch sees no CUDA device")
+    logger = make_logger(trt)
+    engine = trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes())
+    if engine is None:
+        raise StageError("the engine does not load here: " + "; ".join(logger.lines[-3:]))
+    context = engine.create_execution_context()
+    keep = {name: _bind_input(context, name, array, torch) for name, array in feeds.items()}
+    outputs = {name: _bind_output(trt, engine, context, name, torch) for name in _output_names(trt, engine)}
+    stream = torch.cuda.Stream()
+    if not context.execute_async_v3(stream.cuda_stream):
+        raise StageError("engine execution failed: " + "; ".join(logger.lines[-3:]))
+    stream.synchronize()
+    del keep
+    return {name: tensor.float().cpu().numpy() for name, tensor in outputs.items()}
+
+
+def _output_names(trt: Any, engine: Any) -> list[str]:
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    return [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+
+
+def _bind_input(context: Any, name: str, array: Any, torch: Any) -> Any:
+    tensor = torch.from_numpy(array.copy()).cuda().contiguous()
+    context.set_input_shape(name, tuple(array.shape))
+    context.set_tensor_address(name, tensor.data_ptr())
+    return tensor
+
+
+TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "int32": "int32", "int64": "int64",
+                "int8": "int8", "uint8": "uint8", "bool": "bool"}
+
+
+def _bind_output(trt: Any, engine: Any, context: Any, name: str, torch: Any) -> Any:
+    dtype_name = DTYPE_NAMES.get(engine.get_tensor_dtype(name).name)
+    if dtype_name not in TORCH_DTYPES:
+        raise StageError(f"output {name} has dtype {dtype_name}, which engine runs cannot read back yet")
+    tensor = torch.empty(tuple(context.get_tensor_shape(name)), dtype=getattr(torch, TORCH_DTYPES[dtype_name]), device="cuda")
+    context.set_tensor_address(name, tensor.data_ptr())
+    return tensor

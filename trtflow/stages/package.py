@@ -17,7 +17,7 @@ from trtflow.stages import StageOutput, Upstream
 def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     recipe = params["recipe"]
     folder = workdir / recipe
-    engines = [_place_engine(folder, recipe, spec, inputs[spec["role"]]) for spec in params["engines"]]
+    engines = [_place_engine(folder, recipe, spec, inputs[spec["role"]], inputs[spec["verify_role"]]) for spec in params["engines"]]
     model = inputs["model"]
     source = Source(sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"])
     manifest = Manifest(recipe=recipe, trtflow_version=__version__, source=source, engines=engines)
@@ -28,7 +28,7 @@ def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput
     return StageOutput(files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest.model_dump_json())})
 
 
-def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream) -> Engine:
+def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream, verify: Upstream) -> Engine:
     relative = f"engines/{spec['target']}/{recipe}-{spec['precision']}.engine"
     (folder / relative).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(build.files["engine"], folder / relative)
@@ -48,6 +48,7 @@ def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream) -> Eng
         version_compatible=spec["version_compatible"],
         builder={"workspace_mib": spec["workspace_mib"], "optimization_level": spec["optimization_level"]},
         tensors=[_tensor(t, spec["profiles"]) for t in build.record["tensors"]],
+        verification=verify.record,
         stage_key=build.key,
     )
 

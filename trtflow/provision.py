@@ -1,0 +1,325 @@
+"""Provision: pick the engine of a package that fits a device, verify its sha256, put it in place.
+
+The choice reads only the manifest, so a fleet agent decides without TensorRT or a GPU. Rules, in order:
+1. backend and precision, when asked for;
+2. hardware: the GPU's compute capability is listed (exact), or the build is hardware-compatible
+   (`ampere_plus`: any sm_80 or newer; `same_compute_capability`: only what it lists);
+3. runtime version, only when given: TensorRT needs the build's major.minor.patch, or for a
+   version-compatible build a runtime at least as new within the same major. TensorRT-RTX needs the
+   same major.minor.patch too: its engines "are not compatible between different releases", which
+   Runtime.get_engine_validity checks at load (TensorRT-RTX docs, Engine Compatibility:
+   https://docs.nvidia.com/deeplearning/tensorrt-rtx/latest/inference-library/engine-compatibility.html).
+Among fits: exact before hardware-compatible, then the newest backend version, then manifest order.
+E.g. sm_89 with rtx-ampere (sm_86) and rtx-ada (sm_89) engines: rtx-ada, "exact compute capability match".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import BinaryIO, Callable, Iterator, Optional
+
+from pydantic import ValidationError
+
+from trtflow.archive import UnsafeArchive, read_member
+from trtflow.device import no_gpu_reason, query_compute_capabilities
+from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.manifest import MANIFEST_FILE, Engine, Manifest
+from trtflow.recipe import normalize_compute_capability
+
+EXACT = "exact compute capability match"
+AMPERE_PLUS = "hardware-compatible build (ampere_plus runs on sm_80 and newer)"
+CHUNK = 1 << 20
+SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+class NoEngineFits(TrtflowError):
+    """No engine of the package can run on the device; the message lists why, per engine."""
+
+    exit_code = 5
+
+
+class BadPackage(UnsafeArchive):
+    """The package is missing, malformed, or names files outside itself."""
+
+    exit_code = 3
+
+
+class TamperedEngine(TrtflowError):
+    """An engine's bytes do not match the sha256 its manifest records."""
+
+    exit_code = 3
+
+
+class BadRequest(TrtflowError):
+    """A provision option has a value that cannot be understood."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the engine must run on: every compute capability listed, with an optional runtime."""
+
+    compute_capabilities: tuple[str, ...]
+    label: str
+    source: str
+    runtime_version: Optional[str] = None
+    backend: Optional[str] = None
+    precision: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One engine judged against the device: `fit` names how it fits, else `refusal` why not."""
+
+    engine: Engine
+    index: int
+    fit: Optional[str] = None
+    refusal: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Package:
+    """A manifest and where its engines are: a folder (`root`) or the .tar.gz at `path`."""
+
+    path: Path
+    manifest: Manifest
+    root: Optional[Path]
+
+
+def judge(engine: Engine, index: int, device: Device) -> Verdict:
+    """The first rule the engine breaks, or how it fits (cheap checks first)."""
+    if device.backend and engine.backend != device.backend:
+        return Verdict(engine, index, refusal=f"backend {engine.backend}, not the requested {device.backend}")
+    if device.precision and engine.precision != device.precision:
+        return Verdict(engine, index, refusal=f"precision {engine.precision}, not the requested {device.precision}")
+    fits = [_hardware_fit(engine, cc) for cc in device.compute_capabilities]
+    refusal = next((reason for fit, reason in fits if fit is None), None) or _runtime_refusal(engine, device.runtime_version)
+    if refusal:
+        return Verdict(engine, index, refusal=refusal)
+    return Verdict(engine, index, fit=EXACT if all(fit == EXACT for fit, _ in fits) else AMPERE_PLUS)
+
+
+def _hardware_fit(engine: Engine, cc: str) -> tuple[Optional[str], str]:
+    """(how the engine fits `cc`, "") or (None, why it cannot run there)."""
+    listed = ", ".join(engine.compute_capabilities)
+    if cc in engine.compute_capabilities:
+        return EXACT, ""
+    if engine.hardware_compatibility == "ampere_plus":
+        return (AMPERE_PLUS, "") if _cc_number(cc) >= 80 else (None, f"ampere_plus build needs sm_80 or newer, {cc} is older")
+    return None, f"built for {listed} only, not {cc} (hardware_compatibility: {engine.hardware_compatibility})"
+
+
+def _cc_number(cc: str) -> int:
+    return int(cc.removeprefix("sm_"))
+
+
+def _runtime_refusal(engine: Engine, runtime: Optional[str]) -> Optional[str]:
+    """Why `runtime` cannot load the engine, or None (also when no runtime version was given)."""
+    if runtime is None:
+        return None
+    built, wanted = _version(engine.backend_version), _version(runtime)
+    if built is None or wanted is None:
+        return f"cannot compare backend version {engine.backend_version!r} with runtime {runtime!r}"
+    if engine.backend == "tensorrt" and engine.version_compatible:
+        if wanted[0] == built[0] and wanted >= built:
+            return None
+        return f"version-compatible build from tensorrt {engine.backend_version} needs a {built[0]}.x runtime at least that new, not {runtime}"
+    if wanted == built:
+        return None
+    return f"{engine.backend} {engine.backend_version} engines load only on the same release ({'.'.join(map(str, built))}), not runtime {runtime}"
+
+
+def _version(text: str) -> Optional[tuple[int, int, int]]:
+    """major.minor.patch of '10.13.3.9' or '1.7' (missing parts are 0); None if not a version."""
+    match = re.fullmatch(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.\d+)?", text.strip())
+    return None if match is None else tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
+
+
+def _rank(verdict: Verdict) -> tuple:
+    """Exact before hardware-compatible, then the newest backend version, then manifest order."""
+    version = _version(verdict.engine.backend_version) or (-1, -1, -1)
+    return (verdict.fit != EXACT, tuple(-part for part in version), verdict.index)
+
+
+def choose(manifest: Manifest, device: Device) -> tuple[Verdict, list[tuple[Verdict, str]]]:
+    """The chosen engine and, for every other one, why it was not chosen. Raises NoEngineFits."""
+    verdicts = [judge(engine, index, device) for index, engine in enumerate(manifest.engines)]
+    fitting = sorted((v for v in verdicts if v.fit), key=_rank)
+    if not fitting:
+        raise NoEngineFits(_no_fit_message(manifest, device, verdicts))
+    chosen = fitting[0]
+    others = [(v, v.refusal or _outranked(v, chosen)) for v in verdicts if v is not chosen]
+    return chosen, others
+
+
+def _outranked(verdict: Verdict, chosen: Verdict) -> str:
+    if verdict.fit != chosen.fit:
+        return f"fits ({verdict.fit}), but an exact compute capability match is preferred"
+    if _rank(verdict)[1] != _rank(chosen)[1]:
+        return f"fits, but {chosen.engine.backend} {chosen.engine.backend_version} is newer than {verdict.engine.backend_version}"
+    return "fits equally well, but comes later in the manifest"
+
+
+def _describe(engine: Engine) -> str:
+    return f"{engine.file} ({engine.precision}, {engine.backend} {engine.backend_version}, {', '.join(engine.compute_capabilities)})"
+
+
+def _no_fit_message(manifest: Manifest, device: Device, verdicts: list[Verdict]) -> str:
+    runtime = f"runtime {device.runtime_version}" if device.runtime_version else "runtime version not checked"
+    lines = [f"no engine in package {manifest.recipe} fits {device.label} ({runtime}):"]
+    lines += [f"  {_describe(v.engine)}: {v.refusal}" for v in verdicts] or ["  the package holds no engines"]
+    lines.append(f"add a pipeline target that fits {device.label} and run `trtflow run`, or provision for another --gpu / --runtime-version")
+    return "\n".join(lines)
+
+
+def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[str] = None, backend: Optional[str] = None, precision: Optional[str] = None) -> Device:
+    """--gpu auto (nvidia-smi), a compute capability (sm_86, 8.6) or a target name of the package."""
+    if runtime_version is not None and _version(runtime_version) is None:
+        raise BadRequest(f"--runtime-version {runtime_version!r} is not a version: pass it as X.Y.Z, e.g. 10.13.3 or 1.7.1")
+    extra = {"runtime_version": runtime_version, "backend": backend, "precision": precision}
+    if gpu == "auto":
+        ccs = detect_compute_capabilities()
+        return Device(tuple(ccs), "+".join(ccs), "auto-detected", **extra)
+    try:
+        cc = normalize_compute_capability(gpu)
+        return Device((cc,), cc, "given", **extra)
+    except ValueError:
+        pass
+    ccs = sorted({cc for e in manifest.engines if e.target == gpu for cc in e.compute_capabilities}, key=lambda cc: (len(cc), cc))
+    if not ccs:
+        targets = ", ".join(sorted({e.target for e in manifest.engines})) or "none"
+        raise BadRequest(f"--gpu {gpu!r} is neither auto, a compute capability (sm_86, 8.6) nor a target of package {manifest.recipe} (its targets: {targets})")
+    return Device(tuple(ccs), f"{gpu} ({', '.join(ccs)})", f"target {gpu} of the manifest", **extra)
+
+
+def detect_compute_capabilities() -> list[str]:
+    """The local GPUs' compute capabilities (an engine must fit all of them); EnvironmentProblem if none."""
+    ccs = list(query_compute_capabilities())
+    if not ccs:
+        raise EnvironmentProblem(f"{no_gpu_reason()}; pass --gpu sm_XY (or 8.6, or a target name) for the device to provision")
+    return ccs
+
+
+def load_package(path: Path) -> Package:
+    """A package folder, its .tar.gz, or a manifest.json with the engines next to it."""
+    if not path.exists():
+        raise BadPackage(f"{path}: no such file or folder")
+    if path.is_dir():
+        manifest = path / MANIFEST_FILE
+        return Package(path, _parse_manifest(manifest, manifest.read_bytes() if manifest.is_file() else None), path)
+    if path.name.endswith((".tar.gz", ".tgz")):
+        try:
+            data = read_member(path, "/" + MANIFEST_FILE)
+        except (tarfile.TarError, OSError, EOFError, TrtflowError) as exc:
+            raise BadPackage(f"{path}: not a readable package archive ({exc}); fetch the package again") from None
+        return Package(path, _parse_manifest(path, data), None)
+    if path.name.endswith(".json"):
+        return Package(path, _parse_manifest(path, path.read_bytes()), path.parent)
+    raise BadPackage(f"{path}: not a package: pass a package folder, its .tar.gz, or its {MANIFEST_FILE}")
+
+
+def _parse_manifest(path: Path, data: Optional[bytes]) -> Manifest:
+    if data is None:
+        raise BadPackage(f"{path}: not a package (no {MANIFEST_FILE})")
+    try:
+        return Manifest.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise BadPackage(f"{path}: not a trtflow manifest: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def _safe_relative(package: Package, file: str) -> str:
+    """The manifest's engine path, refused when it could point outside the package."""
+    parts = PurePosixPath(file).parts
+    if not parts or file.startswith("/") or "\\" in file or PureWindowsPath(file).drive or any(p in ("..", ".") for p in parts):
+        raise BadPackage(f"{package.path}: manifest names engine file {file!r}, which escapes the package; refusing it (rebuild the package with `trtflow run`)")
+    return file
+
+
+@contextlib.contextmanager
+def _open_engine(package: Package, engine: Engine) -> Iterator[BinaryIO]:
+    """The engine's bytes as a stream, from the folder or straight from its archive member (never
+    extracted to a path the package names)."""
+    relative = _safe_relative(package, engine.file)
+    if package.root is not None:
+        path = package.root / relative
+        if not path.is_file() or not path.resolve().is_relative_to(package.root.resolve()):
+            raise BadPackage(f"{path}: the engine file is missing or outside the package; rebuild the package with `trtflow run`")
+        with open(path, "rb") as source:
+            yield source
+        return
+    with tarfile.open(package.path, "r:gz") as tar:
+        member = next((m for m in tar if m.name == f"{package.manifest.recipe}/{relative}"), None)
+        if member is None or not member.isfile():
+            raise BadPackage(f"{package.path}: no regular file {package.manifest.recipe}/{relative} in the archive; fetch the package again")
+        with tar.extractfile(member) as source:  # type: ignore[union-attr]
+            yield source
+
+
+def _copy_verified(package: Package, engine: Engine, sink: BinaryIO) -> None:
+    """Copy the engine into `sink` while hashing it; a sha256 other than the manifest's is refused."""
+    digest = hashlib.sha256()
+    with _open_engine(package, engine) as source:
+        for chunk in iter(lambda: source.read(CHUNK), b""):
+            digest.update(chunk)
+            sink.write(chunk)
+    if digest.hexdigest() != engine.sha256:
+        where = (package.root or package.path) / engine.file
+        raise TamperedEngine(f"{where}: sha256 {digest.hexdigest()} does not match the manifest's {engine.sha256}; the package is corrupt or tampered with: fetch or rebuild it")
+
+
+def _write_atomically(path: Path, fill: Callable[[BinaryIO], None]) -> None:
+    """Temp file in the same folder, fsync, rename: readers never see a half-written file."""
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as sink:
+            os.fchmod(sink.fileno(), 0o644)  # mkstemp's 0600 would hide the engine from the service that loads it
+            fill(sink)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def provision(package: Package, device: Device, dest: Path) -> dict:
+    """Choose, verify and write DEST/<recipe>-<precision>.engine and .json; returns the JSON record.
+
+    The engine is verified while it is copied to a temp file in DEST, so a tampered one never lands."""
+    chosen, others = choose(package.manifest, device)
+    stem = f"{package.manifest.recipe}-{chosen.engine.precision}"
+    if not SAFE_NAME.fullmatch(stem):  # both come from the package and become a file name in DEST
+        raise BadPackage(f"{package.path}: recipe/precision {stem!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
+    created = not dest.exists()
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        _write_atomically(dest / f"{stem}.engine", lambda sink: _copy_verified(package, chosen.engine, sink))
+    except BaseException:
+        if created:
+            dest.rmdir()
+        raise
+    record = _record(package, device, chosen, others, dest / f"{stem}.engine")
+    _write_atomically(dest / f"{stem}.json", lambda sink: sink.write((json.dumps(record, indent=2) + "\n").encode()))
+    return record
+
+
+def _record(package: Package, device: Device, chosen: Verdict, others: list[tuple[Verdict, str]], engine_path: Path) -> dict:
+    rules = "applied" if device.runtime_version else "not applied: no --runtime-version given"
+    return {
+        "package": str(package.path), "recipe": package.manifest.recipe,
+        "device": {"gpu": device.label, "compute_capabilities": list(device.compute_capabilities), "source": device.source, "backend": device.backend, "precision": device.precision},
+        "runtime": {"version": device.runtime_version, "version_rules": rules},
+        "chosen": {"file": chosen.engine.file, "reason": chosen.fit, "manifest_entry": chosen.engine.model_dump(mode="json")},
+        "written": {"engine": str(engine_path), "record": str(engine_path.with_suffix(".json")), "sha256": chosen.engine.sha256},
+        "not_chosen": [{"file": v.engine.file, "target": v.engine.target, "precision": v.engine.precision, "reason": reason} for v, reason in others],
+    }
