@@ -188,3 +188,11 @@ def test_frozen_fails_before_building_and_names_the_change(project: Path) -> Non
 def test_frozen_without_a_lock_says_how_to_make_one(project: Path) -> None:
     result = trtflow(project, "run", "--frozen")
     assert result.code == 3 and "trtflow.lock: not found" in result.err
+
+
+def test_frozen_dry_run_checks_the_lock_too(project: Path) -> None:
+    run_json(project)
+    recipe = project / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("max: [8, 3, 32, 32]", "max: [9, 3, 32, 32]"))
+    result = trtflow(project, "run", "--frozen", "--dry-run")
+    assert result.code == 3 and "profiles[0].input.max: [8,3,32,32] -> [9,3,32,32]" in result.err

@@ -93,6 +93,8 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run:
     session = ctx.session(recipes)
     try:
         if dry_run:
+            if frozen:
+                session.frozen_keys()  # the same check a frozen run makes before building anything
             states = list(session.plan(force).values())
             _print_summary(states, as_json, 0.0, dry_run=True)
             return
@@ -135,9 +137,9 @@ def schema(what: str) -> None:
 
         click.echo(json.dumps(manifest_json_schema(), indent=2))
         return
-    from trtflow.recipe import Pipeline, Recipe
+    from trtflow.recipe import Pipeline, recipe_json_schema
 
-    click.echo(json.dumps((Recipe if what == "recipe" else Pipeline).model_json_schema(), indent=2))
+    click.echo(json.dumps(recipe_json_schema() if what == "recipe" else Pipeline.model_json_schema(), indent=2))
 
 
 @cli.command()

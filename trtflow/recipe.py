@@ -237,6 +237,13 @@ class Project:
         raise ProjectError(f"no recipe named {name!r} (recipes: {known})")
 
 
+def recipe_json_schema() -> dict:
+    """The recipe schema for editors (yaml-language-server); `name` is optional there: it defaults to the file name."""
+    schema = Recipe.model_json_schema()
+    schema["required"] = [field for field in schema.get("required", []) if field != "name"]
+    return schema
+
+
 def format_loc(loc: tuple) -> str:
     """('profiles', 0, 'inputs', 'x') -> 'profiles[0].inputs.x'."""
     out = ""
