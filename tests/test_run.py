@@ -60,6 +60,8 @@ def test_inspect_shows_package_manifest_and_engine(project: Path) -> None:
     engine = package / manifest(project)["engines"][0]["file"]
     info = json.loads(trtflow(project, "inspect", "--json", str(engine)).out)
     assert info["kind"] == "engine" and info["manifest_entry"]["file"] == manifest(project)["engines"][0]["file"]
+    assert info["format"] == "TensorRT-RTX engine"
+    assert "not a TensorRT engine" in trtflow(project, "inspect", str(project / "pipeline.yaml")).out
 
 
 def test_second_run_executes_nothing_and_says_so(project: Path) -> None:

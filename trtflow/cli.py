@@ -214,7 +214,7 @@ def _print_manifest(path: str, manifest: dict) -> None:
 
 
 def _print_engine(info: dict) -> None:
-    click.echo(f"engine {info['path']}: {info['size']} bytes, sha256 {info['sha256']}")
+    click.echo(f"{info['path']}: {info['format']}, {info['size']} bytes, sha256 {info['sha256']}")
     entry = info["manifest_entry"]
     if entry is None:
         click.echo("  no manifest describes it (inspect the package folder it came from for details)")

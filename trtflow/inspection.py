@@ -5,50 +5,42 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from trtflow.archive import read_member
-from trtflow.errors import TrtflowError
 from trtflow.hashing import sha256_file
-from trtflow.manifest import MANIFEST_FILE, Manifest
-
-
-class InspectError(TrtflowError):
-    exit_code = 3
+from trtflow.manifest import MANIFEST_FILE
+from trtflow.provision import BadPackage, load_package
 
 
 def inspect_path(path: Path) -> dict:
     """{"kind": "package"|"manifest"|"engine", ...}: everything known about the file without a GPU."""
-    if not path.exists():
-        raise InspectError(f"{path}: no such file or folder")
-    if path.is_dir():
-        return {"kind": "package", "path": str(path), "manifest": _manifest(path / MANIFEST_FILE, (path / MANIFEST_FILE).read_bytes() if (path / MANIFEST_FILE).is_file() else None)}
-    if path.name.endswith((".tar.gz", ".tgz")):
-        return {"kind": "package", "path": str(path), "manifest": _manifest(path, read_member(path, "/" + MANIFEST_FILE))}
-    if path.name.endswith(".json"):
-        return {"kind": "manifest", "path": str(path), "manifest": _manifest(path, path.read_bytes())}
-    return inspect_engine(path)
+    if path.is_file() and not path.name.endswith((".tar.gz", ".tgz", ".json")):
+        return inspect_engine(path)
+    manifest = json.loads(load_package(path).manifest.model_dump_json())
+    return {"kind": "manifest" if path.name.endswith(".json") else "package", "path": str(path), "manifest": manifest}
 
 
-def _manifest(path: Path, data: bytes | None) -> dict:
-    if data is None:
-        raise InspectError(f"{path}: not a package (no {MANIFEST_FILE})")
-    try:
-        return json.loads(Manifest.model_validate_json(data).model_dump_json())
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InspectError(f"{path}: not a trtflow manifest: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+# The first four bytes of a serialized engine (seen in engines built here and by TensorRT 10).
+ENGINE_MAGIC = {b"vtrt": "TensorRT-RTX engine", b"ftrt": "TensorRT engine"}
+
+
+def engine_format(path: Path) -> str:
+    """What the header says the file is, without loading TensorRT or needing a GPU."""
+    with open(path, "rb") as handle:
+        return ENGINE_MAGIC.get(handle.read(4), "not a TensorRT engine (unknown header)")
 
 
 def inspect_engine(path: Path) -> dict:
-    """sha256 and size; and the manifest entry describing it when it sits inside a package folder."""
+    """Header format, sha256 and size; and the manifest entry describing it when it sits inside a package."""
     digest = sha256_file(path)
-    result = {"kind": "engine", "path": str(path), "sha256": digest, "size": path.stat().st_size, "manifest_entry": None}
+    result = {"kind": "engine", "path": str(path), "format": engine_format(path), "sha256": digest,
+              "size": path.stat().st_size, "manifest_entry": None}
     for folder in path.resolve().parents:
         if (folder / MANIFEST_FILE).is_file():
-            manifest = _manifest(folder / MANIFEST_FILE, (folder / MANIFEST_FILE).read_bytes())
-            entry = next((e for e in manifest["engines"] if e["sha256"] == digest), None)
-            result["manifest_entry"] = entry
-            result["recipe"] = manifest["recipe"]
+            try:
+                manifest = load_package(folder / MANIFEST_FILE).manifest
+            except BadPackage:
+                break
+            entry = next((e for e in manifest.engines if e.sha256 == digest), None)
+            result["manifest_entry"] = json.loads(entry.model_dump_json()) if entry else None
+            result["recipe"] = manifest.recipe
             break
     return result
