@@ -11,7 +11,6 @@ between CI runners must not be able to run code in whoever reads it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -151,14 +150,6 @@ class Store:
     def file_digests(self) -> FileDigests:
         return FileDigests(_IndexView(self._index, "stat:"))
 
-    @contextlib.contextmanager
-    def workdir(self, label: str) -> Iterator[Path]:
-        """A fresh directory for one stage run, removed afterwards whatever happens."""
-        path = Path(tempfile.mkdtemp(dir=self.tmp, prefix=label.replace("/", "_").replace(":", "_") + "-"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _fsync_file(path: Path) -> None:
