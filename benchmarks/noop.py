@@ -44,14 +44,7 @@ from onnx import TensorProto, helper
 REPO = Path(__file__).resolve().parent.parent
 GOAL_SECONDS = 1.0
 
-PIPELINE = """\
-store: artifacts/store
-packages: artifacts/packages
-recipes: [recipes/*.yaml]
-targets:
-  rtx-ampere: {backend: tensorrt-rtx, compute_capabilities: [sm_86]}
-  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}
-"""
+PIPELINE = (REPO / "pipeline.yaml").read_text()  # the example fleet: rtx-ampere sm_86, rtx-ada sm_89
 
 RECIPE = """\
 source:

@@ -17,14 +17,8 @@ from trtflow.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
-PIPELINE = """\
-store: artifacts/store
-packages: artifacts/packages
-recipes: [recipes/*.yaml]
-targets:
-  rtx-ampere: {backend: tensorrt-rtx, compute_capabilities: [sm_86]}
-  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}
-"""
+# The example project's fleet (rtx-ampere sm_86, rtx-ada sm_89): one definition shared with benchmarks/noop.py.
+PIPELINE = (REPO / "pipeline.yaml").read_text()
 
 TINY_RECIPE = """\
 source:
