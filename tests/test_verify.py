@@ -1,4 +1,4 @@
-"""Verification on real ONNX Runtime sessions: it passes equal models and catches different ones."""
+"""Verification on real ONNX Runtime sessions: proofs pass equal models and catch different ones."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from conftest import example_models, trtflow
 from trtflow.errors import StageError
 from trtflow.stages import Upstream
-from trtflow.stages import verify
+from trtflow.stages import compare, verify
 
 PROFILES = [{"input": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}]
 TENSORS = [{"name": "input", "mode": "input", "dtype": "float32", "shape": [-1, 3, 32, 32]},
@@ -24,36 +24,42 @@ def _params(on_fail: str = "fail") -> dict:
             "backend": "tensorrt-rtx", "compute_capabilities": ["sm_86"], "hardware_compatibility": "none"}
 
 
-def _inputs(tmp_path: Path, source_seed: int, model_seed: int, tensors: list = TENSORS) -> dict:
-    for name, seed in (("source.onnx", source_seed), ("model.onnx", model_seed)):
-        onnx.save(example_models().tiny_cnn(np.random.default_rng(seed)), tmp_path / name)
-    return {"source": Upstream(files={"source": tmp_path / "source.onnx"}),
-            "model": Upstream(files={"model": tmp_path / "model.onnx"}),
+def _save(tmp_path: Path, name: str, seed: int) -> Path:
+    onnx.save(example_models().tiny_cnn(np.random.default_rng(seed)), tmp_path / name)
+    return tmp_path / name
+
+
+def _inputs(tmp_path: Path, tensors: list = TENSORS) -> dict:
+    model = _save(tmp_path, "model.onnx", 0)
+    equality = compare.prove_equal(model, model, PROFILES, _params())
+    return {"reference": Upstream(files={"model": model}, record={"equality": equality}),
+            "model": Upstream(files={"model": model}, record={"accuracy": None}),
             "engine": Upstream(files={"engine": tmp_path / "none.engine"}, record={"tensors": tensors})}
 
 
-def test_equal_models_pass_and_the_engine_run_is_not_faked(tmp_path: Path) -> None:
-    output = verify.run(_params(), _inputs(tmp_path, 0, 0), tmp_path)
-    compare = output.record["onnx_compare"]
-    assert compare["passed"] and compare["samples"] == 3 and compare["outputs"][0]["max_abs_error"] == 0.0
-    assert output.record["engine_run"]["status"].startswith("not run (no GPU")
-    assert "passed" not in output.record["engine_run"] or output.record["engine_run"].get("passed") is None
+def test_equal_models_prove_equal(tmp_path: Path) -> None:
+    model = _save(tmp_path, "a.onnx", 0)
+    proof = compare.prove_equal(model, _save(tmp_path, "b.onnx", 0), PROFILES, _params())
+    assert proof["passed"] and proof["samples"] == 3 and proof["outputs"][0]["max_abs_error"] == 0.0
 
 
 def test_different_models_fail_naming_the_output(tmp_path: Path) -> None:
-    with pytest.raises(StageError, match="onnx_compare out of tolerance.*first differing output logits max abs"):
-        verify.run(_params(), _inputs(tmp_path, 0, 1), tmp_path)
+    proof = compare.prove_equal(_save(tmp_path, "a.onnx", 0), _save(tmp_path, "b.onnx", 1), PROFILES, _params())
+    assert proof["passed"] is False and proof["outputs"][0]["max_abs_error"] > 1e-3
+    assert compare.failure_message("onnx_compare", proof).startswith("onnx_compare out of tolerance (rtol 0.001, atol 0.0001): first differing output logits max abs")
 
 
-def test_on_fail_warn_records_the_failure_without_failing(tmp_path: Path) -> None:
-    record = verify.run(_params("warn"), _inputs(tmp_path, 0, 1), tmp_path).record
-    assert record["onnx_compare"]["passed"] is False and record["onnx_compare"]["outputs"][0]["max_abs_error"] > 1e-3
+def test_verify_carries_the_proofs_and_the_engine_run_is_not_faked(tmp_path: Path) -> None:
+    record = verify.run(_params(), _inputs(tmp_path), tmp_path).record
+    assert record["cleanup_equality"]["passed"] and record["precision_accuracy"] is None
+    assert record["engine_run"]["status"].startswith("not run (no GPU")
+    assert record["engine_run"].get("passed") is None
 
 
 def test_engine_io_that_does_not_match_the_model_fails(tmp_path: Path) -> None:
     wrong = [dict(TENSORS[0], dtype="float16"), TENSORS[1]]
     with pytest.raises(StageError, match="input: engine .*float16.* vs model .*float32"):
-        verify.run(_params(), _inputs(tmp_path, 0, 0, wrong), tmp_path)
+        verify.run(_params(), _inputs(tmp_path, wrong), tmp_path)
 
 
 def test_profile_outside_the_engine_static_dims_is_reported() -> None:
@@ -62,9 +68,8 @@ def test_profile_outside_the_engine_static_dims_is_reported() -> None:
 
 
 def test_samples_cover_min_opt_and_max_shapes(tmp_path: Path) -> None:
-    onnx.save(example_models().tiny_cnn(np.random.default_rng(0)), tmp_path / "m.onnx")
-    session = verify._session(__import__("onnxruntime"), tmp_path / "m.onnx")
-    shapes = [feed["input"].shape[0] for feed in verify.sample_feeds(session, PROFILES, 3, 0)]
+    session = compare.session(_save(tmp_path, "m.onnx", 0))
+    shapes = [feed["input"].shape[0] for feed in compare.sample_feeds(session, PROFILES, 3, 0)]
     assert shapes == [2, 1, 4]
 
 
@@ -73,6 +78,6 @@ def test_every_packaged_engine_records_what_verification_ran(project: Path) -> N
     manifest = json.loads((project / "artifacts/packages/tiny/manifest.json").read_text())
     for engine in manifest["engines"]:
         check = engine["verification"]
-        assert check["onnx_compare"]["passed"] and check["onnx_compare"]["samples"] == 6
+        assert check["cleanup_equality"]["passed"] and check["cleanup_equality"]["samples"] == 6
         assert check["engine_checks"] == {"io_names_and_dtypes": "pass", "profile_shapes": "pass", "problems": []}
         assert check["engine_run"]["status"].startswith("not run (no GPU")

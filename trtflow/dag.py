@@ -1,11 +1,12 @@
 """Expand a project into a DAG of stage nodes, in topological order.
 
-For each recipe: cleanup -> one build per (precision, target) -> one verify per build -> package.
-For the recipe `tiny` with precision fp32 and targets rtx-ampere, rtx-ada:
+For each recipe: cleanup -> one precision node per precision -> one build per (precision, target)
+-> one verify per build -> package. For the recipe `tiny` with precision fp32 and targets rtx-ampere, rtx-ada:
 
-    cleanup:tiny
-    build:tiny/fp32/rtx-ampere    (input model <- cleanup:tiny)
-    verify:tiny/fp32/rtx-ampere   (inputs source file, model <- cleanup:tiny, engine <- the build)
+    cleanup:tiny                  (input: the source model; proves its output equal to it)
+    precision:tiny/fp32           (model <- cleanup:tiny; fp16/int8... convert or quantize here, shared by targets)
+    build:tiny/fp32/rtx-ampere    (model <- precision:tiny/fp32)
+    verify:tiny/fp32/rtx-ampere   (model <- precision, reference <- cleanup:tiny, engine <- the build)
     build:tiny/fp32/rtx-ada, verify:tiny/fp32/rtx-ada   (likewise)
     package:tiny                  (inputs engine:fp32/<target> and verify:fp32/<target> for each target)
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from trtflow.backends.base import backend_version
 from trtflow.device import local_compute_capabilities
@@ -85,22 +86,64 @@ def dag_from_project(project: Project) -> Dag:
 
 def _recipe_nodes(project: Project, item: RecipeFile) -> list[Node]:
     recipe = item.recipe
-    cleanup = Node(
-        id=f"cleanup:{recipe.name}",
-        kind="cleanup",
-        recipe=recipe.name,
-        params={},
-        fingerprint={"onnx": tool_version("onnx")},
-        sources=(("model", item.source_path(project.root)),),
-        info={"recipe_file": item.display},
-    )
+    cleanup = _cleanup_node(item, project.root)
+    precisions = {p: _precision_node(item, p, cleanup.id) for p in recipe.precisions}
     builds = [
-        _build_node(recipe.name, precision, target, project.pipeline.targets[target], item, cleanup.id)
+        _build_node(recipe.name, precision, target, project.pipeline.targets[target], item, precisions[precision].id)
         for precision in recipe.precisions
         for target in item.target_names(project.pipeline)
     ]
-    verifies = [_verify_node(build, item, project.root, cleanup.id) for build in builds]
-    return [cleanup, *[n for pair in zip(builds, verifies) for n in pair], _package_node(recipe.name, builds, verifies, cleanup.id)]
+    verifies = [_verify_node(build, item, cleanup.id) for build in builds]
+    package = _package_node(recipe.name, builds, verifies, cleanup.id)
+    return [cleanup, *precisions.values(), *[n for pair in zip(builds, verifies) for n in pair], package]
+
+
+def _cleanup_node(item: RecipeFile, root: Path) -> Node:
+    """Cleanup of the source ONNX; it proves its output equal to the source within the recipe's fp32 tolerances."""
+    recipe = item.recipe
+    return Node(
+        id=f"cleanup:{recipe.name}",
+        kind="cleanup",
+        recipe=recipe.name,
+        params={"profiles": plain_profiles(item), "verify": recipe.verify.model_dump()},
+        fingerprint={"onnx": tool_version("onnx"), "onnxruntime": ort_version()},
+        sources=(("model", item.source_path(root)),),
+        info={"recipe_file": item.display},
+    )
+
+
+def _precision_node(item: RecipeFile, precision: str, model_node: str) -> Node:
+    """One model per precision, shared by every target: fp32 passes the cleaned model through."""
+    return Node(
+        id=f"precision:{item.recipe.name}/{precision}",
+        kind="precision",
+        recipe=item.recipe.name,
+        params={"precision": precision},
+        fingerprint={},
+        deps=(Dep("model", model_node, "model"),),
+        info={"precision": precision},
+    )
+
+
+def ort_version() -> Optional[str]:
+    """Whichever ONNX Runtime distribution is installed (the CPU one or the GPU one, never both)."""
+    return tool_version("onnxruntime") or tool_version("onnxruntime-gpu")
+
+
+def engine_tolerance(item: RecipeFile, precision: str) -> dict[str, float]:
+    """rtol/atol for comparing an engine's outputs with the fp32 model (on a GPU): the recipe's for fp32."""
+    if precision == "fp32":
+        return {"rtol": item.recipe.verify.rtol, "atol": item.recipe.verify.atol}
+    return dict(REDUCED_PRECISION_ENGINE_TOLERANCE[precision])
+
+
+# Elementwise engine-vs-fp32 tolerances for reduced precision; the ONNX-level accuracy report is the real gate.
+REDUCED_PRECISION_ENGINE_TOLERANCE = {
+    "fp16": {"rtol": 1e-2, "atol": 1e-2},
+    "bf16": {"rtol": 5e-2, "atol": 5e-2},
+    "int8": {"rtol": 1e-1, "atol": 1e-1},
+    "fp8": {"rtol": 1e-1, "atol": 1e-1},
+}
 
 
 def plain_profiles(item: RecipeFile) -> list[dict[str, dict[str, list[int]]]]:
@@ -134,20 +177,23 @@ def _build_node(recipe: str, precision: str, target: str, spec: TargetSpec, item
     )
 
 
-def _verify_node(build: Node, item: RecipeFile, root: Path, model_node: str) -> Node:
+def _verify_node(build: Node, item: RecipeFile, cleanup_id: str) -> Node:
     """Verification of one build; its fingerprint names the local GPUs, since they decide whether the engine runs."""
+    verify = item.recipe.verify
+    precision = build.info["precision"]
     return Node(
         id=build.id.replace("build:", "verify:", 1),
         kind="verify",
         recipe=build.recipe,
-        params={"profiles": build.params["profiles"], **item.recipe.verify.model_dump()},
+        params={"profiles": build.params["profiles"], "samples": verify.samples, "seed": verify.seed, "on_fail": verify.on_fail,
+                **engine_tolerance(item, precision)},
         fingerprint={
-            "onnxruntime": tool_version("onnxruntime") or tool_version("onnxruntime-gpu"),
+            "onnxruntime": ort_version(),
             "local_gpus": list(local_compute_capabilities()),
             **{k: build.fingerprint[k] for k in ("backend", "backend_version", "compute_capabilities", "hardware_compatibility")},
         },
-        deps=(Dep("model", model_node, "model"), Dep("engine", build.id, "engine")),
-        sources=(("source", item.source_path(root)),),
+        deps=(Dep("model", f"precision:{item.recipe.name}/{precision}", "model"), Dep("reference", cleanup_id, "model"),
+              Dep("engine", build.id, "engine")),
         info=build.info,
     )
 

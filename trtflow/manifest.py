@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: verification holds cleanup_equality and precision_accuracy
 MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 
@@ -50,7 +50,7 @@ class OutputError(_Model):
 
 
 class OnnxComparison(_Model):
-    """The ONNX the engine was built from vs the source model, on ONNX Runtime (CPU)."""
+    """Two ONNX models run on ONNX Runtime (CPU) over the same seeded inputs (cleanup: cleaned vs source)."""
 
     runtime: str
     samples: int
@@ -71,7 +71,10 @@ class EngineRun(_Model):
 
 
 class Verification(_Model):
-    onnx_compare: OnnxComparison
+    """The proofs behind an engine: each transformation checked where it happened, then the engine itself."""
+
+    cleanup_equality: OnnxComparison
+    precision_accuracy: Optional[dict[str, object]] = None  # None for fp32 (the cleaned model itself)
     engine_checks: dict[str, object]
     engine_run: EngineRun
 
@@ -100,7 +103,7 @@ class Source(_Model):
 
 
 class Manifest(_Model):
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     recipe: str
     trtflow_version: str
     source: Source

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from trtflow.dag import Dag, Node
 from trtflow.hashing import FileDigests, stage_key
+from trtflow.stages.modelfile import companions
 from trtflow.store import Store
 
 # the fixed status vocabulary shown by plan, run and --json
@@ -59,7 +60,10 @@ class Resolver:
         for dep in node.deps:
             if dep.node not in finished:
                 return None
-            inputs[dep.role] = finished[dep.node]["outputs"][dep.output]
+            outputs = finished[dep.node]["outputs"]
+            inputs[dep.role] = outputs[dep.output]
+            for name, digest in companions(outputs, dep.output).items():  # a model's external data is part of it
+                inputs[dep.role + name[len(dep.output):]] = digest
         return {"kind": node.kind, "version": node.version, "params": node.params, "fingerprint": node.fingerprint, "inputs": inputs}
 
     def cached_record(self, key: str) -> Optional[dict]:

@@ -22,6 +22,7 @@ from trtflow.dag import Dag, Node
 from trtflow.hashing import stage_key
 from trtflow.plan import BUILT, CACHED, FAILED, SKIPPED, NodeState, Resolver
 from trtflow.stages import Upstream, execute
+from trtflow.stages.modelfile import FILE_NAMES, companions
 from trtflow.store import Store
 
 Listener = Callable[[str, NodeState], None]  # ("start" | "done", state)
@@ -117,14 +118,16 @@ class Runner:
         self.listener("start", state)
         workdir = Path(tempfile.mkdtemp(dir=self.store.tmp, prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
         params = {**node.params, **node.fingerprint}
-        future = self._executor().submit(execute, node.kind, params, self._inputs(node, components), workdir)
+        future = self._executor().submit(execute, node.kind, params, self._inputs(node, components, workdir), workdir)
         return future, _Running(node, state.key, components, workdir, time.perf_counter())
 
-    def _inputs(self, node: Node, components: dict) -> dict[str, Upstream]:
+    def _inputs(self, node: Node, components: dict, workdir: Path) -> dict[str, Upstream]:
         inputs = {role: Upstream(files={role: path}, sha256={role: components["inputs"][role]}) for role, path in node.sources}
         for dep in node.deps:
             record = self.finished[dep.node]
             files = {name: self.store.object_path(digest) for name, digest in record["outputs"].items()}
+            if companions(files, dep.output):
+                files.update(place_side_by_side(files, dep.output, workdir / "inputs" / dep.role))
             inputs[dep.role] = Upstream(files=files, record=record["record"], key=record["key"], sha256=record["outputs"])
         return inputs
 
@@ -167,6 +170,19 @@ class Runner:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def place_side_by_side(files: dict[str, Path], output: str, folder: Path) -> dict[str, Path]:
+    """Link an output and its companions (a model's external data) into one folder under the names the graph expects."""
+    folder.mkdir(parents=True, exist_ok=True)
+    placed = {}
+    for name in (output, *companions(files, output)):
+        placed[name] = folder / FILE_NAMES.get(name, name)
+        try:
+            os.link(files[name], placed[name])
+        except OSError:  # another filesystem: a copy is slower but correct
+            shutil.copyfile(files[name], placed[name])
+    return placed
 
 
 def checkout_package(store: Store, digest: str, packages_dir: Path, recipe: str, resolver: Resolver) -> bool:

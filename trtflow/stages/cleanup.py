@@ -1,7 +1,8 @@
-"""Cleanup: load and check the source ONNX, normalize its IR version, infer shapes, save it.
+"""Cleanup: load and check the source ONNX, normalize its IR version, infer shapes, save it, prove it equal.
 
 The IR version is lowered to one every consumer here reads: onnx 1.23 writes IR 14, which ONNX Runtime
-1.31 refuses. Later passes (constant folding, dead-node elimination) belong here too.
+1.31 refuses. The cleaned model is then run beside the source on ONNX Runtime (CPU) over seeded inputs
+within the profiles; an output outside the recipe's fp32 tolerances fails the stage, naming it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StageError
-from trtflow.stages import StageOutput, Upstream
+from trtflow.stages import StageOutput, Upstream, compare
+from trtflow.stages.modelfile import save_model
 
 # The newest IR version ONNX Runtime and the TensorRT parsers read; a model needing more keeps its own.
 MAX_IR_VERSION = 10
@@ -28,10 +30,12 @@ def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise StageError(f"the model fails the ONNX checker: {str(exc).splitlines()[0]}") from None
-    output = workdir / "model.onnx"
-    onnx.save(model, output)
-    record = {"source_sha256": source.sha256["model"], "before": before, "after": model_summary(model)}
-    return StageOutput(files={"model": output}, record=record)
+    files = save_model(onnx, model, workdir)
+    equality = compare.prove_equal(files["model"], source.files["model"], params["profiles"], params["verify"])
+    if not equality["passed"] and params["verify"]["on_fail"] == "fail":
+        raise StageError(compare.failure_message("the cleaned model differs from the source: onnx_compare", equality))
+    record = {"source_sha256": source.sha256["model"], "before": before, "after": model_summary(model), "equality": equality}
+    return StageOutput(files=files, record=record)
 
 
 def _load(onnx: Any, path: Path) -> Any:

@@ -1,0 +1,126 @@
+"""Run two ONNX models on ONNX Runtime (CPU) over the same seeded inputs and compare their outputs.
+
+Every model transformation proves itself with this, where it happens: cleanup (cleaned == source within
+fp32 tolerances), precision (reduced precision close to fp32), and verify (the engine, on a GPU).
+Inputs are drawn at each profile's opt, min and max shapes in turn, so dynamic dimensions are exercised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtflow.backends.base import import_or_explain
+from trtflow.errors import EnvironmentProblem, StageError
+from trtflow.stages import tool_version
+
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16", "tensor(double)": "float64",
+              "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
+RUNTIME = "onnxruntime CPUExecutionProvider"
+
+
+def onnxruntime() -> Any:
+    """The onnxruntime module, refusing an environment that has both the CPU and the GPU distribution."""
+    if tool_version("onnxruntime") and tool_version("onnxruntime-gpu"):
+        raise EnvironmentProblem("both onnxruntime and onnxruntime-gpu are installed; they overwrite each other's files: "
+                                 "pip uninstall -y onnxruntime onnxruntime-gpu, then install one trtflow extra that brings ONNX Runtime "
+                                 "(quant brings onnxruntime-gpu, verify brings onnxruntime)")
+    return import_or_explain("onnxruntime", "verify")
+
+
+def session(path: Path) -> Any:
+    """A CPU session on one core: comparisons run beside parallel builds."""
+    ort = onnxruntime()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def output_names(sess: Any) -> list[str]:
+    return [o.name for o in sess.get_outputs()]
+
+
+def run_all(sess: Any, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """Outputs by name for each feed; a feed holding inputs the model lacks passes only what it declares."""
+    names = output_names(sess)
+    wanted = [i.name for i in sess.get_inputs()]
+    return [dict(zip(names, sess.run(None, {k: feed[k] for k in wanted}))) for feed in feeds]
+
+
+def sample_feeds(sess: Any, profiles: list[dict], samples: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Seeded inputs: sample i uses profile i % P at its opt, min or max shape in turn (static shapes if no profile)."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for index in range(samples):
+        profile = profiles[index % len(profiles)] if profiles else {}
+        which = ("opt", "min", "max")[(index // max(len(profiles), 1)) % 3]
+        feeds.append({i.name: _random(rng, i, profile.get(i.name, {}).get(which)) for i in sess.get_inputs()})
+    return feeds
+
+
+def _random(rng: np.random.Generator, meta: Any, shape: list[int] | None) -> np.ndarray:
+    shape = shape or [d if isinstance(d, int) else 1 for d in meta.shape]
+    dtype = ORT_DTYPES.get(meta.type)
+    if dtype is None or dtype == "bfloat16":
+        raise StageError(f"input {meta.name!r} has type {meta.type}, which verification cannot generate yet")
+    if dtype.startswith("float"):
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    return rng.integers(0, 8, shape).astype(dtype)
+
+
+def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rtol: float, atol: float) -> list[dict]:
+    """Per output: max abs error, max rel error, and whether |a-e| <= atol + rtol*|e| everywhere."""
+    results = []
+    for name, want in expected.items():
+        got = np.asarray(actual[name], dtype=np.float64)
+        want = np.asarray(want, dtype=np.float64)
+        if got.shape != want.shape:
+            results.append({"name": name, "max_abs_error": None, "max_rel_error": None, "passed": False, "problem": f"shape {list(got.shape)} != {list(want.shape)}"})
+            continue
+        error = np.abs(got - want)
+        results.append({"name": name, "max_abs_error": float(error.max(initial=0.0)),
+                        "max_rel_error": float((error / np.maximum(np.abs(want), 1e-12)).max(initial=0.0)),
+                        "passed": bool(np.all(error <= atol + rtol * np.abs(want)))})
+    return results
+
+
+def worst(per_sample: list[list[dict]]) -> list[dict]:
+    """Fold per-sample results into one row per output: the largest errors, passed only if every sample passed."""
+    folded: dict[str, dict] = {}
+    for rows in per_sample:
+        for row in rows:
+            seen = folded.setdefault(row["name"], dict(row))
+            for key in ("max_abs_error", "max_rel_error"):
+                if row[key] is None or seen[key] is None:
+                    seen[key] = None
+                else:
+                    seen[key] = max(seen[key], row[key])
+            seen["passed"] = seen["passed"] and row["passed"]
+    return list(folded.values())
+
+
+def prove_equal(candidate: Path, reference: Path, profiles: list[dict], tolerance: dict) -> dict:
+    """Run both models on the same seeded inputs; the record says per output how far apart they are.
+
+    `tolerance` holds rtol, atol, samples and seed (the recipe's `verify:` block).
+    """
+    cand, ref = session(candidate), session(reference)
+    feeds = sample_feeds(ref, profiles, tolerance["samples"], tolerance["seed"])
+    per_sample = [compare_outputs(got, want, tolerance["rtol"], tolerance["atol"])
+                  for got, want in zip(run_all(cand, feeds), run_all(ref, feeds))]
+    outputs = worst(per_sample)
+    return {"runtime": RUNTIME, "samples": len(feeds), "rtol": tolerance["rtol"], "atol": tolerance["atol"],
+            "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
+
+
+def failure_message(what: str, comparison: dict) -> str:
+    """`<what> out of tolerance (rtol .., atol ..): first differing output logits max abs .. max rel ..`."""
+    bad = [o for o in comparison.get("outputs", []) if not o["passed"]]
+    first = bad[0] if bad else {"name": "?", "max_abs_error": None, "max_rel_error": None}
+    detail = first.get("problem") or f"max abs {first['max_abs_error']} max rel {first['max_rel_error']}"
+    return f"{what} out of tolerance (rtol {comparison.get('rtol')}, atol {comparison.get('atol')}): first differing output {first['name']} {detail}"
