@@ -95,7 +95,7 @@ RECIPE_CASES = [
     pytest.param(recipe(opt="[4, 3, 32]"), "recipes/tiny.yaml:12: profiles[0].inputs.input.max", "min, opt and max must have the same rank", id="rank-differs-in-triple"),
     pytest.param(recipe(targets="[rtx-hopper]"), "recipes/tiny.yaml:4: targets[0]", "unknown target 'rtx-hopper' (pipeline.yaml defines: rtx-ampere, rtx-ada)", id="unknown-target"),
     pytest.param(recipe(targets="[rtx-ampere, h100]"), "recipes/tiny.yaml:4: targets[1]", "unknown target 'h100'", id="unknown-second-target"),
-    pytest.param(recipe(precisions="[fp16]"), "recipes/tiny.yaml:3: precisions[0]", "unknown precision 'fp16' (supported: fp32)", id="precision-fp16"),
+    pytest.param(recipe(precisions="[fp61]"), "recipes/tiny.yaml:3: precisions[0]", "unknown precision 'fp61' (supported: fp32, fp16, bf16, int8, fp8)", id="precision-fp61"),
     pytest.param(recipe(precisions="[fp32, int3]"), "recipes/tiny.yaml:3: precisions[1]", "unknown precision 'int3'", id="precision-int3"),
     # checked against the ONNX model (trtflow/modelcheck.py)
     pytest.param(recipe(input="image"), "recipes/tiny.yaml:9: profiles[0].inputs.image", "the model has no input 'image' (its inputs: input)", id="input-not-in-model"),
@@ -156,7 +156,10 @@ PIPELINE_CASES = [
     pytest.param(pipeline(ccs="[sm_90]"), "pipeline.yaml:7: targets.rtx-ampere.compute_capabilities", "tensorrt-rtx cannot target sm_90", id="unsupported-capability"),
     pytest.param(pipeline(ccs="[ampere]"), "pipeline.yaml:7: targets.rtx-ampere.compute_capabilities", "compute capability 'ampere' is not of the form sm_86 or 8.6", id="malformed-capability"),
     pytest.param(pipeline(recipes="[recipes/*.yml]"), "pipeline.yaml:3: recipes[0]", "no file matches 'recipes/*.yml'", id="recipes-glob-matches-nothing"),
-    pytest.param(pipeline(extra="cache: /tmp\n"), "pipeline.yaml:9: cache", "unknown key 'cache'", id="unknown-pipeline-key"),
+    pytest.param(pipeline(extra="caches: /tmp\n"), "pipeline.yaml:9: caches", "unknown key 'caches'", id="unknown-pipeline-key"),
+    pytest.param(pipeline(extra="cache: {remote: bucket/prefix}\n"), "pipeline.yaml:9: cache.remote", "is not a URL such as s3://bucket/prefix", id="remote-not-a-url"),
+    pytest.param(pipeline(extra="cache: {remote: 's3://b/p', options: {secret: x}}\n"), "pipeline.yaml:9: cache.options",
+                 "options.secret: credentials do not belong in pipeline.yaml", id="remote-credentials"),
     pytest.param(pipeline(extra="  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}\n"), "pipeline.yaml:9", "duplicate key 'rtx-ada'", id="duplicate-target"),
 ]
 

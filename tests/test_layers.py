@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trtflow"
-LEAVES = {"recipe", "hashing", "store", "manifest", "errors", "yamlsource", "archive"}
-HEAVY = ("onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch", "rich", "numpy")
+LEAVES = {"recipe", "hashing", "store", "manifest", "errors", "yamlsource", "archive", "pymodule", "schemabase", "precisionspec", "sourcespec"}
+HEAVY = ("onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch", "rich", "numpy", "fsspec", "s3fs", "filelock")
 
 
 def _module_name(path: Path) -> str:
@@ -57,10 +57,10 @@ def test_planning_imports_no_heavy_library() -> None:
     assert out.strip() == "[]"
 
 
-COMMANDS = ["validate", "plan", "run", "inspect", "schema", "provision"]
+COMMANDS = ["validate", "plan", "run", "inspect", "schema", "provision", "cache", "cache ls", "cache verify", "cache gc"]
 
 
-@pytest.mark.parametrize("command", [[], *[[c] for c in COMMANDS]])
+@pytest.mark.parametrize("command", [[], *[c.split() for c in COMMANDS]])
 def test_every_command_has_help(command: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", "trtflow", *command, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "Usage:" in result.stdout

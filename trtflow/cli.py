@@ -31,6 +31,14 @@ class Context:
 
         return Session.open(self.project_dir, recipes)
 
+    def store(self):
+        """(project, its store or None if nothing has run yet), for the cache commands."""
+        from trtflow.recipe import load_project
+        from trtflow.store import Store
+
+        project = load_project(self.project_dir)
+        return project, Store.existing(project.store_dir)
+
 
 pass_context = click.make_pass_decorator(Context)
 
@@ -85,8 +93,9 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
 @click.option("--dry-run", is_flag=True, help="Show what would run, run nothing.")
 @click.option("--frozen", is_flag=True, help="Fail before building anything if the plan differs from trtflow.lock (for CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (no progress display).")
+@click.option("--remote-required", is_flag=True, help="Fail if the remote cache of pipeline.yaml cannot be reached (default: warn and build locally).")
 @pass_context
-def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, frozen: bool, as_json: bool) -> None:
+def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, frozen: bool, as_json: bool, remote_required: bool) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow.runner import RunOptions
 
@@ -101,13 +110,14 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run:
         started = time.perf_counter()
         view = None if as_json else _progress_view(ctx.verbose)
         try:
-            states = list(session.run(RunOptions(jobs=jobs, force=force, frozen=frozen), view).values())
+            options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required)
+            states = list(session.run(options, view).values())
         finally:
             if view is not None:
                 view.close()
     finally:
         session.close()
-    _print_summary(states, as_json, time.perf_counter() - started)
+    _print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings)
     if any(s.status == FAILED for s in states):
         sys.exit(1)
 
@@ -163,6 +173,117 @@ def provision(package: Path, gpu: str, runtime_version: Optional[str], backend: 
     _print_provision(record)
 
 
+@cli.group()
+def cache() -> None:
+    """The store: what it holds (ls), whether its objects are intact (verify), what can be deleted (gc)."""
+
+
+@cache.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def cache_ls(ctx: Context, as_json: bool) -> None:
+    """Records and bytes per recipe and stage, how many of them trtflow.lock uses, and store totals."""
+    from trtflow import housekeeping
+
+    project, store = ctx.store()
+    if store is None:
+        return _no_store(project.store_dir, as_json)
+    try:
+        info = housekeeping.usage(store, housekeeping.lock_keys(project.root))
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"{'recipe':<24} {'stage':<10} {'records':>7} {'in lock':>7} {'size':>10}")
+    for row in info["stages"]:
+        click.echo(f"{row['recipe']:<24} {row['stage']:<10} {row['records']:>7} {row['in_lock']:>7} {_size(row['bytes']):>10}")
+    objects, loose = info["objects"], info["unreferenced"]
+    click.echo(f"objects: {objects['count']} ({_size(objects['bytes'])}); used by no record: {loose['count']} ({_size(loose['bytes'])}); "
+               f"quarantined: {_size(info['corrupt'])}; work dirs: {_size(info['tmp'])}  [{info['store']}]")
+
+
+@cache.command("verify")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def cache_verify(ctx: Context, as_json: bool) -> None:
+    """Re-hash every object; name corrupt ones (exit 1) and move them aside so the next run rebuilds them."""
+    from trtflow import housekeeping
+
+    project, store = ctx.store()
+    if store is None:
+        return _no_store(project.store_dir, as_json)
+    try:
+        report = housekeeping.verify(store)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_verify(report)
+    if report["corrupt"]:
+        sys.exit(1)
+
+
+def _print_verify(report: dict) -> None:
+    for bad in report["corrupt"]:
+        users = ", ".join(f"{u['node']} (key {u['key'][:12]})" for u in bad["used_by"]) or "no record"
+        click.echo(f"corrupt  {bad['path']}: used by {users}; moved to {bad['moved_to']}; the next run rebuilds it")
+    for gone in report["missing"]:
+        click.echo(f"missing  {gone['digest']} of {gone['node']} (key {gone['key'][:12]}): the next run rebuilds it")
+    for path in report["leftovers"]:
+        click.echo(f"leftover {path} (a killed write; `trtflow cache gc --yes` removes it)")
+    click.echo(f"verified {report['objects']} objects ({_size(report['bytes'])}) in {report['seconds']:.2f} s: "
+               f"{len(report['corrupt'])} corrupt, {len(report['missing'])} missing  [{report['store']}]")
+
+
+@cache.command("gc")
+@click.option("--keep-last", type=click.IntRange(min=0), default=0, show_default=True, help="Also keep what the last N runs used.")
+@click.option("--yes", is_flag=True, help="Delete (without it, only say what would be deleted).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
+    """Delete what trtflow.lock, the current packages (and --keep-last N runs) do not use. A dry run without --yes."""
+    from trtflow import housekeeping
+
+    project, store = ctx.store()
+    if store is None:
+        return _no_store(project.store_dir, as_json)
+    try:
+        keep = housekeeping.live_keys(store, project.root, project.packages_dir, keep_last)
+        report = housekeeping.collect_garbage(store, keep) if yes else housekeeping.garbage(store, keep)
+    finally:
+        store.close()
+    report["dry_run"] = not yes
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    verb = "deleted" if yes else "would delete"
+    freed = report["freed"]
+    click.echo(f"{verb} {len(report['records'])} records, {len(report['objects'])} objects ({_size(freed['objects'])}), "
+               f"{_size(freed['corrupt'])} quarantined, {_size(freed['tmp'])} of dead runs' work dirs: {_size(report['freed_bytes'])} in all")
+    kept = "trtflow.lock and the packages use" + (f", and the last {keep_last} run(s) used" if keep_last else "")
+    click.echo(f"kept {report['kept_records']} records, {report['kept_objects']} objects ({_size(report['kept_bytes'])}): what {kept}")
+    if not yes:
+        click.echo("dry run: pass --yes to delete")
+
+
+def _no_store(path: Path, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"store": str(path), "exists": False}))
+    else:
+        click.echo(f"no store at {path} yet (nothing has run): nothing to do")
+
+
+def _size(count: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
 def _print_provision(record: dict) -> None:
     click.echo(f"chose {record['chosen']['file']} for {record['device']['gpu']}: {record['chosen']['reason']}")
     if record["runtime"]["version"] is None:
@@ -181,10 +302,13 @@ def _counts(states: list[NodeState]) -> str:
     return ", ".join(f"{n} {status}" for status, n in counts.items()) or "nothing to do"
 
 
-def _print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False) -> None:
+def _print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = ()) -> None:
     if as_json:
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
         counts = {status: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
-        click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "nodes": [s.to_json() for s in states]}, indent=2))
+        click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "warnings": list(warnings),
+                               "nodes": [s.to_json() for s in states]}, indent=2))
         return
     if dry_run:
         for state in states:
@@ -196,7 +320,12 @@ def _print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_r
             click.echo(f"{state.status:<8} {state.node.id}: {state.reason}", err=True)
     built = [s for s in states if s.status == BUILT]
     line = f"{len(built)} built, {sum(s.status == CACHED for s in states)} cached, {sum(s.status == FAILED for s in states)} failed, {sum(s.status == SKIPPED for s in states)} skipped in {seconds:.2f} s"
-    if not built and all(s.status == CACHED for s in states):
+    from trtflow.runner import PULLED
+
+    pulled = sum(s.status == CACHED and s.reason == PULLED for s in states)
+    if pulled:
+        line += f" ({pulled} pulled from the remote cache)"
+    elif not built and all(s.status == CACHED for s in states):
         line += " (all stages cached, nothing to do)"
     click.echo(line)
 
@@ -229,15 +358,19 @@ class _PlainView:
         self.verbose = verbose
         self.done = 0
 
-    def __call__(self, event: str, state: NodeState) -> None:
-        if event == "start":
-            click.echo(f"run      {state.node.id}  ({state.label})", err=True)
+    def __call__(self, event: str, state: Any) -> None:
+        if event == "warning":
+            click.echo(f"warning: {state}", err=True)
+            return
+        if event in ("start", "wait"):
+            click.echo(f"{'run' if event == 'start' else 'wait':<8} {state.node.id}  ({state.label})", err=True)
             return
         self.done += 1
-        if state.status == CACHED and not self.verbose:
+        if state.status == CACHED and not (self.verbose or state.reason):
             return
         timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
-        click.echo(f"{state.status:<8} {state.node.id}{timing}", err=True)
+        why = f"  ({state.reason})" if state.status == CACHED and state.reason else ""  # pulled, built by another run
+        click.echo(f"{state.status:<8} {state.node.id}{timing}{why}", err=True)
         if self.verbose and state.detail:
             click.echo(state.detail, err=True)
 
@@ -257,9 +390,12 @@ class _RichView(_PlainView):
         self.task = self.progress.add_task("running", total=None)
         self.progress.start()
 
-    def __call__(self, event: str, state: NodeState) -> None:
-        if event == "start":
-            self.progress.update(self.task, description=f"running {state.node.id}")
+    def __call__(self, event: str, state: Any) -> None:
+        if event == "warning":
+            self.progress.console.print(f"warning: {state}", markup=False, highlight=False)
+            return
+        if event in ("start", "wait"):
+            self.progress.update(self.task, description=f"{'running' if event == 'start' else 'waiting for'} {state.node.id}")
             return
         if state.status != CACHED:
             timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
@@ -294,7 +430,19 @@ def main(argv: Optional[list[str]] = None) -> Any:
             traceback.print_exc()
         click.echo("\n".join(f"error: {line}" for line in str(exc).splitlines()), err=True)
         sys.exit(exc.exit_code)
-    except Exception as exc:  # a bug: show everything needed to report it
+    except Exception as exc:  # a bug: show everything needed to report it (unless a write found no room)
+        _exit_if_write_failed(exc)
         traceback.print_exc()
         click.echo(f"trtflow: internal error: {type(exc).__name__}: {exc} (please report this)", err=True)
         sys.exit(InternalError.exit_code)
+
+
+def _exit_if_write_failed(exc: Exception) -> None:
+    """A write the disk, a quota or permissions refused (packages, trtflow.lock) is one line, exit 4, not a bug."""
+    from trtflow.errors import EnvironmentProblem
+    from trtflow.store import WRITE_ERRNOS
+
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        where = f" {exc.filename}" if exc.filename else ""
+        click.echo(f"error: cannot write{where}: {exc.strerror} (disk full, file size limit or quota reached, or no permission?)", err=True)
+        sys.exit(EnvironmentProblem.exit_code)

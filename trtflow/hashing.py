@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, MutableMapping, Optional
+from typing import Any, Callable, MutableMapping, Optional
 
 CHUNK = 1 << 20
 # A file modified within this window of being hashed may change again within the same mtime tick,
@@ -76,6 +76,24 @@ class FileDigests:
         if unchanged_while_read and time.time_ns() - stat.st_mtime_ns > RACY_WINDOW_NS:
             self._memory[str(path)] = {"sig": signature, "sha256": digest}
         return digest
+
+    def digest_with_companions(self, path: Path, companions_of: Callable[[Path], list[str]]) -> dict[str, str]:
+        """Digests of a file and of the files it refers to (an ONNX graph's external data), by name relative to its folder.
+
+        `companions_of` parses the file, so its answer is remembered beside the file's digest (it depends
+        on the content alone) and an unchanged model is not parsed again:
+
+            {"": <sha256 of model.onnx>, "weights.bin": <sha256 of weights.bin>}
+        """
+        path = Path(os.path.abspath(path))
+        main = self.digest(path)
+        entry = self._memory.get(str(path)) or {}
+        names = entry.get("companions") if entry.get("sha256") == main else None
+        if names is None:
+            names = companions_of(path)
+            if entry.get("sha256") == main:
+                self._memory[str(path)] = {**entry, "companions": names}
+        return {"": main, **{name: self.digest(path.parent / name) for name in names}}
 
     def adopt(self, other: "FileDigests") -> None:
         """Remember what another (in-memory) instance learned, so nothing is hashed twice in a run."""

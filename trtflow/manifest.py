@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 2  # 2: verification holds cleanup_equality and precision_accuracy
+SCHEMA_VERSION = 3  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy
 MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 
@@ -60,6 +60,52 @@ class OnnxComparison(_Model):
     passed: bool
 
 
+class Tolerance(_Model):
+    min_cosine: Optional[float] = None
+    min_top1: Optional[float] = None
+    max_abs_error: Optional[float] = None
+    max_mean_rel_error: Optional[float] = None
+
+
+class OutputAccuracy(_Model):
+    """One output of the reduced-precision model vs fp32; None where a metric does not apply (top-1 of a non-2-D output)."""
+
+    name: str
+    max_abs_error: Optional[float]
+    mean_rel_error: Optional[float]  # sum |a - e| / sum |e|
+    cosine_similarity: Optional[float]  # the lowest over the samples
+    top1_agreement: Optional[float]  # share of rows whose argmax agrees, for [rows, classes] outputs
+    non_finite: int = 0
+    problems: list[str] = []
+    passed: bool
+
+
+class PrecisionAccuracy(_Model):
+    """The reduced-precision ONNX against the fp32 model on ONNX Runtime (CPU), over held-out or random samples."""
+
+    runtime: str
+    reference: str
+    data: str  # which samples: held out from the calibration set, the calibration samples, or seeded random inputs
+    held_out: bool
+    samples: int
+    tolerance: Tolerance
+    outputs: list[OutputAccuracy]
+    passed: bool
+
+
+class Calibration(_Model):
+    """How an int8/fp8 model's activation ranges were found (ModelOpt PTQ on ONNX Runtime, CPU)."""
+
+    method: Literal["entropy", "max", "percentile"]
+    percentile: Optional[float] = None
+    source: Literal["arrays", "images", "random"]
+    random: bool  # true: seeded random inputs, declared with calibration: {random: true}
+    seed: int
+    samples: int  # files (batches), or random batches
+    rows: int  # along the batch axis
+    data_digest: str  # sha256 of the exact arrays fed, after selection and preprocessing
+
+
 class EngineRun(_Model):
     """The engine itself executed and compared; `status` is `not run (<reason>)` where it could not be."""
 
@@ -74,7 +120,7 @@ class Verification(_Model):
     """The proofs behind an engine: each transformation checked where it happened, then the engine itself."""
 
     cleanup_equality: OnnxComparison
-    precision_accuracy: Optional[dict[str, object]] = None  # None for fp32 (the cleaned model itself)
+    precision_accuracy: Optional[PrecisionAccuracy] = None  # None for fp32 (the cleaned model itself)
     engine_checks: dict[str, object]
     engine_run: EngineRun
 
@@ -84,6 +130,7 @@ class Engine(_Model):
     sha256: str
     size: int
     precision: str
+    calibration: Optional[Calibration] = None  # int8/fp8 only
     target: str
     compute_capabilities: list[str]
     backend: str
@@ -103,7 +150,7 @@ class Source(_Model):
 
 
 class Manifest(_Model):
-    schema_version: Literal[1, 2] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
     recipe: str
     trtflow_version: str
     source: Source

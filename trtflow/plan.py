@@ -13,12 +13,15 @@ Explaining compares a node's key components with the ones it had at its last run
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from trtflow.dag import Dag, Node
+from trtflow.errors import ProjectError
 from trtflow.hashing import FileDigests, stage_key
-from trtflow.stages.modelfile import companions
+from trtflow.stages.modelfile import MODEL, companions, external_data_locations
 from trtflow.store import Store
 
 # the fixed status vocabulary shown by plan, run and --json
@@ -56,7 +59,9 @@ class Resolver:
 
     def components(self, node: Node, finished: dict[str, dict]) -> Optional[dict]:
         """The key components of `node`, or None while an upstream has no record yet."""
-        inputs = {role: self.digests.digest(path) for role, path in node.sources}
+        inputs: dict[str, str] = {}
+        for role, path in node.sources:
+            inputs.update(self.source_digests(node, role, path))
         for dep in node.deps:
             if dep.node not in finished:
                 return None
@@ -65,6 +70,21 @@ class Resolver:
             for name, digest in companions(outputs, dep.output).items():  # a model's external data is part of it
                 inputs[dep.role + name[len(dep.output):]] = digest
         return {"kind": node.kind, "version": node.version, "params": node.params, "fingerprint": node.fingerprint, "inputs": inputs}
+
+    def source_digests(self, node: Node, role: str, path: Path) -> dict[str, str]:
+        """A source file's digest; a source model's also one per external data file its graph names.
+
+            {"model": <model.onnx>, "model.data:weights.bin": <weights.bin>}
+        """
+        if role != MODEL:
+            return {role: self.digests.digest(path)}
+        try:
+            found = self.digests.digest_with_companions(path, external_data_locations)
+        except (OSError, ValueError) as exc:
+            missing = isinstance(exc, FileNotFoundError) and exc.filename
+            problem = f"external data file {os.path.relpath(exc.filename, path.parent)} not found beside {path.name}" if missing else str(exc)
+            raise ProjectError(f"{node.info.get('where', node.id)}: {problem}") from None
+        return {(f"{role}.data:{name}" if name else role): digest for name, digest in found.items()}
 
     def cached_record(self, key: str) -> Optional[dict]:
         return self.store.stage_record(key) if self.store else None

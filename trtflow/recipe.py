@@ -14,24 +14,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import pydantic
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
 
 from trtflow.errors import ProjectError
+from trtflow.precisionspec import (PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED_PRECISIONS, SUPPORTED_PRECISIONS, AccuracyOptions,
+                                   AutocastOptions, Calibration, QuantizeOptions)
+from trtflow.pymodule import ModuleNotFound, module_file
+from trtflow.schemabase import Dim, FieldError, StrictModel
+from trtflow.sourcespec import CleanupOptions, Source, TorchInput, TorchSource  # noqa: F401 (re-exported)
 from trtflow.yamlsource import YamlDocument, load_yaml
 
 PIPELINE_FILE = "pipeline.yaml"
-SUPPORTED_PRECISIONS = ("fp32",)
 # Compute capabilities TensorRT-RTX 1.7 can target (its trt.ComputeCapability enum).
 RTX_COMPUTE_CAPABILITIES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_120", "sm_121")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-
-
-class FieldError(ValueError):
-    """A model-level check that blames one field (pydantic would otherwise blame the model)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
 
 
 def _known_precision(value: str) -> str:
@@ -41,16 +37,6 @@ def _known_precision(value: str) -> str:
 
 
 Precision = Annotated[str, AfterValidator(_known_precision)]
-# A shape dimension: a real positive integer (YAML `true` or 1.0 are not dimensions), within int32.
-Dim = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
-
-
-class StrictModel(BaseModel):
-    """Unknown keys are errors: a typo must never be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def normalize_compute_capability(value: Any) -> str:
     """Accept `sm_86`, `sm86` or `8.6` and return the canonical `sm_86`."""
     text = str(value).strip().lower()
@@ -91,6 +77,44 @@ class TargetSpec(StrictModel):
         return self
 
 
+CREDENTIAL_KEY = re.compile(r"secret|password|passwd|token|credential|^key$|access_key|^username$", re.IGNORECASE)
+
+
+def _credential_keys(value: Any, path: str = "options") -> list[str]:
+    """Dotted paths of option keys that look like credentials, at any depth."""
+    if not isinstance(value, dict):
+        return []
+    found = []
+    for key, item in value.items():
+        found += [f"{path}.{key}"] if CREDENTIAL_KEY.search(str(key)) else _credential_keys(item, f"{path}.{key}")
+    return found
+
+
+class CacheSpec(StrictModel):
+    """`cache:` in pipeline.yaml: an optional remote cache shared by machines (any fsspec URL)."""
+
+    remote: Optional[str] = None  # s3://bucket/prefix, file:///shared/dir, gs://...
+    options: dict[str, Any] = Field(default_factory=dict)  # passed to the fsspec filesystem, e.g. endpoint_url
+
+    @field_validator("remote")
+    @classmethod
+    def _url(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not re.match(r"^[a-z][a-z0-9+.-]*://.+", value):
+            raise ValueError(f"remote {value!r} is not a URL such as s3://bucket/prefix or file:///shared/dir")
+        if value is not None and value.startswith("file://") and not value.startswith("file:///"):
+            raise ValueError(f"remote {value!r}: a file:// remote needs an absolute path (file:///shared/dir)")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _no_credentials(cls, value: dict[str, Any]) -> dict[str, Any]:
+        found = _credential_keys(value)
+        if found:
+            raise ValueError(f"{', '.join(found)}: credentials do not belong in pipeline.yaml (it is committed); "
+                             "set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) instead")
+        return value
+
+
 class Pipeline(StrictModel):
     """pipeline.yaml: where outputs go, the fleet's targets, and which recipe files belong to the project."""
 
@@ -98,6 +122,7 @@ class Pipeline(StrictModel):
     packages: str = "artifacts/packages"
     recipes: list[str] = Field(default_factory=lambda: ["recipes/*.yaml"], min_length=1)
     targets: dict[str, TargetSpec] = Field(min_length=1)
+    cache: CacheSpec = Field(default_factory=CacheSpec)
 
     @field_validator("targets")
     @classmethod
@@ -106,10 +131,6 @@ class Pipeline(StrictModel):
             if not re.match(NAME_PATTERN, name):
                 raise ValueError(f"target name {name!r} must match {NAME_PATTERN}")
         return value
-
-
-class OnnxSource(StrictModel):
-    onnx: str
 
 
 class InputShape(StrictModel):
@@ -169,12 +190,17 @@ class Recipe(StrictModel):
     """One model: its source, precisions, shapes, targets and builder options."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    source: OnnxSource
+    source: Source
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
     targets: Optional[list[str]] = Field(default=None, min_length=1)
     profiles: list[Profile] = Field(default_factory=list)
     build: BuildOptions = Field(default_factory=BuildOptions)
     verify: VerifyOptions = Field(default_factory=VerifyOptions)
+    cleanup: CleanupOptions = Field(default_factory=CleanupOptions)
+    calibration: Optional[Calibration] = None  # required by int8 and fp8
+    autocast: AutocastOptions = Field(default_factory=AutocastOptions)
+    quantize: QuantizeOptions = Field(default_factory=QuantizeOptions)
+    accuracy: AccuracyOptions = Field(default_factory=AccuracyOptions)
 
     @field_validator("precisions")
     @classmethod
@@ -210,7 +236,16 @@ class RecipeFile:
         return list(self.recipe.targets) if self.recipe.targets else list(pipeline.targets)
 
     def source_path(self, root: Path) -> Path:
+        """The ONNX source file (a torch source has none: its model comes from the export stage)."""
         return (root / self.recipe.source.onnx).resolve()
+
+    def factory_file(self, root: Path) -> Path:
+        """The torch factory's module file, found without importing it; ProjectError if there is none."""
+        module = self.recipe.source.torch.factory.split(":")[0]
+        try:
+            return module_file(module, root)
+        except ModuleNotFound as exc:
+            raise ProjectError(f"{self.where('source', 'torch', 'factory')}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -311,6 +346,7 @@ def _load_recipe(root: Path, path: Path, pipeline: Pipeline) -> RecipeFile:
     item = RecipeFile(recipe=recipe, path=path, display=display, document=document)
     _check_targets(item, pipeline)
     _check_source_exists(item, root)
+    _check_precisions(item, pipeline)
     return item
 
 
@@ -321,10 +357,75 @@ def _check_targets(item: RecipeFile, pipeline: Pipeline) -> None:
             raise ProjectError(f"{item.where('targets', index)}: unknown target {name!r} (pipeline.yaml defines: {known})")
 
 
+def _check_precisions(item: RecipeFile, pipeline: Pipeline) -> None:
+    """Before any work: int8/fp8 have calibration data, and every target's GPUs run each precision."""
+    recipe = item.recipe
+    for index, precision in enumerate(recipe.precisions):
+        if precision in QUANTIZED_PRECISIONS and recipe.calibration is None:
+            raise ProjectError(f"{item.where('precisions', index)}: {precision} needs calibration data: add calibration: {{data: ...}} "
+                               "(or calibration: {random: true} to calibrate on random inputs, recorded in the manifest)")
+        for name in item.target_names(pipeline):
+            problem = _capability_problem(recipe, precision, name, pipeline.targets[name])
+            if problem:
+                raise ProjectError(f"{item.where('precisions', index)}: {problem}")
+
+
+def _capability_problem(recipe: Recipe, precision: str, target: str, spec: TargetSpec) -> Optional[str]:
+    """`fp8 needs compute capability >= 8.9, target rtx-ampere is sm_86`, or None when every GPU of the target fits."""
+    needs = PRECISION_MIN_COMPUTE_CAPABILITY.get(precision)
+    reason = ""
+    if precision in QUANTIZED_PRECISIONS and recipe.quantize.high_precision == "bf16" and _cc(needs or "sm_0") < _cc("sm_80"):
+        needs, reason = "sm_80", " (quantize.high_precision is bf16)"
+    if needs is None:
+        return None
+    lowest = "sm_80" if spec.hardware_compatibility == "ampere_plus" else spec.compute_capabilities[0]
+    if _cc(lowest) >= _cc(needs):
+        return None
+    how = "runs on sm_80 and newer (hardware_compatibility ampere_plus)" if lowest != spec.compute_capabilities[0] else \
+        ("is " if len(spec.compute_capabilities) == 1 else "includes ") + lowest
+    return f"{precision} needs compute capability >= {needs[3:-1]}.{needs[-1]}{reason}, target {target} {how}"
+
+
+def _cc(name: str) -> int:
+    """sm_89 -> 89, sm_120 -> 120: comparable as integers."""
+    return int(name[3:])
+
+
 def _check_source_exists(item: RecipeFile, root: Path) -> None:
+    if item.recipe.source.torch is not None:
+        _check_torch_source(item, root)
+        return
     path = item.source_path(root)
     if not path.is_file():
         raise ProjectError(f"{item.where('source', 'onnx')}: model file not found: {item.recipe.source.onnx}")
+
+
+def _check_torch_source(item: RecipeFile, root: Path) -> None:
+    """The factory's module and every named file exist, and the inputs agree with the profiles."""
+    torch = item.recipe.source.torch
+    item.factory_file(root)
+    for loc, path in ((("weights",), torch.weights), *((("files", i), p) for i, p in enumerate(torch.files))):
+        if path is not None and not (root / path).is_file():
+            raise ProjectError(f"{item.where('source', 'torch', *loc)}: file not found: {path}")
+    declared = {spec.name: index for index, spec in enumerate(torch.inputs)}
+    for index, profile in enumerate(item.recipe.profiles):
+        for name, shape in profile.inputs.items():
+            if name not in declared:
+                raise ProjectError(f"{item.where('profiles', index, 'inputs', name)}: the model has no input {name!r} "
+                                   f"(source.torch.inputs: {', '.join(declared)})")
+            _check_torch_rank(item, ("profiles", index, "inputs", name), torch.inputs[declared[name]], shape)
+    profiled = set(item.recipe.profiles[0].inputs) if item.recipe.profiles else set()
+    for index, spec in enumerate(torch.inputs):
+        if spec.shape is None and spec.name not in profiled:
+            raise ProjectError(f"{item.where('source', 'torch', 'inputs', index)}: input {spec.name!r} needs a shape: "
+                               "give shape: [...] or its min/opt/max in the profiles")
+
+
+def _check_torch_rank(item: RecipeFile, loc: tuple, spec: TorchInput, shape: InputShape) -> None:
+    if spec.shape is not None and len(shape.triple()[0]) != len(spec.shape):
+        field = "shape" if shape.shape is not None else "min"
+        raise ProjectError(f"{item.where(*loc, field)}: rank {len(shape.triple()[0])} but source.torch.inputs "
+                           f"gives {spec.name!r} rank {len(spec.shape)}")
 
 
 def _check_unique_names(recipes: tuple[RecipeFile, ...]) -> None:

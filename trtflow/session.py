@@ -1,14 +1,16 @@
 """One project opened for planning or running: the wiring between recipes, DAG, store and runner.
 
 The CLI, the tests and the benchmarks all go through this, so a no-op run costs the same everywhere.
-Nothing is written until `run` has planned and pre-checked every model it is about to use.
+Nothing is written until `run` has planned and pre-checked every model it is about to use, except the
+run's lease on an existing store (a lock and a tmp dir), taken first so gc cannot delete what the plan finds.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
+from trtflow.calibration import check_calibration_data
 from trtflow.dag import Dag, dag_from_project
 from trtflow.errors import ProjectError
 from trtflow.hashing import FileDigests
@@ -18,6 +20,10 @@ from trtflow.plan import CACHED, NodeState, Resolver, frozen_differences, plan
 from trtflow.recipe import Project, load_project
 from trtflow.runner import Listener, RunOptions, Runner
 from trtflow.store import Store
+from trtflow.storelock import RunLease, holding
+
+if TYPE_CHECKING:
+    from trtflow.remote import Remote
 
 
 class Session:
@@ -32,6 +38,7 @@ class Session:
         self.store: Optional[Store] = Store.existing(project.store_dir)
         digests = self.store.file_digests() if self.store else FileDigests()
         self.resolver = Resolver(self.store, digests)
+        self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
 
     @classmethod
     def open(cls, root: Path, recipes: Iterable[str] = ()) -> "Session":
@@ -46,6 +53,12 @@ class Session:
             node = self.dag.nodes.get(f"cleanup:{item.recipe.name}")
             if node is not None and (states is None or states[node.id].status != CACHED):
                 check_recipe_model(item, self.project.root)
+            reduced = [f"precision:{item.recipe.name}/{p}" for p in item.recipe.precisions if p != "fp32"]
+            if item.recipe.calibration is not None and any(self._will_run(n, states) for n in reduced):
+                check_calibration_data(item, self.project.root)
+
+    def _will_run(self, node_id: str, states: Optional[dict[str, NodeState]]) -> bool:
+        return node_id in self.dag.nodes and (states is None or states[node_id].status != CACHED)
 
     @property
     def lock_path(self) -> Path:
@@ -64,29 +77,55 @@ class Session:
     def run(self, options: RunOptions, listener: Optional[Listener] = None) -> dict[str, NodeState]:
         """Plan, pre-check the models that will be read, then execute what is not cached; update the lock."""
         expected = self.frozen_keys() if options.frozen else None
-        planned = self.plan(options.force)
-        self.check_models(planned)
-        if self.store is None:
-            self.store = Store.create(self.project.store_dir)
-            digests = self.store.file_digests()
-            digests.adopt(self.resolver.digests)
-            self.resolver = Resolver(self.store, digests)
-        runner = Runner(self.dag, self.store, self.resolver, self.project.packages_dir, options, listener, expected, planned)
-        states = runner.run()
-        if not options.frozen:
-            self._update_lock(runner.finished)
+        remote = self._remote(options)
+        # The lease comes before planning: gc must not delete what the plan is about to use.
+        lease = RunLease(self.store.root) if self.store is not None else None
+        try:
+            planned = self.plan(options.force)
+            self.check_models(planned)
+            if self.store is None:
+                self._create_store()
+                lease = RunLease(self.store.root)
+            runner = Runner(self.dag, self.store, self.resolver, self.project.packages_dir, options, listener, expected, planned,
+                            remote=remote, workroot=lease.tmp)
+            states = runner.run()
+            self.warnings = runner.warnings
+            if not options.frozen:
+                self._update_lock(runner.finished)
+            self.store.record_run([record["key"] for record in runner.finished.values()])
+        finally:
+            if lease is not None:
+                lease.close()
         return states
+
+    def _create_store(self) -> None:
+        self.store = Store.create(self.project.store_dir)
+        digests = self.store.file_digests()
+        digests.adopt(self.resolver.digests)
+        self.resolver = Resolver(self.store, digests)
+
+    def _remote(self, options: RunOptions) -> Optional["Remote"]:
+        """The remote cache pipeline.yaml names, if any (fsspec is imported only then)."""
+        url = self.project.pipeline.cache.remote
+        if url is None:
+            if options.remote_required:
+                raise ProjectError("--remote-required: pipeline.yaml names no remote cache (add cache: {remote: s3://bucket/prefix})")
+            return None
+        from trtflow.remote import Remote
+
+        return Remote(url, self.project.pipeline.cache.options, required=options.remote_required)
 
     def _update_lock(self, finished: dict[str, dict]) -> None:
         """Entries of this run's finished nodes replace old ones; nodes gone from the project are dropped."""
-        try:
-            previous = read_lock(self.lock_path) or {}
-        except ProjectError:
-            previous = {}  # an unreadable lock is replaced: this run knows everything it needs
-        entries = {k: v for k, v in previous.items() if k in self.all_node_ids}
-        for node_id, record in finished.items():
-            entries[node_id] = LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"])
-        write_lock(self.lock_path, entries)
+        with holding(self.store.locks / "trtflow-lock.lock"):  # concurrent runs of one project merge, not overwrite
+            try:
+                previous = read_lock(self.lock_path) or {}
+            except ProjectError:
+                previous = {}  # an unreadable lock is replaced: this run knows everything it needs
+            entries = {k: v for k, v in previous.items() if k in self.all_node_ids}
+            for node_id, record in finished.items():
+                entries[node_id] = LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"])
+            write_lock(self.lock_path, entries)
 
     def close(self) -> None:
         if self.store is not None:

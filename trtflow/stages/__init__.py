@@ -19,7 +19,7 @@ from typing import Any, Optional
 from trtflow.errors import TrtflowError
 
 # Kept here, not in the stage modules, so planning never imports a stage (or what it imports).
-STAGE_VERSIONS = {"export": 1, "cleanup": 2, "precision": 1, "build": 1, "verify": 2, "package": 2}
+STAGE_VERSIONS = {"export": 1, "cleanup": 3, "precision": 1, "build": 1, "verify": 2, "package": 3}
 
 
 @dataclass

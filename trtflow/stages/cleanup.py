@@ -1,53 +1,125 @@
-"""Cleanup: load and check the source ONNX, normalize its IR version, infer shapes, save it, prove it equal.
+"""Cleanup: simplify the source ONNX, normalize its IR (and opset) version, infer shapes, check it, save it, prove it equal.
 
-The IR version is lowered to one every consumer here reads: onnx 1.23 writes IR 14, which ONNX Runtime
-1.31 refuses. The cleaned model is then run beside the source on ONNX Runtime (CPU) over seeded inputs
-within the profiles; an output outside the recipe's fp32 tolerances fails the stage, naming it.
+Simplification is onnxslim's: constant folding, dead-node elimination (Identity, Dropout, no-op
+Cast/Reshape/Pad/Slice), pattern fusion (Conv+BatchNorm, GELU, Gemm...), common-subexpression elimination
+and weight tying, iterated to a fixed point with shape inference between rounds. It is pure Python on
+onnx-graphsurgeon (folding evaluates on ONNX Runtime), maintained, and removed the most nodes of the three
+maintained tools on the test models (see README: Sources and cleanup); every pass has a recipe switch.
+
+Only the graph and small tensors are loaded (modelfile.load_graph): a multi-GB model's weights are copied
+into the output file in chunks, never held by a pass. The IR version is lowered to one every consumer reads
+(onnx 1.23 writes IR 14; ONNX Runtime 1.31 refuses it). The cleaned model is then run beside its input on
+ONNX Runtime (CPU) over seeded inputs within the profiles; an output outside the recipe's fp32 tolerances
+fails the stage, naming it.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StageError
 from trtflow.stages import StageOutput, Upstream, compare
-from trtflow.stages.modelfile import save_model
+from trtflow.stages.capture import captured_output
+from trtflow.stages.modelfile import load_graph, save_model
 
 # The newest IR version ONNX Runtime and the TensorRT parsers read; a model needing more keeps its own.
 MAX_IR_VERSION = 10
+# Test-only: when set, one weight is perturbed after cleanup, so a test can prove the equality check catches
+# a broken cleanup. Nothing else reads it; never set it outside tests.
+BREAK_FOR_TESTS = "TRTFLOW_TEST_BREAK_CLEANUP"
+# recipe switch -> onnxslim's name for the optimization it skips
+SLIM_PASSES = {"fold_constants": "constant_folding", "fuse_patterns": "graph_fusion", "remove_dead_nodes": "dead_node_elimination",
+               "eliminate_common_subexpressions": "subexpression_elimination", "tie_weights": "weight_tying"}
 
 
 def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     import onnx
 
-    source = inputs["model"]
-    model = _load(onnx, source.files["model"])
+    source, options = inputs["model"], params["options"]
+    model, unloaded = _load(onnx, source.files["model"])
     before = model_summary(model)
     model.ir_version = _normalized_ir_version(onnx, model)
-    model = onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
-    try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        raise StageError(f"the model fails the ONNX checker: {str(exc).splitlines()[0]}") from None
-    files = save_model(onnx, model, workdir)
+    with captured_output() as log:
+        model, passes = _clean(onnx, model, options)
+    if os.environ.get(BREAK_FOR_TESTS):
+        _perturb_one_weight(onnx, model)
+    files = save_model(onnx, model, workdir, unloaded=unloaded)
+    _check(onnx, files["model"])
     equality = compare.prove_equal(files["model"], source.files["model"], params["profiles"], params["verify"])
     if not equality["passed"] and params["verify"]["on_fail"] == "fail":
         raise StageError(compare.failure_message("the cleaned model differs from the source: onnx_compare", equality))
-    record = {"source_sha256": source.sha256["model"], "before": before, "after": model_summary(model), "equality": equality}
+    record = {"source_sha256": source.sha256["model"], "source_files": source.sha256, "before": before, "after": model_summary(model),
+              "passes": passes, "external_data": bool(unloaded) or "model.data" in files, "equality": equality, "log": log}
     return StageOutput(files=files, record=record)
 
 
-def _load(onnx: Any, path: Path) -> Any:
+def _load(onnx: Any, path: Path) -> tuple[Any, dict]:
     try:
-        return onnx.load(path)
+        return load_graph(onnx, path)
     except Exception as exc:
         raise StageError(f"cannot parse the ONNX model: {type(exc).__name__}: {exc}") from None
+
+
+def _clean(onnx: Any, model: Any, options: dict) -> tuple[Any, list[str]]:
+    """Run the enabled passes in order; returns the model and the names of the passes that ran."""
+    passes = []
+    if options["simplify"]:
+        model, ran = _simplify(model, options)
+        passes += ran
+    if options["opset"] is not None:
+        model = _convert_opset(onnx, model, options["opset"])
+        passes.append(f"opset {options['opset']}")
+    model.ir_version = _normalized_ir_version(onnx, model)
+    passes.append(f"ir_version {model.ir_version}")
+    if options["infer_shapes"]:
+        model = onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
+        passes.append("infer_shapes")
+    return model, passes
+
+
+def _simplify(model: Any, options: dict) -> tuple[Any, list[str]]:
+    import onnxslim
+
+    skipped = [name for switch, name in SLIM_PASSES.items() if not options[switch]]
+    try:
+        slimmed = onnxslim.slim(model, no_shape_infer=not options["infer_shapes"], skip_optimizations=skipped or None)
+    except Exception as exc:
+        raise StageError(f"cleanup.simplify: onnxslim failed: {type(exc).__name__}: {exc} "
+                         "(switch the pass off in the recipe's cleanup: block, or simplify: false)") from None
+    ran = [switch for switch, name in SLIM_PASSES.items() if name not in skipped]
+    return slimmed, ran + (["symbolic_shapes"] if options["infer_shapes"] else [])
+
+
+def _convert_opset(onnx: Any, model: Any, opset: int) -> Any:
+    try:
+        return onnx.version_converter.convert_version(model, opset)
+    except Exception as exc:
+        raise StageError(f"cleanup.opset: cannot convert the model to opset {opset}: {str(exc).strip().splitlines()[-1]}") from None
+
+
+def _check(onnx: Any, path: Path) -> None:
+    """The checker on the written file: by path it reads the graph, not the weights, and finds the weights file."""
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        raise StageError(f"the model fails the ONNX checker: {str(exc).splitlines()[0]}") from None
 
 
 def _normalized_ir_version(onnx: Any, model: Any) -> int:
     needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
     return min(model.ir_version, max(MAX_IR_VERSION, needed))
+
+
+def _perturb_one_weight(onnx: Any, model: Any) -> None:
+    """Add 0.5 to the first float initializer held in memory (the test-only hook's deliberate breakage)."""
+    from onnx import numpy_helper
+
+    for tensor in model.graph.initializer:
+        if tensor.data_type == onnx.TensorProto.FLOAT and tensor.raw_data:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) + 0.5, tensor.name))
+            return
 
 
 def model_summary(model: Any) -> dict:

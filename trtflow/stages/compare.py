@@ -7,7 +7,9 @@ Inputs are drawn at each profile's opt, min and max shapes in turn, so dynamic d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,38 @@ def session(path: Path) -> Any:
     options.intra_op_num_threads = 1
     options.log_severity_level = 3
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A model's inputs and outputs named and typed as ONNX Runtime shows them (`tensor(float)`), read from the graph."""
+
+    inputs: list[Any]
+    outputs: list[Any]
+
+    def get_inputs(self) -> list[Any]:
+        return self.inputs
+
+    def get_outputs(self) -> list[Any]:
+        return self.outputs
+
+
+def signature(path: Path) -> Signature:
+    """I/O of a model without an ONNX Runtime session: also for what its CPU provider cannot run (bf16 kernels)."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    initializers = {init.name for init in model.graph.initializer}
+
+    def typed(value: Any) -> Any:
+        name = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+        return SimpleNamespace(name=value.name, type=f"tensor({ONNX_TYPE_NAMES.get(name, name)})")
+
+    return Signature([typed(v) for v in model.graph.input if v.name not in initializers], [typed(v) for v in model.graph.output])
+
+
+# numpy names of ONNX element types -> ONNX Runtime's type names where they differ
+ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16", "bool": "bool"}
 
 
 def output_names(sess: Any) -> list[str]:
@@ -107,12 +141,15 @@ def worst(per_sample: list[list[dict]]) -> list[dict]:
 def prove_equal(candidate: Path, reference: Path, profiles: list[dict], tolerance: dict) -> dict:
     """Run both models on the same seeded inputs; the record says per output how far apart they are.
 
-    `tolerance` holds rtol, atol, samples and seed (the recipe's `verify:` block).
+    `tolerance` holds rtol, atol, samples and seed (the recipe's `verify:` block). One session at a time:
+    each holds the model's weights, so a multi-GB model is in memory once, not twice.
     """
-    cand, ref = session(candidate), session(reference)
+    ref = session(reference)
     feeds = sample_feeds(ref, profiles, tolerance["samples"], tolerance["seed"])
+    expected = run_all(ref, feeds)
+    del ref
     per_sample = [compare_outputs(got, want, tolerance["rtol"], tolerance["atol"])
-                  for got, want in zip(run_all(cand, feeds), run_all(ref, feeds))]
+                  for got, want in zip(run_all(session(candidate), feeds), expected)]
     outputs = worst(per_sample)
     return {"runtime": RUNTIME, "samples": len(feeds), "rtol": tolerance["rtol"], "atol": tolerance["atol"],
             "outputs": outputs, "passed": all(o["passed"] for o in outputs)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Optional
 
 from trtflow import __version__
 from trtflow.archive import write_reproducible_tar
@@ -17,7 +18,8 @@ from trtflow.stages import StageOutput, Upstream
 def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     recipe = params["recipe"]
     folder = workdir / recipe
-    engines = [_place_engine(folder, recipe, spec, inputs[spec["role"]], inputs[spec["verify_role"]]) for spec in params["engines"]]
+    engines = [_place_engine(folder, recipe, spec, inputs[spec["role"]], inputs[spec["verify_role"]], _calibration(inputs, spec["precision"]))
+               for spec in params["engines"]]
     model = inputs["model"]
     source = Source(sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"])
     manifest = Manifest(recipe=recipe, trtflow_version=__version__, source=source, engines=engines)
@@ -28,7 +30,13 @@ def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput
     return StageOutput(files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest.model_dump_json())})
 
 
-def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream, verify: Upstream) -> Engine:
+def _calibration(inputs: dict[str, Upstream], precision: str) -> Optional[dict]:
+    """How an int8/fp8 model was calibrated, from its precision node (the package depends on it for this alone)."""
+    upstream = inputs.get(f"precision:{precision}")
+    return upstream.record.get("calibration") if upstream is not None else None
+
+
+def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream, verify: Upstream, calibration: Optional[dict]) -> Engine:
     relative = f"engines/{spec['target']}/{recipe}-{spec['precision']}.engine"
     (folder / relative).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(build.files["engine"], folder / relative)
@@ -40,6 +48,7 @@ def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream, verify
         sha256=digest,
         size=(folder / relative).stat().st_size,
         precision=spec["precision"],
+        calibration=calibration,
         target=spec["target"],
         compute_capabilities=spec["compute_capabilities"],
         backend=build.record["backend"],

@@ -1,0 +1,199 @@
+"""`trtflow cache`: what the store holds (ls), whether its bytes are intact (verify), what can go (gc).
+
+Each function returns plain JSON-ready data; the CLI prints it.
+
+gc keeps every stage record that trtflow.lock names, that produced a package now in the packages folder,
+or (with --keep-last N) that one of the last N runs finished with, and every object those records name
+as output or input. Records are not followed upstream by digest: identical bytes from an old stage (a
+verify report that did not change) would otherwise keep that stage's whole superseded chain. Everything
+else goes: superseded records and their objects, quarantined objects, work dirs of dead runs,
+half-written `.incoming-*` files, free lock files.
+It is a dry run unless told otherwise, and refuses to delete while a run is using the store.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+from trtflow.hashing import sha256_file
+from trtflow.lockfile import LOCK_FILE, read_lock
+from trtflow.store import Store
+from trtflow.storelock import exclusive_store, remove_free_lock_files, run_is_live
+
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+# ls ------------------------------------------------------------------------------------------
+def usage(store: Store, lock_keys: set[str]) -> dict:
+    """Records and bytes per (recipe, stage kind), how many of them trtflow.lock uses, and store totals."""
+    sizes = _object_sizes(store)
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    referenced: set[str] = set()
+    for key, record in store.stage_records():
+        kind, _, rest = str(record.get("node", "?:?")).partition(":")
+        group = groups.setdefault((rest.split("/", 1)[0], kind), {"records": 0, "in_lock": 0, "digests": set()})
+        group["records"] += 1
+        group["in_lock"] += key in lock_keys
+        group["digests"].update(record["outputs"].values())
+        referenced.update(record["outputs"].values())
+    stages = [{"recipe": recipe, "stage": kind, "records": g["records"], "in_lock": g["in_lock"],
+               "bytes": sum(sizes.get(d, 0) for d in g["digests"])} for (recipe, kind), g in sorted(groups.items())]
+    unreferenced = [d for d in sizes if d not in referenced]
+    return {"store": str(store.root), "stages": stages,
+            "objects": {"count": len(sizes), "bytes": sum(sizes.values())},
+            "unreferenced": {"count": len(unreferenced), "bytes": sum(sizes[d] for d in unreferenced)},
+            "corrupt": _tree_size(store.corrupt), "tmp": _tree_size(store.tmp)}
+
+
+# verify --------------------------------------------------------------------------------------
+def verify(store: Store, threads: Optional[int] = None) -> dict:
+    """Re-hash every object whatever its remembered signature (bit rot keeps mtime); quarantine corrupt ones."""
+    started = time.perf_counter()
+    files = [p for p in store.object_files() if DIGEST.match(p.name) and p.parent.name == p.name[:2]]
+    with futures.ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:  # hashlib releases the GIL
+        checked = list(pool.map(_hash_with_inode, files))
+    corrupt = _quarantine_corrupt(store, checked)
+    moved = {bad["digest"] for bad in corrupt}
+    missing = [{"key": key, "node": record.get("node"), "digest": digest} for key, record in store.stage_records()
+               for digest in record["outputs"].values() if digest not in moved and not store.has_object(digest)]
+    return {"store": str(store.root), "objects": len(files), "bytes": sum(size for _, _, size, _ in checked),
+            "corrupt": corrupt, "missing": missing, "leftovers": [str(p) for p in _leftovers(store)],
+            "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _quarantine_corrupt(store: Store, checked: list[tuple[Path, int, int, Optional[str]]]) -> list[dict]:
+    """Move every object whose bytes do not hash to its name to corrupt/, saying which records used it."""
+    users = _users(store)
+    corrupt = []
+    for path, inode, _, actual in checked:
+        if actual is not None and actual != path.name:
+            moved = store.quarantine(path.name, inode)
+            corrupt.append({"digest": path.name, "path": str(path), "actual_sha256": actual,
+                            "moved_to": str(moved) if moved else None, "used_by": users.get(path.name, [])})
+    return corrupt
+
+
+def _hash_with_inode(path: Path) -> tuple[Path, int, int, Optional[str]]:
+    """(path, inode, size, sha256); sha256 None if the file went away meanwhile."""
+    try:
+        stat = path.stat()
+        return path, stat.st_ino, stat.st_size, sha256_file(path)
+    except FileNotFoundError:
+        return path, 0, 0, None
+
+
+def _users(store: Store) -> dict[str, list[dict]]:
+    """digest -> the records (node and key) whose outputs name it."""
+    users: dict[str, list[dict]] = {}
+    for key, record in store.stage_records():
+        for digest in record["outputs"].values():
+            users.setdefault(digest, []).append({"node": record.get("node"), "key": key})
+    return users
+
+
+# gc ------------------------------------------------------------------------------------------
+def lock_keys(project_root: Path) -> set[str]:
+    """The stage keys trtflow.lock names (none without a lock)."""
+    return {entry.key for entry in (read_lock(project_root / LOCK_FILE) or {}).values()}
+
+
+def live_keys(store: Store, project_root: Path, packages_dir: Path, keep_last: int = 0) -> set[str]:
+    """Keys gc must keep: the lock's, the current packages' producers, and the last `keep_last` runs'."""
+    keys = lock_keys(project_root)
+    archives = sorted(packages_dir.glob("*.tar.gz")) if packages_dir.is_dir() else []
+    digests = store.file_digests()
+    shipped = {digests.digest(archive) for archive in archives}
+    keys |= {key for key, record in store.stage_records() if shipped & set(record["outputs"].values())}
+    for run in store.recent_runs(keep_last) if keep_last else []:
+        keys |= set(run)
+    return keys
+
+
+def garbage(store: Store, keep: set[str]) -> dict:
+    """What gc would delete (and keep), with sizes; deletes nothing."""
+    records = dict(store.stage_records())
+    live = keep & set(records)
+    kept_digests = {digest for key in live for digest in _objects_of(records[key]) if store.has_object(digest)}
+    objects = [p for p in store.object_files() if p.name not in kept_digests]
+    tmp = [p for p in _children(store.tmp) if not run_is_live(store.root, p.name)]
+    corrupt = list(_children(store.corrupt))
+    freed = {"objects": _sizes(objects), "corrupt": _sizes(corrupt), "tmp": _sizes(tmp)}
+    return {"store": str(store.root), "records": sorted(set(records) - live), "kept_records": len(live),
+            "kept_objects": len(kept_digests), "kept_bytes": sum(_file_size(store.object_path(d)) for d in kept_digests),
+            "objects": [str(p) for p in objects], "corrupt": [str(p) for p in corrupt], "tmp": [str(p) for p in tmp],
+            "freed_bytes": sum(freed.values()), "freed": freed}
+
+
+def collect_garbage(store: Store, keep: set[str]) -> dict:
+    """Delete what `garbage` lists, with the store to itself; records first, so a crash leaves orphans only."""
+    with exclusive_store(store.root):
+        plan = garbage(store, keep)
+        for key in plan["records"]:
+            store.delete_stage_record(key)
+        for path in map(Path, plan["objects"]):
+            path.unlink(missing_ok=True)
+            store.forget_object(path.name)
+        for path in map(Path, plan["corrupt"] + plan["tmp"]):
+            _remove(path)
+        plan["lock_files"] = len(remove_free_lock_files(store.root))
+        plan["stat_entries"] = store.forget_missing_files()
+    return plan
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _objects_of(record: dict) -> Iterator[str]:
+    """The digests a record names: its outputs, and its inputs (so a kept package keeps what it was built from)."""
+    yield from record["outputs"].values()
+    yield from _strings(record.get("components", {}).get("inputs"))
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+# sizes ---------------------------------------------------------------------------------------
+def _object_sizes(store: Store) -> dict[str, int]:
+    return {p.name: _file_size(p) for p in store.object_files() if DIGEST.match(p.name)}
+
+
+def _leftovers(store: Store) -> Iterator[Path]:
+    """Files under objects/ that are not objects: `.incoming-*` of a killed writer, strays."""
+    return (p for p in store.object_files() if not (DIGEST.match(p.name) and p.parent.name == p.name[:2]))
+
+
+def _children(folder: Path) -> Iterator[Path]:
+    return iter(sorted(folder.iterdir())) if folder.is_dir() else iter(())
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(_file_size(p) for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def _sizes(paths: Iterable[Path]) -> int:
+    return sum(_tree_size(p) if p.is_dir() else _file_size(p) for p in paths)

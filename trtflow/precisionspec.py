@@ -1,0 +1,131 @@
+"""What a recipe says about reduced precision: the calibration data, AutoCast and PTQ options, accuracy limits.
+
+fp16/bf16 are made by ModelOpt AutoCast, int8/fp8 by ModelOpt post-training quantization calibrated on
+the declared data; every reduced-precision model is then compared with fp32 against these limits.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field, model_validator
+
+from trtflow.schemabase import Dim, FieldError, StrictModel
+
+SUPPORTED_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS = ("fp16", "bf16"), ("int8", "fp8")
+# The oldest GPU each reduced precision runs on (TensorRT-RTX support matrix: Turing sm_75 has no bf16, fp8 needs
+# Ada sm_89 or newer; TensorRT agrees). fp16 and int8 Q/DQ build for every capability TensorRT-RTX targets.
+PRECISION_MIN_COMPUTE_CAPABILITY = {"bf16": "sm_80", "fp8": "sm_89"}
+
+
+Size = Annotated[list[Dim], Field(min_length=2, max_length=2)]
+
+
+class ImageSet(StrictModel):
+    """An image folder (or glob) and how a file becomes one sample: Pillow decode, resize, crop, normalize, lay out."""
+
+    path: str
+    input: Optional[str] = None  # the model input the images feed (default: the only one)
+    resize: Optional[Dim | Size] = None  # an int: the shorter side, keeping the aspect ratio; [h, w]: exactly
+    crop: Optional[Dim | Size] = None  # center crop, after resize
+    mean: Optional[list[float]] = None  # per channel, on values scaled to [0, 1]
+    std: Optional[list[float]] = None
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
+    dtype: Literal["float32", "float16", "uint8"] = "float32"  # uint8: raw pixels, no scaling
+    color: Literal["RGB", "BGR", "L"] = "RGB"
+    batch: int = Field(default=1, ge=1, le=4096)  # images per calibration batch
+
+    @model_validator(mode="after")
+    def _normalization(self) -> "ImageSet":
+        channels = 1 if self.color == "L" else 3
+        for name in ("mean", "std"):
+            values = getattr(self, name)
+            if values is not None and self.dtype == "uint8":
+                raise FieldError(name, f"{name} does not apply to dtype uint8 (raw pixels)")
+            if values is not None and len(values) != channels:
+                raise FieldError(name, f"{name} needs {channels} value(s), one per {self.color} channel")
+        if self.std is not None and any(v <= 0 for v in self.std):
+            raise FieldError("std", "std values must be > 0")
+        return self
+
+
+class Calibration(StrictModel):
+    """The samples int8/fp8 are calibrated on: files (`data`), an image folder (`images`), or `random: true`."""
+
+    data: Optional[str] = None  # a glob of .npz (one array per input name) or .npy (the only input) files
+    images: Optional[ImageSet] = None
+    random: bool = False  # seeded random inputs within the profiles: explicit, and recorded in the manifest
+    samples: Optional[int] = Field(default=None, ge=1)  # files (batches) to calibrate on; default: all not held out
+    seed: int = 0  # decides which files are held out and selected (and the random inputs)
+    method: Optional[Literal["entropy", "max", "percentile"]] = None  # default: entropy for int8, max for fp8
+    percentile: Optional[float] = Field(default=None, gt=50, le=100)  # of |x|, with method percentile (default 99.999)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Calibration":
+        given = [name for name in ("data", "images") if getattr(self, name) is not None] + (["random"] if self.random else [])
+        if len(given) != 1:
+            raise FieldError("data", "give exactly one of data: <glob>, images: {path: ...} or random: true"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        if self.percentile is not None and self.method != "percentile":
+            raise FieldError("percentile", "percentile applies to method: percentile only")
+        return self
+
+    def method_for(self, precision: str) -> str:
+        """ModelOpt converts max-calibrated int8 scales to fp8, so fp8 defaults to max."""
+        return self.method or ("max" if precision == "fp8" else "entropy")
+
+    def percentile_value(self) -> Optional[float]:
+        """ONNX Runtime's default percentile (99.999) unless given; None for other methods."""
+        return (self.percentile or 99.999) if self.method == "percentile" else None
+
+
+class AutocastOptions(StrictModel):
+    """fp16/bf16 by ModelOpt AutoCast."""
+
+    keep_io_types: bool = True  # inputs and outputs stay fp32, so callers feed the engine as before
+    keep_op_types: list[str] = Field(default_factory=list)  # op types kept in fp32, e.g. [Resize, Softmax]
+    keep_nodes: list[str] = Field(default_factory=list)  # node name regexes kept in fp32
+
+
+class QuantizeOptions(StrictModel):
+    """int8/fp8 by ModelOpt post-training quantization (Q/DQ nodes)."""
+
+    exclude_op_types: list[str] = Field(default_factory=list)
+    exclude_nodes: list[str] = Field(default_factory=list)  # node name regexes
+    high_precision: Literal["fp16", "bf16", "fp32"] = "fp16"  # what unquantized layers run in (ModelOpt's default)
+
+
+class Tolerance(StrictModel):
+    """Limits on a reduced-precision model vs fp32 on ONNX Runtime; a null limit is not checked."""
+
+    min_cosine: Optional[float] = Field(default=None, ge=-1, le=1)
+    min_top1: Optional[float] = Field(default=None, ge=0, le=1)  # outputs of shape [rows, classes]
+    max_abs_error: Optional[float] = Field(default=None, ge=0)
+    max_mean_rel_error: Optional[float] = Field(default=None, ge=0)
+
+
+# Measured on the example and test models (README: Precision and calibration); fp16 keeps 10 mantissa bits, bf16 7,
+# int8/fp8 8 bits with calibrated ranges, so each default is looser than the one before.
+DEFAULT_TOLERANCES = {
+    "fp16": Tolerance(min_cosine=0.9999, min_top1=0.99),
+    "bf16": Tolerance(min_cosine=0.999, min_top1=0.98),
+    "int8": Tolerance(min_cosine=0.99, min_top1=0.9),
+    "fp8": Tolerance(min_cosine=0.99, min_top1=0.9),
+}
+
+
+class AccuracyOptions(StrictModel):
+    """How each reduced precision is compared with fp32, and the limits per precision (defaults: DEFAULT_TOLERANCES)."""
+
+    samples: int = Field(default=16, ge=1, le=10_000)  # held-out files (at most half the set), or random feeds
+    seed: int = 1  # of the random feeds when no files are declared
+    fp16: Tolerance = Field(default_factory=Tolerance)
+    bf16: Tolerance = Field(default_factory=Tolerance)
+    int8: Tolerance = Field(default_factory=Tolerance)
+    fp8: Tolerance = Field(default_factory=Tolerance)
+
+    def tolerance(self, precision: str) -> dict[str, Optional[float]]:
+        """The default limits, with the ones the recipe names (null included) replacing them."""
+        given = getattr(self, precision)
+        return {**DEFAULT_TOLERANCES[precision].model_dump(), **given.model_dump(include=given.model_fields_set)}

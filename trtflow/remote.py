@@ -1,0 +1,243 @@
+"""A shared remote cache (S3, or any fsspec URL): pull a stage on a local miss, push it after a build.
+
+Layout under the remote URL:
+
+    records/<stage key>.json   the stage's record, uploaded last
+    objects/<aa>/<sha256>      artifact bytes, uploaded first
+
+Nothing from the remote is trusted until checked: a record must name its key and its components must
+hash back to that key, and every object is re-hashed before it enters the local store. Any mismatch
+rejects the whole record with a warning, and the stage is built locally (then pushed, replacing the bad
+object). A remote that is down, slow or denies access costs one warning and local builds: the first
+failure switches the remote off for the rest of the run. With `--remote-required` it is an error.
+
+Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...)
+or the filesystem's own configuration, never from pipeline.yaml, and are never written into records.
+fsspec and s3fs are imported only when a remote is configured.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import copy
+import json
+import re
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+from trtflow.errors import EnvironmentProblem
+from trtflow.hashing import stage_key
+from trtflow.store import ObjectMismatch, Store
+
+CHUNK = 1 << 20
+# Short timeouts and one quick retry (s3fs's, 0.1 s later; botocore's own are off): a remote that does
+# not answer must not hold up a build for minutes.
+S3_DEFAULTS: dict[str, Any] = {
+    "config_kwargs": {"connect_timeout": 3, "read_timeout": 30, "retries": {"max_attempts": 1, "mode": "standard"}},
+    "skip_instance_cache": True,
+}
+S3_RETRIES = 2
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+class RemoteUnavailable(EnvironmentProblem):
+    """The remote cache could not be reached or refused access, and the run was told to require it."""
+
+
+class _RemoteFailure(Exception):
+    """Anything the remote filesystem raised, kept apart from local write errors."""
+
+
+class Remote:
+    """One remote cache for one run. `pull` and `push` never raise for remote trouble unless `required`."""
+
+    def __init__(self, url: str, options: Optional[dict] = None, required: bool = False):
+        self.url = url.rstrip("/")
+        self.required = required
+        self.down: Optional[str] = None  # why the remote was switched off for this run
+        self._warnings: list[str] = []  # appended to by push threads too
+        self._lock = threading.Lock()
+        self._rejected: set[str] = set()  # digests the remote holds wrong bytes for: re-upload them
+        self._pushes: list[futures.Future] = []
+        self._threads: Optional[futures.ThreadPoolExecutor] = None
+        self._fs, self._base = _filesystem(self.url, dict(options or {}))
+
+    # reading -------------------------------------------------------------------------------
+    def pull(self, key: str, node_id: str, store: Store, workdir: Path) -> Optional[dict]:
+        """The stage's record with every object verified and added to `store`, or None (miss, rejected, down)."""
+        if self.down:
+            return None
+        try:
+            text = self._read(f"records/{key}.json")
+        except FileNotFoundError:
+            return None
+        except _RemoteFailure as exc:
+            self._failed(exc.__cause__ or exc, f"reading the record of {node_id}")
+            return None
+        record, problem = _checked_record(text, key)
+        if problem:
+            return self._reject(node_id, problem)
+        for digest in record["outputs"].values():
+            if not store.object_intact(digest) and not self._pull_object(digest, node_id, store, workdir):
+                return None
+        return store.put_stage_record(key, record)
+
+    def _pull_object(self, digest: str, node_id: str, store: Store, workdir: Path) -> bool:
+        temp = Path(tempfile.mkstemp(dir=workdir, prefix="pull-")[1])
+        try:
+            self._download(f"objects/{digest[:2]}/{digest}", temp, store)
+            store.add_object(temp, expected=digest)
+            return True
+        except FileNotFoundError:
+            self._reject(node_id, f"it names object {digest} that the remote does not hold")
+        except ObjectMismatch as exc:
+            self._rejected.add(digest)
+            self._reject(node_id, f"object {digest} does not match its sha256 ({exc})")
+        except _RemoteFailure as exc:
+            self._failed(exc.__cause__ or exc, f"downloading an object of {node_id}")
+        finally:
+            temp.unlink(missing_ok=True)
+        return False
+
+    def _read(self, relative: str) -> bytes:
+        try:
+            return self._fs.cat_file(f"{self._base}/{relative}")
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # connection refused, access denied, timeouts: every library has its own
+            raise _RemoteFailure(str(exc)) from exc
+
+    def _download(self, relative: str, target: Path, store: Store) -> None:
+        """Stream a remote file into `target`; remote errors become _RemoteFailure, local ones StoreWriteError."""
+        try:
+            source = self._fs.open(f"{self._base}/{relative}", "rb")
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise _RemoteFailure(str(exc)) from exc
+        with source, store.writing("(downloading from the remote cache)"), open(target, "wb") as out:
+            while chunk := _read_chunk(source):
+                out.write(chunk)
+
+    # writing -------------------------------------------------------------------------------
+    def push(self, key: str, record: dict, store: Store) -> None:
+        """Upload a freshly built stage in the background: its objects first, its record last."""
+        if self.down:
+            return
+        if self._threads is None:
+            self._threads = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtflow-push")
+        paths = {digest: store.object_path(digest) for digest in record["outputs"].values()}
+        self._pushes.append(self._threads.submit(self._push_now, key, record, paths))
+
+    def _push_now(self, key: str, record: dict, paths: dict[str, Path]) -> None:
+        if self.down:
+            return
+        try:
+            for digest, path in paths.items():
+                target = f"{self._base}/objects/{digest[:2]}/{digest}"
+                if digest in self._rejected or not self._fs.exists(target):
+                    self._put(target, lambda name: self._fs.put_file(str(path), name))
+            record_text = json.dumps(record, sort_keys=True).encode()
+            self._put(f"{self._base}/records/{key}.json", lambda name: self._fs.pipe_file(name, record_text))
+        except Exception as exc:  # see _read
+            self._failed(exc, f"pushing {record.get('node', key)}")
+
+    def _put(self, target: str, write: Any) -> None:
+        """A local directory gets a temp file and a rename (readers never see half a file); S3 PUTs are atomic."""
+        if "file" not in _protocols(self._fs):
+            write(target)
+            return
+        self._fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        temp = f"{target}.incoming-{uuid.uuid4().hex}"
+        write(temp)
+        self._fs.mv(temp, target)
+
+    def finish(self) -> None:
+        """Wait for every push; with `required`, a failed push raises here."""
+        for push in self._pushes:
+            push.result()
+        self._pushes.clear()
+
+    def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True, cancel_futures=True)
+
+    # trouble -------------------------------------------------------------------------------
+    def take_warnings(self) -> list[str]:
+        """Warnings since the last call (the runner shows them as they come)."""
+        with self._lock:
+            taken, self._warnings = self._warnings, []
+        return taken
+
+    def _warn(self, message: str) -> None:
+        with self._lock:
+            self._warnings.append(message)
+
+    def _failed(self, exc: BaseException, doing: str) -> None:
+        message = f"remote cache {self.url} unavailable ({doing}: {_one_line(exc)})"
+        if self.required:
+            raise RemoteUnavailable(f"{message}; --remote-required was given")
+        if self.down is None:
+            self.down = message
+            self._warn(f"{message}; building locally, remote off for the rest of this run")
+
+    def _reject(self, node_id: str, problem: str) -> None:
+        self._warn(f"remote cache: rejected the record of {node_id}: {problem}; building it locally")
+        return None
+
+
+def _filesystem(url: str, options: dict) -> tuple[Any, str]:
+    """(fsspec filesystem, base path) for `url`; S3 gets short timeouts unless the options say otherwise."""
+    try:
+        import fsspec
+    except ImportError:
+        raise EnvironmentProblem("a remote cache needs fsspec: pip install 'trtflow[remote]'") from None
+    protocol = url.split("://", 1)[0]
+    if protocol in ("s3", "s3a"):
+        options = {**copy.deepcopy(S3_DEFAULTS), **options}  # s3fs edits the dicts it is given
+    try:
+        fs, base = fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        raise EnvironmentProblem(f"the remote cache {url} needs a package that is missing ({exc}): pip install 'trtflow[s3]'") from None
+    except ValueError as exc:
+        raise EnvironmentProblem(f"the remote cache {url} cannot be opened: {exc}") from None
+    if protocol in ("s3", "s3a"):
+        fs.retries = S3_RETRIES
+    return fs, base.rstrip("/")
+
+
+def _checked_record(text: bytes, key: str) -> tuple[dict, str]:
+    """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {}, "it is not JSON"
+    if not isinstance(record, dict) or record.get("key") != key:
+        return {}, "it names another key"
+    outputs = record.get("outputs")
+    if not isinstance(outputs, dict) or not all(isinstance(d, str) and DIGEST.match(d) for d in outputs.values()):
+        return {}, "its outputs are not sha256 digests"
+    components = record.get("components")
+    if not isinstance(components, dict) or stage_key(components) != key:
+        return {}, "its key components do not hash to its key"
+    return record, ""
+
+
+def _read_chunk(source: Any) -> bytes:
+    try:
+        return source.read(CHUNK)
+    except Exception as exc:  # see Remote._read
+        raise _RemoteFailure(str(exc)) from exc
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]

@@ -1,0 +1,97 @@
+"""The `source:` and `cleanup:` blocks of a recipe: an ONNX file or a PyTorch model, and the cleanup passes.
+
+    source: {onnx: models/resnet.onnx}
+    source: {torch: {factory: "models.net:make", kwargs: {width: 64}, weights: models/net.pt,
+                     inputs: [{name: image}], opset: 18}}
+    cleanup: {fold_constants: true, simplify: true}
+
+A torch input's shape defaults to the first profile's opt shape; an axis whose sizes differ between the
+profiles is exported dynamic (dag.export_dims). Cross-checks with the profiles and the files on disk are
+recipe.py's (they need the whole recipe and the project folder).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from trtflow.schemabase import Dim, FieldError, StrictModel
+
+TORCH_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+FACTORY_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+class TorchInput(StrictModel):
+    """One positional argument of the model's forward, in order."""
+
+    name: str = Field(min_length=1)
+    shape: Optional[list[Dim]] = None  # the example tensor's shape; default: the first profile's opt shape
+    dtype: Literal[TORCH_DTYPES] = "float32"  # type: ignore[valid-type]
+
+
+class TorchSource(StrictModel):
+    """A PyTorch model: `factory(**kwargs)` returns a torch.nn.Module, which the export stage turns into ONNX."""
+
+    factory: str  # "package.module:callable", imported from the project folder first
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    weights: Optional[str] = None  # a state_dict saved with torch.save, loaded with weights_only=True
+    inputs: list[TorchInput] = Field(min_length=1)
+    outputs: Optional[list[str]] = Field(default=None, min_length=1)  # names for the ONNX outputs, in order
+    opset: int = Field(default=18, ge=7)  # torch's exporter implements opset 18; older ones are converted down
+    optimize: bool = False  # also run the exporter's own graph optimizer (cleanup does the proven one)
+    files: list[str] = Field(default_factory=list)  # other project files the factory reads: editing one re-exports
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, value: str) -> str:
+        if not FACTORY_PATTERN.match(value):
+            raise ValueError(f"{value!r} is not of the form package.module:callable")
+        return value
+
+    @field_validator("kwargs")
+    @classmethod
+    def _plain_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:  # they enter the export's key as JSON: dates, binary or NaN have no canonical form there
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ValueError("kwargs must be plain values (strings, finite numbers, booleans, null, lists, mappings)") from None
+        return value
+
+    @field_validator("inputs")
+    @classmethod
+    def _unique_inputs(cls, value: list[TorchInput]) -> list[TorchInput]:
+        names = [item.name for item in value]
+        if len(set(names)) != len(names):
+            raise ValueError("input names must not repeat")
+        return value
+
+
+class Source(StrictModel):
+    """Exactly one of an ONNX file or a PyTorch model."""
+
+    onnx: Optional[str] = None
+    torch: Optional[TorchSource] = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Source":
+        if self.onnx is None and self.torch is None:
+            raise FieldError("onnx", "required field is missing: give onnx: <file> or torch: {factory: ..., inputs: [...]}")
+        if self.onnx is not None and self.torch is not None:
+            raise FieldError("torch", "give either onnx: or torch:, not both")
+        return self
+
+
+class CleanupOptions(StrictModel):
+    """Graph cleanup passes (onnxslim); each has an off switch for models where it misbehaves."""
+
+    simplify: bool = True  # false: no onnxslim at all (IR normalization, shape inference and the checker still run)
+    fold_constants: bool = True
+    remove_dead_nodes: bool = True  # Identity, Dropout, no-op Cast/Reshape/Pad/Slice, unused nodes
+    fuse_patterns: bool = True  # Conv+BatchNorm, Conv+Add, Gemm, GELU, ...
+    eliminate_common_subexpressions: bool = True
+    tie_weights: bool = True  # share identical small constants
+    infer_shapes: bool = True
+    opset: Optional[int] = Field(default=None, ge=7)  # convert the default-domain opset to this version (null: keep)

@@ -1,0 +1,191 @@
+"""Accuracy of a reduced-precision ONNX against the fp32 model, both run on ONNX Runtime (CPU) over the same feeds.
+
+Per output: max abs error, mean relative error (sum |a - e| / sum |e|: an L1 ratio that stays finite where
+outputs are near zero), cosine similarity (the lowest over the feeds), and for 2-D outputs [rows, classes]
+top-1 agreement (the share of rows whose argmax is the same). Each is gated by the precision's tolerance.
+
+ONNX Runtime's CPU provider has no bf16 kernels, so a model holding bf16 is run as an emulation: every bf16
+tensor becomes fp32 rounded to bf16 (a Cast to bf16 and back), so values carry bf16's precision while the
+arithmetic inside each op is fp32, as on tensor cores. The record says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from trtflow.stages import compare
+
+BF16_EMULATION = " (bf16 emulated: bf16 values, fp32 arithmetic)"
+
+
+def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, data: str) -> dict:
+    """Run both models over `feeds` and compare every output; `candidate` is an onnx ModelProto."""
+    runnable, emulated = ort_runnable(candidate)
+    cand = _session(runnable)
+    ref = compare.session(reference)
+    rows = [_per_feed(got, want) for got, want in zip(_run(cand, feeds), _run(ref, feeds))]
+    outputs = [_judge(_fold(name, [r[name] for r in rows]), tolerance) for name in rows[0]] if rows else []
+    return {"runtime": compare.RUNTIME + (BF16_EMULATION if emulated else ""), "reference": "fp32 model (cleanup output)",
+            "data": data, "samples": len(feeds), "tolerance": tolerance, "outputs": outputs,
+            "passed": bool(outputs) and all(o["passed"] for o in outputs)}
+
+
+def failure_message(precision: str, accuracy: dict) -> str:
+    """`int8 accuracy out of tolerance: output logits cosine 0.93 < 0.99 (max abs 0.8, ...) over 8 samples`."""
+    bad = next((o for o in accuracy["outputs"] if not o["passed"]), None)
+    if bad is None:
+        return f"{precision} accuracy: no output was compared"
+    numbers = ", ".join(f"{k.replace('_', ' ')} {_short(bad[k])}" for k in ("max_abs_error", "mean_rel_error", "cosine_similarity", "top1_agreement") if bad[k] is not None)
+    return (f"{precision} accuracy out of tolerance: output {bad['name']} {'; '.join(bad['problems'])} ({numbers}) over "
+            f"{accuracy['samples']} samples of {accuracy['data']}; loosen accuracy.{precision} in the recipe or set verify: {{on_fail: warn}}")
+
+
+def _short(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _session(model: Any) -> Any:
+    ort = compare.onnxruntime()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _run(session: Any, feeds: list[dict]) -> list[dict]:
+    """Outputs by name per feed, each input cast to the dtype the session declares (an fp16-I/O model takes fp16)."""
+    names = compare.output_names(session)
+    inputs = [(i.name, compare.ORT_DTYPES.get(i.type, "float32")) for i in session.get_inputs()]
+    return [dict(zip(names, session.run(None, {name: np.asarray(feed[name]).astype(dtype, copy=False) for name, dtype in inputs})))
+            for feed in feeds]
+
+
+def _per_feed(got: dict, want: dict) -> dict:
+    """Raw sums per output for one feed, folded later (so no metric is an average of averages)."""
+    rows = {}
+    for name, expected in want.items():
+        a = np.asarray(got[name], dtype=np.float64)
+        e = np.asarray(expected, dtype=np.float64)
+        if a.shape != e.shape:
+            rows[name] = {"problem": f"shape {list(a.shape)} != {list(e.shape)}"}
+            continue
+        finite = np.isfinite(a)
+        error = np.abs(np.where(finite, a, 0.0) - e)
+        rows[name] = {"non_finite": int((~finite).sum()), "max_abs": float(error.max(initial=0.0)), "abs_sum": float(error.sum()),
+                      "ref_sum": float(np.abs(e).sum()), "cosine": _cosine(np.where(finite, a, 0.0).ravel(), e.ravel()),
+                      "top1": _top1(a, e)}
+    return rows
+
+
+def _cosine(a: np.ndarray, e: np.ndarray) -> float:
+    norms = float(np.linalg.norm(a) * np.linalg.norm(e))
+    if norms == 0.0:
+        return 1.0 if not a.any() and not e.any() else 0.0
+    return float(np.dot(a, e) / norms)
+
+
+def _top1(a: np.ndarray, e: np.ndarray) -> Optional[tuple[int, int]]:
+    """(agreeing rows, rows) for a [rows, classes] output with more than one class; None otherwise."""
+    if a.ndim != 2 or a.shape[1] < 2:
+        return None
+    return int((a.argmax(axis=1) == e.argmax(axis=1)).sum()), int(a.shape[0])
+
+
+def _fold(name: str, per_feed: list[dict]) -> dict:
+    problems = [r["problem"] for r in per_feed if "problem" in r]
+    if problems:
+        return {"name": name, "max_abs_error": None, "mean_rel_error": None, "cosine_similarity": None, "top1_agreement": None,
+                "non_finite": 0, "problems": [problems[0]]}
+    ref_sum = sum(r["ref_sum"] for r in per_feed)
+    tops = [r["top1"] for r in per_feed if r["top1"] is not None]
+    return {"name": name, "max_abs_error": _rounded(max(r["max_abs"] for r in per_feed)),
+            "mean_rel_error": _rounded(sum(r["abs_sum"] for r in per_feed) / ref_sum if ref_sum > 0 else 0.0),
+            "cosine_similarity": _rounded(min(r["cosine"] for r in per_feed)),
+            "top1_agreement": _rounded(sum(t[0] for t in tops) / sum(t[1] for t in tops)) if tops else None,
+            "non_finite": sum(r["non_finite"] for r in per_feed), "problems": []}
+
+
+def _rounded(value: float) -> float:
+    """8 significant digits: what the numbers mean, without the last bits a CPU's vector width can change
+    (the report is an output whose digest downstream keys hold)."""
+    return float(f"{value:.8g}")
+
+
+def _judge(row: dict, tolerance: dict) -> dict:
+    """Add `passed` and one problem line per tolerance the output misses."""
+    problems = list(row["problems"])
+    if row["non_finite"]:
+        problems.append(f"{row['non_finite']} non-finite values (overflow?)")
+    checks = [("cosine_similarity", "min_cosine", "<"), ("top1_agreement", "min_top1", "<"),
+              ("max_abs_error", "max_abs_error", ">"), ("mean_rel_error", "max_mean_rel_error", ">")]
+    for metric, limit, worse in checks:
+        value, bound = row[metric], tolerance.get(limit)
+        if value is not None and bound is not None and (value < bound if worse == "<" else value > bound):
+            problems.append(f"{metric.replace('_', ' ')} {_short(value)} {worse} {bound}")
+    return {**row, "problems": problems, "passed": not problems}
+
+
+def ort_runnable(model: Any) -> tuple[Any, bool]:
+    """(a model ONNX Runtime's CPU provider can run, whether bf16 had to be emulated)."""
+    import onnx
+
+    bf16 = onnx.TensorProto.BFLOAT16
+    if not _holds(model, bf16):
+        return model, False
+    emulated = onnx.shape_inference.infer_shapes(model)
+    bf16_tensors = _typed(emulated, bf16)
+    _bf16_to_fp32(emulated)
+    nodes = []
+    for node in emulated.graph.node:
+        nodes.append(node)
+        for index, output in enumerate(node.output):
+            if output in bf16_tensors:
+                node.output[index] = output + "__fp32"
+                nodes += _round_to_bf16(onnx, output + "__fp32", output)
+    del emulated.graph.node[:]
+    emulated.graph.node.extend(nodes)
+    return emulated, True
+
+
+def _holds(model: Any, elem_type: int) -> bool:
+    return any(i.data_type == elem_type for i in model.graph.initializer) or \
+        any(a.i == elem_type for n in model.graph.node for a in n.attribute if a.name == "to")
+
+
+def _typed(model: Any, elem_type: int) -> set[str]:
+    values = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    found = {v.name for v in values if v.type.tensor_type.elem_type == elem_type}
+    return found | {o for n in model.graph.node if n.op_type == "Cast" and any(a.name == "to" and a.i == elem_type for a in n.attribute) for o in n.output}
+
+
+def _bf16_to_fp32(model: Any) -> None:
+    """Every bf16 type becomes fp32 (exactly: bf16 is fp32 with the low 16 bits dropped)."""
+    import onnx
+    from onnx import numpy_helper
+
+    bf16, fp32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
+    for init in model.graph.initializer:
+        if init.data_type == bf16:
+            init.CopyFrom(numpy_helper.from_array(_bf16_values(init), init.name))
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            if attribute.name == "to" and attribute.i == bf16:
+                attribute.i = fp32
+            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == bf16:
+                attribute.t.CopyFrom(numpy_helper.from_array(_bf16_values(attribute.t), attribute.t.name))
+    for value in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
+        if value.type.tensor_type.elem_type == bf16:
+            value.type.tensor_type.elem_type = fp32
+
+
+def _bf16_values(tensor: Any) -> np.ndarray:
+    raw = np.frombuffer(tensor.raw_data, dtype=np.uint16) if tensor.raw_data else np.asarray(tensor.int32_data, dtype=np.uint16)
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(tuple(tensor.dims))
+
+
+def _round_to_bf16(onnx: Any, source: str, target: str) -> list[Any]:
+    return [onnx.helper.make_node("Cast", [source], [target + "__bf16"], to=onnx.TensorProto.BFLOAT16),
+            onnx.helper.make_node("Cast", [target + "__bf16"], [target], to=onnx.TensorProto.FLOAT)]

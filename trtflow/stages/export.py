@@ -1,0 +1,212 @@
+"""Export: a PyTorch model to ONNX with torch.onnx.export's torch.export-based exporter (`dynamo=True`).
+
+Why that exporter: the TorchScript one is deprecated (torch 2.9 made this one the default; the old one
+warns that it will be removed), and it traces, silently freezing Python control flow and any axis the
+code happens to treat as constant. torch.export captures the program with guards: a profile asking for
+a dynamic axis the model fixes fails here, naming the axis, instead of producing an engine that is wrong
+for other shapes. It takes about 3 s more per process (onnxscript and torch.export warm up).
+
+Its own graph optimizer is off unless the recipe asks (`optimize: true`): cleanup is the one place graphs
+are rewritten, where every pass can be switched off and is proven equal on ONNX Runtime. The export itself
+is checked here: ONNX Runtime on the exported model against torch on the example inputs.
+
+The factory runs with the folder its module was found in first on sys.path and torch seeded (a factory
+that initializes randomly exports the same bytes every time).
+Node stack traces (file paths, line numbers) are removed, so the bytes depend on the model, not on where
+the project lives or on a comment moving a line. Every failure is one line naming the recipe field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from trtflow.backends.base import import_or_explain
+from trtflow.errors import StageError
+from trtflow.pymodule import import_root
+from trtflow.stages import StageOutput, Upstream, compare
+from trtflow.stages.capture import captured_output
+from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
+
+EXPORTER = "torch.onnx.export(dynamo=True)"
+STRIPPED_METADATA = ("pkg.torch.onnx.stack_trace",)
+
+
+def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+    torch = import_or_explain("torch", "torch")
+    with _user_code(params["factory"], inputs["factory"].files["factory"]):
+        with captured_output() as log, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = _model(torch, params, inputs)
+            examples = _examples(torch, params)
+            expected = _eager_outputs(torch, model, examples, params)
+            program = _export(torch, model, examples, params)
+    files = _save(program, workdir)
+    check = _check_against_torch(files[MODEL], params, examples, expected)
+    record = {"exporter": EXPORTER, "opset": params["opset"], "nodes": program.model.graph.num_nodes(),
+              "inputs": params["inputs"], "dynamic": params["dynamic"], "outputs": [v.name for v in program.model.graph.outputs],
+              "torch_equality": check, "warnings": _warning_lines(caught), "log": log}
+    return StageOutput(files=files, record=record)
+
+
+@contextlib.contextmanager
+def _user_code(factory: str, module_file: Path) -> Iterator[None]:
+    """The factory's folder first on sys.path for the block, as planning searched it.
+
+    What the factory imported stays imported: a worker may export another recipe from the same module in
+    this run (the files cannot have changed), and re-running a module that registers torch ops would fail.
+    """
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(import_root(factory.split(":")[0], module_file)))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+
+
+def _model(torch: Any, params: dict, inputs: dict[str, Upstream]) -> Any:
+    """Import the factory, call it (torch seeded), load the weights, switch to eval mode."""
+    factory = _factory(params["factory"])
+    torch.manual_seed(0)
+    try:
+        model = factory(**params["kwargs"])
+    except Exception as exc:
+        raise StageError(f"source.torch.factory: {params['factory']} raised {_one_line(exc)}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise StageError(f"source.torch.factory: {params['factory']} returned {type(model).__name__}, not a torch.nn.Module")
+    if "weights" in inputs:
+        _load_weights(torch, model, inputs["weights"].files["weights"])
+    return model.eval()
+
+
+def _factory(spec: str) -> Any:
+    module_name, attribute = spec.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except BaseException as exc:  # a module may even call sys.exit on import
+        raise StageError(f"source.torch.factory: cannot import {module_name!r}: {_one_line(exc)}") from None
+    try:
+        return functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        raise StageError(f"source.torch.factory: module {module_name!r} has no {attribute!r}") from None
+
+
+def _load_weights(torch: Any, model: Any, path: Path) -> None:
+    """A state_dict, loaded without unpickling code (weights_only) and strictly: every key must fit."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise StageError(f"source.torch.weights: cannot load {path.name}: {_one_line(exc)}") from None
+    if not isinstance(state, dict):
+        raise StageError(f"source.torch.weights: {path.name} holds a {type(state).__name__}, not a state_dict "
+                         "(save it with torch.save(model.state_dict(), path))")
+    try:
+        model.load_state_dict(state, strict=True)
+    except Exception as exc:
+        raise StageError(f"source.torch.weights: {path.name} does not fit the model: {_one_line(exc)}") from None
+
+
+def _examples(torch: Any, params: dict) -> list[Any]:
+    """Seeded example tensors: normal floats, integers in [0, 8) (as the ONNX Runtime checks draw them)."""
+    generator = torch.Generator().manual_seed(params["check"]["seed"])
+    tensors = []
+    for spec in params["inputs"]:
+        dtype = getattr(torch, spec["dtype"])
+        if dtype.is_floating_point:
+            tensors.append(torch.randn(spec["shape"], generator=generator).to(dtype))
+        else:
+            tensors.append(torch.randint(0, 2 if dtype == torch.bool else 8, spec["shape"], generator=generator).to(dtype))
+    return tensors
+
+
+def _eager_outputs(torch: Any, model: Any, examples: list[Any], params: dict) -> list[np.ndarray]:
+    """Run the model once in torch: inputs it rejects are the recipe's inputs' fault, not the exporter's."""
+    try:
+        with torch.no_grad():
+            result = model(*examples)
+    except Exception as exc:
+        shown = ", ".join(f"{s['name']} {s['dtype']} {s['shape']}" for s in params["inputs"])
+        raise StageError(f"source.torch.inputs: the model does not accept ({shown}): {_one_line(exc)}") from None
+    leaves = [leaf for leaf in torch.utils._pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
+    names = params["outputs"]
+    if names is not None and len(names) != len(leaves):
+        raise StageError(f"source.torch.outputs: names {len(names)} output(s) but the model returns {len(leaves)} tensor(s)")
+    return [leaf.detach().float().numpy() if leaf.is_floating_point() else leaf.numpy() for leaf in leaves]
+
+
+def _export(torch: Any, model: Any, examples: list[Any], params: dict) -> Any:
+    dims = [params["dynamic"].get(spec["name"]) for spec in params["inputs"]]
+    shapes = tuple({int(axis): torch.export.Dim.DYNAMIC(min=low, max=high) for axis, (low, high) in axes.items()} if axes else None
+                   for axes in dims)
+    try:
+        program = torch.onnx.export(model, tuple(examples), dynamo=True, input_names=[s["name"] for s in params["inputs"]],
+                                    output_names=params["outputs"], opset_version=params["opset"], optimize=params["optimize"],
+                                    dynamic_shapes=shapes if any(dims) else None)
+    except Exception as exc:
+        raise StageError(export_failure(exc)) from None
+    opset = program.model.opset_imports.get("")
+    if opset != params["opset"]:
+        raise StageError(f"source.torch.opset: the exporter could not convert the model to opset {params['opset']} "
+                         f"(it stayed at {opset}): use opset: {opset} or newer")
+    return program
+
+
+def export_failure(exc: BaseException) -> str:
+    """One line from the exporter's multi-page error: its exception summary, naming the recipe field at fault."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    summary = text.split("## Exception summary", 1)[-1]
+    causes = re.findall(r"<class '([\w.]+)'>: (.*?)(?=\n⬆️|\n\n|\n\(Refer|$)", summary, flags=re.S)
+    name, message = (causes[0][0].rsplit(".", 1)[-1], causes[0][1]) if causes else (type(exc).__name__, text)
+    detail = f"{name}: {' '.join(message.split())}"[:400]
+    if "dim hint" in detail or "Constraints violated" in detail:
+        return f"profiles: the model fixes an axis the profiles make dynamic: {detail}"
+    step = "cannot trace the model (torch.export)" if "TorchExportError" in type(exc).__name__ else "cannot convert the model to ONNX"
+    return f"source.torch.factory: the exporter {step}: {detail}"
+
+
+def _save(program: Any, workdir: Path) -> dict[str, Path]:
+    """model.onnx, and model.onnx.data when the exporter puts the weights beside it (above 2 GB)."""
+    for graph in [program.model.graph, *program.model.functions.values()]:
+        for node in graph.all_nodes():
+            for key in STRIPPED_METADATA:
+                node.metadata_props.pop(key, None)
+    path = workdir / FILE_NAMES[MODEL]
+    program.save(str(path))
+    data = workdir / FILE_NAMES[MODEL_DATA]
+    return {MODEL: path, MODEL_DATA: data} if data.is_file() else {MODEL: path}
+
+
+def _check_against_torch(path: Path, params: dict, examples: list[Any], expected: list[np.ndarray]) -> dict:
+    """ONNX Runtime on the exported model vs torch, on the example inputs, within the recipe's fp32 tolerances."""
+    check = params["check"]
+    session = compare.session(path)
+    names = compare.output_names(session)
+    if len(names) != len(expected):
+        raise StageError(f"source.torch: the exported ONNX has {len(names)} output(s) but torch returned {len(expected)} tensor(s)")
+    feed = {spec["name"]: tensor.numpy() for spec, tensor in zip(params["inputs"], examples)}
+    got = compare.run_all(session, [feed])[0]
+    rows = compare.compare_outputs(got, dict(zip(names, expected)), check["rtol"], check["atol"])
+    result = {"runtime": compare.RUNTIME, "samples": 1, "rtol": check["rtol"], "atol": check["atol"], "outputs": rows,
+              "passed": all(row["passed"] for row in rows)}
+    if not result["passed"] and check["on_fail"] == "fail":
+        raise StageError(compare.failure_message("source.torch: the exported ONNX differs from torch", result))
+    return result
+
+
+def _warning_lines(caught: list[Any]) -> list[str]:
+    """Each distinct warning once: what the exporter and the model's code said (a tracer warning matters)."""
+    seen = dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0] if str(w.message) else ''}" for w in caught)
+    return list(seen)[:20]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__

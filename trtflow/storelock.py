@@ -1,0 +1,185 @@
+"""Locks between trtflow processes that share a store: per-key build locks, run leases, gc exclusivity.
+
+All are flock locks (through filelock) on files under `<store>/locks/`. The kernel drops a flock when the
+process holding it dies, so a run killed with SIGKILL never leaves a lock that blocks anyone:
+
+    locks/<stage key>.lock   held while one process builds that key; others wait, then use its record
+    locks/run-<id>.lock      held for a whole run; the run's work dirs live in tmp/run-<id>/
+    locks/gc.lock            held by gc while it deletes, and for a moment by every run as it starts
+
+A tmp/run-<id>/ whose run lock nobody holds belongs to a dead run and is swept by the next run.
+filelock is imported on first use: a no-op run takes no lock but its lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from trtflow.errors import TrtflowError
+from trtflow.store import WRITE_ERRNOS, write_failure
+
+
+class StoreBusy(TrtflowError):
+    """gc cannot run now: a run is using the store (or another gc is running)."""
+
+
+def _file_lock(path: Path) -> Any:
+    from filelock import FileLock
+
+    return FileLock(str(path), thread_local=False)
+
+
+def _try_acquire(lock: Any) -> bool:
+    """One non-blocking attempt; False if another holder (process or open file) has it."""
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def holding(path: Path) -> Iterator[None]:
+    """Hold the lock at `path` (waiting for it) for the duration of a short read-modify-write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = _file_lock(path)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+class KeyLocks:
+    """The build locks one run holds, one per stage key. `claim` never blocks: a busy key is retried later."""
+
+    def __init__(self, locks_dir: Path):
+        self.dir = locks_dir
+        self.held: dict[str, Any] = {}
+        locks_dir.mkdir(parents=True, exist_ok=True)
+
+    def claim(self, key: str) -> bool:
+        """True if this run now holds `key`'s lock; False if anyone holds it (this run included)."""
+        if key in self.held:
+            return False
+        lock = _file_lock(self.dir / f"{key}.lock")
+        if not _try_acquire(lock):
+            return False
+        self.held[key] = lock
+        return True
+
+    def release(self, key: str) -> None:
+        """Release `key`, removing its lock file (keys are many; their lock files would pile up)."""
+        lock = self.held.pop(key, None)
+        if lock is not None:
+            _unlink_and_release(lock)
+
+    def release_all(self) -> None:
+        for key in list(self.held):
+            self.release(key)
+
+
+class RunLease:
+    """One run's claim on the store: a private tmp dir, and a lock that tells gc and sweepers it is alive."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.id = f"{os.getpid()}-{time.time_ns()}"
+        locks = root / "locks"
+        try:
+            locks.mkdir(parents=True, exist_ok=True)
+            with holding(locks / "gc.lock"):  # waits while a gc is deleting
+                self._lock = _file_lock(locks / f"run-{self.id}.lock")
+                self._lock.acquire()
+                self.tmp = root / "tmp" / f"run-{self.id}"
+                self.tmp.mkdir(parents=True)
+        except OSError as exc:
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            raise write_failure(root, exc, "(starting a run)") from None
+        self.swept = sweep_dead_runs(root)
+
+    def close(self) -> None:
+        """Remove the work dirs, then the lock file."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        _unlink_and_release(self._lock)
+
+
+def _dead(lock_path: Path) -> Optional[Any]:
+    """The acquired lock if nobody holds `lock_path` (its run is dead or finished), else None."""
+    lock = _file_lock(lock_path)
+    return lock if _try_acquire(lock) else None
+
+
+def sweep_dead_runs(root: Path) -> list[Path]:
+    """Remove tmp/run-<id>/ of every run whose lock is free (a crashed run); returns what was removed."""
+    removed = []
+    tmp = root / "tmp"
+    for folder in sorted(tmp.glob("run-*")) if tmp.is_dir() else []:
+        lock = _dead(root / "locks" / f"{folder.name}.lock")
+        if lock is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            _unlink_and_release(lock)
+            removed.append(folder)
+    return removed
+
+
+def _unlink_and_release(lock: Any) -> None:
+    """Unlink while still holding: a waiter that opened the old file finds it unlinked and starts over."""
+    with contextlib.suppress(OSError):
+        os.unlink(lock.lock_file)
+    lock.release()
+
+
+@contextlib.contextmanager
+def exclusive_store(root: Path) -> Iterator[None]:
+    """For gc: while held no run can start, and it is refused (StoreBusy) while any run is alive."""
+    locks = root / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    gate = _file_lock(locks / "gc.lock")
+    if not _try_acquire(gate):
+        raise StoreBusy(f"another `trtflow cache gc` is using the store {root}; try again when it finishes")
+    try:
+        live = [path for path in sorted(locks.glob("run-*.lock")) if not _release_if_dead(path)]
+        if live:
+            raise StoreBusy(f"{len(live)} trtflow run(s) are using the store {root}; run gc again when they finish")
+        yield
+    finally:
+        gate.release()
+
+
+def _release_if_dead(lock_path: Path) -> bool:
+    """Remove the lock file if nobody holds it; False if somebody does."""
+    lock = _dead(lock_path)
+    if lock is not None:
+        _unlink_and_release(lock)
+    return lock is not None
+
+
+def remove_free_lock_files(root: Path) -> list[Path]:
+    """Delete the key lock files nobody holds (gc, under `exclusive_store` only); returns them."""
+    locks = root / "locks"
+    found = []
+    for path in sorted(locks.glob("*.lock")) if locks.is_dir() else []:
+        if path.name != "gc.lock" and not path.name.startswith("run-") and _release_if_dead(path):
+            found.append(path)
+    return found
+
+
+def run_is_live(root: Path, name: str) -> bool:
+    """Whether the run owning tmp/<name> still holds its lock (entries that are not run dirs are never live)."""
+    lock_path = root / "locks" / f"{name}.lock"
+    if not name.startswith("run-") or not lock_path.exists():  # a live run creates its lock before its dir
+        return False
+    lock = _dead(lock_path)
+    if lock is None:
+        return True
+    lock.release()
+    return False
