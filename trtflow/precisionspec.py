@@ -6,9 +6,9 @@ the declared data; every reduced-precision model is then compared with fp32 agai
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtflow.schemabase import Dim, FieldError, StrictModel
 
@@ -35,6 +35,16 @@ class ImageSet(StrictModel):
     dtype: Literal["float32", "float16", "uint8"] = "float32"  # uint8: raw pixels, no scaling
     color: Literal["RGB", "BGR", "L"] = "RGB"
     batch: int = Field(default=1, ge=1, le=4096)  # images per calibration batch
+
+    @field_validator("resize", "crop", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        """One message for both spellings (pydantic would report each branch of the union)."""
+        def dim(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 2**31 - 1
+        if value is None or dim(value) or (isinstance(value, list) and len(value) == 2 and all(dim(v) for v in value)):
+            return value
+        raise ValueError(f"{value!r} is neither a positive integer (the shorter side) nor [height, width]")
 
     @model_validator(mode="after")
     def _normalization(self) -> "ImageSet":

@@ -15,7 +15,6 @@ import concurrent.futures as futures
 import errno
 import multiprocessing
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -236,7 +235,7 @@ class Runner:
             self._drop_pool()
         try:
             if "error" in result:
-                self._raise_if_store_full(job, result["error"])
+                self._raise_if_store_full(job, result.get("errno"))
                 self._settle(NodeState(job.node, FAILED, result["error"], key=job.key, seconds=seconds, detail=result.get("detail", "")))
                 return
             outputs = {name: self.store.add_object(Path(path)) for name, path in result["files"].items()}
@@ -251,11 +250,9 @@ class Runner:
             self.keys.release(job.key)
             shutil.rmtree(job.workdir, ignore_errors=True)
 
-    def _raise_if_store_full(self, job: _Running, error: str) -> None:
+    def _raise_if_store_full(self, job: _Running, code: Optional[int]) -> None:
         """A stage that could not write its output fails the run with one line, not every stage after it."""
-        found = re.search(r"\[Errno (\d+)\]", error)
-        if found and int(found.group(1)) in STORE_FULL_ERRNOS:
-            code = int(found.group(1))
+        if code in STORE_FULL_ERRNOS:
             raise write_failure(self.store.root, OSError(code, os.strerror(code)), f"({job.node.id} writing its output)")
 
     def _finish(self, state: NodeState, record: dict) -> None:

@@ -55,5 +55,14 @@ def execute(kind: str, params: dict, inputs: dict[str, Upstream], workdir: Path)
     except TrtflowError as exc:
         return {"error": str(exc), "error_type": type(exc).__name__, "detail": traceback.format_exc()}
     except Exception as exc:  # a library failed inside the stage: report it as the stage's failure
-        return {"error": f"{type(exc).__name__}: {exc}", "error_type": "StageError", "detail": traceback.format_exc()}
+        return {"error": f"{type(exc).__name__}: {exc}", "error_type": "StageError", "detail": traceback.format_exc(), "errno": _errno(exc)}
     return {"files": {name: str(path) for name, path in output.files.items()}, "record": output.record}
+
+
+def _errno(exc: BaseException) -> Optional[int]:
+    """The OS error number behind a failure (a full disk must stop the run, not fail one stage after another)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno:
+            return exc.errno
+        exc = exc.__cause__ or exc.__context__
+    return None
