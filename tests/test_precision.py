@@ -4,6 +4,7 @@ and the acceptance run of the CLI (fp32 + fp16 + int8 on two targets, incrementa
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -302,3 +303,16 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
     assert [states[f"{kind}:tiny/fp16/rtx-ada"] for kind in ("build", "verify")] == ["cached", "built"]
     manifest = json.loads((root / "artifacts/packages/tiny/manifest.json").read_text())
     assert next(e for e in manifest["engines"] if e["precision"] == "fp16")["verification"]["precision_accuracy"]["samples"] == 2
+
+
+def test_frozen_rebuild_accepts_int8_engines_that_differ_only_in_kernel_names(tmp_path: Path) -> None:
+    """TensorRT-RTX names int8 kernels after memory addresses: the build must match the lock, its engine bytes need not."""
+    root = write_project(tmp_path / "proj", {"tiny": ACCEPTANCE.replace("[fp32, fp16, int8]", "[int8]").replace("[rtx-ampere, rtx-ada]", "[rtx-ada]")})
+    _calibration_files(root, 6, {"input": (4, 3, 32, 32)})
+    assert set(_run(root).values()) == {"built"}
+    shutil.rmtree(root / "artifacts")
+    result = trtflow(root, "run", "--frozen", "--json")
+    assert result.code == 0, result.out + result.err
+    assert {node["status"] for node in json.loads(result.out)["nodes"]} == {"built"}
+    lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
+    assert lock["precision:tiny/int8"]["outputs"]["model"]  # the quantized ONNX itself is reproducible: it matched the lock

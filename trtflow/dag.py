@@ -245,8 +245,13 @@ def _build_node(recipe: str, precision: str, target: str, spec: TargetSpec, item
             "version_compatible": spec.version_compatible,
         },
         deps=(Dep("model", model_node, "model"),),
-        info={"target": target, "precision": precision},
+        info={"target": target, "precision": precision, "bit_reproducible": precision not in UNREPRODUCIBLE_ENGINE_PRECISIONS},
     )
+
+
+# TensorRT-RTX 1.7 gives Q/DQ (int8/fp8) engines kernel names taken from memory addresses: two builds of
+# the same ONNX differ in a few bytes (measured; fp32/fp16/bf16 engines are byte-identical).
+UNREPRODUCIBLE_ENGINE_PRECISIONS = ("int8", "fp8")
 
 
 def _verify_node(build: Node, item: RecipeFile, cleanup_id: str) -> Node:

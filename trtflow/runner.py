@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from trtflow.archive import extract_tar, replace_dir_atomically
 from trtflow.dag import Dag, Node
 from trtflow.hashing import stage_key
+from trtflow.lockfile import LockEntry
 from trtflow.plan import BUILT, CACHED, FAILED, SKIPPED, NodeState, Resolver
 from trtflow.stages import Upstream, execute
 from trtflow.stages.modelfile import FILE_NAMES, companions
@@ -63,7 +64,7 @@ class Runner:
     """Runs one DAG against one store; `run()` returns the final state of every node."""
 
     def __init__(self, dag: Dag, store: Store, resolver: Resolver, packages_dir: Path, options: RunOptions,
-                 listener: Optional[Listener] = None, expected_keys: Optional[dict[str, str]] = None,
+                 listener: Optional[Listener] = None, expected_keys: Optional[dict[str, LockEntry]] = None,
                  planned: Optional[dict[str, NodeState]] = None, remote: Optional["Remote"] = None,
                  workroot: Optional[Path] = None):
         self.dag, self.store, self.resolver = dag, store, resolver
@@ -132,10 +133,24 @@ class Runner:
         if self.expected_keys is None:
             return False
         key = stage_key(self.resolver.components(node, self.finished))
-        if key == self.expected_keys.get(node.id):
+        locked = self.expected_keys[node.id].key
+        if key == locked or self._locked_key_through_unreproducible(node) == locked:
             return False
         self._settle(NodeState(node, FAILED, "key differs from trtflow.lock: an upstream stage produced different bytes", key=key))
         return True
+
+    def _locked_key_through_unreproducible(self, node: Node) -> Optional[str]:
+        """The node's key with the lock's outputs standing in for upstream builds whose bytes are not reproducible.
+
+        TensorRT-RTX 1.7 names int8/fp8 kernels after memory addresses, so those engines differ from build to
+        build even from identical inputs (measured). The build itself must still match the lock; what consumes
+        its engine may differ from the lock through that engine alone.
+        """
+        unreproducible = [d.node for d in node.deps if not self.dag.nodes[d.node].info.get("bit_reproducible", True)]
+        if not unreproducible:
+            return None
+        standing_in = {**self.finished, **{n: {"outputs": self.expected_keys[n].outputs} for n in unreproducible}}
+        return stage_key(self.resolver.components(node, standing_in))
 
     def _use_cached(self, node: Node) -> bool:
         planned = self.planned.get(node.id)

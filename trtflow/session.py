@@ -64,15 +64,15 @@ class Session:
     def lock_path(self) -> Path:
         return self.project.root / LOCK_FILE
 
-    def frozen_keys(self) -> dict[str, str]:
-        """The lock's key per node, after checking the plan matches it (ProjectError naming each change)."""
+    def frozen_keys(self) -> dict[str, LockEntry]:
+        """The lock's entry per node, after checking the plan matches it (ProjectError naming each change)."""
         lock = read_lock(self.lock_path)
         if lock is None:
             raise ProjectError(f"{LOCK_FILE}: not found; --frozen needs one: run `trtflow run` once and commit {LOCK_FILE}")
         changes = frozen_differences(self.dag, self.resolver, lock, self.all_node_ids)
         if changes:
             raise ProjectError(f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n" + "\n".join(f"  {line}" for line in changes))
-        return {node.id: lock[node.id].key for node in self.dag}
+        return {node.id: lock[node.id] for node in self.dag}
 
     def run(self, options: RunOptions, listener: Optional[Listener] = None) -> dict[str, NodeState]:
         """Plan, pre-check the models that will be read, then execute what is not cached; update the lock."""
