@@ -153,7 +153,8 @@ def test_torch_sources_export_clean_and_build(torch_project: Path) -> None:
         assert export["exporter"] == "torch.onnx.export(dynamo=True)" and export["torch_equality"]["passed"]
         assert len(engine_digests(torch_project, recipe)) == 1
     conv = record(torch_project, "cleanup:conv")
-    assert conv["before"]["nodes"] > conv["after"]["nodes"] and conv["equality"]["passed"]  # BatchNorm folded, Dropout gone
+    assert conv["before"]["nodes"] > conv["after"]["nodes"] and conv["equality"]["passed"]
+    assert conv["before"]["ops"]["BatchNormalization"] == 2 and not {"BatchNormalization", "Identity", "Dropout"} & set(conv["after"]["ops"])
     assert record(torch_project, "export:conv")["dynamic"] == {"image": {"0": [1, 8]}}
     manifest = json.loads((torch_project / "artifacts/packages/lstm/manifest.json").read_text())
     assert [(t["name"], t["shape"]) for t in manifest["engines"][0]["tensors"]] == [("sequence", [1, 50, 128]), ("features", [1, 50, 256])]
@@ -206,6 +207,8 @@ TORCH_RECIPE_CASES = [
     pytest.param(torch_recipe(extra="    kwargs: {since: 2024-01-01}\n"), "recipes/bad.yaml:5: source.torch.kwargs", "kwargs must be plain values", id="kwargs-not-plain"),
     pytest.param(torch_recipe(profile_input="img"), "recipes/bad.yaml:7: profiles[0].inputs.img", "the model has no input 'img' (source.torch.inputs: image)", id="profile-names-unknown-input"),
     pytest.param(torch_recipe(inputs="[{name: image, shape: [4, 3, 32]}]"), "recipes/bad.yaml:7: profiles[0].inputs.image.min", "rank 4 but source.torch.inputs gives 'image' rank 3", id="rank-differs"),
+    pytest.param(torch_recipe(inputs="[{name: image, shape: [16, 3, 32, 32]}]"), "recipes/bad.yaml:4: source.torch.inputs[0].shape",
+                 "[16, 3, 32, 32] is outside the profiles' range for 'image': [1, 3, 32, 32]..[8, 3, 32, 32]", id="shape-outside-profiles"),
     pytest.param(torch_recipe(inputs="[{name: image}, {name: mask}]"), "recipes/bad.yaml:4: source.torch.inputs[1]", "input 'mask' needs a shape", id="input-without-shape"),
     pytest.param(torch_recipe(extra="    onnx: models/tiny_cnn.onnx\n").replace("  torch:\n", "  onnx: models/tiny_cnn.onnx\n  torch:\n").replace("    onnx: models/tiny_cnn.onnx\n", ""),
                  "recipes/bad.yaml:3: source.torch", "give either onnx: or torch:, not both", id="onnx-and-torch"),

@@ -81,9 +81,7 @@ class Resolver:
         try:
             found = self.digests.digest_with_companions(path, external_data_locations)
         except (OSError, ValueError) as exc:
-            missing = isinstance(exc, FileNotFoundError) and exc.filename
-            problem = f"external data file {os.path.relpath(exc.filename, path.parent)} not found beside {path.name}" if missing else str(exc)
-            raise ProjectError(f"{node.info.get('where', node.id)}: {problem}") from None
+            raise ProjectError(f"{node.info.get('where', node.id)}: {_source_problem(exc, Path(path))}") from None
         return {(f"{role}.data:{name}" if name else role): digest for name, digest in found.items()}
 
     def cached_record(self, key: str) -> Optional[dict]:
@@ -105,6 +103,15 @@ class Resolver:
             changes = [f"upstream {', '.join(waiting_on)} will run first"] if waiting_on else ["output missing from the store"]
         reason = changes[0] + (f" (+{len(changes) - 1} more)" if len(changes) > 1 else "")
         return NodeState(node, STALE, reason, key=key, components=components, changes=changes)
+
+
+def _source_problem(exc: Exception, model: Path) -> str:
+    """What went wrong reading a source model or the weights files beside it, in the words modelcheck uses."""
+    if not isinstance(exc, FileNotFoundError) or not exc.filename:
+        return str(exc)
+    if Path(exc.filename) == Path(os.path.abspath(model)):
+        return f"model file not found: {model.name}"
+    return f"external data file {os.path.relpath(exc.filename, model.parent)} not found beside {model.name}"
 
 
 def plan(dag: Dag, resolver: Resolver, force: bool = False) -> dict[str, NodeState]:

@@ -419,6 +419,7 @@ def _check_torch_source(item: RecipeFile, root: Path) -> None:
         if spec.shape is None and spec.name not in profiled:
             raise ProjectError(f"{item.where('source', 'torch', 'inputs', index)}: input {spec.name!r} needs a shape: "
                                "give shape: [...] or its min/opt/max in the profiles")
+        _check_torch_example(item, index, spec)
 
 
 def _check_torch_rank(item: RecipeFile, loc: tuple, spec: TorchInput, shape: InputShape) -> None:
@@ -426,6 +427,17 @@ def _check_torch_rank(item: RecipeFile, loc: tuple, spec: TorchInput, shape: Inp
         field = "shape" if shape.shape is not None else "min"
         raise ProjectError(f"{item.where(*loc, field)}: rank {len(shape.triple()[0])} but source.torch.inputs "
                            f"gives {spec.name!r} rank {len(spec.shape)}")
+
+
+def _check_torch_example(item: RecipeFile, index: int, spec: TorchInput) -> None:
+    """A declared example shape lies within the range the profiles span (the range the export makes dynamic)."""
+    shapes = [s for p in item.recipe.profiles if spec.name in p.inputs for s in p.inputs[spec.name].triple()]
+    if spec.shape is None or not shapes:
+        return
+    low, high = [min(dims) for dims in zip(*shapes)], [max(dims) for dims in zip(*shapes)]
+    if not all(a <= s <= b for a, s, b in zip(low, spec.shape, high)):
+        raise ProjectError(f"{item.where('source', 'torch', 'inputs', index, 'shape')}: {spec.shape} is outside the "
+                           f"profiles' range for {spec.name!r}: {low}..{high}")
 
 
 def _check_unique_names(recipes: tuple[RecipeFile, ...]) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from typing import Iterator
 
 KEEP_LINES = 40
+ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")  # colours some libraries write even when not on a terminal
 
 
 @contextlib.contextmanager
@@ -37,5 +39,5 @@ def captured_output() -> Iterator[list[str]]:
             os.close(saved[0])
             os.close(saved[1])
             sink.seek(0)
-            text = sink.read().decode("utf-8", errors="replace")
+            text = ANSI_ESCAPES.sub("", sink.read().decode("utf-8", errors="replace"))
             lines.extend([line.rstrip() for line in text.splitlines() if line.strip()][-KEEP_LINES:])

@@ -16,6 +16,7 @@ fails the stage, naming it.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +124,11 @@ def _perturb_one_weight(onnx: Any, model: Any) -> None:
 
 
 def model_summary(model: Any) -> dict:
-    """Counts and I/O of a model, recorded before and after cleanup."""
+    """Node counts (in all and per op type) and I/O of a model, recorded before and after cleanup."""
     initializers = {init.name for init in model.graph.initializer}
     return {
         "nodes": len(model.graph.node),
+        "ops": dict(sorted(Counter(node.op_type for node in model.graph.node).items())),
         "ir_version": model.ir_version,
         "opsets": {entry.domain or "ai.onnx": entry.version for entry in model.opset_import},
         "inputs": [_value_info(v) for v in model.graph.input if v.name not in initializers],

@@ -33,7 +33,7 @@ from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
 from trtflow.pymodule import import_root
 from trtflow.stages import StageOutput, Upstream, compare
-from trtflow.stages.capture import captured_output
+from trtflow.stages.capture import ANSI_ESCAPES, captured_output
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
 
 EXPORTER = "torch.onnx.export(dynamo=True)"
@@ -42,6 +42,7 @@ STRIPPED_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     torch = import_or_explain("torch", "torch")
+    import_or_explain("onnxscript", "torch", "torch's dynamo exporter writes ONNX with it")
     with _user_code(params["factory"], inputs["factory"].files["factory"]):
         with captured_output() as log, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -161,7 +162,7 @@ def _export(torch: Any, model: Any, examples: list[Any], params: dict) -> Any:
 
 def export_failure(exc: BaseException) -> str:
     """One line from the exporter's multi-page error: its exception summary, naming the recipe field at fault."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    text = ANSI_ESCAPES.sub("", str(exc))
     summary = text.split("## Exception summary", 1)[-1]
     causes = re.findall(r"<class '([\w.]+)'>: (.*?)(?=\n⬆️|\n\n|\n\(Refer|$)", summary, flags=re.S)
     name, message = (causes[0][0].rsplit(".", 1)[-1], causes[0][1]) if causes else (type(exc).__name__, text)
