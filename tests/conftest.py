@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -80,3 +81,17 @@ def write_project(root: Path, recipes: dict[str, str] | None = None, pipeline: s
 def project(tmp_path: Path) -> Path:
     """A fresh project: one recipe (tiny_cnn, fp32) and two TensorRT-RTX targets (sm_86, sm_89)."""
     return write_project(tmp_path / "proj")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `project` fixture's project, built once per test module (tests that change it take `built_project`)."""
+    root = write_project(tmp_path_factory.mktemp("built") / "proj")
+    assert trtflow(root, "run").code == 0
+    return root
+
+
+@pytest.fixture
+def built_project(built: Path, tmp_path: Path) -> Path:
+    """A copy of the built project, store included."""
+    return Path(shutil.copytree(built, tmp_path / "proj", symlinks=True))

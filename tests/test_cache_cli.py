@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,17 +17,9 @@ from trtflow.storelock import RunLease
 STORE = Path("artifacts/store")
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = write_project(tmp_path_factory.mktemp("built") / "proj")
-    assert trtflow(root, "run").code == 0
-    return root
-
-
 @pytest.fixture
-def project(built: Path, tmp_path: Path) -> Path:
-    """A copy of a built project, store included."""
-    return Path(shutil.copytree(built, tmp_path / "proj", symlinks=True))
+def project(built_project: Path) -> Path:
+    return built_project
 
 
 def cli_json(root: Path, *args: str) -> dict:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import trtflow, write_project
+from conftest import trtflow
 
 from trtflow.store import RUN_HISTORY, ObjectMismatch, Store
 
@@ -90,17 +89,9 @@ def test_run_history_skips_repeats_and_stays_bounded(tmp_path: Path) -> None:
 # end to end ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = write_project(tmp_path_factory.mktemp("built") / "proj")
-    assert trtflow(root, "run").code == 0
-    return root
-
-
 @pytest.fixture
-def project(built: Path, tmp_path: Path) -> Path:
-    """A copy of a built project, store included."""
-    return Path(shutil.copytree(built, tmp_path / "proj", symlinks=True))
+def project(built_project: Path) -> Path:
+    return built_project
 
 
 def engine(root: Path) -> tuple[str, Path]:

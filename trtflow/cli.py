@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import click
 
@@ -185,13 +185,9 @@ def cache_ls(ctx: Context, as_json: bool) -> None:
     """Records and bytes per recipe and stage, how many of them trtflow.lock uses, and store totals."""
     from trtflow import housekeeping
 
-    project, store = ctx.store()
-    if store is None:
-        return _no_store(project.store_dir, as_json)
-    try:
-        info = housekeeping.usage(store, housekeeping.lock_keys(project.root))
-    finally:
-        store.close()
+    info = _on_store(ctx, as_json, lambda project, store: housekeeping.usage(store, housekeeping.lock_keys(project.root)))
+    if info is None:
+        return
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -210,13 +206,9 @@ def cache_verify(ctx: Context, as_json: bool) -> None:
     """Re-hash every object; name corrupt ones (exit 1) and move them aside so the next run rebuilds them."""
     from trtflow import housekeeping
 
-    project, store = ctx.store()
-    if store is None:
-        return _no_store(project.store_dir, as_json)
-    try:
-        report = housekeeping.verify(store)
-    finally:
-        store.close()
+    report = _on_store(ctx, as_json, lambda project, store: housekeeping.verify(store))
+    if report is None:
+        return
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -246,14 +238,13 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
     """Delete what trtflow.lock, the current packages (and --keep-last N runs) do not use. A dry run without --yes."""
     from trtflow import housekeeping
 
-    project, store = ctx.store()
-    if store is None:
-        return _no_store(project.store_dir, as_json)
-    try:
+    def sweep(project, store) -> dict:
         keep = housekeeping.live_keys(store, project.root, project.packages_dir, keep_last)
-        report = housekeeping.collect_garbage(store, keep) if yes else housekeeping.garbage(store, keep)
-    finally:
-        store.close()
+        return housekeeping.collect_garbage(store, keep) if yes else housekeeping.garbage(store, keep)
+
+    report = _on_store(ctx, as_json, sweep)
+    if report is None:
+        return
     report["dry_run"] = not yes
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -266,6 +257,18 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
     click.echo(f"kept {report['kept_records']} records, {report['kept_objects']} objects ({_size(report['kept_bytes'])}): what {kept}")
     if not yes:
         click.echo("dry run: pass --yes to delete")
+
+
+def _on_store(ctx: Context, as_json: bool, work: Callable[[Any, Any], dict]) -> Optional[dict]:
+    """`work(project, store)` on the project's store, closed afterwards; None (said to the user) if nothing has run yet."""
+    project, store = ctx.store()
+    if store is None:
+        _no_store(project.store_dir, as_json)
+        return None
+    try:
+        return work(project, store)
+    finally:
+        store.close()
 
 
 def _no_store(path: Path, as_json: bool) -> None:
