@@ -81,3 +81,10 @@ def test_every_packaged_engine_records_what_verification_ran(project: Path) -> N
         assert check["cleanup_equality"]["passed"] and check["cleanup_equality"]["samples"] == 6
         assert check["engine_checks"] == {"io_names_and_dtypes": "pass", "profile_shapes": "pass", "problems": []}
         assert check["engine_run"]["status"].startswith("not run (no GPU")
+
+
+def test_inspect_shows_the_evidence_behind_each_engine(built: Path) -> None:
+    shown = trtflow(built, "inspect", str(built / "artifacts/packages/tiny"))
+    assert shown.code == 0
+    assert shown.out.count("cleanup == source: passed (max abs error") == 2
+    assert shown.out.count("engine run: not run (no GPU") == 2

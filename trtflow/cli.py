@@ -343,6 +343,29 @@ def _print_manifest(path: str, manifest: dict) -> None:
         for tensor in engine["tensors"]:
             ranges = "; ".join(f"{p['min']}..{p['max']} opt {p['opt']}" for p in tensor["profiles"])
             click.echo(f"    {tensor['mode']:<6} {tensor['name']} {tensor['dtype']} {tensor['shape']}" + (f"  profiles: {ranges}" if ranges else ""))
+        for line in _evidence_lines(engine):
+            click.echo(f"    {line}")
+
+
+def _evidence_lines(engine: dict) -> list[str]:
+    """What stands behind an engine: calibration, the ONNX Runtime proofs, and whether the engine itself ran."""
+    lines = []
+    calibration = engine.get("calibration")
+    if calibration:
+        data = "random inputs" if calibration.get("random") else f"data sha256 {str(calibration.get('data_digest'))[:16]}"
+        lines.append(f"calibration: {calibration.get('method')}, {calibration.get('samples')} samples, {data}")
+    check = engine.get("verification") or {}
+    if check.get("cleanup_equality"):
+        proof = check["cleanup_equality"]
+        worst = max((o["max_abs_error"] or 0.0 for o in proof["outputs"]), default=0.0)
+        lines.append(f"cleanup == source: {'passed' if proof['passed'] else 'FAILED'} (max abs error {worst:.3g}, {proof['samples']} samples)")
+    accuracy = check.get("precision_accuracy")
+    if accuracy:
+        cosine = min((o.get("cosine_similarity") or 0.0 for o in accuracy.get("outputs", [])), default=0.0)
+        lines.append(f"{engine['precision']} vs fp32: {'passed' if accuracy.get('passed') else 'FAILED'} (min cosine {cosine:.8f}, {accuracy.get('samples')} samples)")
+    if check.get("engine_run"):
+        lines.append(f"engine run: {check['engine_run']['status']}")
+    return lines
 
 
 def _print_engine(info: dict) -> None:
