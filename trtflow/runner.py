@@ -28,7 +28,7 @@ from trtflow.hashing import stage_key
 from trtflow.lockfile import LockEntry
 from trtflow.plan import BUILT, CACHED, FAILED, SKIPPED, NodeState, Resolver
 from trtflow.stages import Upstream, execute
-from trtflow.stages.modelfile import FILE_NAMES, companions
+from trtflow.stages.modelfile import companions, place_side_by_side
 from trtflow.store import Store, write_failure
 from trtflow.storelock import KeyLocks, holding
 
@@ -122,7 +122,7 @@ class Runner:
                 self._settle(NodeState(node, SKIPPED, f"upstream {blocked[0]} failed or was skipped"))
             elif any(d.node not in self.finished for d in node.deps) or len(running) >= self.options.jobs:
                 still.append(node)
-            elif not self._off_lock(node) and not self._use_cached(node) and not self._claim(node, running):
+            elif not self._off_lock(node) and not self._use_planned(node) and not self._resolve(node, running):
                 still.append(node)
         still.extend(self._reopened)
         self._reopened = []
@@ -152,23 +152,26 @@ class Runner:
         standing_in = {**self.finished, **{n: {"outputs": self.expected_keys[n].outputs} for n in unreproducible}}
         return stage_key(self.resolver.components(node, standing_in))
 
-    def _use_cached(self, node: Node) -> bool:
+    def _use_planned(self, node: Node) -> bool:
+        """A node planning found cached is finished without resolving it again."""
         planned = self.planned.get(node.id)
-        if planned is not None and planned.status == CACHED and not self.options.force:
-            self._finish(NodeState(node, CACHED, key=planned.key, components=planned.components), planned.record)
-            return True
+        if planned is None or planned.status != CACHED or self.options.force:
+            return False
+        self._finish(NodeState(node, CACHED, key=planned.key, components=planned.components), planned.record)
+        return True
+
+    def _resolve(self, node: Node, running: dict) -> bool:
+        """Key the node once its upstreams are done: use a cached record, or claim and start it; False: wait."""
         components = self.resolver.components(node, self.finished)
         key = stage_key(components)
         record = None if self.options.force else self.resolver.cached_record(key)
-        if record is None:
-            return False
-        self._finish(NodeState(node, CACHED, key=key, components=components), record)
-        return True
+        if record is not None:
+            self._finish(NodeState(node, CACHED, key=key, components=components), record)
+            return True
+        return self._claim(node, components, key, running)
 
-    def _claim(self, node: Node, running: dict) -> bool:
+    def _claim(self, node: Node, components: dict, key: str, running: dict) -> bool:
         """Start `node` holding its key's lock, or use what was made meanwhile; False: wait (key busy, input corrupt)."""
-        components = self.resolver.components(node, self.finished)
-        key = stage_key(components)
         if not self.keys.claim(key):
             self._lock_waits += 1
             if node.id not in self._waited:
@@ -183,7 +186,7 @@ class Runner:
             self.keys.release(key)
             self._finish(NodeState(node, CACHED, reason, key=key, components=components), record)
             return True
-        future, job = self._start(node)
+        future, job = self._start(node, components)
         running[future] = job
         return True
 
@@ -221,8 +224,7 @@ class Runner:
             self.warnings.append(message)
             self.listener("warning", message)
 
-    def _start(self, node: Node) -> tuple[futures.Future, _Running]:
-        components = self.resolver.components(node, self.finished)
+    def _start(self, node: Node, components: dict) -> tuple[futures.Future, _Running]:
         state = self.resolver.stale_state(node, components, self.options.force, [])
         self.listener("start", state)
         workdir = Path(tempfile.mkdtemp(dir=self.workroot, prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
@@ -291,19 +293,6 @@ class Runner:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-
-
-def place_side_by_side(files: dict[str, Path], output: str, folder: Path) -> dict[str, Path]:
-    """Link an output and its companions (a model's external data) into one folder under the names the graph expects."""
-    folder.mkdir(parents=True, exist_ok=True)
-    placed = {}
-    for name in (output, *companions(files, output)):
-        placed[name] = folder / FILE_NAMES.get(name, name)
-        try:
-            os.link(files[name], placed[name])
-        except OSError:  # another filesystem: a copy is slower but correct
-            shutil.copyfile(files[name], placed[name])
-    return placed
 
 
 def checkout_package(store: Store, digest: str, packages_dir: Path, recipe: str, resolver: Resolver) -> bool:

@@ -24,9 +24,9 @@ BF16_EMULATION = " (bf16 emulated: bf16 values, fp32 arithmetic)"
 def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, data: str) -> dict:
     """Run both models over `feeds` and compare every output; `candidate` is an onnx ModelProto."""
     runnable, emulated = ort_runnable(candidate)
-    cand = _session(runnable)
+    cand = compare.session(runnable.SerializeToString())
     ref = compare.session(reference)
-    rows = [_per_feed(got, want) for got, want in zip(_run(cand, feeds), _run(ref, feeds))]
+    rows = [_per_feed(got, want) for got, want in zip(compare.run_all(cand, feeds), compare.run_all(ref, feeds))]
     outputs = [_judge(_fold(name, [r[name] for r in rows]), tolerance) for name in rows[0]] if rows else []
     return {"runtime": compare.RUNTIME + (BF16_EMULATION if emulated else ""), "reference": "fp32 model (cleanup output)",
             "data": data, "samples": len(feeds), "tolerance": tolerance, "outputs": outputs,
@@ -45,22 +45,6 @@ def failure_message(precision: str, accuracy: dict) -> str:
 
 def _short(value: float) -> str:
     return f"{value:.6g}"
-
-
-def _session(model: Any) -> Any:
-    ort = compare.onnxruntime()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def _run(session: Any, feeds: list[dict]) -> list[dict]:
-    """Outputs by name per feed, each input cast to the dtype the session declares (an fp16-I/O model takes fp16)."""
-    names = compare.output_names(session)
-    inputs = [(i.name, compare.ORT_DTYPES.get(i.type, "float32")) for i in session.get_inputs()]
-    return [dict(zip(names, session.run(None, {name: np.asarray(feed[name]).astype(dtype, copy=False) for name, dtype in inputs})))
-            for feed in feeds]
 
 
 def _per_feed(got: dict, want: dict) -> dict:

@@ -32,13 +32,13 @@ def onnxruntime() -> Any:
     return import_or_explain("onnxruntime", "verify")
 
 
-def session(path: Path) -> Any:
-    """A CPU session on one core: comparisons run beside parallel builds."""
+def session(model: Path | bytes) -> Any:
+    """A CPU session on one core (comparisons run beside parallel builds), from a file or a serialized model."""
     ort = onnxruntime()
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=["CPUExecutionProvider"])
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,11 @@ def output_names(sess: Any) -> list[str]:
 
 
 def run_all(sess: Any, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    """Outputs by name for each feed; a feed holding inputs the model lacks passes only what it declares."""
+    """Outputs by name for each feed. Only the inputs the model declares are passed, each cast to the dtype it
+    declares (an fp16-I/O model takes fp16 from the same fp32 feeds)."""
     names = output_names(sess)
-    wanted = [i.name for i in sess.get_inputs()]
-    return [dict(zip(names, sess.run(None, {k: feed[k] for k in wanted}))) for feed in feeds]
+    wanted = [(i.name, ORT_DTYPES.get(i.type, "float32")) for i in sess.get_inputs()]
+    return [dict(zip(names, sess.run(None, {k: np.asarray(feed[k]).astype(dtype, copy=False) for k, dtype in wanted}))) for feed in feeds]
 
 
 def sample_feeds(sess: Any, profiles: list[dict], samples: int, seed: int) -> list[dict[str, np.ndarray]]:

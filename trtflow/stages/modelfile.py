@@ -13,6 +13,8 @@ no graph pass at all, only by the runtimes that execute it.
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Iterator
@@ -182,6 +184,20 @@ def _graph_tensors(graph: Any) -> Iterator[Any]:
 def weight_bytes(model: Any) -> int:
     """Bytes of initializer data held in the graph itself (external tensors count 0)."""
     return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def place_side_by_side(files: dict[str, Path], output: str, folder: Path) -> dict[str, Path]:
+    """Hard-link an output and its companions (a model's external data) into one folder under the names the graph
+    expects; a link costs nothing for a multi-GB model (the store is one filesystem), a copy is the fallback."""
+    folder.mkdir(parents=True, exist_ok=True)
+    placed = {}
+    for name in (output, *companions(files, output)):
+        placed[name] = folder / FILE_NAMES.get(name, name)
+        try:
+            os.link(files[name], placed[name])
+        except OSError:  # another filesystem: slower but correct
+            shutil.copyfile(files[name], placed[name])
+    return placed
 
 
 def companions(outputs: dict[str, Any], output: str) -> dict[str, Any]:

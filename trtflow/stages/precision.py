@@ -12,8 +12,6 @@ no files are declared; out of the precision's tolerance fails the stage unless `
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,7 +19,7 @@ from trtflow import calibration
 from trtflow.errors import StageError, TrtflowError
 from trtflow.precisionspec import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS
 from trtflow.stages import StageOutput, Upstream, compare, tool_version
-from trtflow.stages.modelfile import FILE_NAMES, MODEL_DATA, companions, save_model
+from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, place_side_by_side, save_model
 
 def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     precision = params["precision"]
@@ -133,17 +131,4 @@ def _failure_message(precision: str, result: dict) -> str:
 
 
 def _pass_through(model: Upstream, workdir: Path) -> dict[str, Path]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for name in ("model", *companions(model.files, "model")):
-        files[name] = workdir / FILE_NAMES.get(name, name)
-        _link_or_copy(model.files[name], files[name])
-    return files
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    """A hard link costs nothing for a multi-GB model (the store is one filesystem); copy where links fail."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
+    return place_side_by_side(model.files, MODEL, workdir)
