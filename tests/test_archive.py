@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trtflow.archive import UnsafeArchive, extract_tar, write_reproducible_tar
+from trtflow.util.archive import UnsafeArchive, extract_tar, write_reproducible_tar
 
 
 def _folder(root: Path) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import trtflow, write_project
 
-from trtflow.storelock import RunLease
+from trtflow.store.locks import RunLease
 
 STORE = Path("artifacts/store")
 

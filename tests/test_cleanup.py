@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import trtflow, write_project
@@ -86,13 +87,28 @@ def test_changing_a_cleanup_option_is_explained_and_reruns_cleanup(tmp_path: Pat
     assert "options.tie_weights: True -> False" in trtflow(root, "plan", "--explain").out
 
 
-def test_a_broken_cleanup_is_caught_by_the_onnx_runtime_check(tmp_path: Path, monkeypatch) -> None:
+def test_a_broken_cleanup_is_caught_by_the_onnx_runtime_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cleanup's passes are made to perturb one weight (in this process); the equality proof must name the output."""
+    from trtflow.dag import dag_from_project
+    from trtflow.errors import StageError
+    from trtflow.recipe import load_project
+    from trtflow.stages import cleanup
+    from trtflow.stages.base import Upstream
+
     root = bn_project(tmp_path / "p", {"slim": RECIPE})
-    monkeypatch.setenv("TRTFLOW_TEST_BREAK_CLEANUP", "1")  # read by the cleanup stage only: perturbs one weight
-    result = trtflow(root, "run", "--json")
-    assert result.code == 1
-    cleanup = next(node for node in json.loads(result.out)["nodes"] if node["id"] == "cleanup:slim")
-    assert cleanup["status"] == "failed"
-    assert cleanup["reason"].startswith("the cleaned model differs from the source: onnx_compare out of tolerance (rtol 0.001, atol 0.0001): "
-                                        "first differing output logits max abs ")
-    assert not (root / "artifacts" / "packages" / "slim").exists()
+    node = dag_from_project(load_project(root)).nodes["cleanup:slim"]
+    clean = cleanup._clean
+
+    def broken(onnx_module, model, options):
+        model, passes = clean(onnx_module, model, options)
+        weight = next(t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and t.raw_data)
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + 0.5, weight.name))
+        return model, passes
+
+    monkeypatch.setattr(cleanup, "_clean", broken)
+    (tmp_path / "work").mkdir()
+    source = Upstream(files={"model": root / "models" / "bn.onnx"}, sha256={"model": "0" * 64})
+    with pytest.raises(StageError) as failure:
+        cleanup.run(node.params, {"model": source}, tmp_path / "work")
+    assert str(failure.value).startswith("the cleaned model differs from the source: onnx_compare out of tolerance (rtol 0.001, atol 0.0001): "
+                                         "first differing output logits max abs ")

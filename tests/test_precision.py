@@ -18,7 +18,7 @@ from trtflow.calibration import rank
 from trtflow.dag import dag_from_project
 from trtflow.errors import StageError
 from trtflow.recipe import load_project
-from trtflow.stages import Upstream
+from trtflow.stages.base import Upstream
 from trtflow.stages import precision as precision_stage
 
 CALIBRATION = "calibration:\n  data: calib/*.npz\n"  # line 13 onwards of test_bad_input.recipe()
@@ -90,7 +90,7 @@ def _run_node(root: Path, precision: str, tmp_path: Path) -> tuple[Path, dict]:
     inputs.update({role: Upstream(files={role: path}) for role, path in node.sources})
     workdir = tmp_path / f"work-{precision}-{len(list(tmp_path.glob('work-*')))}"
     workdir.mkdir()
-    output = precision_stage.run({**node.params, **node.fingerprint}, inputs, workdir)
+    output = precision_stage.run(node.params, inputs, workdir)
     return output.files["model"], output.record
 
 

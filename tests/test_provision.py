@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import trtflow, write_project
-from trtflow.archive import write_reproducible_tar
+from trtflow.util.archive import write_reproducible_tar
 from trtflow.manifest import BuilderOptions, Engine, Manifest, Source
 from trtflow.provision import EXACT, AMPERE_PLUS, BadRequest, Device, NoEngineFits, choose, device_from_options
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtflow.pymodule import ModuleNotFound, import_root, module_file, top_level_names
+from trtflow.recipe.pymodule import ModuleNotFound, import_root, module_file, top_level_names
 
 
 @pytest.fixture

@@ -105,7 +105,7 @@ def test_a_waiting_run_goes_on_once_the_lock_holder_is_killed(tmp_path: Path) ->
     session.close()
     locks = root / "artifacts" / "store" / "locks"
     locks.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from trtflow.storelock import KeyLocks;"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from trtflow.store.locks import KeyLocks;"
                                f"locks = KeyLocks(Path({str(locks)!r})); assert locks.claim({key!r}); print('held', flush=True); time.sleep(120)"],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -165,7 +165,7 @@ def test_kills_during_object_writes_and_index_updates_leave_no_half_object(tmp_p
         writer.send_signal(signal.SIGKILL)
         writer.wait()
     store = Store(root)
-    from trtflow.housekeeping import verify
+    from trtflow.store.housekeeping import verify
 
     report = verify(store)
     assert report["objects"] > 0 and report["corrupt"] == [] and report["missing"] == []

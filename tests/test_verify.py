@@ -11,7 +11,7 @@ import pytest
 
 from conftest import example_models, trtflow
 from trtflow.errors import StageError
-from trtflow.stages import Upstream
+from trtflow.stages.base import Upstream
 from trtflow.stages import compare, verify
 
 PROFILES = [{"input": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}]
@@ -19,9 +19,9 @@ TENSORS = [{"name": "input", "mode": "input", "dtype": "float32", "shape": [-1, 
            {"name": "logits", "mode": "output", "dtype": "float32", "shape": [-1, 10]}]
 
 
-def _params(on_fail: str = "fail") -> dict:
-    return {"profiles": PROFILES, "rtol": 1e-3, "atol": 1e-4, "samples": 3, "seed": 0, "on_fail": on_fail,
-            "backend": "tensorrt-rtx", "compute_capabilities": ["sm_86"], "hardware_compatibility": "none"}
+def _params(on_fail: str = "fail") -> verify.Params:
+    return verify.Params(profiles=PROFILES, rtol=1e-3, atol=1e-4, samples=3, seed=0, on_fail=on_fail, onnxruntime=None, local_gpus=[],
+                         backend="tensorrt-rtx", backend_version=None, compute_capabilities=["sm_86"], hardware_compatibility="none")
 
 
 def _save(tmp_path: Path, name: str, seed: int) -> Path:
@@ -31,7 +31,7 @@ def _save(tmp_path: Path, name: str, seed: int) -> Path:
 
 def _inputs(tmp_path: Path, tensors: list = TENSORS) -> dict:
     model = _save(tmp_path, "model.onnx", 0)
-    equality = compare.prove_equal(model, model, PROFILES, _params())
+    equality = compare.prove_equal(model, model, PROFILES, _params().model_dump())
     return {"reference": Upstream(files={"model": model}, record={"equality": equality}),
             "model": Upstream(files={"model": model}, record={"accuracy": None}),
             "engine": Upstream(files={"engine": tmp_path / "none.engine"}, record={"tensors": tensors})}
@@ -39,12 +39,12 @@ def _inputs(tmp_path: Path, tensors: list = TENSORS) -> dict:
 
 def test_equal_models_prove_equal(tmp_path: Path) -> None:
     model = _save(tmp_path, "a.onnx", 0)
-    proof = compare.prove_equal(model, _save(tmp_path, "b.onnx", 0), PROFILES, _params())
+    proof = compare.prove_equal(model, _save(tmp_path, "b.onnx", 0), PROFILES, _params().model_dump())
     assert proof["passed"] and proof["samples"] == 3 and proof["outputs"][0]["max_abs_error"] == 0.0
 
 
 def test_different_models_fail_naming_the_output(tmp_path: Path) -> None:
-    proof = compare.prove_equal(_save(tmp_path, "a.onnx", 0), _save(tmp_path, "b.onnx", 1), PROFILES, _params())
+    proof = compare.prove_equal(_save(tmp_path, "a.onnx", 0), _save(tmp_path, "b.onnx", 1), PROFILES, _params().model_dump())
     assert proof["passed"] is False and proof["outputs"][0]["max_abs_error"] > 1e-3
     assert compare.failure_message("onnx_compare", proof).startswith("onnx_compare out of tolerance (rtol 0.001, atol 0.0001): first differing output logits max abs")
 

@@ -32,8 +32,8 @@ from trtflow.errors import ProjectError, StageError
 if TYPE_CHECKING:
     import numpy as np
 
-    from trtflow.precisionspec import Calibration
-    from trtflow.recipe import RecipeFile
+    from trtflow.recipe.precision import Calibration
+    from trtflow.recipe.load import RecipeFile
 
 DATA_SUFFIXES = (".npy", ".npz")
 IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".png", ".ppm", ".tif", ".tiff", ".webp")
@@ -317,14 +317,6 @@ def _check_image_input(item: "RecipeFile", reading: dict, model_inputs: dict[str
 
 def model_input_types(path: Path) -> dict[str, dict]:
     """{input name: {"dtype": "float32", "dims": [None, 3, 32, 32]}} of an ONNX model (graph only)."""
-    import onnx
+    from trtflow.util.onnxio import model_io_of_file
 
-    model = onnx.load(path, load_external_data=False)
-    initializers = {init.name for init in model.graph.initializer}
-    found = {}
-    for value in model.graph.input:
-        if value.name not in initializers:
-            tensor = value.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim]
-            found[value.name] = {"dtype": onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name, "dims": dims}
-    return found
+    return {t.name: {"dtype": t.dtype, "dims": t.static_dims} for t in model_io_of_file(path).inputs}

@@ -10,6 +10,8 @@ import functools
 import shutil
 import subprocess
 
+from trtflow.util.cc import ComputeCapability
+
 
 @functools.lru_cache(maxsize=None)
 def local_compute_capabilities() -> tuple[str, ...]:
@@ -27,7 +29,7 @@ def query_compute_capabilities() -> tuple[str, ...]:
         return ()
     if result.returncode != 0:
         return ()
-    return tuple(sorted({"sm_" + line.strip().replace(".", "") for line in result.stdout.splitlines() if line.strip()}))
+    return tuple(sorted({ComputeCapability.parse(line) for line in result.stdout.splitlines() if line.strip()}))
 
 
 def no_gpu_reason() -> str:

@@ -11,6 +11,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
+
 SCHEMA_VERSION = 3  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy
 MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
@@ -34,11 +36,6 @@ class Tensor(_Model):
     dtype: str
     shape: list[int]
     profiles: list[ProfileShape] = []
-
-
-class BuilderOptions(_Model):
-    workspace_mib: Optional[int]
-    optimization_level: int
 
 
 class OutputError(_Model):

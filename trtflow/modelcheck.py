@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trtflow.errors import ProjectError
-from trtflow.pymodule import top_level_names
-from trtflow.recipe import RecipeFile
+from trtflow.recipe.pymodule import top_level_names
+from trtflow.recipe.load import RecipeFile
 from trtflow.stages.modelfile import external_locations
+from trtflow.util.onnxio import model_io
 
 Dims = list[Optional[int]]  # None marks a dynamic dimension
 
@@ -64,8 +65,7 @@ def model_inputs(item: RecipeFile, path: Path) -> dict[str, Dims]:
     if not model.graph.node and not model.graph.output:
         raise ProjectError(f"{item.where('source', 'onnx')}: {item.recipe.source.onnx} holds no ONNX graph")
     _check_external_data(item, model, path)
-    initializers = {init.name for init in model.graph.initializer}
-    return {v.name: _dims(v) for v in model.graph.input if v.name not in initializers}
+    return {t.name: t.static_dims for t in model_io(model).inputs}
 
 
 def _check_external_data(item: RecipeFile, model: Any, path: Path) -> None:
@@ -77,10 +77,6 @@ def _check_external_data(item: RecipeFile, model: Any, path: Path) -> None:
     for location in locations:
         if not (path.parent / location).is_file():
             raise ProjectError(f"{item.where('source', 'onnx')}: external data file {location} not found beside {path.name}")
-
-
-def _dims(value: Any) -> Dims:
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in value.type.tensor_type.shape.dim]
 
 
 def _first_line(exc: Exception) -> str:

@@ -1,9 +1,12 @@
 """Planning: which nodes are cached, which are stale and why. Planning never writes anything.
 
-A node's key can be computed once every input's digest is known: source files are hashed (through the
-stat cache), upstream outputs come from the upstream's store record. A node whose upstream must run is
-stale until that upstream has run; the runner re-resolves it then, and if the upstream's output came
-out byte-identical the node is found cached after all (early cut-off).
+Every question about a node goes through one memoized `Resolution` (its key components, key, cached record,
+explanation), keyed by the node and the digests of its inputs: `plan`, the `--frozen` check and the runner
+ask the same resolver, so nothing is computed twice for the same inputs. A node's key can be computed once
+every input's digest is known: source files are hashed (through the stat cache), upstream outputs come from
+the upstream's store record. A node whose upstream must run is stale until that upstream has run; the
+runner resolves it again then, and if the upstream's output came out byte-identical the node is found
+cached after all (early cut-off).
 
 Explaining compares a node's key components with the ones it had at its last run:
 
@@ -13,6 +16,7 @@ Explaining compares a node's key components with the ones it had at its last run
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,15 +25,19 @@ from typing import Any, Optional
 from trtflow.dag import Dag, Node
 from trtflow.errors import ProjectError
 from trtflow.hashing import FileDigests, stage_key
+from trtflow.stages.base import NodeId
 from trtflow.stages.modelfile import MODEL, companions, external_data_locations
-from trtflow.store import Store
+from trtflow.store.objects import Store
 
-# the fixed status vocabulary shown by plan, run and --json
-CACHED, NEW, STALE, BUILT, FAILED, SKIPPED = "cached", "new", "stale", "built", "failed", "skipped"
+# The fixed status vocabulary shown by plan, run and --json, in one place.
+CACHED, NEW, STALE, BUILT, FAILED, SKIPPED, WAITING = "cached", "new", "stale", "built", "failed", "skipped", "waiting"
+PULLED = "pulled from the remote cache"  # the reason of a cached node the remote supplied
 
 
 @dataclass
 class NodeState:
+    """A node's status in the fixed vocabulary, with its reason, key and (when failed) the exit code its error carries."""
+
     node: Node
     status: str
     reason: str = ""
@@ -39,6 +47,7 @@ class NodeState:
     seconds: Optional[float] = None
     detail: str = ""
     record: Optional[dict] = field(default=None, repr=False)  # the store record of a cached node
+    exit_code: int = 0  # of a failed node: the exit code of the error class that failed it (4: environment)
 
     @property
     def label(self) -> str:
@@ -46,19 +55,66 @@ class NodeState:
         return f"{self.status}: {self.reason}" if self.reason else self.status
 
     def to_json(self) -> dict:
+        """The node's entry in `--json` output."""
         return {"id": self.node.id, "kind": self.node.kind, "recipe": self.node.recipe, "status": self.status,
                 "reason": self.reason or None, "key": self.key, "changes": self.changes, "seconds": self.seconds}
 
 
+@dataclass
+class Resolution:
+    """What one node resolves to, given its upstream outputs: components and key (None while an upstream has
+    no output yet), the cached record for that key, and why it must run if it is not cached."""
+
+    node: Node
+    components: Optional[dict]
+    key: Optional[str]
+    record: Optional[dict]
+    waiting_on: tuple[str, ...]
+    force: bool
+    resolver: "Resolver" = field(repr=False)
+
+    @functools.cached_property
+    def state(self) -> NodeState:
+        """`cached`, or `new` / `stale: <first change>` with every change listed, computed once."""
+        if self.record is not None:
+            return NodeState(self.node, CACHED, key=self.key, components=self.components, record=self.record)
+        return self.resolver.stale_state(self)
+
+    def lock_differences(self, locked_key: str, locked_components: dict) -> list[str]:
+        """How this resolution differs from a lock entry, one line each; empty when the keys agree."""
+        if self.key == locked_key:
+            return []
+        return diff_components(locked_components, self.components or self.node.known_parts) or ["key differs"]
+
+
 class Resolver:
-    """Computes node keys from input digests and finds finished nodes in the store."""
+    """Resolves nodes against the store: keys from input digests, cached records, explanations (memoized)."""
 
     def __init__(self, store: Optional[Store], digests: FileDigests):
         self.store = store
         self.digests = digests
+        self._memo: dict[tuple, Resolution] = {}
+        self._last_runs: dict[str, Optional[dict]] = {}
 
-    def components(self, node: Node, finished: dict[str, dict]) -> Optional[dict]:
-        """The key components of `node`, or None while an upstream has no record yet."""
+    def resolve(self, node: Node, finished: dict[str, dict], force: bool = False) -> Resolution:
+        """The node's Resolution given the finished upstream records (`finished[node id]["outputs"]`)."""
+        inputs = self.inputs(node, finished)
+        memo_key = (node.id, force, tuple(sorted(inputs.items())) if inputs is not None else None)
+        found = self._memo.get(memo_key)
+        if found is None:
+            components = {**node.known_parts, "inputs": inputs} if inputs is not None else None
+            key = stage_key(components) if components is not None else None
+            record = self.store.stage_record(key) if key and self.store and not force else None
+            waiting = tuple(dep.node for dep in node.deps if dep.node not in finished)
+            found = self._memo[memo_key] = Resolution(node, components, key, record, waiting, force, self)
+        return found
+
+    def forget(self, node_id: str) -> None:
+        """Drop what is remembered about a node (its cached output turned out corrupt: it must be looked up again)."""
+        self._memo = {k: v for k, v in self._memo.items() if k[0] != node_id}
+
+    def inputs(self, node: Node, finished: dict[str, dict]) -> Optional[dict[str, str]]:
+        """Input role -> digest, or None while an upstream has no record yet."""
         inputs: dict[str, str] = {}
         for role, path in node.sources:
             inputs.update(self.source_digests(node, role, path))
@@ -69,7 +125,11 @@ class Resolver:
             inputs[dep.role] = outputs[dep.output]
             for name, digest in companions(outputs, dep.output).items():  # a model's external data is part of it
                 inputs[dep.role + name[len(dep.output):]] = digest
-        return {"kind": node.kind, "version": node.version, "params": node.params, "fingerprint": node.fingerprint, "inputs": inputs}
+        return inputs
+
+    def components(self, node: Node, finished: dict[str, dict]) -> Optional[dict]:
+        """The key components of `node`, or None while an upstream has no record yet."""
+        return self.resolve(node, finished).components
 
     def source_digests(self, node: Node, role: str, path: Path) -> dict[str, str]:
         """A source file's digest; a source model's also one per external data file its graph names.
@@ -84,22 +144,23 @@ class Resolver:
             raise ProjectError(f"{node.info.get('where', node.id)}: {_source_problem(exc, Path(path))}") from None
         return {(f"{role}.data:{name}" if name else role): digest for name, digest in found.items()}
 
-    def cached_record(self, key: str) -> Optional[dict]:
-        return self.store.stage_record(key) if self.store else None
-
     def last_run(self, node: Node) -> Optional[dict]:
-        return self.store.last_run(node.id) if self.store else None
+        """The key components the node had when it last finished (for explanations), remembered per node."""
+        if node.id not in self._last_runs:
+            self._last_runs[node.id] = self.store.last_run(node.id) if self.store else None
+        return self._last_runs[node.id]
 
-    def stale_state(self, node: Node, components: Optional[dict], force: bool, waiting_on: list[str]) -> NodeState:
+    def stale_state(self, resolution: Resolution) -> NodeState:
         """Why a node that is not cached must run, in the fixed vocabulary."""
-        key = stage_key(components) if components is not None else None
+        node, key, components = resolution.node, resolution.key, resolution.components
         last = self.last_run(node)
         if last is None:
             return NodeState(node, NEW, key=key, components=components)
-        if force:
+        if resolution.force:
             return NodeState(node, STALE, "forced", key=key, components=components)
-        changes = diff_components(last["components"], components or _known_parts(node))
+        changes = diff_components(last["components"], components or node.known_parts)
         if not changes:
+            waiting_on = resolution.waiting_on
             changes = [f"upstream {', '.join(waiting_on)} will run first"] if waiting_on else ["output missing from the store"]
         reason = changes[0] + (f" (+{len(changes) - 1} more)" if len(changes) > 1 else "")
         return NodeState(node, STALE, reason, key=key, components=components, changes=changes)
@@ -119,21 +180,11 @@ def plan(dag: Dag, resolver: Resolver, force: bool = False) -> dict[str, NodeSta
     finished: dict[str, dict] = {}
     states: dict[str, NodeState] = {}
     for node in dag:
-        components = resolver.components(node, finished)
-        key = stage_key(components) if components is not None else None
-        record = resolver.cached_record(key) if key and not force else None
-        if record is not None:
-            finished[node.id] = record
-            states[node.id] = NodeState(node, CACHED, key=key, components=components, record=record)
-        else:
-            waiting_on = [dep.node for dep in node.deps if dep.node not in finished]
-            states[node.id] = resolver.stale_state(node, components, force, waiting_on)
+        resolution = resolver.resolve(node, finished, force)
+        if resolution.record is not None:
+            finished[node.id] = resolution.record
+        states[node.id] = resolution.state
     return states
-
-
-def _known_parts(node: Node) -> dict:
-    """Key components known before the inputs are (for explaining a node whose upstream must run)."""
-    return {"kind": node.kind, "version": node.version, "params": node.params, "fingerprint": node.fingerprint}
 
 
 def diff_components(old: dict, new: dict) -> list[str]:
@@ -194,18 +245,14 @@ def frozen_differences(dag: Dag, resolver: Resolver, lock: dict, all_node_ids: s
     lines = []
     for node in dag:
         entry = lock.get(node.id)
-        components = resolver.components(node, locked) if entry else None
         if entry is None:
             lines.append(f"{node.id}: not in the lock (a new stage)")
-        elif components is None:
+            continue
+        resolution = resolver.resolve(node, locked)
+        if resolution.components is None:
             lines.append(f"{node.id}: an upstream stage is missing from the lock")
-        elif stage_key(components) != entry.key:
-            lines.extend(f"{node.id}: {change}" for change in diff_components(entry.components, components) or ["key differs"])
+        else:
+            lines.extend(f"{node.id}: {change}" for change in resolution.lock_differences(entry.key, entry.components))
     recipes = {node.recipe for node in dag}
-    gone = [node_id for node_id in lock if node_id not in all_node_ids and _recipe_of(node_id) in recipes | {None}]
+    gone = [node_id for node_id in lock if node_id not in all_node_ids and NodeId(node_id).recipe in recipes | {None}]
     return lines + [f"{node_id}: in the lock but no longer in the project" for node_id in sorted(gone)]
-
-
-def _recipe_of(node_id: str) -> Optional[str]:
-    """`build:tiny/fp32/rtx-ada` -> `tiny`."""
-    return node_id.split(":", 1)[1].split("/", 1)[0] if ":" in node_id else None

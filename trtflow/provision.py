@@ -18,21 +18,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import BinaryIO, Callable, Iterator, Optional
+from typing import BinaryIO, Iterator, Optional
 
 from pydantic import ValidationError
 
-from trtflow.archive import UnsafeArchive, read_member
+from trtflow.util.archive import UnsafeArchive, read_member
 from trtflow.device import no_gpu_reason, query_compute_capabilities
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.manifest import MANIFEST_FILE, Engine, Manifest
-from trtflow.recipe import normalize_compute_capability
+from trtflow.util.cc import ComputeCapability
+from trtflow.util.fs import atomic_write, atomic_writer
 
 EXACT = "exact compute capability match"
 AMPERE_PLUS = "hardware-compatible build (ampere_plus runs on sm_80 and newer)"
@@ -114,12 +113,8 @@ def _hardware_fit(engine: Engine, cc: str) -> tuple[Optional[str], str]:
     if cc in engine.compute_capabilities:
         return EXACT, ""
     if engine.hardware_compatibility == "ampere_plus":
-        return (AMPERE_PLUS, "") if _cc_number(cc) >= 80 else (None, f"ampere_plus build needs sm_80 or newer, {cc} is older")
+        return (AMPERE_PLUS, "") if ComputeCapability.parse(cc) >= "sm_80" else (None, f"ampere_plus build needs sm_80 or newer, {cc} is older")
     return None, f"built for {listed} only, not {cc} (hardware_compatibility: {engine.hardware_compatibility})"
-
-
-def _cc_number(cc: str) -> int:
-    return int(cc.removeprefix("sm_"))
 
 
 def _runtime_refusal(engine: Engine, runtime: Optional[str]) -> Optional[str]:
@@ -190,7 +185,7 @@ def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[
         ccs = detect_compute_capabilities()
         return Device(tuple(ccs), "+".join(ccs), "auto-detected", **extra)
     try:
-        cc = normalize_compute_capability(gpu)
+        cc = ComputeCapability.parse(gpu)
         return Device((cc,), cc, "given", **extra)
     except ValueError:
         pass
@@ -277,21 +272,6 @@ def _copy_verified(package: Package, engine: Engine, sink: BinaryIO) -> None:
         raise TamperedEngine(f"{where}: sha256 {digest.hexdigest()} does not match the manifest's {engine.sha256}; the package is corrupt or tampered with: fetch or rebuild it")
 
 
-def _write_atomically(path: Path, fill: Callable[[BinaryIO], None]) -> None:
-    """Temp file in the same folder, fsync, rename: readers never see a half-written file."""
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as sink:
-            os.fchmod(sink.fileno(), 0o644)  # mkstemp's 0600 would hide the engine from the service that loads it
-            fill(sink)
-            sink.flush()
-            os.fsync(sink.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def provision(package: Package, device: Device, dest: Path) -> dict:
     """Choose, verify and write DEST/<recipe>-<precision>.engine and .json; returns the JSON record.
 
@@ -303,13 +283,14 @@ def provision(package: Package, device: Device, dest: Path) -> dict:
     created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        _write_atomically(dest / f"{stem}.engine", lambda sink: _copy_verified(package, chosen.engine, sink))
+        with atomic_writer(dest / f"{stem}.engine") as sink:
+            _copy_verified(package, chosen.engine, sink)
     except BaseException:
         if created:
             dest.rmdir()
         raise
     record = _record(package, device, chosen, others, dest / f"{stem}.engine")
-    _write_atomically(dest / f"{stem}.json", lambda sink: sink.write((json.dumps(record, indent=2) + "\n").encode()))
+    atomic_write(dest / f"{stem}.json", json.dumps(record, indent=2) + "\n")
     return record
 
 

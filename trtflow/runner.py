@@ -1,8 +1,9 @@
-"""Execute a DAG: skip cached nodes, run stale ones in worker processes, move outputs into the store.
+"""Execute a DAG: skip cached nodes, hand stale ones to an Executor, move outputs into the store.
 
-Stages run in separate processes: TensorRT-RTX builds are single-threaded and hold the GIL, so
-processes are what lets `-j 2` use both cores, and a crash inside a native library fails one node
-instead of the whole run. A failed node skips its downstream nodes only; unrelated recipes go on.
+The runner resolves every node through the same Resolver that planned it (plan.Resolution), starts what is
+not cached on an Executor (the local process pool, or another that implements executors.Executor), and knows
+nothing of what a stage does: stages declare what the runner must do for them (`VERIFY_INPUTS`, a `finish`
+hook). A failed node skips its downstream nodes only; unrelated recipes go on.
 
 Runs that share a store build each stage key once: a node that must run first takes its key's lock
 (without blocking the dispatcher: a busy key is polled), then looks again, and uses the record another
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import errno
-import multiprocessing
 import os
 import shutil
 import tempfile
@@ -22,29 +22,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from trtflow.archive import extract_tar, replace_dir_atomically
 from trtflow.dag import Dag, Node
-from trtflow.hashing import stage_key
-from trtflow.lockfile import LockEntry
-from trtflow.plan import BUILT, CACHED, FAILED, SKIPPED, NodeState, Resolver
-from trtflow.stages import Upstream, execute
+from trtflow.executors import Executor, StageResult, StageTask
+from trtflow.plan import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, Resolution, Resolver
+from trtflow.stages import stage_module
+from trtflow.stages.base import Placement, Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side
-from trtflow.store import Store, write_failure
-from trtflow.storelock import KeyLocks, holding
+from trtflow.store.lockfile import LockEntry
+from trtflow.store.locks import KeyLocks
+from trtflow.store.objects import Store, write_failure
 
 if TYPE_CHECKING:
-    from trtflow.remote import Remote
+    from trtflow.store.remote import Remote
 
 # ("start" | "done" | "wait", NodeState), or ("warning", message): a remote that is down, a corrupt object
 Listener = Callable[[str, Any], None]
 LOCK_POLL_SECONDS = 0.05  # how often a key another run is building is looked at again
-PULLED = "pulled from the remote cache"  # the reason of a cached node the remote supplied
 # A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
 STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
 @dataclass(frozen=True)
 class RunOptions:
+    """What `trtflow run` was asked for: parallel stages, rebuild everything, hold to the lock, need the remote."""
+
     jobs: int = 1
     force: bool = False
     frozen: bool = False
@@ -61,21 +62,17 @@ class _Running:
 
 
 class Runner:
-    """Runs one DAG against one store; `run()` returns the final state of every node."""
+    """Runs one DAG against one store through an Executor; `run()` returns the final state of every node."""
 
-    def __init__(self, dag: Dag, store: Store, resolver: Resolver, packages_dir: Path, options: RunOptions,
+    def __init__(self, dag: Dag, store: Store, resolver: Resolver, placement: Placement, options: RunOptions, executor: Executor,
                  listener: Optional[Listener] = None, expected_keys: Optional[dict[str, LockEntry]] = None,
-                 planned: Optional[dict[str, NodeState]] = None, remote: Optional["Remote"] = None,
-                 workroot: Optional[Path] = None):
-        self.dag, self.store, self.resolver = dag, store, resolver
+                 remote: Optional["Remote"] = None, workroot: Optional[Path] = None):
+        self.dag, self.store, self.resolver, self.placement = dag, store, resolver, placement
         self.expected_keys = expected_keys  # --frozen: every node must resolve to the key the lock holds
-        self.planned = planned or {}  # cached nodes found by planning are not looked up twice
-        self.packages_dir = packages_dir
-        self.options = options
+        self.options, self.executor = options, executor
         self.listener = listener or (lambda event, state: None)
         self.finished: dict[str, dict] = {}
         self.states: dict[str, NodeState] = {}
-        self._pool: Optional[futures.ProcessPoolExecutor] = None
         self.remote = remote
         self.workroot = workroot or store.tmp  # the run lease's tmp dir: swept if this process dies
         self.keys = KeyLocks(store.locks)
@@ -88,6 +85,7 @@ class Runner:
         self._reported = 0
 
     def run(self) -> dict[str, NodeState]:
+        """Dispatch every node as its upstreams finish, until all are settled; returns each node's final state."""
         waiting = list(self.dag)
         running: dict[futures.Future, _Running] = {}
         try:
@@ -98,14 +96,13 @@ class Runner:
                     poll = LOCK_POLL_SECONDS if self._lock_waits else None
                     done, _ = futures.wait(running, timeout=poll, return_when=futures.FIRST_COMPLETED)
                     for future in done:
-                        self._collect(running.pop(future), future)
+                        self._collect(running.pop(future), future.result())
                 elif self._lock_waits:
                     time.sleep(LOCK_POLL_SECONDS)
             if self.remote is not None:
                 self.remote.finish()
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(cancel_futures=True)
+            self.executor.shutdown()
             self.keys.release_all()
             if self.remote is not None:
                 self.remote.close()
@@ -122,21 +119,32 @@ class Runner:
                 self._settle(NodeState(node, SKIPPED, f"upstream {blocked[0]} failed or was skipped"))
             elif any(d.node not in self.finished for d in node.deps) or len(running) >= self.options.jobs:
                 still.append(node)
-            elif not self._off_lock(node) and not self._use_planned(node) and not self._resolve(node, running):
+            elif not self._resolved(node, running):
                 still.append(node)
         still.extend(self._reopened)
         self._reopened = []
         return still
 
-    def _off_lock(self, node: Node) -> bool:
+    def _resolved(self, node: Node, running: dict) -> bool:
+        """Key the node now that its upstreams are done: fail it off the lock, use a cached record, or claim and
+        start it; False: wait (key busy, input corrupt)."""
+        resolution = self.resolver.resolve(node, self.finished, self.options.force)
+        if self._off_lock(resolution):
+            return True
+        if resolution.record is not None:
+            self._finish(resolution.state, resolution.record)
+            return True
+        return self._claim(resolution, running)
+
+    def _off_lock(self, resolution: Resolution) -> bool:
         """Under --frozen, fail a node whose key left the lock (an upstream built different bytes)."""
         if self.expected_keys is None:
             return False
-        key = stage_key(self.resolver.components(node, self.finished))
-        locked = self.expected_keys[node.id].key
-        if key == locked or self._locked_key_through_unreproducible(node) == locked:
+        locked = self.expected_keys[resolution.node.id].key
+        if resolution.key == locked or self._locked_key_through_unreproducible(resolution.node) == locked:
             return False
-        self._settle(NodeState(node, FAILED, "key differs from trtflow.lock: an upstream stage produced different bytes", key=key))
+        self._settle(NodeState(resolution.node, FAILED, "key differs from trtflow.lock: an upstream stage produced different bytes",
+                               key=resolution.key, exit_code=1))
         return True
 
     def _locked_key_through_unreproducible(self, node: Node) -> Optional[str]:
@@ -150,43 +158,26 @@ class Runner:
         if not unreproducible:
             return None
         standing_in = {**self.finished, **{n: {"outputs": self.expected_keys[n].outputs} for n in unreproducible}}
-        return stage_key(self.resolver.components(node, standing_in))
+        return self.resolver.resolve(node, standing_in).key
 
-    def _use_planned(self, node: Node) -> bool:
-        """A node planning found cached is finished without resolving it again."""
-        planned = self.planned.get(node.id)
-        if planned is None or planned.status != CACHED or self.options.force:
-            return False
-        self._finish(NodeState(node, CACHED, key=planned.key, components=planned.components), planned.record)
-        return True
-
-    def _resolve(self, node: Node, running: dict) -> bool:
-        """Key the node once its upstreams are done: use a cached record, or claim and start it; False: wait."""
-        components = self.resolver.components(node, self.finished)
-        key = stage_key(components)
-        record = None if self.options.force else self.resolver.cached_record(key)
-        if record is not None:
-            self._finish(NodeState(node, CACHED, key=key, components=components), record)
-            return True
-        return self._claim(node, components, key, running)
-
-    def _claim(self, node: Node, components: dict, key: str, running: dict) -> bool:
-        """Start `node` holding its key's lock, or use what was made meanwhile; False: wait (key busy, input corrupt)."""
+    def _claim(self, resolution: Resolution, running: dict) -> bool:
+        """Start the node holding its key's lock, or use what was made meanwhile; False: wait (key busy, input corrupt)."""
+        node, key = resolution.node, resolution.key
         if not self.keys.claim(key):
             self._lock_waits += 1
             if node.id not in self._waited:
                 self._waited.add(node.id)
-                self.listener("wait", NodeState(node, "waiting", "another run is building the same stage", key=key))
+                self.listener("wait", NodeState(node, WAITING, "another run is building the same stage", key=key))
             return False
         record, reason = self._made_meanwhile(node, key)
-        if record is None and node.kind == "package" and self._reopen_corrupt_inputs(node):
+        if record is None and getattr(stage_module(node.kind), "VERIFY_INPUTS", False) and self._reopen_corrupt_inputs(node):
             self.keys.release(key)
             return False
         if record is not None:
             self.keys.release(key)
-            self._finish(NodeState(node, CACHED, reason, key=key, components=components), record)
+            self._finish(NodeState(node, CACHED, reason, key=key, components=resolution.components), record)
             return True
-        future, job = self._start(node, components)
+        future, job = self._start(resolution)
         running[future] = job
         return True
 
@@ -204,13 +195,13 @@ class Runner:
         return record, PULLED
 
     def _reopen_corrupt_inputs(self, node: Node) -> bool:
-        """Re-hash what a package is about to ship; a corrupt object is quarantined and its producer runs again."""
+        """Re-hash the node's inputs; a corrupt object is quarantined and its producer (and what follows) runs again."""
         bad = [dep.node for dep in node.deps if not all(self.store.verify_object(d) for d in self.finished[dep.node]["outputs"].values())]
         for producer in dict.fromkeys(bad):
             for node_id in [producer, *self.dag.downstream(producer)]:
                 if self.finished.pop(node_id, None) is not None:
                     self.states.pop(node_id, None)
-                    self.planned.pop(node_id, None)
+                    self.resolver.forget(node_id)
                     self._reopened.append(self.dag.nodes[node_id])
         return bool(bad)
 
@@ -224,15 +215,16 @@ class Runner:
             self.warnings.append(message)
             self.listener("warning", message)
 
-    def _start(self, node: Node, components: dict) -> tuple[futures.Future, _Running]:
-        state = self.resolver.stale_state(node, components, self.options.force, [])
-        self.listener("start", state)
+    def _start(self, resolution: Resolution) -> tuple[futures.Future, _Running]:
+        """Hand the node to the executor with its inputs placed, in a fresh work directory of its own."""
+        node = resolution.node
+        self.listener("start", resolution.state)
         workdir = Path(tempfile.mkdtemp(dir=self.workroot, prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
-        params = {**node.params, **node.fingerprint}
-        future = self._executor().submit(execute, node.kind, params, self._inputs(node, components, workdir), workdir)
-        return future, _Running(node, state.key, components, workdir, time.perf_counter())
+        task = StageTask(node.id, node.kind, node.params, self._inputs(node, resolution.components, workdir), workdir)
+        return self.executor.submit(task), _Running(node, resolution.key, resolution.components, workdir, time.perf_counter())
 
     def _inputs(self, node: Node, components: dict, workdir: Path) -> dict[str, Upstream]:
+        """Each input role's files (store objects; a model and its external data side by side), record and digests."""
         inputs = {role: Upstream(files={role: path}, sha256=companions(components["inputs"], role) | {role: components["inputs"][role]})
                   for role, path in node.sources}  # a source model's digests include its external data files'
         for dep in node.deps:
@@ -243,20 +235,17 @@ class Runner:
             inputs[dep.role] = Upstream(files=files, record=record["record"], key=record["key"], sha256=record["outputs"])
         return inputs
 
-    def _collect(self, job: _Running, future: futures.Future) -> None:
+    def _collect(self, job: _Running, result: StageResult) -> None:
+        """Store a finished stage's outputs and record, or settle its failure; always release its key and work dir."""
         seconds = round(time.perf_counter() - job.started, 3)
         try:
-            result = future.result()
-        except Exception as exc:  # the worker died (e.g. a native crash) or could not be reached
-            result = {"error": f"worker process failed: {type(exc).__name__}: {exc}", "detail": ""}
-            self._drop_pool()
-        try:
-            if "error" in result:
-                self._raise_if_store_full(job, result.get("errno"))
-                self._settle(NodeState(job.node, FAILED, result["error"], key=job.key, seconds=seconds, detail=result.get("detail", "")))
+            if result.error is not None:
+                self._raise_if_store_full(job, result.errno)
+                self._settle(NodeState(job.node, FAILED, result.error, key=job.key, seconds=seconds, detail=result.detail,
+                                       exit_code=result.exit_code))
                 return
-            outputs = {name: self.store.add_object(Path(path)) for name, path in result["files"].items()}
-            record = {"key": job.key, "node": job.node.id, "outputs": outputs, "record": result["record"], "components": job.components,
+            outputs = {name: self.store.add_object(Path(path)) for name, path in result.files.items()}
+            record = {"key": job.key, "node": job.node.id, "outputs": outputs, "record": result.record, "components": job.components,
                       "seconds": seconds, "built_by": {"run": self.run_id, "pid": os.getpid()}}
             record = self.store.put_stage_record(job.key, record)
             self._built_here[job.key] = record
@@ -273,52 +262,14 @@ class Runner:
             raise write_failure(self.store.root, OSError(code, os.strerror(code)), f"({job.node.id} writing its output)")
 
     def _finish(self, state: NodeState, record: dict) -> None:
+        """A node is done (built or cached): remember it, let its stage's finish hook place what it made, report it."""
         self.finished[state.node.id] = record
         self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
-        if state.node.kind == "package":
-            checkout_package(self.store, record["outputs"]["package"], self.packages_dir, state.node.recipe, self.resolver)
+        finish = getattr(stage_module(state.node.kind), "finish", None)
+        if finish is not None:
+            finish(state.node, record, self.placement)
         self._settle(state)
 
     def _settle(self, state: NodeState) -> None:
         self.states[state.node.id] = state
         self.listener("done", state)
-
-    def _executor(self) -> futures.ProcessPoolExecutor:
-        if self._pool is None:
-            context = multiprocessing.get_context("spawn")  # no fork of a process holding sqlite handles
-            self._pool = futures.ProcessPoolExecutor(max_workers=self.options.jobs, mp_context=context)
-        return self._pool
-
-    def _drop_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
-
-def checkout_package(store: Store, digest: str, packages_dir: Path, recipe: str, resolver: Resolver) -> bool:
-    """Make `<packages>/<recipe>.tar.gz` and its extracted folder match the package object; False if they did."""
-    if _package_in_place(digest, packages_dir, recipe, resolver):
-        return False
-    with holding(store.locks / f"package-{recipe}.lock"):  # concurrent runs write the same package folder
-        return _checkout_package(store, digest, packages_dir, recipe, resolver)
-
-
-def _package_in_place(digest: str, packages_dir: Path, recipe: str, resolver: Resolver) -> bool:
-    archive, folder = packages_dir / f"{recipe}.tar.gz", packages_dir / recipe
-    return archive.is_file() and folder.is_dir() and resolver.digests.digest(archive) == digest
-
-
-def _checkout_package(store: Store, digest: str, packages_dir: Path, recipe: str, resolver: Resolver) -> bool:
-    archive, folder = packages_dir / f"{recipe}.tar.gz", packages_dir / recipe
-    if _package_in_place(digest, packages_dir, recipe, resolver):
-        return False  # another run put it in place while this one waited
-    packages_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=packages_dir, prefix=f".{recipe}.incoming-"))
-    try:
-        shutil.copyfile(store.object_path(digest), staging / "package.tar.gz")
-        extract_tar(staging / "package.tar.gz", staging / "extracted")
-        replace_dir_atomically(staging / "extracted" / recipe, folder)
-        os.replace(staging / "package.tar.gz", archive)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return True

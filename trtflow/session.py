@@ -11,22 +11,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from trtflow.calibration import check_calibration_data
+from trtflow.backends.base import BACKENDS
 from trtflow.dag import Dag, dag_from_project
-from trtflow.errors import ProjectError
+from trtflow.errors import EnvironmentProblem, ProjectError
+from trtflow.executors.local import LocalExecutor
 from trtflow.hashing import FileDigests
-from trtflow.lockfile import LOCK_FILE, LockEntry, read_lock, write_lock
+from trtflow.store.lockfile import LOCK_FILE, LockEntry, read_lock, write_lock
 from trtflow.modelcheck import check_recipe_model
 from trtflow.plan import CACHED, NodeState, Resolver, frozen_differences, plan
-from trtflow.recipe import Project, load_project
+from trtflow.recipe.load import Project, load_project
 from trtflow.runner import Listener, RunOptions, Runner
+from trtflow.stages.base import Placement
 from trtflow.store import Store
-from trtflow.storelock import RunLease, holding
+from trtflow.store.locks import RunLease, holding
 
 if TYPE_CHECKING:
-    from trtflow.remote import Remote
+    from trtflow.store.remote import Remote
 
 
 class Session:
+    """A loaded project, its (selected) DAG, its store and the resolver that plans and runs it."""
+
     def __init__(self, project: Project, recipes: Iterable[str] = ()):
         self.project = project
         names = list(recipes)
@@ -42,9 +47,11 @@ class Session:
 
     @classmethod
     def open(cls, root: Path, recipes: Iterable[str] = ()) -> "Session":
+        """Load the project at `root` (ProjectError naming file and line on any problem)."""
         return cls(load_project(root), recipes)
 
     def plan(self, force: bool = False) -> dict[str, NodeState]:
+        """Every selected node's state, without writing anything."""
         return plan(self.dag, self.resolver, force)
 
     def check_models(self, states: Optional[dict[str, NodeState]] = None) -> None:
@@ -83,10 +90,12 @@ class Session:
         try:
             planned = self.plan(options.force)
             self.check_models(planned)
+            check_backends(planned)
             if self.store is None:
                 self._create_store()
                 lease = RunLease(self.store.root)
-            runner = Runner(self.dag, self.store, self.resolver, self.project.packages_dir, options, listener, expected, planned,
+            placement = Placement(self.store, self.project.packages_dir, self.resolver.digests)
+            runner = Runner(self.dag, self.store, self.resolver, placement, options, LocalExecutor(options.jobs), listener, expected,
                             remote=remote, workroot=lease.tmp)
             states = runner.run()
             self.warnings = runner.warnings
@@ -111,7 +120,7 @@ class Session:
             if options.remote_required:
                 raise ProjectError("--remote-required: pipeline.yaml names no remote cache (add cache: {remote: s3://bucket/prefix})")
             return None
-        from trtflow.remote import Remote
+        from trtflow.store.remote import Remote
 
         return Remote(url, self.project.pipeline.cache.options, required=options.remote_required)
 
@@ -128,5 +137,15 @@ class Session:
             write_lock(self.lock_path, entries)
 
     def close(self) -> None:
+        """Close the store's index."""
         if self.store is not None:
             self.store.close()
+
+
+def check_backends(states: dict[str, NodeState]) -> None:
+    """Before any work: every build that will run has its target's backend installed (else exit 4, one line)."""
+    for state in states.values():
+        params = state.node.params
+        if state.node.kind == "build" and state.status != CACHED and params.backend_version is None:
+            raise EnvironmentProblem(f"target {state.node.info['target']} of recipe {state.node.recipe}: its backend {params.backend} is not "
+                                     f"installed here: pip install 'trtflow[{BACKENDS[params.backend].extra}]'")

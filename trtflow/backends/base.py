@@ -11,7 +11,7 @@ import importlib
 import importlib.metadata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from trtflow.errors import EnvironmentProblem
 
@@ -26,8 +26,7 @@ class BuildRequest:
     engine_path: Path
     compute_capabilities: list[str]
     profiles: list[dict[str, tuple[Shape, Shape, Shape]]]
-    workspace_bytes: Optional[int] = None
-    optimization_level: int = 3
+    options: dict[str, Any] = field(default_factory=dict)  # builder options by name (trt_common.BUILDER_OPTIONS)
     hardware_compatibility: str = "none"
     version_compatible: bool = False
 
@@ -64,9 +63,18 @@ class Backend(Protocol):
     def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict: ...
 
 
+@dataclass(frozen=True)
+class BackendInfo:
+    """Where a backend lives: its trtflow module, the distribution that provides TensorRT, the extra that installs it."""
+
+    module: str
+    distribution: str
+    extra: str
+
+
 BACKENDS = {
-    "tensorrt-rtx": ("trtflow.backends.tensorrt_rtx", "tensorrt-rtx"),
-    "tensorrt": ("trtflow.backends.tensorrt", "tensorrt"),
+    "tensorrt-rtx": BackendInfo("trtflow.backends.tensorrt_rtx", "tensorrt-rtx", "rtx"),
+    "tensorrt": BackendInfo("trtflow.backends.tensorrt", "tensorrt", "tensorrt"),
 }
 
 
@@ -74,14 +82,14 @@ BACKENDS = {
 def backend_version(name: str) -> Optional[str]:
     """Installed version of a backend's package without importing it (cheap enough for every plan)."""
     try:
-        return importlib.metadata.version(BACKENDS[name][1])
+        return importlib.metadata.version(BACKENDS[name].distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
 def get_backend(name: str) -> Backend:
     """The backend object; raises EnvironmentProblem with the install command if it is missing."""
-    module = importlib.import_module(BACKENDS[name][0])
+    module = importlib.import_module(BACKENDS[name].module)
     backend = module.BACKEND
     backend.load()
     return backend

@@ -14,6 +14,7 @@ from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
 from trtflow.device import no_gpu_reason, query_compute_capabilities
 from trtflow.backends.trt_common import build_engine, outputs_from_engine
 from trtflow.errors import EnvironmentProblem, StageError
+from trtflow.util.cc import ComputeCapability
 
 HARDWARE_LEVELS = {"ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}
 
@@ -57,7 +58,7 @@ def _check_local_gpu(request: BuildRequest) -> None:
         raise EnvironmentProblem(f"the tensorrt backend builds on a GPU, and this machine has {no_gpu_reason()}")
     wanted = set(request.compute_capabilities)
     if request.hardware_compatibility == "ampere_plus":
-        if all(int(cc[3:]) >= 80 for cc in wanted) and any(int(cc[3:]) >= 80 for cc in local):
+        if all(ComputeCapability.parse(cc) >= "sm_80" for cc in wanted) and any(ComputeCapability.parse(cc) >= "sm_80" for cc in local):
             return
         raise StageError(f"an ampere_plus engine needs an Ampere+ GPU here and Ampere+ targets (local: {local}, target: {sorted(wanted)})")
     if len(wanted) != 1 or not wanted <= set(local):

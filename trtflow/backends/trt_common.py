@@ -47,17 +47,32 @@ def network_from_onnx(trt: Any, builder: Any, logger: Any, onnx_path: str) -> tu
 
 
 def config_from_request(trt: Any, builder: Any, request: BuildRequest) -> Any:
-    """Builder config with profiles, memory limit and optimization level (never precision flags)."""
+    """Builder config with profiles and the recipe's builder options (never precision flags)."""
     config = builder.create_builder_config()
     for shapes in request.profiles:
         profile = builder.create_optimization_profile()
         for name, (min_shape, opt_shape, max_shape) in shapes.items():
             profile.set_shape(name, min_shape, opt_shape, max_shape)
         config.add_optimization_profile(profile)
-    if request.workspace_bytes:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, request.workspace_bytes)
-    config.builder_optimization_level = request.optimization_level
+    for name, value in request.options.items():
+        if value is not None:
+            BUILDER_OPTIONS[name](trt, config, value)
     return config
+
+
+def _workspace(trt: Any, config: Any, mib: int) -> None:
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, mib << 20)
+
+
+def _optimization_level(trt: Any, config: Any, level: int) -> None:
+    config.builder_optimization_level = level
+
+
+# The recipe's `build:` options (trtflow.recipe.build.BuildOptions) by name -> how each is set on a builder config.
+BUILDER_OPTIONS: dict[str, Callable[[Any, Any, Any], None]] = {
+    "workspace_mib": _workspace,
+    "optimization_level": _optimization_level,
+}
 
 
 def tensors_from_network(network: Any) -> list[TensorSpec]:

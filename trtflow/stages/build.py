@@ -1,25 +1,74 @@
-"""Build: turn the cleaned ONNX into an engine for one (precision, target) with the target's backend."""
+"""Build: turn a precision node's ONNX into an engine for one (precision, target) with the target's backend.
+
+A target's *name* is not in the key (renaming a target reuses its engines); its compute capabilities,
+compatibility settings and the backend's exact version are. Every builder option of the recipe's `build:`
+block is a field of these params (inherited from BuildOptions), so it is in the key and reaches the backend
+by name without this module knowing it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Optional
 
-from trtflow.backends.base import BuildRequest, get_backend
-from trtflow.stages import StageOutput, Upstream
+from trtflow.backends.base import BuildRequest, backend_version, get_backend
+from trtflow.recipe.build import BuildOptions
+from trtflow.recipe.schema import TargetSpec
+from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.util.cc import ComputeCapability
+
+KIND, VERSION = "build", 1
+Profiles = list[dict[str, dict[str, list[int]]]]
 
 
-def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
-    backend = get_backend(params["backend"])
-    workspace = params["workspace_mib"]
+class Params(BuildOptions, StageParams):
+    """Builder options (inherited from the recipe's `build:`), profiles, precision, and the target's hardware."""
+
+    FINGERPRINT = ("backend", "backend_version", "compute_capabilities", "hardware_compatibility", "version_compatible")
+    precision: str
+    profiles: Profiles
+    backend: str
+    backend_version: Optional[str]
+    compute_capabilities: list[ComputeCapability]
+    hardware_compatibility: str
+    version_compatible: bool
+
+    def builder_options(self) -> dict[str, Any]:
+        """The recipe's builder options as plain values (what the backend applies and the manifest records)."""
+        return {name: getattr(self, name) for name in BuildOptions.model_fields}
+
+
+def nodes(ctx: RecipeContext, precisions: dict[str, Node]) -> list[Node]:
+    """One build per (precision, target), each from that precision's model."""
+    return [node(ctx, precision, target, spec, precisions[precision].id)
+            for precision in ctx.recipe.precisions for target, spec in ctx.targets()]
+
+
+def node(ctx: RecipeContext, precision: str, target: str, spec: TargetSpec, model_node: NodeId) -> Node:
+    """build:<recipe>/<precision>/<target>."""
+    params = Params(precision=precision, profiles=ctx.profiles, **ctx.recipe.build.model_dump(), backend=spec.backend,
+                    backend_version=backend_version(spec.backend), compute_capabilities=spec.compute_capabilities,
+                    hardware_compatibility=spec.hardware_compatibility, version_compatible=spec.version_compatible)
+    return Node(id=NodeId.of(KIND, ctx.name, precision, target), version=VERSION, params=params,
+                deps=(Dep("model", model_node, "model"),),
+                info={"target": target, "precision": precision, "bit_reproducible": precision not in UNREPRODUCIBLE_ENGINE_PRECISIONS})
+
+
+# TensorRT-RTX 1.7 gives Q/DQ (int8/fp8) engines kernel names taken from memory addresses: two builds of
+# the same ONNX differ in a few bytes (measured; fp32/fp16/bf16 engines are byte-identical).
+UNREPRODUCIBLE_ENGINE_PRECISIONS = ("int8", "fp8")
+
+
+def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+    """Build the engine with the target's backend; the record holds the backend version and the engine's I/O."""
     request = BuildRequest(
         onnx_path=inputs["model"].files["model"],
         engine_path=workdir / "model.engine",
-        compute_capabilities=params["compute_capabilities"],
-        profiles=[{name: (s["min"], s["opt"], s["max"]) for name, s in profile.items()} for profile in params["profiles"]],
-        workspace_bytes=workspace * (1 << 20) if workspace else None,
-        optimization_level=params["optimization_level"],
-        hardware_compatibility=params["hardware_compatibility"],
-        version_compatible=params["version_compatible"],
+        compute_capabilities=list(params.compute_capabilities),
+        profiles=[{name: (s["min"], s["opt"], s["max"]) for name, s in profile.items()} for profile in params.profiles],
+        options=params.builder_options(),
+        hardware_compatibility=params.hardware_compatibility,
+        version_compatible=params.version_compatible,
     )
-    result = backend.engine_from_onnx(request)
+    result = get_backend(params.backend).engine_from_onnx(request)
     return StageOutput(files={"engine": request.engine_path}, record=result.to_record())

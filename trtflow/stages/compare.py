@@ -16,7 +16,8 @@ import numpy as np
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import EnvironmentProblem, StageError
-from trtflow.stages import tool_version
+from trtflow.util.onnxio import model_io_of_file
+from trtflow.util.versions import tool_version
 
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16", "tensor(double)": "float64",
               "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
@@ -49,28 +50,19 @@ class Signature:
     outputs: list[Any]
 
     def get_inputs(self) -> list[Any]:
+        """Like InferenceSession.get_inputs: objects with .name and .type."""
         return self.inputs
 
     def get_outputs(self) -> list[Any]:
+        """Like InferenceSession.get_outputs: objects with .name and .type."""
         return self.outputs
 
 
 def signature(path: Path) -> Signature:
     """I/O of a model without an ONNX Runtime session: also for what its CPU provider cannot run (bf16 kernels)."""
-    import onnx
-
-    model = onnx.load(path, load_external_data=False)
-    initializers = {init.name for init in model.graph.initializer}
-
-    def typed(value: Any) -> Any:
-        name = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
-        return SimpleNamespace(name=value.name, type=f"tensor({ONNX_TYPE_NAMES.get(name, name)})")
-
-    return Signature([typed(v) for v in model.graph.input if v.name not in initializers], [typed(v) for v in model.graph.output])
-
-
-# numpy names of ONNX element types -> ONNX Runtime's type names where they differ
-ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16", "bool": "bool"}
+    io = model_io_of_file(path)
+    return Signature([SimpleNamespace(name=t.name, type=t.ort_type) for t in io.inputs],
+                     [SimpleNamespace(name=t.name, type=t.ort_type) for t in io.outputs])
 
 
 def output_names(sess: Any) -> list[str]:

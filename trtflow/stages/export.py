@@ -25,25 +25,103 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional
 
-import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
-from trtflow.pymodule import import_root
-from trtflow.stages import StageOutput, Upstream, compare
+from trtflow.recipe.pymodule import import_root
+from trtflow.stages.base import Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
 from trtflow.stages.capture import ANSI_ESCAPES, captured_output
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
+from trtflow.util.versions import tool_version
 
+if TYPE_CHECKING:
+    import numpy as np
+
+KIND, VERSION = "export", 1
 EXPORTER = "torch.onnx.export(dynamo=True)"
 STRIPPED_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 
-def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+class ExampleInput(BaseModel):
+    """One example tensor the model is traced with: name, dtype and shape."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class Check(BaseModel):
+    """The recipe's fp32 tolerances and seed, for the proof against torch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rtol: float
+    atol: float
+    seed: int
+    on_fail: Literal["fail", "warn"]
+
+
+class Params(StageParams):
+    """What is exported (factory, kwargs, example inputs, dynamic axes) and how (opset, optimizer), plus tool versions."""
+
+    FINGERPRINT = ("torch", "onnx", "onnxscript")
+    factory: str
+    kwargs: dict[str, Any]
+    inputs: list[ExampleInput]
+    dynamic: dict[str, dict[str, list[int]]]
+    outputs: Optional[list[str]]
+    opset: int
+    optimize: bool
+    check: Check
+    torch: Optional[str]
+    onnx: Optional[str]
+    onnxscript: Optional[str]
+
+
+def node(ctx: RecipeContext) -> Optional[Node]:
+    """PyTorch -> ONNX, for torch sources only. Its inputs are the factory's module file, the weights and the listed
+    `files`, not the whole project: editing an unrelated file re-exports nothing."""
+    spec = ctx.recipe.source.torch
+    if spec is None:
+        return None
+    sources = [("factory", ctx.item.factory_file(ctx.root))]
+    sources += [("weights", (ctx.root / spec.weights).resolve())] if spec.weights else []
+    sources += [(f"files[{index}]", (ctx.root / path).resolve()) for index, path in enumerate(spec.files)]
+    inputs, dynamic = export_dims(ctx)
+    verify = ctx.recipe.verify
+    params = Params(factory=spec.factory, kwargs=spec.kwargs, inputs=inputs, dynamic=dynamic, outputs=spec.outputs, opset=spec.opset,
+                    optimize=spec.optimize, check=Check(rtol=verify.rtol, atol=verify.atol, seed=verify.seed, on_fail=verify.on_fail),
+                    torch=tool_version("torch"), onnx=tool_version("onnx"), onnxscript=tool_version("onnxscript"))
+    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=tuple(sources), info={"recipe_file": ctx.item.display})
+
+
+def export_dims(ctx: RecipeContext) -> tuple[list[ExampleInput], dict[str, dict[str, list[int]]]]:
+    """The example inputs (shape: given, else the first profile's opt) and the dynamic axes with their ranges.
+
+    An axis is dynamic when any profile's min, opt or max differs on it; its range spans every profile:
+
+        profiles [{x: min [1,3] opt [4,3] max [8,3]}, {x: shape [32,3]}] -> x axis 0 in [1, 32], axis 1 static
+    """
+    profiles = ctx.profiles
+    inputs, dynamic = [], {}
+    for spec in ctx.recipe.source.torch.inputs:
+        shapes = [shape for profile in profiles if spec.name in profile for shape in profile[spec.name].values()]
+        inputs.append(ExampleInput(name=spec.name, dtype=spec.dtype, shape=spec.shape or profiles[0][spec.name]["opt"]))
+        axes = {str(axis): [min(s[axis] for s in shapes), max(s[axis] for s in shapes)]
+                for axis in range(len(shapes[0]) if shapes else 0) if len({s[axis] for s in shapes}) > 1}
+        if axes:
+            dynamic[spec.name] = axes
+    return inputs, dynamic
+
+
+def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+    """Import and call the factory, export with the dynamo exporter, check the ONNX against torch on ONNX Runtime."""
     torch = import_or_explain("torch", "torch")
     import_or_explain("onnxscript", "torch", "torch's dynamo exporter writes ONNX with it")
-    with _user_code(params["factory"], inputs["factory"].files["factory"]):
+    with _user_code(params.factory, inputs["factory"].files["factory"]):
         with captured_output() as log, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model = _model(torch, params, inputs)
@@ -52,8 +130,9 @@ def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput
             program = _export(torch, model, examples, params)
     files = _save(program, workdir)
     check = _check_against_torch(files[MODEL], params, examples, expected)
-    record = {"exporter": EXPORTER, "opset": params["opset"], "nodes": program.model.graph.num_nodes(),
-              "inputs": params["inputs"], "dynamic": params["dynamic"], "outputs": [v.name for v in program.model.graph.outputs],
+    record = {"exporter": EXPORTER, "opset": params.opset, "nodes": program.model.graph.num_nodes(),
+              "inputs": [spec.model_dump() for spec in params.inputs], "dynamic": params.dynamic,
+              "outputs": [v.name for v in program.model.graph.outputs],
               "torch_equality": check, "warnings": _warning_lines(caught), "log": log}
     return StageOutput(files=files, record=record)
 
@@ -73,16 +152,16 @@ def _user_code(factory: str, module_file: Path) -> Iterator[None]:
         sys.path[:] = saved_path
 
 
-def _model(torch: Any, params: dict, inputs: dict[str, Upstream]) -> Any:
+def _model(torch: Any, params: Params, inputs: dict[str, Upstream]) -> Any:
     """Import the factory, call it (torch seeded), load the weights, switch to eval mode."""
-    factory = _factory(params["factory"])
+    factory = _factory(params.factory)
     torch.manual_seed(0)
     try:
-        model = factory(**params["kwargs"])
+        model = factory(**params.kwargs)
     except Exception as exc:
-        raise StageError(f"source.torch.factory: {params['factory']} raised {_one_line(exc)}") from None
+        raise StageError(f"source.torch.factory: {params.factory} raised {_one_line(exc)}") from None
     if not isinstance(model, torch.nn.Module):
-        raise StageError(f"source.torch.factory: {params['factory']} returned {type(model).__name__}, not a torch.nn.Module")
+        raise StageError(f"source.torch.factory: {params.factory} returned {type(model).__name__}, not a torch.nn.Module")
     if "weights" in inputs:
         _load_weights(torch, model, inputs["weights"].files["weights"])
     return model.eval()
@@ -115,47 +194,47 @@ def _load_weights(torch: Any, model: Any, path: Path) -> None:
         raise StageError(f"source.torch.weights: {path.name} does not fit the model: {_one_line(exc)}") from None
 
 
-def _examples(torch: Any, params: dict) -> list[Any]:
+def _examples(torch: Any, params: Params) -> list[Any]:
     """Seeded example tensors: normal floats, integers in [0, 8) (as the ONNX Runtime checks draw them)."""
-    generator = torch.Generator().manual_seed(params["check"]["seed"])
+    generator = torch.Generator().manual_seed(params.check.seed)
     tensors = []
-    for spec in params["inputs"]:
-        dtype = getattr(torch, spec["dtype"])
+    for spec in params.inputs:
+        dtype = getattr(torch, spec.dtype)
         if dtype.is_floating_point:
-            tensors.append(torch.randn(spec["shape"], generator=generator).to(dtype))
+            tensors.append(torch.randn(spec.shape, generator=generator).to(dtype))
         else:
-            tensors.append(torch.randint(0, 2 if dtype == torch.bool else 8, spec["shape"], generator=generator).to(dtype))
+            tensors.append(torch.randint(0, 2 if dtype == torch.bool else 8, spec.shape, generator=generator).to(dtype))
     return tensors
 
 
-def _eager_outputs(torch: Any, model: Any, examples: list[Any], params: dict) -> list[np.ndarray]:
+def _eager_outputs(torch: Any, model: Any, examples: list[Any], params: Params) -> list["np.ndarray"]:
     """Run the model once in torch: inputs it rejects are the recipe's inputs' fault, not the exporter's."""
     try:
         with torch.no_grad():
             result = model(*examples)
     except Exception as exc:
-        shown = ", ".join(f"{s['name']} {s['dtype']} {s['shape']}" for s in params["inputs"])
+        shown = ", ".join(f"{s.name} {s.dtype} {s.shape}" for s in params.inputs)
         raise StageError(f"source.torch.inputs: the model does not accept ({shown}): {_one_line(exc)}") from None
     leaves = [leaf for leaf in torch.utils._pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
-    names = params["outputs"]
+    names = params.outputs
     if names is not None and len(names) != len(leaves):
         raise StageError(f"source.torch.outputs: names {len(names)} output(s) but the model returns {len(leaves)} tensor(s)")
     return [leaf.detach().float().numpy() if leaf.is_floating_point() else leaf.numpy() for leaf in leaves]
 
 
-def _export(torch: Any, model: Any, examples: list[Any], params: dict) -> Any:
-    dims = [params["dynamic"].get(spec["name"]) for spec in params["inputs"]]
+def _export(torch: Any, model: Any, examples: list[Any], params: Params) -> Any:
+    dims = [params.dynamic.get(spec.name) for spec in params.inputs]
     shapes = tuple({int(axis): torch.export.Dim.DYNAMIC(min=low, max=high) for axis, (low, high) in axes.items()} if axes else None
                    for axes in dims)
     try:
-        program = torch.onnx.export(model, tuple(examples), dynamo=True, input_names=[s["name"] for s in params["inputs"]],
-                                    output_names=params["outputs"], opset_version=params["opset"], optimize=params["optimize"],
+        program = torch.onnx.export(model, tuple(examples), dynamo=True, input_names=[s.name for s in params.inputs],
+                                    output_names=params.outputs, opset_version=params.opset, optimize=params.optimize,
                                     dynamic_shapes=shapes if any(dims) else None)
     except Exception as exc:
         raise StageError(export_failure(exc)) from None
     opset = program.model.opset_imports.get("")
-    if opset != params["opset"]:
-        raise StageError(f"source.torch.opset: the exporter could not convert the model to opset {params['opset']} "
+    if opset != params.opset:
+        raise StageError(f"source.torch.opset: the exporter could not convert the model to opset {params.opset} "
                          f"(it stayed at {opset}): use opset: {opset} or newer")
     return program
 
@@ -185,19 +264,21 @@ def _save(program: Any, workdir: Path) -> dict[str, Path]:
     return {MODEL: path, MODEL_DATA: data} if data.is_file() else {MODEL: path}
 
 
-def _check_against_torch(path: Path, params: dict, examples: list[Any], expected: list[np.ndarray]) -> dict:
+def _check_against_torch(path: Path, params: Params, examples: list[Any], expected: list["np.ndarray"]) -> dict:
     """ONNX Runtime on the exported model vs torch, on the example inputs, within the recipe's fp32 tolerances."""
-    check = params["check"]
+    from trtflow.stages import compare
+
+    check = params.check
     session = compare.session(path)
     names = compare.output_names(session)
     if len(names) != len(expected):
         raise StageError(f"source.torch: the exported ONNX has {len(names)} output(s) but torch returned {len(expected)} tensor(s)")
-    feed = {spec["name"]: tensor.numpy() for spec, tensor in zip(params["inputs"], examples)}
+    feed = {spec.name: tensor.numpy() for spec, tensor in zip(params.inputs, examples)}
     got = compare.run_all(session, [feed])[0]
-    rows = compare.compare_outputs(got, dict(zip(names, expected)), check["rtol"], check["atol"])
-    result = {"runtime": compare.RUNTIME, "samples": 1, "rtol": check["rtol"], "atol": check["atol"], "outputs": rows,
+    rows = compare.compare_outputs(got, dict(zip(names, expected)), check.rtol, check.atol)
+    result = {"runtime": compare.RUNTIME, "samples": 1, "rtol": check.rtol, "atol": check.atol, "outputs": rows,
               "passed": all(row["passed"] for row in rows)}
-    if not result["passed"] and check["on_fail"] == "fail":
+    if not result["passed"] and check.on_fail == "fail":
         raise StageError(compare.failure_message("source.torch: the exported ONNX differs from torch", result))
     return result
 

@@ -3,23 +3,61 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional
 
 from trtflow import __version__
-from trtflow.archive import write_reproducible_tar
 from trtflow.errors import StageError
 from trtflow.hashing import sha256_file
 from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Engine, Manifest, ProfileShape, Source, Tensor
-from trtflow.stages import StageOutput, Upstream
+from trtflow.recipe.precision import QUANTIZED_PRECISIONS
+from trtflow.stages import build as build_stage
+from trtflow.stages import precision as precision_stage
+from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.store.locks import holding
+from trtflow.util.archive import extract_tar, replace_dir_atomically, write_reproducible_tar
+
+KIND, VERSION = "package", 3
+VERIFY_INPUTS = True  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
 
 
-def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
-    recipe = params["recipe"]
+class PackagedEngine(build_stage.Params):
+    """One engine of the package: its build's params, its target's name and the input roles of its engine and report."""
+
+    FINGERPRINT = ()
+    role: str
+    verify_role: str
+    target: str
+
+
+class Params(StageParams):
+    """The recipe's name and, per engine, everything the manifest records about how it was built."""
+
+    recipe: str
+    engines: list[PackagedEngine]
+
+
+def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: Node) -> Node:
+    """package:<recipe>: every engine with its verification, the cleaned model's summary, int8/fp8 calibration records."""
+    engines = [PackagedEngine(**b.params.model_dump(), role=f"engine:{b.info['precision']}/{b.info['target']}",
+                              verify_role=f"verify:{b.info['precision']}/{b.info['target']}", target=b.info["target"]) for b in builds]
+    deps = [Dep(e.role, b.id, "engine") for e, b in zip(engines, builds)]
+    deps += [Dep(e.verify_role, v.id, "report") for e, v in zip(engines, verifies)]
+    quantized = sorted({b.info["precision"] for b in builds} & set(QUANTIZED_PRECISIONS))
+    deps += [dep for p in quantized for dep in precision_stage.report_dep(ctx, p, f"precision:{p}")]
+    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=Params(recipe=ctx.name, engines=engines),
+                deps=(Dep("model", cleanup.id, "model"), *deps))
+
+
+def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+    """Copy every engine (re-hashed) into a folder with manifest.json and SHA256SUMS, and pack it reproducibly."""
+    recipe = params.recipe
     folder = workdir / recipe
-    engines = [_place_engine(folder, recipe, spec, inputs[spec["role"]], inputs[spec["verify_role"]], _calibration(inputs, spec["precision"]))
-               for spec in params["engines"]]
+    engines = [_place_engine(folder, recipe, spec, inputs[spec.role], inputs[spec.verify_role], _calibration(inputs, spec.precision))
+               for spec in params.engines]
     model = inputs["model"]
     source = Source(sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"])
     manifest = Manifest(recipe=recipe, trtflow_version=__version__, source=source, engines=engines)
@@ -36,8 +74,8 @@ def _calibration(inputs: dict[str, Upstream], precision: str) -> Optional[dict]:
     return upstream.record.get("calibration") if upstream is not None else None
 
 
-def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream, verify: Upstream, calibration: Optional[dict]) -> Engine:
-    relative = f"engines/{spec['target']}/{recipe}-{spec['precision']}.engine"
+def _place_engine(folder: Path, recipe: str, spec: PackagedEngine, build: Upstream, verify: Upstream, calibration: Optional[dict]) -> Engine:
+    relative = f"engines/{spec.target}/{recipe}-{spec.precision}.engine"
     (folder / relative).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(build.files["engine"], folder / relative)
     digest = sha256_file(folder / relative)
@@ -47,16 +85,16 @@ def _place_engine(folder: Path, recipe: str, spec: dict, build: Upstream, verify
         file=relative,
         sha256=digest,
         size=(folder / relative).stat().st_size,
-        precision=spec["precision"],
+        precision=spec.precision,
         calibration=calibration,
-        target=spec["target"],
-        compute_capabilities=spec["compute_capabilities"],
+        target=spec.target,
+        compute_capabilities=spec.compute_capabilities,
         backend=build.record["backend"],
         backend_version=build.record["backend_version"],
-        hardware_compatibility=spec["hardware_compatibility"],
-        version_compatible=spec["version_compatible"],
-        builder={"workspace_mib": spec["workspace_mib"], "optimization_level": spec["optimization_level"]},
-        tensors=[_tensor(t, spec["profiles"]) for t in build.record["tensors"]],
+        hardware_compatibility=spec.hardware_compatibility,
+        version_compatible=spec.version_compatible,
+        builder=spec.builder_options(),
+        tensors=[_tensor(t, spec.profiles) for t in build.record["tensors"]],
         verification=verify.record,
         stage_key=build.key,
     )
@@ -71,3 +109,34 @@ def _write_sums(folder: Path) -> None:
     """`sha256  path` per file, sorted: the format `sha256sum -c` checks."""
     lines = [f"{sha256_file(p)}  {p.relative_to(folder).as_posix()}" for p in sorted(folder.rglob("*")) if p.is_file()]
     (folder / SUMS_FILE).write_text("\n".join(lines) + "\n")
+
+
+def finish(node: Node, record: dict, place: Placement) -> bool:
+    """Make `<packages>/<recipe>.tar.gz` and its extracted folder match the package object; False if they did."""
+    recipe, digest = node.recipe, record["outputs"]["package"]
+    if _package_in_place(digest, place, recipe):
+        return False
+    with holding(place.store.locks / f"package-{recipe}.lock"):  # concurrent runs write the same package folder
+        if _package_in_place(digest, place, recipe):
+            return False  # another run put it in place while this one waited
+        _checkout(place, digest, recipe)
+    return True
+
+
+def _package_in_place(digest: str, place: Placement, recipe: str) -> bool:
+    archive, folder = place.packages_dir / f"{recipe}.tar.gz", place.packages_dir / recipe
+    return archive.is_file() and folder.is_dir() and place.digests.digest(archive) == digest
+
+
+def _checkout(place: Placement, digest: str, recipe: str) -> None:
+    """Extract the package object beside the packages folder, then swap the folder and the archive into place."""
+    packages_dir = place.packages_dir
+    packages_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=packages_dir, prefix=f".{recipe}.incoming-"))
+    try:
+        shutil.copyfile(place.store.object_path(digest), staging / "package.tar.gz")
+        extract_tar(staging / "package.tar.gz", staging / "extracted")
+        replace_dir_atomically(staging / "extracted" / recipe, packages_dir / recipe)
+        os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -15,19 +15,97 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from pydantic import BaseModel, ConfigDict
+
 from trtflow import calibration
 from trtflow.errors import StageError, TrtflowError
-from trtflow.precisionspec import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS
-from trtflow.stages import StageOutput, Upstream, compare, tool_version
+from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
+from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, place_side_by_side, save_model
+from trtflow.util.versions import ort_version, tool_version
 
-def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
-    precision = params["precision"]
+KIND, VERSION = "precision", 1
+
+
+class Accuracy(BaseModel):
+    """How the reduced-precision model is compared with fp32: samples, seed and the limits for this precision."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    samples: int
+    seed: int
+    tolerance: dict[str, Optional[float]]
+
+
+class Quantize(QuantizeOptions):
+    """The recipe's quantize options plus the calibration method, seed, percentile and random sample count."""
+
+    method: str
+    seed: int
+    percentile: Optional[float]
+    samples: Optional[int]
+
+
+class Params(StageParams):
+    """fp32 sets `precision` alone; fp16/bf16 add autocast, int8/fp8 quantize; both add the accuracy check."""
+
+    FINGERPRINT = ("modelopt", "onnx", "onnxruntime", "numpy", "pillow")
+    precision: str
+    profiles: Optional[list[dict[str, dict[str, list[int]]]]] = None
+    on_fail: Optional[str] = None
+    accuracy: Optional[Accuracy] = None
+    data: Optional[dict[str, Any]] = None  # how calibration files are read (calibration.reading_params)
+    autocast: Optional[AutocastOptions] = None
+    quantize: Optional[Quantize] = None
+    modelopt: Optional[str] = None
+    onnx: Optional[str] = None
+    onnxruntime: Optional[str] = None
+    numpy: Optional[str] = None  # calibration histograms and the accuracy numbers
+    pillow: Optional[str] = None  # image calibration sets only
+
+
+def nodes(ctx: RecipeContext, cleanup: Node) -> dict[str, Node]:
+    """One model per precision, shared by every target."""
+    return {precision: node(ctx, precision, cleanup.id) for precision in ctx.recipe.precisions}
+
+
+def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
+    """precision:<recipe>/<precision>: fp32 passes the cleaned model through.
+
+    fp16/bf16 (AutoCast) read only the held-out calibration files (for their accuracy report); int8/fp8
+    (PTQ) read the calibration files too, so adding a calibration sample re-quantizes without re-running AutoCast.
+    """
+    base = Node(id=NodeId.of(KIND, ctx.name, precision), version=VERSION, params=Params(precision=precision),
+                deps=(Dep("model", model_node, "model"),), info={"precision": precision})
+    if precision == "fp32":
+        return base
+    recipe, spec = ctx.recipe, ctx.recipe.calibration
+    data = calibration.reading_params(spec)
+    settings: dict[str, Any] = {"autocast": recipe.autocast} if precision in AUTOCAST_PRECISIONS else {"quantize": Quantize(
+        **recipe.quantize.model_dump(), method=spec.method_for(precision), seed=spec.seed, percentile=spec.percentile_value(),
+        samples=spec.samples if spec.random else None)}
+    tools = {"modelopt": tool_version("nvidia-modelopt"), "onnx": tool_version("onnx"), "onnxruntime": ort_version(),
+             "numpy": tool_version("numpy"), **({"pillow": tool_version("pillow")} if data is not None and data["kind"] == "images" else {})}
+    params = Params(precision=precision, profiles=ctx.profiles, on_fail=recipe.verify.on_fail, data=data, **settings, **tools,
+                    accuracy=Accuracy(samples=recipe.accuracy.samples, seed=recipe.accuracy.seed, tolerance=recipe.accuracy.tolerance(precision)))
+    sources = calibration.sources(ctx.calibration_split, ctx.root, quantized=precision in QUANTIZED_PRECISIONS)
+    return Node(id=base.id, version=VERSION, params=params, deps=base.deps, sources=sources, info=base.info)
+
+
+def report_dep(ctx: RecipeContext, precision: str, role: str) -> tuple[Dep, ...]:
+    """A reduced precision's report (accuracy, calibration) as an input named `role`; fp32 has none."""
+    return () if precision == "fp32" else (Dep(role, NodeId.of(KIND, ctx.name, precision), "report"),)
+
+
+def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+    """fp32: the cleaned model as is. Others: convert or quantize with ModelOpt, then prove accuracy against fp32."""
+    precision = params.precision
     if precision == "fp32":
         return StageOutput(files=_pass_through(inputs["model"], workdir), record={"precision": "fp32", "accuracy": None})
     if precision not in AUTOCAST_PRECISIONS + QUANTIZED_PRECISIONS:
         raise StageError(f"unknown precision {precision}")
     import onnx
+
+    from trtflow.stages import compare
 
     source = _pass_through(inputs["model"], workdir / "source")["model"]
     model_inputs = calibration.model_input_types(source)
@@ -36,7 +114,7 @@ def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput
     model, details = _convert(params, source, calibrating, workdir)
     files = save_model(onnx, model, workdir)
     accuracy = _accuracy(params, model, source, held_out, calibrating)
-    if not accuracy["passed"] and params["on_fail"] == "fail":
+    if not accuracy["passed"] and params.on_fail == "fail":
         raise StageError(_failure_message(precision, accuracy))
     record = {"precision": precision, "tool": f"nvidia-modelopt {tool_version('nvidia-modelopt')}", **details, "accuracy": accuracy}
     return StageOutput(files={**files, "report": _report(record, workdir)}, record=record)
@@ -50,17 +128,18 @@ def _report(record: dict, workdir: Path) -> Path:
     return path
 
 
-def _convert(params: dict, source: Path, calibrating: Optional[list], workdir: Path) -> tuple[Any, dict]:
+def _convert(params: Params, source: Path, calibrating: Optional[list], workdir: Path) -> tuple[Any, dict]:
     """The reduced-precision model and what to record about how it was made."""
     from trtflow.stages import convert
 
-    precision, printed = params["precision"], []
+    precision, printed = params.precision, []
     try:
         with convert.quiet() as printed:
             if precision in AUTOCAST_PRECISIONS:
-                return convert.autocast(source, precision, params["autocast"]), {"autocast": params["autocast"], "calibration": None}
+                autocast = params.autocast.model_dump()
+                return convert.autocast(source, precision, autocast), {"autocast": autocast, "calibration": None}
             samples = calibrating if calibrating is not None else _random_samples(source, params)
-            options = {**params["quantize"], "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists()}
+            options = {**params.quantize.model_dump(), "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists()}
             model = convert.quantize(source, workdir / "quantized" / "model.onnx", precision, [s.feed for s in samples], options)
     except TrtflowError:
         raise
@@ -69,58 +148,60 @@ def _convert(params: dict, source: Path, calibrating: Optional[list], workdir: P
         raise StageError(f"ModelOpt failed to make {precision}: {type(exc).__name__}: {first} [it printed: {' | '.join(printed[-3:])}]") from None
     summary = convert.qdq_summary(model)
     convert.check_quantized(summary, precision)
-    return model, {"quantize": params["quantize"], "qdq": summary, "calibration": _calibration_record(params, samples, calibrating is None)}
+    return model, {"quantize": params.quantize.model_dump(), "qdq": summary, "calibration": _calibration_record(params, samples, calibrating is None)}
 
 
-def _calibration_record(params: dict, samples: list, random: bool) -> dict:
+def _calibration_record(params: Params, samples: list, random: bool) -> dict:
     """What the manifest says about calibration: method, how many samples, the digest of the exact arrays."""
-    quantize = params["quantize"]
-    return {"method": quantize["method"], "percentile": quantize["percentile"], "random": random,
-            "source": "random" if random else params["data"]["kind"], "seed": quantize["seed"],
+    quantize = params.quantize
+    return {"method": quantize.method, "percentile": quantize.percentile, "random": random,
+            "source": "random" if random else params.data["kind"], "seed": quantize.seed,
             "samples": len(samples), "rows": calibration.rows(samples), "data_digest": calibration.samples_digest(samples)}
 
 
-def _declared_samples(params: dict, inputs: dict[str, Upstream], model_inputs: dict) -> tuple[list, Optional[list]]:
+def _declared_samples(params: Params, inputs: dict[str, Upstream], model_inputs: dict) -> tuple[list, Optional[list]]:
     """(held-out samples, calibration samples) read from the node's source files; calibration None if it has none."""
-    reading = params["data"]
+    reading = params.data
     if reading is None:
         return [], None
     groups = []
     for prefix in (calibration.HELD_OUT_ROLE, calibration.CALIBRATION_ROLE):
         files = {role[len(prefix):]: upstream.files[role] for role, upstream in inputs.items() if role.startswith(prefix)}
         groups.append(_checked(calibration.samples_from_inputs(files, reading, model_inputs), model_inputs, params, reading))
-    return groups[0], (groups[1] if params["precision"] in QUANTIZED_PRECISIONS else None)
+    return groups[0], (groups[1] if params.precision in QUANTIZED_PRECISIONS else None)
 
 
-def _checked(samples: list, model_inputs: dict, params: dict, reading: dict) -> list:
+def _checked(samples: list, model_inputs: dict, params: Params, reading: dict) -> list:
     field = "calibration.data" if reading["kind"] == "arrays" else "calibration.images"
     for sample in samples:
-        problem = calibration.check_sample(sample, model_inputs, params["profiles"])
+        problem = calibration.check_sample(sample, model_inputs, params.profiles)
         if problem:
             raise StageError(f"{field}: {problem}")
     return samples
 
 
-def _random_samples(source: Path, params: dict) -> list:
+def _random_samples(source: Path, params: Params) -> list:
     """`calibration: {random: true}`: seeded random batches at the profiles' opt/min/max shapes."""
-    count, seed = params["quantize"]["samples"] or calibration.RANDOM_CALIBRATION_SAMPLES, params["quantize"]["seed"]
-    feeds = compare.sample_feeds(compare.session(source), params["profiles"], count, seed)
+    from trtflow.stages import compare
+
+    count, seed = params.quantize.samples or calibration.RANDOM_CALIBRATION_SAMPLES, params.quantize.seed
+    feeds = compare.sample_feeds(compare.session(source), params.profiles, count, seed)
     return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
 
 
-def _accuracy(params: dict, model: Any, source: Path, held_out: list, calibrating: Optional[list]) -> dict:
+def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrating: Optional[list]) -> dict:
     """Held-out files when there are any; else the calibration files (said so); else seeded random inputs."""
-    from trtflow.stages import accuracy
+    from trtflow.stages import accuracy, compare
 
-    options = params["accuracy"]
+    options = params.accuracy
     if held_out:
         samples, data = held_out, f"{len(held_out)} file(s) held out from the calibration set"
     elif calibrating:
-        samples, data = calibrating[:options["samples"]], "the calibration samples (too few files to hold any out)"
+        samples, data = calibrating[:options.samples], "the calibration samples (too few files to hold any out)"
     else:
-        feeds = compare.sample_feeds(compare.session(source), params["profiles"], options["samples"], options["seed"])
-        samples, data = [calibration.Sample("random", f) for f in feeds], f"seeded random inputs within the profiles (seed {options['seed']})"
-    result = accuracy.report(model, source, [s.feed for s in samples], options["tolerance"], data)
+        feeds = compare.sample_feeds(compare.session(source), params.profiles, options.samples, options.seed)
+        samples, data = [calibration.Sample("random", f) for f in feeds], f"seeded random inputs within the profiles (seed {options.seed})"
+    result = accuracy.report(model, source, [s.feed for s in samples], options.tolerance, data)
     return {**result, "held_out": bool(held_out)}
 
 

@@ -13,22 +13,82 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from trtflow.backends.base import get_backend
 from trtflow.device import local_compute_capabilities, no_gpu_reason
 from trtflow.errors import StageError
-from trtflow.stages import StageOutput, Upstream, compare
+from trtflow.stages import precision as precision_stage
+from trtflow.stages.base import Dep, Node, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.util.cc import ComputeCapability
+from trtflow.util.versions import ort_version
 
-def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+KIND, VERSION = "verify", 2
+
+# Elementwise engine-vs-fp32 tolerances for reduced precision; the ONNX-level accuracy report is the real gate.
+REDUCED_PRECISION_ENGINE_TOLERANCE = {
+    "fp16": {"rtol": 1e-2, "atol": 1e-2},
+    "bf16": {"rtol": 5e-2, "atol": 5e-2},
+    "int8": {"rtol": 1e-1, "atol": 1e-1},
+    "fp8": {"rtol": 1e-1, "atol": 1e-1},
+}
+
+
+class Params(StageParams):
+    """How an engine run is compared (on a GPU), and what decides whether it can run here: the local GPUs, the target."""
+
+    FINGERPRINT = ("onnxruntime", "local_gpus", "backend", "backend_version", "compute_capabilities", "hardware_compatibility")
+    profiles: list[dict[str, dict[str, list[int]]]]
+    samples: int
+    seed: int
+    on_fail: str
+    rtol: float
+    atol: float
+    onnxruntime: Optional[str]
+    local_gpus: list[ComputeCapability]
+    backend: str
+    backend_version: Optional[str]
+    compute_capabilities: list[ComputeCapability]
+    hardware_compatibility: str
+
+
+def nodes(ctx: RecipeContext, builds: list[Node], cleanup: Node) -> list[Node]:
+    """One verify per build."""
+    return [node(ctx, build, cleanup) for build in builds]
+
+
+def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
+    """verify:<recipe>/<precision>/<target>; its fingerprint names the local GPUs, since they decide whether the engine runs."""
+    verify, precision, target = ctx.recipe.verify, build.info["precision"], build.params
+    params = Params(profiles=ctx.profiles, samples=verify.samples, seed=verify.seed, on_fail=verify.on_fail,
+                    **engine_tolerance(ctx, precision), onnxruntime=ort_version(), local_gpus=list(local_compute_capabilities()),
+                    backend=target.backend, backend_version=target.backend_version, compute_capabilities=target.compute_capabilities,
+                    hardware_compatibility=target.hardware_compatibility)
+    model = build.deps[0]
+    deps = (Dep("model", model.node, "model"), Dep("reference", cleanup.id, "model"), Dep("engine", build.id, "engine"),
+            *precision_stage.report_dep(ctx, precision, "precision_report"))
+    return Node(id=build.id.with_kind(KIND), version=VERSION, params=params, deps=deps, info=build.info)
+
+
+def engine_tolerance(ctx: RecipeContext, precision: str) -> dict[str, float]:
+    """rtol/atol for comparing an engine's outputs with the fp32 model (on a GPU): the recipe's for fp32."""
+    if precision == "fp32":
+        return {"rtol": ctx.recipe.verify.rtol, "atol": ctx.recipe.verify.atol}
+    return dict(REDUCED_PRECISION_ENGINE_TOLERANCE[precision])
+
+
+def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+    """Check the engine's I/O against its model, run it where a GPU allows, and carry the upstream proofs along."""
+    from trtflow.stages import compare
+
     model = compare.signature(inputs["model"].files["model"])  # no session: ORT's CPU provider cannot run bf16
     record = {
         "cleanup_equality": inputs["reference"].record.get("equality"),
         "precision_accuracy": inputs["model"].record.get("accuracy"),
-        "engine_checks": check_engine_io(inputs["engine"].record["tensors"], model, params["profiles"]),
+        "engine_checks": check_engine_io(inputs["engine"].record["tensors"], model, params.profiles),
         "engine_run": _engine_run(params, inputs["engine"], inputs["reference"].files["model"]),
     }
-    _raise_on_failure(record, params["on_fail"])
+    _raise_on_failure(record, params.on_fail)
     report = workdir / "verify.json"
     report.write_text(json.dumps(record, indent=2, sort_keys=True))
     return StageOutput(files={"report": report}, record=record)
@@ -36,6 +96,8 @@ def run(params: dict, inputs: dict[str, Upstream], workdir: Path) -> StageOutput
 
 def check_engine_io(tensors: list[dict], candidate: Any, profiles: list[dict]) -> dict:
     """Engine I/O vs the model it was built from, and profiles vs the engine's static dims."""
+    from trtflow.stages import compare
+
     model = {m.name: ("input", compare.ORT_DTYPES.get(m.type, m.type)) for m in candidate.get_inputs()}
     model.update({m.name: ("output", compare.ORT_DTYPES.get(m.type, m.type)) for m in candidate.get_outputs()})
     engine = {t["name"]: (t["mode"], t["dtype"]) for t in tensors}
@@ -56,23 +118,25 @@ def _profile_problems(tensors: list[dict], profiles: list[dict]) -> list[str]:
     return problems
 
 
-def _engine_run(params: dict, engine: Upstream, reference: Path) -> dict:
+def _engine_run(params: Params, engine: Upstream, reference: Path) -> dict:
     """Execute the engine where this machine can and compare it with the fp32 model; otherwise say why not."""
+    from trtflow.stages import compare
+
     gpus = local_compute_capabilities()
     if not gpus:
         return {"status": f"not run ({no_gpu_reason()})"}
-    if not set(gpus) & set(params["compute_capabilities"]) and params["hardware_compatibility"] == "none":
+    if not set(gpus) & set(params.compute_capabilities) and params.hardware_compatibility == "none":
         return {"status": f"not run (local GPU {', '.join(gpus)} is not a target of this engine)"}
     ref = compare.session(reference)
-    feeds = compare.sample_feeds(ref, params["profiles"][:1], params["samples"], params["seed"])
-    backend = get_backend(params["backend"])
+    feeds = compare.sample_feeds(ref, params.profiles[:1], params.samples, params.seed)
+    backend = get_backend(params.backend)
     try:
         actual = [backend.outputs_from_engine(engine.files["engine"], feed) for feed in feeds]
     except StageError as exc:
         return {"status": f"failed ({exc})", "passed": False}
-    per_sample = [compare.compare_outputs(a, e, params["rtol"], params["atol"]) for a, e in zip(actual, compare.run_all(ref, feeds))]
+    per_sample = [compare.compare_outputs(a, e, params.rtol, params.atol) for a, e in zip(actual, compare.run_all(ref, feeds))]
     outputs = compare.worst(per_sample)
-    return {"status": "ran", "gpu": ", ".join(gpus), "samples": len(actual), "rtol": params["rtol"], "atol": params["atol"],
+    return {"status": "ran", "gpu": ", ".join(gpus), "samples": len(actual), "rtol": params.rtol, "atol": params.atol,
             "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
 
 
@@ -81,4 +145,6 @@ def _raise_on_failure(record: dict, on_fail: str) -> None:
     if checks["problems"]:
         raise StageError("the engine does not match its model: " + "; ".join(checks["problems"]))
     if record["engine_run"].get("passed") is False and on_fail == "fail":
+        from trtflow.stages import compare
+
         raise StageError(compare.failure_message("engine_run", record["engine_run"]))

@@ -1,4 +1,4 @@
-"""The schema of pipeline.yaml and recipes/*.yaml, and loading them into a validated Project.
+"""Load pipeline.yaml and every recipe it names into a validated, cross-checked Project.
 
 Every error names the file, the line and the field:
 `recipes/x.yaml:12: profiles[0].inputs.input.min: min must be <= opt in every dimension`.
@@ -8,215 +8,23 @@ Paths in recipes are relative to the project root (the folder holding pipeline.y
 from __future__ import annotations
 
 import glob
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Any, Optional
 
 import pydantic
-from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel
 
 from trtflow.errors import ProjectError
-from trtflow.precisionspec import (PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED_PRECISIONS, SUPPORTED_PRECISIONS, AccuracyOptions,
-                                   AutocastOptions, Calibration, QuantizeOptions)
-from trtflow.pymodule import ModuleNotFound, module_file
-from trtflow.schemabase import Dim, FieldError, StrictModel
-from trtflow.sourcespec import CleanupOptions, Source, TorchInput, TorchSource  # noqa: F401 (re-exported)
-from trtflow.yamlsource import YamlDocument, load_yaml
+from trtflow.recipe.base import FieldError
+from trtflow.recipe.precision import PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED_PRECISIONS
+from trtflow.recipe.pymodule import ModuleNotFound, module_file
+from trtflow.recipe.schema import InputShape, Pipeline, Recipe, TargetSpec
+from trtflow.recipe.source import TorchInput
+from trtflow.recipe.yamlfile import YamlDocument, load_yaml
+from trtflow.util.cc import ComputeCapability
 
 PIPELINE_FILE = "pipeline.yaml"
-# Compute capabilities TensorRT-RTX 1.7 can target (its trt.ComputeCapability enum).
-RTX_COMPUTE_CAPABILITIES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_120", "sm_121")
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-
-
-def _known_precision(value: str) -> str:
-    if value not in SUPPORTED_PRECISIONS:
-        raise ValueError(f"unknown precision {value!r} (supported: {', '.join(SUPPORTED_PRECISIONS)})")
-    return value
-
-
-Precision = Annotated[str, AfterValidator(_known_precision)]
-def normalize_compute_capability(value: Any) -> str:
-    """Accept `sm_86`, `sm86` or `8.6` and return the canonical `sm_86`."""
-    text = str(value).strip().lower()
-    match = re.fullmatch(r"sm_?(\d)(\d+)|(\d+)\.(\d+)", text)
-    if not match:
-        raise ValueError(f"compute capability {value!r} is not of the form sm_86 or 8.6")
-    major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
-    return f"sm_{int(major)}{int(minor)}"
-
-
-class TargetSpec(StrictModel):
-    """One kind of GPU in the fleet, and the backend that builds for it."""
-
-    backend: Literal["tensorrt-rtx", "tensorrt"]
-    compute_capabilities: list[str] = Field(min_length=1)
-    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
-    version_compatible: bool = False
-
-    @field_validator("compute_capabilities", mode="before")
-    @classmethod
-    def _canonical_ccs(cls, value: Any) -> Any:
-        if not isinstance(value, list):
-            return value
-        ccs = [normalize_compute_capability(item) for item in value]
-        if len(set(ccs)) != len(ccs):
-            raise ValueError("compute capabilities must not repeat")
-        return sorted(ccs, key=lambda cc: int(cc[3:]))
-
-    @model_validator(mode="after")
-    def _backend_options(self) -> "TargetSpec":
-        if self.backend == "tensorrt-rtx":
-            unsupported = [cc for cc in self.compute_capabilities if cc not in RTX_COMPUTE_CAPABILITIES]
-            if unsupported:
-                supported = ", ".join(RTX_COMPUTE_CAPABILITIES)
-                raise FieldError("compute_capabilities", f"tensorrt-rtx cannot target {', '.join(unsupported)} (it supports {supported})")
-            if self.hardware_compatibility != "none" or self.version_compatible:
-                raise FieldError("backend", "hardware_compatibility and version_compatible apply to the tensorrt backend only")
-        return self
-
-
-CREDENTIAL_KEY = re.compile(r"secret|password|passwd|token|credential|^key$|access_key|^username$", re.IGNORECASE)
-
-
-def _credential_keys(value: Any, path: str = "options") -> list[str]:
-    """Dotted paths of option keys that look like credentials, at any depth."""
-    if not isinstance(value, dict):
-        return []
-    found = []
-    for key, item in value.items():
-        found += [f"{path}.{key}"] if CREDENTIAL_KEY.search(str(key)) else _credential_keys(item, f"{path}.{key}")
-    return found
-
-
-class CacheSpec(StrictModel):
-    """`cache:` in pipeline.yaml: an optional remote cache shared by machines (any fsspec URL)."""
-
-    remote: Optional[str] = None  # s3://bucket/prefix, file:///shared/dir, gs://...
-    options: dict[str, Any] = Field(default_factory=dict)  # passed to the fsspec filesystem, e.g. endpoint_url
-
-    @field_validator("remote")
-    @classmethod
-    def _url(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not re.match(r"^[a-z][a-z0-9+.-]*://.+", value):
-            raise ValueError(f"remote {value!r} is not a URL such as s3://bucket/prefix or file:///shared/dir")
-        if value is not None and value.startswith("file://") and not value.startswith("file:///"):
-            raise ValueError(f"remote {value!r}: a file:// remote needs an absolute path (file:///shared/dir)")
-        return value
-
-    @field_validator("options")
-    @classmethod
-    def _no_credentials(cls, value: dict[str, Any]) -> dict[str, Any]:
-        found = _credential_keys(value)
-        if found:
-            raise ValueError(f"{', '.join(found)}: credentials do not belong in pipeline.yaml (it is committed); "
-                             "set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) instead")
-        return value
-
-
-class Pipeline(StrictModel):
-    """pipeline.yaml: where outputs go, the fleet's targets, and which recipe files belong to the project."""
-
-    store: str = "artifacts/store"
-    packages: str = "artifacts/packages"
-    recipes: list[str] = Field(default_factory=lambda: ["recipes/*.yaml"], min_length=1)
-    targets: dict[str, TargetSpec] = Field(min_length=1)
-    cache: CacheSpec = Field(default_factory=CacheSpec)
-
-    @field_validator("targets")
-    @classmethod
-    def _target_names(cls, value: dict[str, TargetSpec]) -> dict[str, TargetSpec]:
-        for name in value:
-            if not re.match(NAME_PATTERN, name):
-                raise ValueError(f"target name {name!r} must match {NAME_PATTERN}")
-        return value
-
-
-class InputShape(StrictModel):
-    """The min/opt/max shape of one input in one profile; `shape:` is shorthand for a static input."""
-
-    min: Optional[list[Dim]] = None
-    opt: Optional[list[Dim]] = None
-    max: Optional[list[Dim]] = None
-    shape: Optional[list[Dim]] = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "InputShape":
-        if self.shape is not None:
-            if any(v is not None for v in (self.min, self.opt, self.max)):
-                raise FieldError("shape", "give either shape or min/opt/max, not both")
-            return self
-        for name in ("min", "opt", "max"):
-            if getattr(self, name) is None:
-                raise FieldError(name, f"{name} is required (or give a static shape:)")
-        if not len(self.min) == len(self.opt) == len(self.max):
-            raise FieldError("max", "min, opt and max must have the same rank")
-        if any(a > b for a, b in zip(self.min, self.opt)):
-            raise FieldError("min", "min must be <= opt in every dimension")
-        if any(a > b for a, b in zip(self.opt, self.max)):
-            raise FieldError("max", "opt must be <= max in every dimension")
-        return self
-
-    def triple(self) -> tuple[list[int], list[int], list[int]]:
-        """(min, opt, max), with a static shape repeated three times."""
-        if self.shape is not None:
-            return list(self.shape), list(self.shape), list(self.shape)
-        return list(self.min), list(self.opt), list(self.max)  # type: ignore[arg-type]
-
-
-class Profile(StrictModel):
-    inputs: dict[str, InputShape] = Field(min_length=1)
-
-
-class BuildOptions(StrictModel):
-    """Builder settings that change the engine (and so its key)."""
-
-    workspace_mib: Optional[int] = Field(default=None, gt=0)
-    optimization_level: int = Field(default=3, ge=0, le=5)
-
-
-class VerifyOptions(StrictModel):
-    """How the ONNX the engine is built from is compared with the source model (and the engine, on a GPU)."""
-
-    rtol: float = Field(default=1e-3, ge=0)
-    atol: float = Field(default=1e-4, ge=0)
-    samples: int = Field(default=6, ge=1, le=10_000)
-    seed: int = 0
-    on_fail: Literal["fail", "warn"] = "fail"
-
-
-class Recipe(StrictModel):
-    """One model: its source, precisions, shapes, targets and builder options."""
-
-    name: str = Field(pattern=NAME_PATTERN)
-    source: Source
-    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
-    targets: Optional[list[str]] = Field(default=None, min_length=1)
-    profiles: list[Profile] = Field(default_factory=list)
-    build: BuildOptions = Field(default_factory=BuildOptions)
-    verify: VerifyOptions = Field(default_factory=VerifyOptions)
-    cleanup: CleanupOptions = Field(default_factory=CleanupOptions)
-    calibration: Optional[Calibration] = None  # required by int8 and fp8
-    autocast: AutocastOptions = Field(default_factory=AutocastOptions)
-    quantize: QuantizeOptions = Field(default_factory=QuantizeOptions)
-    accuracy: AccuracyOptions = Field(default_factory=AccuracyOptions)
-
-    @field_validator("precisions")
-    @classmethod
-    def _unique_precisions(cls, value: list[str]) -> list[str]:
-        if len(set(value)) != len(value):
-            raise ValueError("precisions must not repeat")
-        return value
-
-    @model_validator(mode="after")
-    def _profiles_name_same_inputs(self) -> "Recipe":
-        if self.profiles:
-            first = set(self.profiles[0].inputs)
-            for profile in self.profiles[1:]:
-                if set(profile.inputs) != first:
-                    raise FieldError("profiles", "every profile must name the same inputs")
-        return self
 
 
 @dataclass(frozen=True)
@@ -270,13 +78,6 @@ class Project:
                 return item
         known = ", ".join(r.recipe.name for r in self.recipes) or "none"
         raise ProjectError(f"no recipe named {name!r} (recipes: {known})")
-
-
-def recipe_json_schema() -> dict:
-    """The recipe schema for editors (yaml-language-server); `name` is optional there: it defaults to the file name."""
-    schema = Recipe.model_json_schema()
-    schema["required"] = [field for field in schema.get("required", []) if field != "name"]
-    return schema
 
 
 def format_loc(loc: tuple) -> str:
@@ -374,21 +175,16 @@ def _capability_problem(recipe: Recipe, precision: str, target: str, spec: Targe
     """`fp8 needs compute capability >= 8.9, target rtx-ampere is sm_86`, or None when every GPU of the target fits."""
     needs = PRECISION_MIN_COMPUTE_CAPABILITY.get(precision)
     reason = ""
-    if precision in QUANTIZED_PRECISIONS and recipe.quantize.high_precision == "bf16" and _cc(needs or "sm_0") < _cc("sm_80"):
-        needs, reason = "sm_80", " (quantize.high_precision is bf16)"
+    if precision in QUANTIZED_PRECISIONS and recipe.quantize.high_precision == "bf16" and (needs is None or needs < "sm_80"):
+        needs, reason = ComputeCapability("sm_80"), " (quantize.high_precision is bf16)"
     if needs is None:
         return None
-    lowest = "sm_80" if spec.hardware_compatibility == "ampere_plus" else spec.compute_capabilities[0]
-    if _cc(lowest) >= _cc(needs):
+    lowest = ComputeCapability("sm_80") if spec.hardware_compatibility == "ampere_plus" else spec.compute_capabilities[0]
+    if lowest >= needs:
         return None
     how = "runs on sm_80 and newer (hardware_compatibility ampere_plus)" if lowest != spec.compute_capabilities[0] else \
         ("is " if len(spec.compute_capabilities) == 1 else "includes ") + lowest
-    return f"{precision} needs compute capability >= {needs[3:-1]}.{needs[-1]}{reason}, target {target} {how}"
-
-
-def _cc(name: str) -> int:
-    """sm_89 -> 89, sm_120 -> 120: comparable as integers."""
-    return int(name[3:])
+    return f"{precision} needs compute capability >= {needs.dotted}{reason}, target {target} {how}"
 
 
 def _check_source_exists(item: RecipeFile, root: Path) -> None:

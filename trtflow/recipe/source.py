@@ -6,8 +6,8 @@
     cleanup: {fold_constants: true, simplify: true}
 
 A torch input's shape defaults to the first profile's opt shape; an axis whose sizes differ between the
-profiles is exported dynamic (dag.export_dims). Cross-checks with the profiles and the files on disk are
-recipe.py's (they need the whole recipe and the project folder).
+profiles is exported dynamic (stages.export.export_dims). Cross-checks with the profiles and the files on disk are
+recipe.load's (they need the whole recipe and the project folder).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from trtflow.schemabase import Dim, FieldError, StrictModel
+from trtflow.recipe.base import Dim, FieldError, StrictModel
 
 TORCH_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

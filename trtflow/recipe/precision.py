@@ -10,13 +10,14 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from trtflow.schemabase import Dim, FieldError, StrictModel
+from trtflow.util.cc import ComputeCapability
+from trtflow.recipe.base import Dim, FieldError, StrictModel
 
 SUPPORTED_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS = ("fp16", "bf16"), ("int8", "fp8")
 # The oldest GPU each reduced precision runs on (TensorRT-RTX support matrix: Turing sm_75 has no bf16, fp8 needs
 # Ada sm_89 or newer; TensorRT agrees). fp16 and int8 Q/DQ build for every capability TensorRT-RTX targets.
-PRECISION_MIN_COMPUTE_CAPABILITY = {"bf16": "sm_80", "fp8": "sm_89"}
+PRECISION_MIN_COMPUTE_CAPABILITY = {"bf16": ComputeCapability("sm_80"), "fp8": ComputeCapability("sm_89")}
 
 
 Size = Annotated[list[Dim], Field(min_length=2, max_length=2)]

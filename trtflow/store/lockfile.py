@@ -10,13 +10,12 @@ can say *what* changed. It holds no times: the same project always writes the sa
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from trtflow.errors import ProjectError
+from trtflow.util.fs import atomic_write
 
 LOCK_FILE = "trtflow.lock"
 LOCK_VERSION = 1
@@ -57,7 +56,4 @@ def write_lock(path: Path, entries: dict[str, LockEntry]) -> None:
     text = json.dumps(body, indent=1, sort_keys=True) + "\n"
     if path.is_file() and path.read_text() == text:
         return
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-    os.replace(temp, path)
+    atomic_write(path, text)

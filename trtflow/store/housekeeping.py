@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from trtflow.hashing import sha256_file
-from trtflow.lockfile import LOCK_FILE, read_lock
-from trtflow.store import Store
-from trtflow.storelock import exclusive_store, remove_free_lock_files, run_is_live
+from trtflow.store.lockfile import LOCK_FILE, read_lock
+from trtflow.store.objects import Store
+from trtflow.store.locks import exclusive_store, remove_free_lock_files, run_is_live
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 from trtflow.errors import EnvironmentProblem
 from trtflow.hashing import stage_key
-from trtflow.store import ObjectMismatch, Store
+from trtflow.store.objects import ObjectMismatch, Store
 
 CHUNK = 1 << 20
 # Short timeouts and one quick retry (s3fs's, 0.1 s later; botocore's own are off): a remote that does

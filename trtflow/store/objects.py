@@ -34,6 +34,7 @@ import diskcache
 
 from trtflow.errors import EnvironmentProblem, InternalError, TrtflowError
 from trtflow.hashing import FileDigests, file_signature, sha256_file, sha256_text
+from trtflow.util.fs import fsync_dir, fsync_file
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -246,12 +247,12 @@ class Store:
         staged = Path(tempfile.mkstemp(dir=final.parent, prefix=".incoming-")[1])
         try:
             shutil.move(str(source), staged)
-            _fsync_file(staged)
+            fsync_file(staged)
             os.chmod(staged, 0o444)
             os.replace(staged, final)
         finally:
             staged.unlink(missing_ok=True)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     def object_files(self) -> Iterator[Path]:
         """Every file under objects/, including leftovers that are not objects (`.incoming-*`)."""
@@ -354,16 +355,3 @@ class Store:
 def _signature(stat: os.stat_result) -> str:
     """(size, mtime_ns, inode) as one short string: compared on every lookup of a cached record."""
     return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

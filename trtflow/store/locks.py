@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from trtflow.errors import TrtflowError
-from trtflow.store import WRITE_ERRNOS, write_failure
+from trtflow.store.objects import WRITE_ERRNOS, write_failure
 
 
 class StoreBusy(TrtflowError):

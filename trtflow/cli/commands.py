@@ -1,4 +1,4 @@
-"""The `trtflow` command. The only place that reads arguments, prints, and maps errors to exit codes.
+"""The `trtflow` commands and `main`, which maps errors to exit codes.
 
 Exit codes: 0 success; 1 a stage failed; 2 bad command line; 3 invalid project, recipe or file;
 4 something missing from this machine (a package, a GPU); 5 no engine fits the device (provision);
@@ -18,15 +18,19 @@ import click
 
 from trtflow import __version__
 from trtflow.errors import InternalError, TrtflowError
-from trtflow.plan import BUILT, CACHED, FAILED, SKIPPED, NodeState
+from trtflow.cli import output
+from trtflow.plan import FAILED
 
 
 class Context:
+    """What every command gets: the project folder and -v; opens the session or the store on demand."""
+
     def __init__(self, project_dir: Path, verbose: bool):
         self.project_dir = project_dir
         self.verbose = verbose
 
     def session(self, recipes: tuple[str, ...] = ()):
+        """The project as a Session (plan and run), limited to `recipes` when given."""
         from trtflow.session import Session
 
         return Session.open(self.project_dir, recipes)
@@ -83,7 +87,7 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
         if explain:
             for change in state.changes[1:] if state.reason else []:
                 click.echo(f"{'':<48}   also: {change}")
-    click.echo(_counts(states))
+    click.echo(output.counts(states))
 
 
 @cli.command()
@@ -105,10 +109,10 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run:
             if frozen:
                 session.frozen_keys()  # the same check a frozen run makes before building anything
             states = list(session.plan(force).values())
-            _print_summary(states, as_json, 0.0, dry_run=True)
+            output.print_summary(states, as_json, 0.0, dry_run=True)
             return
         started = time.perf_counter()
-        view = None if as_json else _progress_view(ctx.verbose)
+        view = None if as_json else output.progress_view(ctx.verbose)
         try:
             options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required)
             states = list(session.run(options, view).values())
@@ -117,9 +121,10 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run:
                 view.close()
     finally:
         session.close()
-    _print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings)
-    if any(s.status == FAILED for s in states):
-        sys.exit(1)
+    output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings)
+    failed = [s.exit_code or 1 for s in states if s.status == FAILED]
+    if failed:
+        sys.exit(max(failed))  # 4 when a stage found something missing from this machine, else 1
 
 
 @cli.command()
@@ -133,9 +138,9 @@ def inspect(path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
     elif info["kind"] == "engine":
-        _print_engine(info)
+        output.print_engine(info)
     else:
-        _print_manifest(info["path"], info["manifest"])
+        output.print_manifest(info["path"], info["manifest"])
 
 
 @cli.command()
@@ -147,7 +152,7 @@ def schema(what: str) -> None:
 
         click.echo(json.dumps(manifest_json_schema(), indent=2))
         return
-    from trtflow.recipe import Pipeline, recipe_json_schema
+    from trtflow.recipe.schema import Pipeline, recipe_json_schema
 
     click.echo(json.dumps(recipe_json_schema() if what == "recipe" else Pipeline.model_json_schema(), indent=2))
 
@@ -170,7 +175,7 @@ def provision(package: Path, gpu: str, runtime_version: Optional[str], backend: 
     if as_json:
         click.echo(json.dumps(record, indent=2))
         return
-    _print_provision(record)
+    output.print_provision(record)
 
 
 @cli.group()
@@ -183,7 +188,7 @@ def cache() -> None:
 @pass_context
 def cache_ls(ctx: Context, as_json: bool) -> None:
     """Records and bytes per recipe and stage, how many of them trtflow.lock uses, and store totals."""
-    from trtflow import housekeeping
+    from trtflow.store import housekeeping
 
     info = _on_store(ctx, as_json, lambda project, store: housekeeping.usage(store, housekeeping.lock_keys(project.root)))
     if info is None:
@@ -193,10 +198,10 @@ def cache_ls(ctx: Context, as_json: bool) -> None:
         return
     click.echo(f"{'recipe':<24} {'stage':<10} {'records':>7} {'in lock':>7} {'size':>10}")
     for row in info["stages"]:
-        click.echo(f"{row['recipe']:<24} {row['stage']:<10} {row['records']:>7} {row['in_lock']:>7} {_size(row['bytes']):>10}")
+        click.echo(f"{row['recipe']:<24} {row['stage']:<10} {row['records']:>7} {row['in_lock']:>7} {output.size(row['bytes']):>10}")
     objects, loose = info["objects"], info["unreferenced"]
-    click.echo(f"objects: {objects['count']} ({_size(objects['bytes'])}); used by no record: {loose['count']} ({_size(loose['bytes'])}); "
-               f"quarantined: {_size(info['corrupt'])}; work dirs: {_size(info['tmp'])}  [{info['store']}]")
+    click.echo(f"objects: {objects['count']} ({output.size(objects['bytes'])}); used by no record: {loose['count']} ({output.size(loose['bytes'])}); "
+               f"quarantined: {output.size(info['corrupt'])}; work dirs: {output.size(info['tmp'])}  [{info['store']}]")
 
 
 @cache.command("verify")
@@ -204,7 +209,7 @@ def cache_ls(ctx: Context, as_json: bool) -> None:
 @pass_context
 def cache_verify(ctx: Context, as_json: bool) -> None:
     """Re-hash every object; name corrupt ones (exit 1) and move them aside so the next run rebuilds them."""
-    from trtflow import housekeeping
+    from trtflow.store import housekeeping
 
     report = _on_store(ctx, as_json, lambda project, store: housekeeping.verify(store))
     if report is None:
@@ -212,21 +217,9 @@ def cache_verify(ctx: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        _print_verify(report)
+        output.print_verify(report)
     if report["corrupt"]:
         sys.exit(1)
-
-
-def _print_verify(report: dict) -> None:
-    for bad in report["corrupt"]:
-        users = ", ".join(f"{u['node']} (key {u['key'][:12]})" for u in bad["used_by"]) or "no record"
-        click.echo(f"corrupt  {bad['path']}: used by {users}; moved to {bad['moved_to']}; the next run rebuilds it")
-    for gone in report["missing"]:
-        click.echo(f"missing  {gone['digest']} of {gone['node']} (key {gone['key'][:12]}): the next run rebuilds it")
-    for path in report["leftovers"]:
-        click.echo(f"leftover {path} (a killed write; `trtflow cache gc --yes` removes it)")
-    click.echo(f"verified {report['objects']} objects ({_size(report['bytes'])}) in {report['seconds']:.2f} s: "
-               f"{len(report['corrupt'])} corrupt, {len(report['missing'])} missing  [{report['store']}]")
 
 
 @cache.command("gc")
@@ -236,7 +229,7 @@ def _print_verify(report: dict) -> None:
 @pass_context
 def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
     """Delete what trtflow.lock, the current packages (and --keep-last N runs) do not use. A dry run without --yes."""
-    from trtflow import housekeeping
+    from trtflow.store import housekeeping
 
     def sweep(project, store) -> dict:
         keep = housekeeping.live_keys(store, project.root, project.packages_dir, keep_last)
@@ -251,10 +244,10 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
         return
     verb = "deleted" if yes else "would delete"
     freed = report["freed"]
-    click.echo(f"{verb} {len(report['records'])} records, {len(report['objects'])} objects ({_size(freed['objects'])}), "
-               f"{_size(freed['corrupt'])} quarantined, {_size(freed['tmp'])} of dead runs' work dirs: {_size(report['freed_bytes'])} in all")
+    click.echo(f"{verb} {len(report['records'])} records, {len(report['objects'])} objects ({output.size(freed['objects'])}), "
+               f"{output.size(freed['corrupt'])} quarantined, {output.size(freed['tmp'])} of dead runs' work dirs: {output.size(report['freed_bytes'])} in all")
     kept = "trtflow.lock and the packages use" + (f", and the last {keep_last} run(s) used" if keep_last else "")
-    click.echo(f"kept {report['kept_records']} records, {report['kept_objects']} objects ({_size(report['kept_bytes'])}): what {kept}")
+    click.echo(f"kept {report['kept_records']} records, {report['kept_objects']} objects ({output.size(report['kept_bytes'])}): what {kept}")
     if not yes:
         click.echo("dry run: pass --yes to delete")
 
@@ -276,164 +269,6 @@ def _no_store(path: Path, as_json: bool) -> None:
         click.echo(json.dumps({"store": str(path), "exists": False}))
     else:
         click.echo(f"no store at {path} yet (nothing has run): nothing to do")
-
-
-def _size(count: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} TiB"
-
-
-def _print_provision(record: dict) -> None:
-    click.echo(f"chose {record['chosen']['file']} for {record['device']['gpu']}: {record['chosen']['reason']}")
-    if record["runtime"]["version"] is None:
-        click.echo("  runtime version not checked (pass --runtime-version to apply the version rules)")
-    click.echo(f"wrote {record['written']['engine']} and {Path(record['written']['record']).name}")
-
-
-# ---------------------------------------------------------------------------------------------
-# output
-
-
-def _counts(states: list[NodeState]) -> str:
-    counts: dict[str, int] = {}
-    for state in states:
-        counts[state.status] = counts.get(state.status, 0) + 1
-    return ", ".join(f"{n} {status}" for status, n in counts.items()) or "nothing to do"
-
-
-def _print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = ()) -> None:
-    if as_json:
-        for warning in warnings:
-            click.echo(f"warning: {warning}", err=True)
-        counts = {status: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
-        click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "warnings": list(warnings),
-                               "nodes": [s.to_json() for s in states]}, indent=2))
-        return
-    if dry_run:
-        for state in states:
-            click.echo(f"{'would run' if state.status != CACHED else 'cached':<10} {state.node.id:<48} {state.label}")
-        click.echo(f"dry run: {sum(s.status != CACHED for s in states)} stage(s) would run, {sum(s.status == CACHED for s in states)} cached")
-        return
-    for state in states:
-        if state.status in (FAILED, SKIPPED):
-            click.echo(f"{state.status:<8} {state.node.id}: {state.reason}", err=True)
-    built = [s for s in states if s.status == BUILT]
-    line = f"{len(built)} built, {sum(s.status == CACHED for s in states)} cached, {sum(s.status == FAILED for s in states)} failed, {sum(s.status == SKIPPED for s in states)} skipped in {seconds:.2f} s"
-    from trtflow.runner import PULLED
-
-    pulled = sum(s.status == CACHED and s.reason == PULLED for s in states)
-    if pulled:
-        line += f" ({pulled} pulled from the remote cache)"
-    elif not built and all(s.status == CACHED for s in states):
-        line += " (all stages cached, nothing to do)"
-    click.echo(line)
-
-
-def _print_manifest(path: str, manifest: dict) -> None:
-    click.echo(f"package {manifest['recipe']}  ({path})")
-    click.echo(f"  trtflow {manifest['trtflow_version']}, manifest schema {manifest['schema_version']}, source sha256 {manifest['source']['sha256'][:16]}")
-    for engine in manifest["engines"]:
-        click.echo(f"  {engine['file']}")
-        click.echo(f"    target {engine['target']} ({', '.join(engine['compute_capabilities'])}), {engine['precision']}, {engine['backend']} {engine['backend_version']}")
-        click.echo(f"    {engine['size']} bytes, sha256 {engine['sha256']}")
-        for tensor in engine["tensors"]:
-            ranges = "; ".join(f"{p['min']}..{p['max']} opt {p['opt']}" for p in tensor["profiles"])
-            click.echo(f"    {tensor['mode']:<6} {tensor['name']} {tensor['dtype']} {tensor['shape']}" + (f"  profiles: {ranges}" if ranges else ""))
-        for line in _evidence_lines(engine):
-            click.echo(f"    {line}")
-
-
-def _evidence_lines(engine: dict) -> list[str]:
-    """What stands behind an engine: calibration, the ONNX Runtime proofs, and whether the engine itself ran."""
-    lines = []
-    calibration = engine.get("calibration")
-    if calibration:
-        data = "random inputs" if calibration.get("random") else f"data sha256 {str(calibration.get('data_digest'))[:16]}"
-        lines.append(f"calibration: {calibration.get('method')}, {calibration.get('samples')} samples, {data}")
-    check = engine.get("verification") or {}
-    if check.get("cleanup_equality"):
-        proof = check["cleanup_equality"]
-        worst = max((o["max_abs_error"] or 0.0 for o in proof["outputs"]), default=0.0)
-        lines.append(f"cleanup == source: {'passed' if proof['passed'] else 'FAILED'} (max abs error {worst:.3g}, {proof['samples']} samples)")
-    accuracy = check.get("precision_accuracy")
-    if accuracy:
-        cosine = min((o.get("cosine_similarity") or 0.0 for o in accuracy.get("outputs", [])), default=0.0)
-        lines.append(f"{engine['precision']} vs fp32: {'passed' if accuracy.get('passed') else 'FAILED'} (min cosine {cosine:.8f}, {accuracy.get('samples')} samples)")
-    if check.get("engine_run"):
-        lines.append(f"engine run: {check['engine_run']['status']}")
-    return lines
-
-
-def _print_engine(info: dict) -> None:
-    click.echo(f"{info['path']}: {info['format']}, {info['size']} bytes, sha256 {info['sha256']}")
-    entry = info["manifest_entry"]
-    if entry is None:
-        click.echo("  no manifest describes it (inspect the package folder it came from for details)")
-        return
-    click.echo(f"  recipe {info['recipe']}, target {entry['target']} ({', '.join(entry['compute_capabilities'])}), {entry['precision']}, {entry['backend']} {entry['backend_version']}")
-
-
-class _PlainView:
-    """One line per finished stage: for logs and CI, where a live display would be noise."""
-
-    def __init__(self, verbose: bool):
-        self.verbose = verbose
-        self.done = 0
-
-    def __call__(self, event: str, state: Any) -> None:
-        if event == "warning":
-            click.echo(f"warning: {state}", err=True)
-            return
-        if event in ("start", "wait"):
-            click.echo(f"{'run' if event == 'start' else 'wait':<8} {state.node.id}  ({state.label})", err=True)
-            return
-        self.done += 1
-        if state.status == CACHED and not (self.verbose or state.reason):
-            return
-        timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
-        why = f"  ({state.reason})" if state.status == CACHED and state.reason else ""  # pulled, built by another run
-        click.echo(f"{state.status:<8} {state.node.id}{timing}{why}", err=True)
-        if self.verbose and state.detail:
-            click.echo(state.detail, err=True)
-
-    def close(self) -> None:
-        pass
-
-
-class _RichView(_PlainView):
-    """A live progress bar on a terminal, with finished stages printed above it."""
-
-    def __init__(self, verbose: bool):
-        super().__init__(verbose)
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} done"), TimeElapsedColumn(), console=Console(stderr=True))
-        self.task = self.progress.add_task("running", total=None)
-        self.progress.start()
-
-    def __call__(self, event: str, state: Any) -> None:
-        if event == "warning":
-            self.progress.console.print(f"warning: {state}", markup=False, highlight=False)
-            return
-        if event in ("start", "wait"):
-            self.progress.update(self.task, description=f"{'running' if event == 'start' else 'waiting for'} {state.node.id}")
-            return
-        if state.status != CACHED:
-            timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
-            self.progress.console.print(f"{state.status:<8} {state.node.id}{timing}", markup=False, highlight=False)
-        self.progress.advance(self.task)
-
-    def close(self) -> None:
-        self.progress.stop()
-
-
-def _progress_view(verbose: bool) -> _PlainView:
-    return _RichView(verbose) if sys.stderr.isatty() else _PlainView(verbose)
 
 
 def main(argv: Optional[list[str]] = None) -> Any:

@@ -1,0 +1,178 @@
+"""What the CLI prints: run summaries, package manifests, engine evidence, and the live progress of a run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trtflow.plan import BUILT, CACHED, FAILED, PULLED, SKIPPED, NodeState
+
+
+def counts(states: list[NodeState]) -> str:
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state.status] = counts.get(state.status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items()) or "nothing to do"
+
+
+def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = ()) -> None:
+    if as_json:
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
+        counts = {status: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
+        click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "warnings": list(warnings),
+                               "nodes": [s.to_json() for s in states]}, indent=2))
+        return
+    if dry_run:
+        for state in states:
+            click.echo(f"{'would run' if state.status != CACHED else 'cached':<10} {state.node.id:<48} {state.label}")
+        click.echo(f"dry run: {sum(s.status != CACHED for s in states)} stage(s) would run, {sum(s.status == CACHED for s in states)} cached")
+        return
+    for state in states:
+        if state.status in (FAILED, SKIPPED):
+            click.echo(f"{state.status:<8} {state.node.id}: {state.reason}", err=True)
+    built = [s for s in states if s.status == BUILT]
+    line = f"{len(built)} built, {sum(s.status == CACHED for s in states)} cached, {sum(s.status == FAILED for s in states)} failed, {sum(s.status == SKIPPED for s in states)} skipped in {seconds:.2f} s"
+    pulled = sum(s.status == CACHED and s.reason == PULLED for s in states)
+    if pulled:
+        line += f" ({pulled} pulled from the remote cache)"
+    elif not built and all(s.status == CACHED for s in states):
+        line += " (all stages cached, nothing to do)"
+    click.echo(line)
+
+
+def print_manifest(path: str, manifest: dict) -> None:
+    click.echo(f"package {manifest['recipe']}  ({path})")
+    click.echo(f"  trtflow {manifest['trtflow_version']}, manifest schema {manifest['schema_version']}, source sha256 {manifest['source']['sha256'][:16]}")
+    for engine in manifest["engines"]:
+        click.echo(f"  {engine['file']}")
+        click.echo(f"    target {engine['target']} ({', '.join(engine['compute_capabilities'])}), {engine['precision']}, {engine['backend']} {engine['backend_version']}")
+        click.echo(f"    {engine['size']} bytes, sha256 {engine['sha256']}")
+        for tensor in engine["tensors"]:
+            ranges = "; ".join(f"{p['min']}..{p['max']} opt {p['opt']}" for p in tensor["profiles"])
+            click.echo(f"    {tensor['mode']:<6} {tensor['name']} {tensor['dtype']} {tensor['shape']}" + (f"  profiles: {ranges}" if ranges else ""))
+        for line in evidence_lines(engine):
+            click.echo(f"    {line}")
+
+
+def evidence_lines(engine: dict) -> list[str]:
+    """What stands behind an engine: calibration, the ONNX Runtime proofs, and whether the engine itself ran."""
+    lines = []
+    calibration = engine.get("calibration")
+    if calibration:
+        data = "random inputs" if calibration.get("random") else f"data sha256 {str(calibration.get('data_digest'))[:16]}"
+        lines.append(f"calibration: {calibration.get('method')}, {calibration.get('samples')} samples, {data}")
+    check = engine.get("verification") or {}
+    if check.get("cleanup_equality"):
+        proof = check["cleanup_equality"]
+        worst = max((o["max_abs_error"] or 0.0 for o in proof["outputs"]), default=0.0)
+        lines.append(f"cleanup == source: {'passed' if proof['passed'] else 'FAILED'} (max abs error {worst:.3g}, {proof['samples']} samples)")
+    accuracy = check.get("precision_accuracy")
+    if accuracy:
+        cosine = min((o.get("cosine_similarity") or 0.0 for o in accuracy.get("outputs", [])), default=0.0)
+        lines.append(f"{engine['precision']} vs fp32: {'passed' if accuracy.get('passed') else 'FAILED'} (min cosine {cosine:.8f}, {accuracy.get('samples')} samples)")
+    if check.get("engine_run"):
+        lines.append(f"engine run: {check['engine_run']['status']}")
+    return lines
+
+
+def print_engine(info: dict) -> None:
+    click.echo(f"{info['path']}: {info['format']}, {info['size']} bytes, sha256 {info['sha256']}")
+    entry = info["manifest_entry"]
+    if entry is None:
+        click.echo("  no manifest describes it (inspect the package folder it came from for details)")
+        return
+    click.echo(f"  recipe {info['recipe']}, target {entry['target']} ({', '.join(entry['compute_capabilities'])}), {entry['precision']}, {entry['backend']} {entry['backend_version']}")
+
+
+class PlainView:
+    """One line per finished stage: for logs and CI, where a live display would be noise."""
+
+    def __init__(self, verbose: bool):
+        self.verbose = verbose
+        self.done = 0
+
+    def __call__(self, event: str, state: Any) -> None:
+        if event == "warning":
+            click.echo(f"warning: {state}", err=True)
+            return
+        if event in ("start", "wait"):
+            click.echo(f"{'run' if event == 'start' else 'wait':<8} {state.node.id}  ({state.label})", err=True)
+            return
+        self.done += 1
+        if state.status == CACHED and not (self.verbose or state.reason):
+            return
+        timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
+        why = f"  ({state.reason})" if state.status == CACHED and state.reason else ""  # pulled, built by another run
+        click.echo(f"{state.status:<8} {state.node.id}{timing}{why}", err=True)
+        if self.verbose and state.detail:
+            click.echo(state.detail, err=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichView(PlainView):
+    """A live progress bar on a terminal, with finished stages printed above it."""
+
+    def __init__(self, verbose: bool):
+        super().__init__(verbose)
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} done"), TimeElapsedColumn(), console=Console(stderr=True))
+        self.task = self.progress.add_task("running", total=None)
+        self.progress.start()
+
+    def __call__(self, event: str, state: Any) -> None:
+        if event == "warning":
+            self.progress.console.print(f"warning: {state}", markup=False, highlight=False)
+            return
+        if event in ("start", "wait"):
+            self.progress.update(self.task, description=f"{'running' if event == 'start' else 'waiting for'} {state.node.id}")
+            return
+        if state.status != CACHED:
+            timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
+            self.progress.console.print(f"{state.status:<8} {state.node.id}{timing}", markup=False, highlight=False)
+        self.progress.advance(self.task)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def progress_view(verbose: bool) -> PlainView:
+    return RichView(verbose) if sys.stderr.isatty() else PlainView(verbose)
+
+
+def print_verify(report: dict) -> None:
+    for bad in report["corrupt"]:
+        users = ", ".join(f"{u['node']} (key {u['key'][:12]})" for u in bad["used_by"]) or "no record"
+        click.echo(f"corrupt  {bad['path']}: used by {users}; moved to {bad['moved_to']}; the next run rebuilds it")
+    for gone in report["missing"]:
+        click.echo(f"missing  {gone['digest']} of {gone['node']} (key {gone['key'][:12]}): the next run rebuilds it")
+    for path in report["leftovers"]:
+        click.echo(f"leftover {path} (a killed write; `trtflow cache gc --yes` removes it)")
+    click.echo(f"verified {report['objects']} objects ({size(report['bytes'])}) in {report['seconds']:.2f} s: "
+               f"{len(report['corrupt'])} corrupt, {len(report['missing'])} missing  [{report['store']}]")
+
+
+def size(count: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def print_provision(record: dict) -> None:
+    click.echo(f"chose {record['chosen']['file']} for {record['device']['gpu']}: {record['chosen']['reason']}")
+    if record["runtime"]["version"] is None:
+        click.echo("  runtime version not checked (pass --runtime-version to apply the version rules)")
+    click.echo(f"wrote {record['written']['engine']} and {Path(record['written']['record']).name}")
+
+

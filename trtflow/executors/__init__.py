@@ -1,0 +1,75 @@
+"""Executors: where a stage runs. The runner hands each stale node to an `Executor` as a `StageTask` and gets a
+`StageResult` back through a future; it knows nothing of processes, machines or what a stage does.
+
+`run_task` is what a worker calls: it runs the stage and turns any failure into a plain, picklable result
+that keeps the exit code of the error class (an EnvironmentProblem in a worker still makes the run exit 4).
+The local process pool (executors.local) is the default; a distributed executor implements the same two methods.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Protocol
+
+from trtflow.errors import StageError, TrtflowError
+from trtflow.stages import stage_module
+from trtflow.stages.base import StageParams, Upstream
+
+
+@dataclass(frozen=True)
+class StageTask:
+    """One stage to run: its node, kind, typed params, input files and the work directory it may write in."""
+
+    node_id: str
+    kind: str
+    params: StageParams
+    inputs: dict[str, Upstream]
+    workdir: Path
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """Output files and record of a stage that ran, or the one-line error of one that failed (and how to exit)."""
+
+    files: Optional[dict[str, str]] = None
+    record: Optional[dict] = None
+    error: Optional[str] = None
+    exit_code: int = 0
+    errno: Optional[int] = None  # the OS error behind a failure: a full disk stops the run
+    detail: str = ""
+
+    @classmethod
+    def failure(cls, message: str, exit_code: int = StageError.exit_code, detail: str = "", errno: Optional[int] = None) -> "StageResult":
+        """A failed stage: what the user reads, the exit code its error class carries, the traceback for -v."""
+        return cls(error=message, exit_code=exit_code, detail=detail, errno=errno)
+
+
+class Executor(Protocol):
+    """Runs StageTasks somewhere; each future resolves to a StageResult, never raises."""
+
+    def submit(self, task: StageTask) -> "futures.Future[StageResult]": ...
+
+    def shutdown(self) -> None: ...
+
+
+def run_task(task: StageTask) -> StageResult:
+    """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult."""
+    try:
+        output = stage_module(task.kind).run(task.params, task.inputs, task.workdir)
+    except TrtflowError as exc:
+        return StageResult.failure(str(exc), exc.exit_code, traceback.format_exc())
+    except Exception as exc:  # a library failed inside the stage: report it as the stage's failure
+        return StageResult.failure(f"{type(exc).__name__}: {exc}", StageError.exit_code, traceback.format_exc(), _errno(exc))
+    return StageResult(files={name: str(path) for name, path in output.files.items()}, record=output.record)
+
+
+def _errno(exc: Optional[BaseException]) -> Optional[int]:
+    """The OS error number behind a failure (a full disk must stop the run, not fail one stage after another)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno:
+            return exc.errno
+        exc = exc.__cause__ or exc.__context__
+    return None

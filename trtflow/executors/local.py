@@ -1,0 +1,57 @@
+"""The local executor: a pool of worker processes on this machine (`trtflow run -j N`).
+
+Processes, not threads: TensorRT-RTX builds are single-threaded and hold the GIL, so processes are what lets
+`-j 2` use both cores, and a crash inside a native library fails one node instead of the whole run (the
+pool is then replaced). Workers are spawned, never forked: the runner holds SQLite handles.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import multiprocessing
+from typing import Optional
+
+from trtflow.executors import StageResult, StageTask, run_task
+
+
+class LocalExecutor:
+    """Up to `jobs` stages at once in spawned worker processes."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self._pool: Optional[futures.ProcessPoolExecutor] = None
+        self._broken = False  # set from the pool's thread when a worker died; the pool is replaced on the next submit
+
+    def submit(self, task: StageTask) -> "futures.Future[StageResult]":
+        """Start the task in a worker; a worker that dies resolves the future to a failure, never an exception."""
+        outer: futures.Future[StageResult] = futures.Future()
+        inner = self._workers().submit(run_task, task)
+        inner.add_done_callback(lambda done: outer.set_result(self._result(done)))
+        return outer
+
+    def _result(self, done: futures.Future) -> StageResult:
+        try:
+            return done.result()
+        except Exception as exc:  # the worker died (e.g. a native crash) or could not be reached
+            self._broken = True
+            return StageResult.failure(f"worker process failed: {type(exc).__name__}: {exc}")
+
+    def _workers(self) -> futures.ProcessPoolExecutor:
+        if self._broken:
+            self._drop()
+        if self._pool is None:
+            self._pool = futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def _drop(self) -> None:
+        """Forget a broken pool (the next task starts a new one)."""
+        self._broken = False
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def shutdown(self) -> None:
+        """Stop the workers; tasks not started are cancelled."""
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,197 @@
+"""The schema of pipeline.yaml and recipes/*.yaml: pydantic models, strict (unknown keys are errors).
+
+Loading and cross-checking them (with file and line in every error) is trtflow.recipe.load.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from trtflow.util.cc import ComputeCapability, parse_ccs
+from trtflow.recipe.precision import SUPPORTED_PRECISIONS, AccuracyOptions, AutocastOptions, Calibration, QuantizeOptions
+from trtflow.recipe.base import Dim, FieldError, StrictModel
+from trtflow.recipe.build import BuildOptions
+from trtflow.recipe.source import CleanupOptions, Source
+
+# Compute capabilities TensorRT-RTX 1.7 can target (its trt.ComputeCapability enum).
+RTX_COMPUTE_CAPABILITIES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_120", "sm_121")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+def _known_precision(value: str) -> str:
+    if value not in SUPPORTED_PRECISIONS:
+        raise ValueError(f"unknown precision {value!r} (supported: {', '.join(SUPPORTED_PRECISIONS)})")
+    return value
+
+
+Precision = Annotated[str, AfterValidator(_known_precision)]
+class TargetSpec(StrictModel):
+    """One kind of GPU in the fleet, and the backend that builds for it."""
+
+    backend: Literal["tensorrt-rtx", "tensorrt"]
+    compute_capabilities: list[ComputeCapability] = Field(min_length=1)
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
+    version_compatible: bool = False
+
+    @field_validator("compute_capabilities", mode="before")
+    @classmethod
+    def _canonical_ccs(cls, value: Any) -> Any:
+        return parse_ccs(value) if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _backend_options(self) -> "TargetSpec":
+        if self.backend == "tensorrt-rtx":
+            unsupported = [cc for cc in self.compute_capabilities if cc not in RTX_COMPUTE_CAPABILITIES]
+            if unsupported:
+                supported = ", ".join(RTX_COMPUTE_CAPABILITIES)
+                raise FieldError("compute_capabilities", f"tensorrt-rtx cannot target {', '.join(unsupported)} (it supports {supported})")
+            if self.hardware_compatibility != "none" or self.version_compatible:
+                raise FieldError("backend", "hardware_compatibility and version_compatible apply to the tensorrt backend only")
+        return self
+
+
+CREDENTIAL_KEY = re.compile(r"secret|password|passwd|token|credential|^key$|access_key|^username$", re.IGNORECASE)
+
+
+def _credential_keys(value: Any, path: str = "options") -> list[str]:
+    """Dotted paths of option keys that look like credentials, at any depth."""
+    if not isinstance(value, dict):
+        return []
+    found = []
+    for key, item in value.items():
+        found += [f"{path}.{key}"] if CREDENTIAL_KEY.search(str(key)) else _credential_keys(item, f"{path}.{key}")
+    return found
+
+
+class CacheSpec(StrictModel):
+    """`cache:` in pipeline.yaml: an optional remote cache shared by machines (any fsspec URL)."""
+
+    remote: Optional[str] = None  # s3://bucket/prefix, file:///shared/dir, gs://...
+    options: dict[str, Any] = Field(default_factory=dict)  # passed to the fsspec filesystem, e.g. endpoint_url
+
+    @field_validator("remote")
+    @classmethod
+    def _url(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not re.match(r"^[a-z][a-z0-9+.-]*://.+", value):
+            raise ValueError(f"remote {value!r} is not a URL such as s3://bucket/prefix or file:///shared/dir")
+        if value is not None and value.startswith("file://") and not value.startswith("file:///"):
+            raise ValueError(f"remote {value!r}: a file:// remote needs an absolute path (file:///shared/dir)")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _no_credentials(cls, value: dict[str, Any]) -> dict[str, Any]:
+        found = _credential_keys(value)
+        if found:
+            raise ValueError(f"{', '.join(found)}: credentials do not belong in pipeline.yaml (it is committed); "
+                             "set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) instead")
+        return value
+
+
+class Pipeline(StrictModel):
+    """pipeline.yaml: where outputs go, the fleet's targets, and which recipe files belong to the project."""
+
+    store: str = "artifacts/store"
+    packages: str = "artifacts/packages"
+    recipes: list[str] = Field(default_factory=lambda: ["recipes/*.yaml"], min_length=1)
+    targets: dict[str, TargetSpec] = Field(min_length=1)
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+
+    @field_validator("targets")
+    @classmethod
+    def _target_names(cls, value: dict[str, TargetSpec]) -> dict[str, TargetSpec]:
+        for name in value:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"target name {name!r} must match {NAME_PATTERN}")
+        return value
+
+
+class InputShape(StrictModel):
+    """The min/opt/max shape of one input in one profile; `shape:` is shorthand for a static input."""
+
+    min: Optional[list[Dim]] = None
+    opt: Optional[list[Dim]] = None
+    max: Optional[list[Dim]] = None
+    shape: Optional[list[Dim]] = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "InputShape":
+        if self.shape is not None:
+            if any(v is not None for v in (self.min, self.opt, self.max)):
+                raise FieldError("shape", "give either shape or min/opt/max, not both")
+            return self
+        for name in ("min", "opt", "max"):
+            if getattr(self, name) is None:
+                raise FieldError(name, f"{name} is required (or give a static shape:)")
+        if not len(self.min) == len(self.opt) == len(self.max):
+            raise FieldError("max", "min, opt and max must have the same rank")
+        if any(a > b for a, b in zip(self.min, self.opt)):
+            raise FieldError("min", "min must be <= opt in every dimension")
+        if any(a > b for a, b in zip(self.opt, self.max)):
+            raise FieldError("max", "opt must be <= max in every dimension")
+        return self
+
+    def triple(self) -> tuple[list[int], list[int], list[int]]:
+        """(min, opt, max), with a static shape repeated three times."""
+        if self.shape is not None:
+            return list(self.shape), list(self.shape), list(self.shape)
+        return list(self.min), list(self.opt), list(self.max)  # type: ignore[arg-type]
+
+
+class Profile(StrictModel):
+    inputs: dict[str, InputShape] = Field(min_length=1)
+
+
+class VerifyOptions(StrictModel):
+    """How the ONNX the engine is built from is compared with the source model (and the engine, on a GPU)."""
+
+    rtol: float = Field(default=1e-3, ge=0)
+    atol: float = Field(default=1e-4, ge=0)
+    samples: int = Field(default=6, ge=1, le=10_000)
+    seed: int = 0
+    on_fail: Literal["fail", "warn"] = "fail"
+
+
+class Recipe(StrictModel):
+    """One model: its source, precisions, shapes, targets and builder options."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    source: Source
+    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
+    targets: Optional[list[str]] = Field(default=None, min_length=1)
+    profiles: list[Profile] = Field(default_factory=list)
+    build: BuildOptions = Field(default_factory=BuildOptions)
+    verify: VerifyOptions = Field(default_factory=VerifyOptions)
+    cleanup: CleanupOptions = Field(default_factory=CleanupOptions)
+    calibration: Optional[Calibration] = None  # required by int8 and fp8
+    autocast: AutocastOptions = Field(default_factory=AutocastOptions)
+    quantize: QuantizeOptions = Field(default_factory=QuantizeOptions)
+    accuracy: AccuracyOptions = Field(default_factory=AccuracyOptions)
+
+    @field_validator("precisions")
+    @classmethod
+    def _unique_precisions(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("precisions must not repeat")
+        return value
+
+    @model_validator(mode="after")
+    def _profiles_name_same_inputs(self) -> "Recipe":
+        if self.profiles:
+            first = set(self.profiles[0].inputs)
+            for profile in self.profiles[1:]:
+                if set(profile.inputs) != first:
+                    raise FieldError("profiles", "every profile must name the same inputs")
+        return self
+
+
+def recipe_json_schema() -> dict:
+    """The recipe schema for editors (yaml-language-server); `name` is optional there: it defaults to the file name."""
+    schema = Recipe.model_json_schema()
+    schema["required"] = [field for field in schema.get("required", []) if field != "name"]
+    return schema
+
+

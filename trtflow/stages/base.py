@@ -1,0 +1,176 @@
+"""What every stage is made of: typed params, node ids, nodes, the inputs a stage reads and what it returns.
+
+A stage module (stages/<kind>.py) is one typed unit: `KIND`, `VERSION` (bump it when the output for the same
+inputs would change), a frozen `Params` model, a function that makes its nodes from a recipe, and
+`run(params, inputs, workdir) -> StageOutput`; optionally `finish(node, record, place)` (e.g. placing a package)
+and `VERIFY_INPUTS = True` (re-hash every input object before running: what a package ships must be intact).
+Stage modules import their heavy libraries (onnx, TensorRT, numpy) only inside `run`, so planning stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from trtflow.calibration import Split
+    from trtflow.hashing import FileDigests
+    from trtflow.recipe.load import RecipeFile
+    from trtflow.recipe.schema import Pipeline, TargetSpec
+    from trtflow.store.objects import Store
+
+
+class NodeId(str):
+    """`build:tiny/fp32/rtx-ada`: the stage kind, then the recipe, then the node's own parts, as one string.
+
+    It is a str (dict key, JSON, lock file entry); the only place ids are built and taken apart:
+
+        >>> NodeId.of("build", "tiny", "fp32", "rtx-ada").recipe
+        'tiny'
+    """
+
+    @classmethod
+    def of(cls, kind: str, recipe: str, *parts: str) -> "NodeId":
+        """The id of a `kind` node of `recipe`, e.g. of("precision", "tiny", "fp16")."""
+        return cls(f"{kind}:{'/'.join((recipe, *parts))}")
+
+    @property
+    def kind(self) -> str:
+        """`build` of `build:tiny/fp32/rtx-ada`."""
+        return self.split(":", 1)[0]
+
+    @property
+    def recipe(self) -> Optional[str]:
+        """`tiny` of `build:tiny/fp32/rtx-ada`; None for a string that is no node id."""
+        return self.split(":", 1)[1].split("/", 1)[0] if ":" in self else None
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """`("fp32", "rtx-ada")` of `build:tiny/fp32/rtx-ada`."""
+        return tuple(self.split(":", 1)[1].split("/")[1:]) if ":" in self else ()
+
+    def with_kind(self, kind: str) -> "NodeId":
+        """The same recipe and parts under another stage: build:... -> verify:..."""
+        return NodeId.of(kind, self.recipe or "", *self.parts)
+
+
+class StageParams(BaseModel):
+    """A stage's parameters: everything its `run` needs besides input files, and all of it part of the key.
+
+    The key keeps two groups apart so explanations can say which changed: fields named in FINGERPRINT (tool
+    versions, target hardware) and the rest (the recipe's settings). A top-level field left unset is not in
+    the key (fp32's precision node has no accuracy settings at all); nested models are always dumped whole.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    FINGERPRINT: ClassVar[tuple[str, ...]] = ()
+
+    def key_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(params, fingerprint) as plain JSON values, the way the stage key and the lock hold them."""
+        data = {name: value for name, value in self.model_dump(mode="json").items() if name in self.model_fields_set}
+        params = {name: value for name, value in data.items() if name not in self.FINGERPRINT}
+        return params, {name: data[name] for name in self.FINGERPRINT if name in data}
+
+
+@dataclass(frozen=True)
+class Dep:
+    """One input of a node that another node produces: `role` <- `node`'s output `output`."""
+
+    role: str
+    node: NodeId
+    output: str
+
+
+@dataclass(frozen=True)
+class Node:
+    """One unit of work in the DAG: a stage applied to typed params and to inputs (upstream outputs, files)."""
+
+    id: NodeId
+    version: int
+    params: StageParams
+    deps: tuple[Dep, ...] = ()
+    sources: tuple[tuple[str, Path], ...] = ()  # (role, file outside the store)
+    info: dict[str, Any] = field(default_factory=dict)  # shown to the user, not part of the key
+
+    @property
+    def kind(self) -> str:
+        """The stage that runs this node."""
+        return self.id.kind
+
+    @property
+    def recipe(self) -> str:
+        """The recipe this node belongs to (recipes never share nodes)."""
+        return self.id.recipe or ""
+
+    @functools.cached_property
+    def known_parts(self) -> dict[str, Any]:
+        """Key components known before any input digest: kind, version, params and fingerprint."""
+        params, fingerprint = self.params.key_parts()
+        return {"kind": self.kind, "version": self.version, "params": params, "fingerprint": fingerprint}
+
+
+@dataclass
+class RecipeContext:
+    """What a stage's node function reads: the recipe (with its file, for errors), the project root and its targets."""
+
+    item: "RecipeFile"
+    root: Path
+    pipeline: "Pipeline"
+
+    @property
+    def recipe(self) -> Any:
+        """The validated Recipe model."""
+        return self.item.recipe
+
+    @property
+    def name(self) -> str:
+        """The recipe's name: the first part of each of its node ids."""
+        return self.item.recipe.name
+
+    @functools.cached_property
+    def profiles(self) -> list[dict[str, dict[str, list[int]]]]:
+        """Profiles as [{input: {min, opt, max}}], the plain form keys, backends and manifests use."""
+        return [{name: dict(zip(("min", "opt", "max"), shape.triple())) for name, shape in profile.inputs.items()}
+                for profile in self.recipe.profiles]
+
+    def targets(self) -> list[tuple[str, "TargetSpec"]]:
+        """(name, spec) of each target this recipe builds for: its own list, else every target of the pipeline."""
+        return [(name, self.pipeline.targets[name]) for name in self.item.target_names(self.pipeline)]
+
+    @functools.cached_property
+    def calibration_split(self) -> Optional["Split"]:
+        """The calibration and held-out files reduced precisions read (decided from paths alone)."""
+        from trtflow import calibration
+
+        return calibration.plan_split(self.item, self.root) if set(self.recipe.precisions) - {"fp32"} else None
+
+
+@dataclass
+class Upstream:
+    """One input of a stage: the files an upstream node produced (or a source file) and its record."""
+
+    files: dict[str, Path]
+    record: dict[str, Any] = field(default_factory=dict)
+    key: Optional[str] = None
+    sha256: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StageOutput:
+    """What `run` returns: output files (moved into the store by the runner) and a JSON record."""
+
+    files: dict[str, Path]
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a finish hook may put what a finished node made for the user (packages), and the store it reads."""
+
+    store: "Store"
+    packages_dir: Path
+    digests: "FileDigests"

@@ -1,0 +1,1 @@
+"""Small leaf utilities (files, compute capabilities, tool versions, settings) that import nothing above them."""

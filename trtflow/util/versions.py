@@ -1,0 +1,21 @@
+"""Installed versions of the tools that shape an artifact, read from package metadata (no import)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from typing import Optional
+
+
+@functools.lru_cache(maxsize=None)
+def tool_version(distribution: str) -> Optional[str]:
+    """Installed version of a package, read from its metadata (no import; remembered for the process)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def ort_version() -> Optional[str]:
+    """Whichever ONNX Runtime distribution is installed (the CPU one or the GPU one, never both)."""
+    return tool_version("onnxruntime") or tool_version("onnxruntime-gpu")
