@@ -200,3 +200,25 @@ def test_frozen_dry_run_checks_the_lock_too(project: Path) -> None:
     recipe.write_text(recipe.read_text().replace("max: [8, 3, 32, 32]", "max: [9, 3, 32, 32]"))
     result = trtflow(project, "run", "--frozen", "--dry-run")
     assert result.code == 3 and "profiles[0].input.max: [8,3,32,32] -> [9,3,32,32]" in result.err
+
+
+def test_a_builder_option_reaches_the_engine_the_key_and_the_manifest(built_project: Path) -> None:
+    """profiling_verbosity: one field in the recipe schema, one line in the backend; keyed, applied, recorded."""
+    recipe = built_project / "recipes" / "tiny.yaml"
+    before = {e["target"]: e["sha256"] for e in manifest(built_project)["engines"]}
+    recipe.write_text(recipe.read_text() + "build: {profiling_verbosity: detailed}\n")
+    assert "profiling_verbosity: null -> detailed" in trtflow(built_project, "plan", "--explain").out
+    assert built(run_json(built_project)) == {f"{kind}:tiny/fp32/{target}" for kind in ("build", "verify") for target in ("rtx-ampere", "rtx-ada")} | {"package:tiny"}
+    engines = manifest(built_project)["engines"]
+    assert all(e["builder"]["profiling_verbosity"] == "detailed" for e in engines)
+    assert all(e["sha256"] != before[e["target"]] for e in engines)  # detailed layer information is in the engine
+
+
+def test_a_target_whose_backend_is_not_installed_exits_4_in_one_line_before_any_work(project: Path) -> None:
+    pipeline = project / "pipeline.yaml"
+    pipeline.write_text(pipeline.read_text() + "  a100:\n    backend: tensorrt\n    compute_capabilities: [sm_80]\n")
+    (project / "recipes" / "tiny.yaml").write_text(TINY_RECIPE.replace("targets: [rtx-ampere, rtx-ada]", "targets: [rtx-ada, a100]"))
+    result = trtflow(project, "run")
+    assert result.code == 4 and result.out == ""
+    assert result.err == "error: target a100 of recipe tiny: its backend tensorrt is not installed here: pip install 'trtflow[tensorrt]'\n"
+    assert not (project / "artifacts").exists()

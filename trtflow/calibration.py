@@ -43,6 +43,8 @@ RANDOM_CALIBRATION_SAMPLES = 16  # batches of seeded random inputs when `random:
 
 @dataclass(frozen=True)
 class Split:
+    """The selected files: those held out for the accuracy report and those calibrated on, each in rank order."""
+
     held_out: tuple[str, ...]
     calibration: tuple[str, ...]
 

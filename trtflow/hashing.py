@@ -30,6 +30,7 @@ def canonical_json(value: Any) -> str:
 
 
 def sha256_text(text: str) -> str:
+    """Hex sha256 of a string's UTF-8 bytes."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -64,6 +65,7 @@ class FileDigests:
         self.hashed_bytes = 0
 
     def digest(self, path: Path) -> str:
+        """sha256 of a file, remembered while its signature holds (never for a file modified within RACY_WINDOW_NS)."""
         path = Path(os.path.abspath(path))
         stat = path.stat()
         signature = file_signature(stat)

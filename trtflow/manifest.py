@@ -23,6 +23,8 @@ class _Model(BaseModel):
 
 
 class ProfileShape(_Model):
+    """A tensor's min, opt and max shape in one optimization profile."""
+
     min: list[int]
     opt: list[int]
     max: list[int]
@@ -39,6 +41,8 @@ class Tensor(_Model):
 
 
 class OutputError(_Model):
+    """One output against its reference within rtol/atol: the largest errors, or the problem that prevented comparing."""
+
     name: str
     max_abs_error: Optional[float]
     max_rel_error: Optional[float]
@@ -58,6 +62,8 @@ class OnnxComparison(_Model):
 
 
 class Tolerance(_Model):
+    """The accuracy limits a reduced-precision model was held to; a null limit was not checked."""
+
     min_cosine: Optional[float] = None
     min_top1: Optional[float] = None
     max_abs_error: Optional[float] = None
@@ -123,6 +129,8 @@ class Verification(_Model):
 
 
 class Engine(_Model):
+    """One engine file of the package: digest, precision, target GPUs, exact backend, build settings, tensors, proofs."""
+
     file: str
     sha256: str
     size: int
@@ -141,12 +149,16 @@ class Engine(_Model):
 
 
 class Source(_Model):
+    """The source model's sha256, and the sha256 and node count of the cleaned model the engines are built from."""
+
     sha256: str
     cleaned_sha256: str
     nodes: int
 
 
 class Manifest(_Model):
+    """manifest.json: the recipe, the trtflow version that built it, its source model and every engine in the package."""
+
     schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
     recipe: str
     trtflow_version: str
@@ -155,4 +167,5 @@ class Manifest(_Model):
 
 
 def manifest_json_schema() -> dict:
+    """The JSON Schema of manifest.json (`trtflow schema manifest`)."""
     return Manifest.model_json_schema()

@@ -127,10 +127,6 @@ class Resolver:
                 inputs[dep.role + name[len(dep.output):]] = digest
         return inputs
 
-    def components(self, node: Node, finished: dict[str, dict]) -> Optional[dict]:
-        """The key components of `node`, or None while an upstream has no record yet."""
-        return self.resolve(node, finished).components
-
     def source_digests(self, node: Node, role: str, path: Path) -> dict[str, str]:
         """A source file's digest; a source model's also one per external data file its graph names.
 

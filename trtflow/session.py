@@ -69,6 +69,7 @@ class Session:
 
     @property
     def lock_path(self) -> Path:
+        """The project's trtflow.lock: what --frozen checks the plan against and a run rewrites."""
         return self.project.root / LOCK_FILE
 
     def frozen_keys(self) -> dict[str, LockEntry]:

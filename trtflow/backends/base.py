@@ -43,6 +43,8 @@ class TensorSpec:
 
 @dataclass
 class BuildResult:
+    """What a build produced: backend and exact version, the engine's I/O tensors, its size, the builder's last warnings."""
+
     backend: str
     backend_version: str
     tensors: list[TensorSpec]
@@ -50,17 +52,22 @@ class BuildResult:
     log: list[str] = field(default_factory=list)
 
     def to_record(self) -> dict:
+        """The result as plain JSON-ready values (tensors included), for the build stage's record."""
         return asdict(self)
 
 
 class Backend(Protocol):
+    """A TensorRT flavour: its name, the module it imports lazily, the pip extra that installs it, and how it builds and runs."""
+
     name: str
     module: str
     extra: str
 
-    def engine_from_onnx(self, request: BuildRequest) -> BuildResult: ...
+    def engine_from_onnx(self, request: BuildRequest) -> BuildResult:
+        """Build `request.onnx_path` into `request.engine_path` for the requested compute capabilities and profiles."""
 
-    def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict: ...
+    def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
+        """Run the engine once on the local GPU with `feeds` (input name -> array); its outputs by name."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ HARDWARE_LEVELS = {"ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAM
 
 
 class TensorRTBackend:
+    """Full TensorRT: builds on the local GPU, for its compute capability only (or Ampere+ when hardware-compatible)."""
+
     name = "tensorrt"
     module = "tensorrt"
     extra = "tensorrt"
@@ -28,15 +30,18 @@ class TensorRTBackend:
         self._trt: Any = None
 
     def load(self) -> None:
+        """Import tensorrt once; EnvironmentProblem with the install command if it is missing."""
         if self._trt is None:
             self._trt = import_or_explain(self.module, self.extra, "from NVIDIA's package index, needs a GPU")
 
     def engine_from_onnx(self, request: BuildRequest) -> BuildResult:
+        """Build on this machine's GPU after checking it matches the target, with the requested compatibility settings."""
         self.load()
         trt = self._trt
         _check_local_gpu(request)
 
         def configure(config: Any, logger: Any) -> None:
+            """Set the hardware-compatibility level and the version-compatible flag the request asks for."""
             if request.hardware_compatibility != "none":
                 level = HARDWARE_LEVELS[request.hardware_compatibility]
                 config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)

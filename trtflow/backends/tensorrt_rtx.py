@@ -11,6 +11,8 @@ from trtflow.errors import StageError
 
 
 class TensorRTRTXBackend:
+    """TensorRT-RTX: builds on the CPU, ahead of time, for any compute capabilities it can target."""
+
     name = "tensorrt-rtx"
     module = "tensorrt_rtx"
     extra = "rtx"
@@ -19,6 +21,7 @@ class TensorRTRTXBackend:
         self._trt: Any = None
 
     def load(self) -> None:
+        """Import tensorrt_rtx once; EnvironmentProblem with the install command if it is missing."""
         if self._trt is None:
             self._trt = import_or_explain(self.module, self.extra)
 
@@ -29,6 +32,7 @@ class TensorRTRTXBackend:
         capabilities = [self._capability(cc) for cc in request.compute_capabilities]
 
         def configure(config: Any, logger: Any) -> None:
+            """Target exactly the requested compute capabilities (not the local GPU's)."""
             config.num_compute_capabilities = len(capabilities)
             for index, capability in enumerate(capabilities):
                 config.set_compute_capability(capability, index)

@@ -21,11 +21,14 @@ def make_logger(trt: Any) -> Any:
     """A TensorRT logger that keeps warnings and errors so a failed build can say why."""
 
     class CollectingLogger(trt.ILogger):
+        """Keeps warnings and errors in `lines`; info and verbose messages are dropped."""
+
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.lines: list[str] = []
 
         def log(self, severity: Any, msg: str) -> None:
+            """Keep a message of WARNING severity or worse as `<SEVERITY>: message`."""
             if severity <= trt.ILogger.Severity.WARNING:
                 self.lines.append(f"{severity.name}: {msg}")
 
@@ -68,10 +71,15 @@ def _optimization_level(trt: Any, config: Any, level: int) -> None:
     config.builder_optimization_level = level
 
 
+def _profiling_verbosity(trt: Any, config: Any, verbosity: str) -> None:
+    config.profiling_verbosity = getattr(trt.ProfilingVerbosity, verbosity.upper())
+
+
 # The recipe's `build:` options (trtflow.recipe.build.BuildOptions) by name -> how each is set on a builder config.
 BUILDER_OPTIONS: dict[str, Callable[[Any, Any, Any], None]] = {
     "workspace_mib": _workspace,
     "optimization_level": _optimization_level,
+    "profiling_verbosity": _profiling_verbosity,
 }
 
 

@@ -232,6 +232,7 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
     from trtflow.store import housekeeping
 
     def sweep(project, store) -> dict:
+        """List (or with --yes delete) what the lock, the packages and the last --keep-last runs do not use."""
         keep = housekeeping.live_keys(store, project.root, project.packages_dir, keep_last)
         return housekeeping.collect_garbage(store, keep) if yes else housekeeping.garbage(store, keep)
 

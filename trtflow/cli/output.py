@@ -13,6 +13,7 @@ from trtflow.plan import BUILT, CACHED, FAILED, PULLED, SKIPPED, NodeState
 
 
 def counts(states: list[NodeState]) -> str:
+    """How many stages are in each status, e.g. `3 cached, 1 stale` (`nothing to do` if none)."""
     counts: dict[str, int] = {}
     for state in states:
         counts[state.status] = counts.get(state.status, 0) + 1
@@ -20,6 +21,7 @@ def counts(states: list[NodeState]) -> str:
 
 
 def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = ()) -> None:
+    """Print the end of `trtflow run`: failures and totals, the would-run table of --dry-run, or JSON."""
     if as_json:
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
@@ -46,6 +48,7 @@ def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_ru
 
 
 def print_manifest(path: str, manifest: dict) -> None:
+    """Print a package manifest for `trtflow inspect`: each engine's target, backend, tensors and evidence."""
     click.echo(f"package {manifest['recipe']}  ({path})")
     click.echo(f"  trtflow {manifest['trtflow_version']}, manifest schema {manifest['schema_version']}, source sha256 {manifest['source']['sha256'][:16]}")
     for engine in manifest["engines"]:
@@ -81,6 +84,7 @@ def evidence_lines(engine: dict) -> list[str]:
 
 
 def print_engine(info: dict) -> None:
+    """Print `trtflow inspect` of an engine file: format, size, sha256, and the manifest entry describing it if any."""
     click.echo(f"{info['path']}: {info['format']}, {info['size']} bytes, sha256 {info['sha256']}")
     entry = info["manifest_entry"]
     if entry is None:
@@ -113,6 +117,7 @@ class PlainView:
             click.echo(state.detail, err=True)
 
     def close(self) -> None:
+        """Nothing to stop: plain output has no live display."""
         pass
 
 
@@ -141,14 +146,17 @@ class RichView(PlainView):
         self.progress.advance(self.task)
 
     def close(self) -> None:
+        """Stop the live progress display."""
         self.progress.stop()
 
 
 def progress_view(verbose: bool) -> PlainView:
+    """A live progress bar when stderr is a terminal, else one plain line per stage (logs, CI)."""
     return RichView(verbose) if sys.stderr.isatty() else PlainView(verbose)
 
 
 def print_verify(report: dict) -> None:
+    """Print `trtflow cache verify`: each corrupt, missing and leftover object, then the totals."""
     for bad in report["corrupt"]:
         users = ", ".join(f"{u['node']} (key {u['key'][:12]})" for u in bad["used_by"]) or "no record"
         click.echo(f"corrupt  {bad['path']}: used by {users}; moved to {bad['moved_to']}; the next run rebuilds it")
@@ -170,6 +178,7 @@ def size(count: float) -> str:
 
 
 def print_provision(record: dict) -> None:
+    """Print which engine `trtflow provision` chose for the device and why, and the files it wrote."""
     click.echo(f"chose {record['chosen']['file']} for {record['device']['gpu']}: {record['chosen']['reason']}")
     if record["runtime"]["version"] is None:
         click.echo("  runtime version not checked (pass --runtime-version to apply the version rules)")

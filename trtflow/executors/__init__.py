@@ -50,9 +50,11 @@ class StageResult:
 class Executor(Protocol):
     """Runs StageTasks somewhere; each future resolves to a StageResult, never raises."""
 
-    def submit(self, task: StageTask) -> "futures.Future[StageResult]": ...
+    def submit(self, task: StageTask) -> "futures.Future[StageResult]":
+        """Start `task`; the future resolves to its StageResult, a failure included."""
 
-    def shutdown(self) -> None: ...
+    def shutdown(self) -> None:
+        """Stop the workers at the end of a run; tasks not yet started are cancelled."""
 
 
 def run_task(task: StageTask) -> StageResult:

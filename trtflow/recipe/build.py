@@ -7,7 +7,7 @@ Adding an option is a field here plus its line in the backend.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field
 
@@ -19,5 +19,8 @@ class BuildOptions(StrictModel):
 
     workspace_mib: Optional[int] = Field(default=None, gt=0)
     optimization_level: int = Field(default=3, ge=0, le=5)
+    # What the engine keeps for layer inspection: layer names (TensorRT's default when unset), full layer
+    # details (engine inspector, profilers), or nothing. It changes the engine's bytes (measured).
+    profiling_verbosity: Optional[Literal["none", "layer_names_only", "detailed"]] = None
 
 

@@ -41,6 +41,7 @@ class RecipeFile:
         return f"{self.display}:{self.document.line_of(loc)}: {format_loc(loc)}"
 
     def target_names(self, pipeline: Pipeline) -> list[str]:
+        """The targets this recipe builds for: its own `targets:`, else every target in pipeline.yaml."""
         return list(self.recipe.targets) if self.recipe.targets else list(pipeline.targets)
 
     def source_path(self, root: Path) -> Path:
@@ -66,13 +67,16 @@ class Project:
 
     @property
     def store_dir(self) -> Path:
+        """The store folder pipeline.yaml names, under the project root."""
         return self.root / self.pipeline.store
 
     @property
     def packages_dir(self) -> Path:
+        """The folder packages are written to (pipeline.yaml's `packages:`), under the project root."""
         return self.root / self.pipeline.packages
 
     def recipe(self, name: str) -> RecipeFile:
+        """The recipe named `name`; ProjectError listing the known names if there is none."""
         for item in self.recipes:
             if item.recipe.name == name:
                 return item

@@ -42,6 +42,7 @@ class ImageSet(StrictModel):
     def _size(cls, value: Any) -> Any:
         """One message for both spellings (pydantic would report each branch of the union)."""
         def dim(v: Any) -> bool:
+            """True for a positive int that is not a bool and fits in int32."""
             return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 2**31 - 1
         if value is None or dim(value) or (isinstance(value, list) and len(value) == 2 and all(dim(v) for v in value)):
             return value

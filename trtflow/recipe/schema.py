@@ -142,6 +142,8 @@ class InputShape(StrictModel):
 
 
 class Profile(StrictModel):
+    """One optimization profile: the shape range (or static shape) of each model input, by name."""
+
     inputs: dict[str, InputShape] = Field(min_length=1)
 
 

@@ -77,6 +77,7 @@ class _Builder:
         self._scalars = yaml.constructor.SafeConstructor()
 
     def value(self, node: yaml.Node, loc: Loc) -> Any:
+        """The plain value of `node`, recording its line under `loc` (a key's line, set first, wins) and its children's."""
         self.lines.setdefault(loc, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, loc)

@@ -66,6 +66,7 @@ def signature(path: Path) -> Signature:
 
 
 def output_names(sess: Any) -> list[str]:
+    """Output names in the model's order, from an InferenceSession or a Signature."""
     return [o.name for o in sess.get_outputs()]
 
 

@@ -102,16 +102,21 @@ def _reader(feeds: list[dict]) -> Any:
     from onnxruntime.quantization import CalibrationDataReader
 
     class Reader(CalibrationDataReader):
+        """Hands ONNX Runtime the calibration feeds one at a time; rewind starts them over."""
+
         def __init__(self) -> None:
             self.rewind()
 
         def get_next(self) -> Any:
+            """The next feed (input name -> array), or None when all have been read."""
             return next(self._feeds, None)
 
         def get_first(self) -> dict:
+            """The first feed, without moving the position."""
             return feeds[0]
 
         def rewind(self) -> None:
+            """Start again from the first feed."""
             self._feeds = iter(feeds)
 
     return Reader()

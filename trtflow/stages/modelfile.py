@@ -134,6 +134,7 @@ def _inside(model_path: Path, location: str) -> Path:
 
 
 def external_info(tensor: Any) -> dict[str, str]:
+    """A tensor's external_data entries as a dict of strings: location, and offset and length where given."""
     return {entry.key: entry.value for entry in tensor.external_data}
 
 

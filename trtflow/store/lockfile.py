@@ -24,15 +24,19 @@ NOTE = "Written by `trtflow run`: every stage's key, key components and output d
 
 @dataclass(frozen=True)
 class LockEntry:
+    """One node of trtflow.lock: its stage key, the components that key hashes, and its output digests."""
+
     key: str
     components: dict
     outputs: dict[str, str]
 
     def to_json(self) -> dict:
+        """The node's entry in the lock file: the key, the components beside it, the outputs."""
         return {"key": self.key, **self.components, "outputs": self.outputs}
 
     @classmethod
     def from_json(cls, data: dict) -> "LockEntry":
+        """Read an entry written by to_json (KeyError if a component is missing)."""
         components = {k: data[k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
         return cls(key=data["key"], components=components, outputs=data["outputs"])
 

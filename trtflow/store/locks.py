@@ -82,6 +82,7 @@ class KeyLocks:
             _unlink_and_release(lock)
 
     def release_all(self) -> None:
+        """Release every build lock this run still holds."""
         for key in list(self.held):
             self.release(key)
 

@@ -71,16 +71,19 @@ class JsonOnlyDisk(diskcache.Disk):
     """A diskcache Disk that stores text only and refuses to unpickle anything it finds."""
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        """Store a value that must be JSON text; anything else is a bug (diskcache would pickle it)."""
         if not isinstance(value, str):
             raise InternalError(f"store index values must be JSON text, got {type(value).__name__}")
         return super().store(value, read, key=key)
 
     def fetch(self, mode: int, filename: Any, value: Any, read: bool) -> Any:
+        """Read a value back; a pickled one raises StoreCorrupt instead of being unpickled."""
         if mode == diskcache.core.MODE_PICKLE:
             raise StoreCorrupt("the store index holds a pickled value; refusing to load it (delete the store's index/ folder)")
         return super().fetch(mode, filename, value, read)
 
     def get(self, key: Any, raw: bool) -> Any:
+        """Read a key back; a pickled one raises StoreCorrupt instead of being unpickled."""
         if not raw:
             raise StoreCorrupt("the store index holds a pickled key; refusing to load it (delete the store's index/ folder)")
         return super().get(key, raw)
@@ -131,6 +134,7 @@ class Store:
 
     @classmethod
     def create(cls, root: Path) -> "Store":
+        """Open the store at `root` for a run, creating its folders first (StoreWriteError if it cannot)."""
         with cls._writing_to(root, ""):
             for sub in ("objects", "tmp", "index", "locks"):
                 (root / sub).mkdir(parents=True, exist_ok=True)
@@ -142,6 +146,7 @@ class Store:
         return cls(root) if (root / "index").is_dir() else None
 
     def close(self) -> None:
+        """Close the index (its SQLite connections)."""
         self._index.close()
 
     def writing(self, what: str = "") -> contextlib.AbstractContextManager:
@@ -162,9 +167,11 @@ class Store:
 
     # objects -------------------------------------------------------------------------------
     def object_path(self, digest: str) -> Path:
+        """Where an object lives: objects/<first two hex digits>/<digest>."""
         return self.objects / digest[:2] / digest
 
     def has_object(self, digest: str) -> bool:
+        """True if the object's file exists; its bytes are not checked (object_intact does)."""
         return self.object_path(digest).is_file()
 
     def object_intact(self, digest: str) -> bool:
@@ -302,6 +309,7 @@ class Store:
                     yield name.removeprefix("stage:"), record
 
     def delete_stage_record(self, key: str) -> None:
+        """Drop a stage's record from the index; the objects it names stay until gc deletes them."""
         with self.writing():
             self._index.delete("stage:" + key)
 
@@ -310,10 +318,12 @@ class Store:
         return self._get_json("node:" + node_id)
 
     def set_last_run(self, node_id: str, value: dict) -> None:
+        """Remember what the node resolved to (for `plan --explain`); writes nothing if it is unchanged."""
         if self.last_run(node_id) != value:
             self._set_json("node:" + node_id, value)
 
     def file_digests(self) -> FileDigests:
+        """A FileDigests whose stat cache lives in the index, so unchanged inputs are not re-hashed on the next run."""
         return FileDigests(self._stat)
 
     def forget_missing_files(self) -> int:

@@ -162,6 +162,7 @@ class Remote:
         self._pushes.clear()
 
     def close(self) -> None:
+        """Stop the push threads: a running upload finishes, queued ones are cancelled (`finish` waits for all)."""
         if self._threads is not None:
             self._threads.shutdown(wait=True, cancel_futures=True)
 
