@@ -14,19 +14,24 @@ from typing import Any, Optional
 
 from trtflow.errors import ProjectError
 from trtflow.recipe.pymodule import top_level_names
+from trtflow.backends.limits import describe, unsupported_nodes
 from trtflow.recipe.load import RecipeFile
+from trtflow.recipe.schema import Pipeline
 from trtflow.stages.modelfile import external_locations
 from trtflow.util.onnxio import model_io
 
 Dims = list[Optional[int]]  # None marks a dynamic dimension
 
 
-def check_recipe_model(item: RecipeFile, root: Path) -> None:
-    """Raise ProjectError if the model does not parse or the profiles do not fit its inputs."""
+def check_recipe_model(item: RecipeFile, root: Path, pipeline: Pipeline) -> None:
+    """Raise ProjectError if the model does not parse, the profiles do not fit its inputs, or a target's backend
+    cannot compile its fp32 graph (an exported or reduced-precision graph is checked by the build stage)."""
     if item.recipe.source.torch is not None:
         check_torch_factory(item, root)
         return
-    inputs = model_inputs(item, item.source_path(root))
+    model = _load(item, item.source_path(root))
+    _check_backend_limits(item, model, pipeline)
+    inputs = {t.name: t.static_dims for t in model_io(model).inputs}
     _check_profile_names(item, inputs)
     _check_dynamic_inputs_covered(item, inputs)
     for index, profile in enumerate(item.recipe.profiles):
@@ -54,8 +59,8 @@ def check_torch_factory(item: RecipeFile, root: Path) -> None:
         raise ProjectError(f"{where}: module {module!r} ({shown}) defines no {attribute.split('.')[0]!r}")
 
 
-def model_inputs(item: RecipeFile, path: Path) -> dict[str, Dims]:
-    """The model's real inputs (initializers excluded) and their dimensions."""
+def _load(item: RecipeFile, path: Path) -> Any:
+    """The source model's graph (weights not loaded), with every external data file it names present."""
     import onnx
 
     try:
@@ -65,7 +70,20 @@ def model_inputs(item: RecipeFile, path: Path) -> dict[str, Dims]:
     if not model.graph.node and not model.graph.output:
         raise ProjectError(f"{item.where('source', 'onnx')}: {item.recipe.source.onnx} holds no ONNX graph")
     _check_external_data(item, model, path)
-    return {t.name: t.static_dims for t in model_io(model).inputs}
+    return model
+
+
+def _check_backend_limits(item: RecipeFile, model: Any, pipeline: Pipeline) -> None:
+    """An fp32 pair whose target cannot compile some node of the graph: name the nodes and how to drop the pair."""
+    for precision, target in item.pairs(pipeline):
+        spec = pipeline.targets[target]
+        found = {cc: unsupported_nodes(spec.backend, cc, model) for cc in spec.compute_capabilities} if precision == "fp32" else {}
+        for cc, nodes in found.items():
+            if nodes:
+                index = item.recipe.precisions.index(precision)
+                raise ProjectError(f"{item.where('precisions', index)}: {precision} cannot build for target {target} ({cc}) with "
+                                   f"{spec.backend}: {describe(nodes)}; drop the pair with "
+                                   f"exclude: [{{precision: {precision}, target: {target}}}], or build fp16 for it")
 
 
 def _check_external_data(item: RecipeFile, model: Any, path: Path) -> None:

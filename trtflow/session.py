@@ -59,7 +59,7 @@ class Session:
         for item in self.project.recipes:
             node = self.dag.nodes.get(f"cleanup:{item.recipe.name}")
             if node is not None and (states is None or states[node.id].status != CACHED):
-                check_recipe_model(item, self.project.root)
+                check_recipe_model(item, self.project.root, self.project.pipeline)
             reduced = [f"precision:{item.recipe.name}/{p}" for p in item.recipe.precisions if p != "fp32"]
             if item.recipe.calibration is not None and any(self._will_run(n, states) for n in reduced):
                 check_calibration_data(item, self.project.root)

@@ -40,6 +40,10 @@ class RecipeFile:
         """`recipes/x.yaml:7: source.onnx` for error messages."""
         return f"{self.display}:{self.document.line_of(loc)}: {format_loc(loc)}"
 
+    def pairs(self, pipeline: Pipeline) -> list[tuple[str, str]]:
+        """The (precision, target) pairs this recipe builds: every combination less what `exclude:` drops."""
+        return [(p, t) for p in self.recipe.precisions for t in self.target_names(pipeline) if not self.recipe.excluded(p, t)]
+
     def target_names(self, pipeline: Pipeline) -> list[str]:
         """The targets this recipe builds for: its own `targets:`, else every target in pipeline.yaml."""
         return list(self.recipe.targets) if self.recipe.targets else list(pipeline.targets)
@@ -150,6 +154,7 @@ def _load_recipe(root: Path, path: Path, pipeline: Pipeline) -> RecipeFile:
     recipe = _validate(Recipe, document, display, extra={"name": path.stem})
     item = RecipeFile(recipe=recipe, path=path, display=display, document=document)
     _check_targets(item, pipeline)
+    _check_excludes(item, pipeline)
     _check_source_exists(item, root)
     _check_precisions(item, pipeline)
     return item
@@ -162,6 +167,15 @@ def _check_targets(item: RecipeFile, pipeline: Pipeline) -> None:
             raise ProjectError(f"{item.where('targets', index)}: unknown target {name!r} (pipeline.yaml defines: {known})")
 
 
+def _check_excludes(item: RecipeFile, pipeline: Pipeline) -> None:
+    """Every `exclude:` entry drops at least one pair the recipe would build (a typo must not pass silently)."""
+    recipe, targets = item.recipe, item.target_names(pipeline)
+    for index, rule in enumerate(recipe.exclude):
+        if not any(rule.matches(p, t) for p in recipe.precisions for t in targets):
+            raise ProjectError(f"{item.where('exclude', index)}: matches nothing this recipe builds "
+                               f"(precisions: {', '.join(recipe.precisions)}; targets: {', '.join(targets)})")
+
+
 def _check_precisions(item: RecipeFile, pipeline: Pipeline) -> None:
     """Before any work: int8/fp8 have calibration data, and every target's GPUs run each precision."""
     recipe = item.recipe
@@ -170,6 +184,8 @@ def _check_precisions(item: RecipeFile, pipeline: Pipeline) -> None:
             raise ProjectError(f"{item.where('precisions', index)}: {precision} needs calibration data: add calibration: {{data: ...}} "
                                "(or calibration: {random: true} to calibrate on random inputs, recorded in the manifest)")
         for name in item.target_names(pipeline):
+            if recipe.excluded(precision, name):
+                continue
             problem = _capability_problem(recipe, precision, name, pipeline.targets[name])
             if problem:
                 raise ProjectError(f"{item.where('precisions', index)}: {problem}")

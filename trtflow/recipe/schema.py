@@ -157,6 +157,23 @@ class VerifyOptions(StrictModel):
     on_fail: Literal["fail", "warn"] = "fail"
 
 
+class Exclude(StrictModel):
+    """One (precision, target) pair, or every pair of a precision or of a target, not to build (as CI matrices exclude)."""
+
+    precision: Optional[str] = None
+    target: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _names_something(self) -> "Exclude":
+        if self.precision is None and self.target is None:
+            raise FieldError("precision", "an exclude entry names a precision, a target, or both")
+        return self
+
+    def matches(self, precision: str, target: str) -> bool:
+        """Whether this entry drops the (precision, target) pair."""
+        return self.precision in (None, precision) and self.target in (None, target)
+
+
 class Recipe(StrictModel):
     """One model: its source, precisions, shapes, targets and builder options."""
 
@@ -172,6 +189,11 @@ class Recipe(StrictModel):
     autocast: AutocastOptions = Field(default_factory=AutocastOptions)
     quantize: QuantizeOptions = Field(default_factory=QuantizeOptions)
     accuracy: AccuracyOptions = Field(default_factory=AccuracyOptions)
+    exclude: list[Exclude] = Field(default_factory=list)  # (precision, target) pairs not to build
+
+    def excluded(self, precision: str, target: str) -> bool:
+        """Whether an `exclude:` entry drops this (precision, target) pair."""
+        return any(rule.matches(precision, target) for rule in self.exclude)
 
     @field_validator("precisions")
     @classmethod

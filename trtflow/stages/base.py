@@ -137,9 +137,14 @@ class RecipeContext:
         return [{name: dict(zip(("min", "opt", "max"), shape.triple())) for name, shape in profile.inputs.items()}
                 for profile in self.recipe.profiles]
 
-    def targets(self) -> list[tuple[str, "TargetSpec"]]:
-        """(name, spec) of each target this recipe builds for: its own list, else every target of the pipeline."""
-        return [(name, self.pipeline.targets[name]) for name in self.item.target_names(self.pipeline)]
+    def pairs(self) -> list[tuple[str, str, "TargetSpec"]]:
+        """(precision, target name, target spec) of every engine the recipe builds (its `exclude:` applied)."""
+        return [(precision, target, self.pipeline.targets[target]) for precision, target in self.item.pairs(self.pipeline)]
+
+    def precisions(self) -> list[str]:
+        """The recipe's precisions that at least one target builds."""
+        built = {precision for precision, _ in self.item.pairs(self.pipeline)}
+        return [precision for precision in self.recipe.precisions if precision in built]
 
     @functools.cached_property
     def calibration_split(self) -> Optional["Split"]:

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trtflow.backends.base import BuildRequest, backend_version, get_backend
+from trtflow.backends.limits import describe, unsupported_nodes
+from trtflow.errors import StageError
 from trtflow.recipe.build import BuildOptions
 from trtflow.recipe.schema import TargetSpec
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
 from trtflow.util.cc import ComputeCapability
 
-KIND, VERSION = "build", 1
+KIND, VERSION = "build", 1  # the limits check refuses only what the builder would fail on: same outputs
 Profiles = list[dict[str, dict[str, list[int]]]]
 
 
@@ -39,9 +41,8 @@ class Params(BuildOptions, StageParams):
 
 
 def nodes(ctx: RecipeContext, precisions: dict[str, Node]) -> list[Node]:
-    """One build per (precision, target), each from that precision's model."""
-    return [node(ctx, precision, target, spec, precisions[precision].id)
-            for precision in ctx.recipe.precisions for target, spec in ctx.targets()]
+    """One build per (precision, target) the recipe does not exclude, each from that precision's model."""
+    return [node(ctx, precision, target, spec, precisions[precision].id) for precision, target, spec in ctx.pairs()]
 
 
 def node(ctx: RecipeContext, precision: str, target: str, spec: TargetSpec, model_node: NodeId) -> Node:
@@ -70,5 +71,18 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         hardware_compatibility=params.hardware_compatibility,
         version_compatible=params.version_compatible,
     )
+    _check_limits(params, request.onnx_path)
     result = get_backend(params.backend).engine_from_onnx(request)
     return StageOutput(files={"engine": request.engine_path}, record=result.to_record())
+
+
+def _check_limits(params: Params, onnx_path: Path) -> None:
+    """Refuse, naming the nodes, a graph the backend cannot compile for a target architecture (before a long build)."""
+    from trtflow.util.onnxio import load_graph_only
+
+    model = load_graph_only(onnx_path)
+    for cc in params.compute_capabilities:
+        found = unsupported_nodes(params.backend, cc, model)
+        if found:
+            raise StageError(f"{params.precision} cannot build for {cc} with {params.backend}: {describe(found)}; drop the pair "
+                             f"with the recipe's exclude: [{{precision: {params.precision}, target: ...}}]")

@@ -64,8 +64,8 @@ class Params(StageParams):
 
 
 def nodes(ctx: RecipeContext, cleanup: Node) -> dict[str, Node]:
-    """One model per precision, shared by every target."""
-    return {precision: node(ctx, precision, cleanup.id) for precision in ctx.recipe.precisions}
+    """One model per precision that some target builds, shared by those targets."""
+    return {precision: node(ctx, precision, cleanup.id) for precision in ctx.precisions()}
 
 
 def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:

@@ -1,0 +1,68 @@
+"""What a backend cannot build for an architecture, found in the actual graph before the builder is asked.
+
+TensorRT-RTX's support matrix: Turing (sm_75) runs FP32 and FP16 but "does not support FP32 GEMMs and 3D
+convolutions" (its footnote), and no BF16, FP8 or FP4; FP8 GEMMs need sm_89, FP4 GEMMs sm_120 (precisions are
+checked when a recipe loads: recipe.precision.PRECISION_MIN_COMPUTE_CAPABILITY). Measured here with TensorRT-RTX
+1.7.1: an fp32 Gemm, MatMul or LSTM fails for sm_75 with `FP32 GEMM is not supported`; convolutions (depthwise,
+squeeze-excitation 1x1) and fp16 GEMMs build.
+
+A node's element type comes from the graph after shape inference; a node whose type cannot be told is not
+refused here (the builder still has the last word).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trtflow.util.cc import ComputeCapability
+
+GEMM_OPS = ("Gemm", "MatMul", "LSTM", "GRU", "RNN", "Attention")
+CONV_OPS = ("Conv", "ConvTranspose")
+TURING = ComputeCapability("sm_75")
+FLOAT32 = 1  # onnx.TensorProto.FLOAT
+
+
+def unsupported_nodes(backend: str, cc: str, model: Any) -> dict[str, list[str]]:
+    """{limit: [node names]} of what `backend` cannot compile for `cc` in the ONNX `model` (a ModelProto)."""
+    if backend != "tensorrt-rtx" or ComputeCapability.parse(cc) != TURING:
+        return {}
+    types, ranks = _value_types(model)
+    found = {
+        "FP32 GEMM is not supported on Turing (sm_75)": [_name(n) for n in model.graph.node
+                                                        if n.op_type in GEMM_OPS and types.get(n.input[0]) == FLOAT32],
+        "3D convolutions are not supported on Turing (sm_75)": [_name(n) for n in model.graph.node
+                                                               if n.op_type in CONV_OPS and len(n.input) > 1 and ranks.get(n.input[1]) == 5],
+    }
+    return {limit: nodes for limit, nodes in found.items() if nodes}
+
+
+def describe(found: dict[str, list[str]], most: int = 3) -> str:
+    """`FP32 GEMM is not supported on Turing (sm_75): /fc/Gemm, /head/MatMul (+4 more)`."""
+    parts = []
+    for limit, nodes in found.items():
+        more = f" (+{len(nodes) - most} more)" if len(nodes) > most else ""
+        parts.append(f"{limit}: {', '.join(nodes[:most])}{more}")
+    return "; ".join(parts)
+
+
+def _value_types(model: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """Element type and rank of every named value (after shape inference, on the graph only)."""
+    import onnx
+
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # a graph shape inference cannot follow: use what it declares
+        graph = model.graph
+    types, ranks = {}, {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = value.type.tensor_type
+        types[value.name] = tensor.elem_type
+        if tensor.HasField("shape"):
+            ranks[value.name] = len(tensor.shape.dim)
+    for init in graph.initializer:
+        types[init.name], ranks[init.name] = init.data_type, len(init.dims)
+    return types, ranks
+
+
+def _name(node: Any) -> str:
+    return node.name or f"{node.op_type}({node.output[0]})"
