@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict
 
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
 
-SCHEMA_VERSION = 3  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy
+SCHEMA_VERSION = 4  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
+# 4: complete/missing (a package holds the engines that built; the others are listed with why)
 MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 
@@ -156,14 +157,25 @@ class Source(_Model):
     nodes: int
 
 
+class MissingEngine(_Model):
+    """An engine the recipe asks for that is not in the package: which, the stage that failed, and why."""
+
+    precision: str
+    target: str
+    stage: str
+    reason: str
+
+
 class Manifest(_Model):
     """manifest.json: the recipe, the trtflow version that built it, its source model and every engine in the package."""
 
-    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
     recipe: str
     trtflow_version: str
     source: Source
     engines: list[Engine]
+    complete: bool = True  # false: some engines of the recipe failed; `missing` says which and why
+    missing: list[MissingEngine] = []
 
 
 def manifest_json_schema() -> dict:

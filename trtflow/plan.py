@@ -72,6 +72,7 @@ class Resolution:
     waiting_on: tuple[str, ...]
     force: bool
     resolver: "Resolver" = field(repr=False)
+    missing: dict[str, str] = field(default_factory=dict)  # upstream node id -> why it has no output
 
     @functools.cached_property
     def state(self) -> NodeState:
@@ -96,9 +97,13 @@ class Resolver:
         self._memo: dict[tuple, Resolution] = {}
         self._last_runs: dict[str, Optional[dict]] = {}
 
-    def resolve(self, node: Node, finished: dict[str, dict], force: bool = False) -> Resolution:
-        """The node's Resolution given the finished upstream records (`finished[node id]["outputs"]`)."""
-        inputs = self.inputs(node, finished)
+    def resolve(self, node: Node, finished: dict[str, dict], force: bool = False, missing: Optional[dict[str, str]] = None) -> Resolution:
+        """The node's Resolution given the finished upstream records (`finished[node id]["outputs"]`).
+
+        `missing`: upstream node id -> why it has no output, for a stage that runs without some inputs (a
+        package of the engines that built); the reason stands in the key where the digest would.
+        """
+        inputs = self.inputs(node, finished, missing or {})
         memo_key = (node.id, force, tuple(sorted(inputs.items())) if inputs is not None else None)
         found = self._memo.get(memo_key)
         if found is None:
@@ -106,19 +111,22 @@ class Resolver:
             key = stage_key(components) if components is not None else None
             record = self.store.stage_record(key) if key and self.store and not force else None
             waiting = tuple(dep.node for dep in node.deps if dep.node not in finished)
-            found = self._memo[memo_key] = Resolution(node, components, key, record, waiting, force, self)
+            found = self._memo[memo_key] = Resolution(node, components, key, record, waiting, force, self, dict(missing or {}))
         return found
 
     def forget(self, node_id: str) -> None:
         """Drop what is remembered about a node (its cached output turned out corrupt: it must be looked up again)."""
         self._memo = {k: v for k, v in self._memo.items() if k[0] != node_id}
 
-    def inputs(self, node: Node, finished: dict[str, dict]) -> Optional[dict[str, str]]:
-        """Input role -> digest, or None while an upstream has no record yet."""
+    def inputs(self, node: Node, finished: dict[str, dict], missing: dict[str, str]) -> Optional[dict[str, str]]:
+        """Input role -> digest (`missing: <reason>` for a missing one), or None while an upstream has no record yet."""
         inputs: dict[str, str] = {}
         for role, path in node.sources:
             inputs.update(self.source_digests(node, role, path))
         for dep in node.deps:
+            if dep.node in missing:
+                inputs[dep.role] = f"missing: {missing[dep.node]}"
+                continue
             if dep.node not in finished:
                 return None
             outputs = finished[dep.node]["outputs"]

@@ -297,7 +297,8 @@ def provision(package: Package, device: Device, dest: Path) -> dict:
 def _record(package: Package, device: Device, chosen: Verdict, others: list[tuple[Verdict, str]], engine_path: Path) -> dict:
     rules = "applied" if device.runtime_version else "not applied: no --runtime-version given"
     return {
-        "package": str(package.path), "recipe": package.manifest.recipe,
+        "package": str(package.path), "recipe": package.manifest.recipe, "package_complete": package.manifest.complete,
+        "package_missing": [m.model_dump() for m in package.manifest.missing],
         "device": {"gpu": device.label, "compute_capabilities": list(device.compute_capabilities), "source": device.source, "backend": device.backend, "precision": device.precision},
         "runtime": {"version": device.runtime_version, "version_rules": rules},
         "chosen": {"file": chosen.engine.file, "reason": chosen.fit, "manifest_entry": chosen.engine.model_dump(mode="json")},

@@ -114,21 +114,38 @@ class Runner:
         still: list[Node] = []
         self._lock_waits = 0
         for node in waiting:
-            blocked = [d.node for d in node.deps if self.states.get(d.node) and self.states[d.node].status in (FAILED, SKIPPED)]
-            if blocked:
-                self._settle(NodeState(node, SKIPPED, f"upstream {blocked[0]} failed or was skipped"))
-            elif any(d.node not in self.finished for d in node.deps) or len(running) >= self.options.jobs:
+            failed = [d for d in node.deps if self._failed(d.node)]
+            required = getattr(stage_module(node.kind), "REQUIRED_ROLES", None)
+            blocking = [d.node for d in failed if required is None or d.role in required]
+            optional = [d for d in node.deps if required is not None and d.role not in required]
+            if blocking:
+                self._settle(NodeState(node, SKIPPED, f"upstream {blocking[0]} failed or was skipped"))
+            elif failed and all(self._failed(d.node) for d in optional):
+                self._settle(NodeState(node, SKIPPED, f"every upstream it could use failed (first: {failed[0].node})"))
+            elif any(d.node not in self.finished and not self._failed(d.node) for d in node.deps) or len(running) >= self.options.jobs:
                 still.append(node)
-            elif not self._resolved(node, running):
+            elif not self._resolved(node, running, {d.node: self._root_failure(d.node) for d in failed}):
                 still.append(node)
         still.extend(self._reopened)
         self._reopened = []
         return still
 
-    def _resolved(self, node: Node, running: dict) -> bool:
+    def _failed(self, node_id: str) -> bool:
+        """Whether an upstream node ended without output (failed, or skipped because its own upstream failed)."""
+        state = self.states.get(node_id)
+        return state is not None and state.status in (FAILED, SKIPPED)
+
+    def _root_failure(self, node_id: str) -> str:
+        """`<node id>: <reason>` of the failure behind a failed or skipped node (a skip names its upstream)."""
+        state = self.states[node_id]
+        while state.status == SKIPPED:
+            state = self.states[next(d.node for d in state.node.deps if self._failed(d.node))]
+        return f"{state.node.id}: {state.reason}"
+
+    def _resolved(self, node: Node, running: dict, missing: dict[str, str]) -> bool:
         """Key the node now that its upstreams are done: fail it off the lock, use a cached record, or claim and
         start it; False: wait (key busy, input corrupt)."""
-        resolution = self.resolver.resolve(node, self.finished, self.options.force)
+        resolution = self.resolver.resolve(node, self.finished, self.options.force, missing)
         if self._off_lock(resolution):
             return True
         if resolution.record is not None:
@@ -196,7 +213,8 @@ class Runner:
 
     def _reopen_corrupt_inputs(self, node: Node) -> bool:
         """Re-hash the node's inputs; a corrupt object is quarantined and its producer (and what follows) runs again."""
-        bad = [dep.node for dep in node.deps if not all(self.store.verify_object(d) for d in self.finished[dep.node]["outputs"].values())]
+        present = [dep.node for dep in node.deps if dep.node in self.finished]
+        bad = [n for n in present if not all(self.store.verify_object(d) for d in self.finished[n]["outputs"].values())]
         for producer in dict.fromkeys(bad):
             for node_id in [producer, *self.dag.downstream(producer)]:
                 if self.finished.pop(node_id, None) is not None:
@@ -220,14 +238,18 @@ class Runner:
         node = resolution.node
         self.listener("start", resolution.state)
         workdir = Path(tempfile.mkdtemp(dir=self.workroot, prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
-        task = StageTask(node.id, node.kind, node.params, self._inputs(node, resolution.components, workdir), workdir)
+        task = StageTask(node.id, node.kind, node.params, self._inputs(resolution, workdir), workdir)
         return self.executor.submit(task), _Running(node, resolution.key, resolution.components, workdir, time.perf_counter())
 
-    def _inputs(self, node: Node, components: dict, workdir: Path) -> dict[str, Upstream]:
+    def _inputs(self, resolution: Resolution, workdir: Path) -> dict[str, Upstream]:
         """Each input role's files (store objects; a model and its external data side by side), record and digests."""
-        inputs = {role: Upstream(files={role: path}, sha256=companions(components["inputs"], role) | {role: components["inputs"][role]})
+        node, digests = resolution.node, resolution.components["inputs"]
+        inputs = {role: Upstream(files={role: path}, sha256=companions(digests, role) | {role: digests[role]})
                   for role, path in node.sources}  # a source model's digests include its external data files'
         for dep in node.deps:
+            if dep.node in resolution.missing:
+                inputs[dep.role] = Upstream(files={}, missing=resolution.missing[dep.node])
+                continue
             record = self.finished[dep.node]
             files = {name: self.store.object_path(digest) for name, digest in record["outputs"].items()}
             if companions(files, dep.output):

@@ -51,6 +51,8 @@ def print_manifest(path: str, manifest: dict) -> None:
     """Print a package manifest for `trtflow inspect`: each engine's target, backend, tensors and evidence."""
     click.echo(f"package {manifest['recipe']}  ({path})")
     click.echo(f"  trtflow {manifest['trtflow_version']}, manifest schema {manifest['schema_version']}, source sha256 {manifest['source']['sha256'][:16]}")
+    for line in missing_lines(manifest):
+        click.echo(f"  {line}")
     for engine in manifest["engines"]:
         click.echo(f"  {engine['file']}")
         click.echo(f"    target {engine['target']} ({', '.join(engine['compute_capabilities'])}), {engine['precision']}, {engine['backend']} {engine['backend_version']}")
@@ -60,6 +62,15 @@ def print_manifest(path: str, manifest: dict) -> None:
             click.echo(f"    {tensor['mode']:<6} {tensor['name']} {tensor['dtype']} {tensor['shape']}" + (f"  profiles: {ranges}" if ranges else ""))
         for line in evidence_lines(engine):
             click.echo(f"    {line}")
+
+
+def missing_lines(manifest: dict) -> list[str]:
+    """`INCOMPLETE: ...` and one line per engine the package lacks (failed build or verification), or nothing."""
+    missing = manifest.get("missing") or []
+    if not missing:
+        return []
+    return [f"INCOMPLETE: {len(missing)} engine(s) of the recipe failed and are not in this package:",
+            *(f"  missing {m['precision']}/{m['target']}: {m['stage']}: {m['reason']}" for m in missing)]
 
 
 def evidence_lines(engine: dict) -> list[str]:
@@ -180,6 +191,8 @@ def size(count: float) -> str:
 def print_provision(record: dict) -> None:
     """Print which engine `trtflow provision` chose for the device and why, and the files it wrote."""
     click.echo(f"chose {record['chosen']['file']} for {record['device']['gpu']}: {record['chosen']['reason']}")
+    for line in missing_lines({"missing": record["package_missing"]}):
+        click.echo(f"  {line}")
     if record["runtime"]["version"] is None:
         click.echo("  runtime version not checked (pass --runtime-version to apply the version rules)")
     click.echo(f"wrote {record['written']['engine']} and {Path(record['written']['record']).name}")

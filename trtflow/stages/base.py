@@ -3,7 +3,8 @@
 A stage module (stages/<kind>.py) is one typed unit: `KIND`, `VERSION` (bump it when the output for the same
 inputs would change), a frozen `Params` model, a function that makes its nodes from a recipe, and
 `run(params, inputs, workdir) -> StageOutput`; optionally `finish(node, record, place)` (e.g. placing a package)
-and `VERIFY_INPUTS = True` (re-hash every input object before running: what a package ships must be intact).
+`VERIFY_INPUTS = True` (re-hash every input object before running: what a package ships must be intact), and
+`REQUIRED_ROLES` (only these inputs must exist: the stage also runs when others failed, told which and why).
 Stage modules import their heavy libraries (onnx, TensorRT, numpy) only inside `run`, so planning stays cheap.
 """
 
@@ -162,6 +163,7 @@ class Upstream:
     record: dict[str, Any] = field(default_factory=dict)
     key: Optional[str] = None
     sha256: dict[str, str] = field(default_factory=dict)
+    missing: Optional[str] = None  # `<node id>: <reason>` of an optional input whose producer failed (no files then)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Optional
 from trtflow import __version__
 from trtflow.errors import StageError
 from trtflow.hashing import sha256_file
-from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Engine, Manifest, ProfileShape, Source, Tensor
+from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Engine, Manifest, MissingEngine, ProfileShape, Source, Tensor
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
@@ -20,8 +20,9 @@ from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, Sta
 from trtflow.store.locks import holding
 from trtflow.util.archive import extract_tar, replace_dir_atomically, write_reproducible_tar
 
-KIND, VERSION = "package", 3
+KIND, VERSION = "package", 4
 VERIFY_INPUTS = True  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
+REQUIRED_ROLES = ("model",)  # engines whose build or verify failed are left out and listed as missing
 
 
 class PackagedEngine(build_stage.Params):
@@ -56,16 +57,27 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     """Copy every engine (re-hashed) into a folder with manifest.json and SHA256SUMS, and pack it reproducibly."""
     recipe = params.recipe
     folder = workdir / recipe
+    present = [spec for spec in params.engines if _missing(spec, inputs) is None]
+    missing = [_missing(spec, inputs) for spec in params.engines if _missing(spec, inputs) is not None]
     engines = [_place_engine(folder, recipe, spec, inputs[spec.role], inputs[spec.verify_role], _calibration(inputs, spec.precision))
-               for spec in params.engines]
+               for spec in present]
     model = inputs["model"]
     source = Source(sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"])
-    manifest = Manifest(recipe=recipe, trtflow_version=__version__, source=source, engines=engines)
+    manifest = Manifest(recipe=recipe, trtflow_version=__version__, source=source, engines=engines, complete=not missing, missing=missing)
     (folder / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2) + "\n")
     _write_sums(folder)
     archive = workdir / f"{recipe}.tar.gz"
     write_reproducible_tar(folder, archive, prefix=recipe)
     return StageOutput(files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest.model_dump_json())})
+
+
+def _missing(spec: PackagedEngine, inputs: dict[str, Upstream]) -> Optional[MissingEngine]:
+    """The engine's entry in `missing` when its build or its verification failed; None when it can be packed."""
+    cause = inputs[spec.role].missing or inputs[spec.verify_role].missing
+    if cause is None:
+        return None
+    stage, _, reason = cause.partition(": ")
+    return MissingEngine(precision=spec.precision, target=spec.target, stage=stage, reason=reason)
 
 
 def _calibration(inputs: dict[str, Upstream], precision: str) -> Optional[dict]:
