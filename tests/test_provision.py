@@ -100,14 +100,25 @@ def test_tensorrt_needs_the_same_version(runtime: str, fits: bool) -> None:
             choose(built, device("sm_80", runtime=runtime))
 
 
-@pytest.mark.parametrize("runtime, fits", [("10.13.3", True), ("10.14", True), ("10.20.1.5", True), ("10.13.2", False), ("11.0.0", False), ("9.9", False)])
-def test_version_compatible_tensorrt_needs_a_newer_runtime_of_the_same_major(runtime: str, fits: bool) -> None:
-    built = manifest(engine("a100", ["sm_80"], backend="tensorrt", version="10.13.3.9", vc=True))
+# The support matrix (TensorRT 11.4, Engine Portability): a version-compatible engine loads on newer runtimes of its
+# major, and across majors only 8 -> 10 and 10 -> 11; version compatibility exists from 8.6.
+VERSION_COMPATIBILITY = [
+    ("10.13.3.9", "10.13.3", True), ("10.13.3.9", "10.14", True), ("10.13.3.9", "10.20.1.5", True), ("10.13.3.9", "10.13.2", False),
+    ("10.13.3.9", "11.0.0", True), ("10.13.3.9", "11.4.1", True), ("10.13.3.9", "12.0", False), ("10.13.3.9", "9.9", False),
+    ("8.6.1", "8.6.2", True), ("8.6.1", "10.3.0", True), ("8.6.1", "9.0.0", False), ("8.6.1", "11.0.0", False),
+    ("8.5.3", "8.5.3", True), ("8.5.3", "8.6.1", False),  # before 8.6 the flag does not exist: same release only
+    ("11.0.0", "11.1.0", True), ("11.0.0", "10.13.3", False), ("11.0.0", "12.0.0", False),
+]
+
+
+@pytest.mark.parametrize("built, runtime, fits", VERSION_COMPATIBILITY)
+def test_version_compatible_tensorrt_follows_the_support_matrix(built: str, runtime: str, fits: bool) -> None:
+    engines = manifest(engine("a100", ["sm_80"], backend="tensorrt", version=built, vc=True))
     if fits:
-        assert choose(built, device("sm_80", runtime=runtime))[0].fit == EXACT
+        assert choose(engines, device("sm_80", runtime=runtime))[0].fit == EXACT
     else:
-        with pytest.raises(NoEngineFits, match="version-compatible build from tensorrt 10.13.3.9 needs a 10.x runtime at least that new"):
-            choose(built, device("sm_80", runtime=runtime))
+        with pytest.raises(NoEngineFits, match=f"tensorrt {built}"):
+            choose(engines, device("sm_80", runtime=runtime))
 
 
 @pytest.mark.parametrize("runtime, fits", [("1.7.1", True), ("1.7.1.200", True), ("1.7.0", False), ("1.8.0", False), ("2.0", False)])
@@ -128,9 +139,40 @@ def test_newest_backend_version_wins_then_manifest_order() -> None:
     old, new = engine("old", ["sm_86"], version="1.6.0.1"), engine("new", ["sm_86"], version="1.7.1.116")
     chosen, others = choose(manifest(old, new), device("sm_86"))
     assert chosen.engine.target == "new" and reasons(others)["old"] == "fits, but tensorrt-rtx 1.7.1.116 is newer than 1.6.0.1"
-    fp16, fp32 = engine("t", ["sm_86"], precision="fp16"), engine("t", ["sm_86"], precision="fp32")
-    chosen, others = choose(manifest(fp16, fp32), device("sm_86"))
-    assert chosen.engine.precision == "fp16" and [r for _, r in others] == ["fits equally well, but comes later in the manifest"]
+    first, second = engine("a", ["sm_86"], precision="fp16"), engine("b", ["sm_86"], precision="fp16")
+    chosen, others = choose(manifest(first, second), device("sm_86"))
+    assert chosen.engine.target == "a" and [r for _, r in others] == ["fits equally well, but comes later in the manifest"]
+
+
+def test_fewest_bits_win_by_default_and_prefer_reorders() -> None:
+    engines = manifest(*(engine("t", ["sm_89"], precision=p) for p in ("fp32", "fp16", "int8")))
+    chosen, others = choose(engines, device("sm_89"))
+    assert chosen.engine.precision == "int8"
+    assert [r for _, r in others] == [f"fits, but int8 is preferred to {p} (--prefer fp8,int8,fp16,bf16,fp32)" for p in ("fp32", "fp16")]
+    preferred = device_from_options("sm_89", engines, prefer="fp16,fp32")
+    assert preferred.prefer == ("fp16", "fp32", "fp8", "int8", "bf16") and choose(engines, preferred)[0].engine.precision == "fp16"
+    with pytest.raises(BadRequest, match="--prefer 'fp17'"):
+        device_from_options("sm_89", engines, prefer="fp17")
+
+
+def _verified(precision: str, accuracy_passed: bool) -> Engine:
+    """An engine whose recorded accuracy check passed or failed (kept in the package by on_fail: warn)."""
+    from types import SimpleNamespace
+
+    proofs = SimpleNamespace(cleanup_equality=SimpleNamespace(passed=True), precision_accuracy=SimpleNamespace(passed=accuracy_passed),
+                             engine_run=SimpleNamespace(passed=None), engine_checks={"problems": []})
+    return engine("t", ["sm_89"], precision=precision).model_copy(update={"verification": proofs})
+
+
+def test_an_engine_that_failed_verification_is_never_chosen_unless_allowed() -> None:
+    engines = manifest(_verified("int8", accuracy_passed=False), _verified("fp16", accuracy_passed=True))
+    chosen, others = choose(engines, device("sm_89"))
+    assert chosen.engine.precision == "fp16"
+    assert [r for _, r in others] == ["failed verification (accuracy vs fp32); --allow-failed to take it anyway"]
+    with pytest.raises(NoEngineFits, match="failed verification"):
+        choose(manifest(_verified("int8", accuracy_passed=False)), device("sm_89"))
+    allowed = device_from_options("sm_89", engines, allow_failed=True)
+    assert choose(engines, allowed)[0].engine.precision == "int8"
 
 
 def test_precision_and_backend_filters_say_why_an_engine_was_skipped() -> None:

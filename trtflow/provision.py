@@ -5,11 +5,17 @@ The choice reads only the manifest, so a fleet agent decides without TensorRT or
 2. hardware: the GPU's compute capability is listed (exact), or the build is hardware-compatible
    (`ampere_plus`: any sm_80 or newer; `same_compute_capability`: only what it lists);
 3. runtime version, only when given: TensorRT needs the build's major.minor.patch, or for a
-   version-compatible build a runtime at least as new within the same major. TensorRT-RTX needs the
-   same major.minor.patch too: its engines "are not compatible between different releases", which
-   Runtime.get_engine_validity checks at load (TensorRT-RTX docs, Engine Compatibility:
-   https://docs.nvidia.com/deeplearning/tensorrt-rtx/latest/inference-library/engine-compatibility.html).
-Among fits: exact before hardware-compatible, then the newest backend version, then manifest order.
+   version-compatible build (TensorRT 8.6 and newer) a runtime at least as new within the same major, or
+   one of the two cross-major pairs TensorRT's support matrix allows (11.4, Engine Portability: "TensorRT
+   10 version-compatible engines can run with a TensorRT 11 runtime, and TensorRT 8 version-compatible
+   engines can run with a TensorRT 10 runtime. No other combination across major versions is supported").
+   TensorRT-RTX needs the same major.minor.patch: its engines "are not compatible between different
+   releases" (TensorRT-RTX docs, Engine Compatibility);
+4. verification: an engine whose recorded checks failed (kept with `verify.on_fail: warn`) is never chosen
+   unless --allow-failed.
+Among fits: the preferred precision (--prefer; default fp8, int8, fp16, bf16, fp32: fewest bits first, since
+an engine is in the package only when its precision met the recipe's accuracy limits, the fastest of them is
+the one its author accepted), then exact before hardware-compatible, then the newest backend, then manifest order.
 E.g. sm_89 with rtx-ampere (sm_86) and rtx-ada (sm_89) engines: rtx-ada, "exact compute capability match".
 """
 
@@ -36,6 +42,9 @@ from trtflow.util.fs import atomic_write, atomic_writer
 EXACT = "exact compute capability match"
 AMPERE_PLUS = "hardware-compatible build (ampere_plus runs on sm_80 and newer)"
 CHUNK = 1 << 20
+DEFAULT_PREFERENCE = ("fp8", "int8", "fp16", "bf16", "fp32")
+# A version-compatible engine of one TensorRT major also loads on these runtime majors (support matrix, 11.4).
+CROSS_MAJOR_RUNTIMES = {8: (10,), 10: (11,)}
 SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
@@ -73,6 +82,8 @@ class Device:
     runtime_version: Optional[str] = None
     backend: Optional[str] = None
     precision: Optional[str] = None
+    prefer: tuple[str, ...] = DEFAULT_PREFERENCE
+    allow_failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,7 @@ def judge(engine: Engine, index: int, device: Device) -> Verdict:
         return Verdict(engine, index, refusal=f"precision {engine.precision}, not the requested {device.precision}")
     fits = [_hardware_fit(engine, cc) for cc in device.compute_capabilities]
     refusal = next((reason for fit, reason in fits if fit is None), None) or _runtime_refusal(engine, device.runtime_version)
+    refusal = refusal or (None if device.allow_failed else failed_checks(engine))
     if refusal:
         return Verdict(engine, index, refusal=refusal)
     return Verdict(engine, index, fit=EXACT if all(fit == EXACT for fit, _ in fits) else AMPERE_PLUS)
@@ -124,13 +136,32 @@ def _runtime_refusal(engine: Engine, runtime: Optional[str]) -> Optional[str]:
     built, wanted = _version(engine.backend_version), _version(runtime)
     if built is None or wanted is None:
         return f"cannot compare backend version {engine.backend_version!r} with runtime {runtime!r}"
-    if engine.backend == "tensorrt" and engine.version_compatible:
-        if wanted[0] == built[0] and wanted >= built:
-            return None
-        return f"version-compatible build from tensorrt {engine.backend_version} needs a {built[0]}.x runtime at least that new, not {runtime}"
+    if engine.backend == "tensorrt" and engine.version_compatible and built >= (8, 6, 0):  # the flag exists from 8.6
+        return _version_compatible_refusal(engine.backend_version, built, wanted, runtime)
     if wanted == built:
         return None
     return f"{engine.backend} {engine.backend_version} engines load only on the same release ({'.'.join(map(str, built))}), not runtime {runtime}"
+
+
+def _version_compatible_refusal(shown: str, built: tuple[int, int, int], wanted: tuple[int, int, int], runtime: str) -> Optional[str]:
+    """Why a version-compatible TensorRT engine cannot load on `runtime`, or None (the support matrix's rules)."""
+    if (wanted[0] == built[0] and wanted >= built) or wanted[0] in CROSS_MAJOR_RUNTIMES.get(built[0], ()):
+        return None
+    later = " or ".join(f"{major}.x" for major in CROSS_MAJOR_RUNTIMES.get(built[0], ()))
+    return (f"version-compatible build from tensorrt {shown} needs a {built[0]}.x runtime at least that new"
+            + (f" or a {later} runtime" if later else "") + f", not {runtime}")
+
+
+def failed_checks(engine: Engine) -> Optional[str]:
+    """`failed verification: ...` when a check recorded for the engine did not pass, else None."""
+    proofs = engine.verification
+    if proofs is None:
+        return None
+    failed = [name for name, passed in (("cleanup equality", proofs.cleanup_equality.passed),
+                                        ("accuracy vs fp32", proofs.precision_accuracy.passed if proofs.precision_accuracy else None),
+                                        ("engine run", proofs.engine_run.passed)) if passed is False]
+    failed += ["engine I/O checks"] if proofs.engine_checks.get("problems") else []
+    return f"failed verification ({', '.join(failed)}); --allow-failed to take it anyway" if failed else None
 
 
 def _version(text: str) -> Optional[tuple[int, int, int]]:
@@ -139,27 +170,31 @@ def _version(text: str) -> Optional[tuple[int, int, int]]:
     return None if match is None else tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
 
 
-def _rank(verdict: Verdict) -> tuple:
-    """Exact before hardware-compatible, then the newest backend version, then manifest order."""
+def _rank(verdict: Verdict, prefer: tuple[str, ...]) -> tuple:
+    """The preferred precision, then exact before hardware-compatible, then the newest backend, then manifest order."""
     version = _version(verdict.engine.backend_version) or (-1, -1, -1)
-    return (verdict.fit != EXACT, tuple(-part for part in version), verdict.index)
+    precision = prefer.index(verdict.engine.precision) if verdict.engine.precision in prefer else len(prefer)
+    return (precision, verdict.fit != EXACT, tuple(-part for part in version), verdict.index)
 
 
 def choose(manifest: Manifest, device: Device) -> tuple[Verdict, list[tuple[Verdict, str]]]:
     """The chosen engine and, for every other one, why it was not chosen. Raises NoEngineFits."""
     verdicts = [judge(engine, index, device) for index, engine in enumerate(manifest.engines)]
-    fitting = sorted((v for v in verdicts if v.fit), key=_rank)
+    fitting = sorted((v for v in verdicts if v.fit), key=lambda v: _rank(v, device.prefer))
     if not fitting:
         raise NoEngineFits(_no_fit_message(manifest, device, verdicts))
     chosen = fitting[0]
-    others = [(v, v.refusal or _outranked(v, chosen)) for v in verdicts if v is not chosen]
+    others = [(v, v.refusal or _outranked(v, chosen, device.prefer)) for v in verdicts if v is not chosen]
     return chosen, others
 
 
-def _outranked(verdict: Verdict, chosen: Verdict) -> str:
+def _outranked(verdict: Verdict, chosen: Verdict, prefer: tuple[str, ...]) -> str:
+    """Why a fitting engine lost to the chosen one, in the order the ranking decides."""
+    if _rank(verdict, prefer)[0] != _rank(chosen, prefer)[0]:
+        return f"fits, but {chosen.engine.precision} is preferred to {verdict.engine.precision} (--prefer {','.join(prefer)})"
     if verdict.fit != chosen.fit:
         return f"fits ({verdict.fit}), but an exact compute capability match is preferred"
-    if _rank(verdict)[1] != _rank(chosen)[1]:
+    if _rank(verdict, prefer)[2] != _rank(chosen, prefer)[2]:
         return f"fits, but {chosen.engine.backend} {chosen.engine.backend_version} is newer than {verdict.engine.backend_version}"
     return "fits equally well, but comes later in the manifest"
 
@@ -176,11 +211,13 @@ def _no_fit_message(manifest: Manifest, device: Device, verdicts: list[Verdict])
     return "\n".join(lines)
 
 
-def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[str] = None, backend: Optional[str] = None, precision: Optional[str] = None) -> Device:
+def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[str] = None, backend: Optional[str] = None,
+                        precision: Optional[str] = None, prefer: Optional[str] = None, allow_failed: bool = False) -> Device:
     """--gpu auto (nvidia-smi), a compute capability (sm_86, 8.6) or a target name of the package."""
     if runtime_version is not None and _version(runtime_version) is None:
         raise BadRequest(f"--runtime-version {runtime_version!r} is not a version: pass it as X.Y.Z, e.g. 10.13.3 or 1.7.1")
-    extra = {"runtime_version": runtime_version, "backend": backend, "precision": precision}
+    extra = {"runtime_version": runtime_version, "backend": backend, "precision": precision, "prefer": _preference(prefer),
+             "allow_failed": allow_failed}
     if gpu == "auto":
         ccs = detect_compute_capabilities()
         return Device(tuple(ccs), "+".join(ccs), "auto-detected", **extra)
@@ -194,6 +231,17 @@ def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[
         targets = ", ".join(sorted({e.target for e in manifest.engines})) or "none"
         raise BadRequest(f"--gpu {gpu!r} is neither auto, a compute capability (sm_86, 8.6) nor a target of package {manifest.recipe} (its targets: {targets})")
     return Device(tuple(ccs), f"{gpu} ({', '.join(ccs)})", f"target {gpu} of the manifest", **extra)
+
+
+def _preference(text: Optional[str]) -> tuple[str, ...]:
+    """--prefer fp16,int8: those first in that order, then the default order for the rest."""
+    if text is None:
+        return DEFAULT_PREFERENCE
+    given = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in given if p not in DEFAULT_PREFERENCE]
+    if unknown or not given:
+        raise BadRequest(f"--prefer {text!r}: name precisions from {', '.join(DEFAULT_PREFERENCE)}, comma-separated")
+    return given + tuple(p for p in DEFAULT_PREFERENCE if p not in given)
 
 
 def detect_compute_capabilities() -> list[str]:

@@ -162,15 +162,18 @@ def schema(what: str) -> None:
 @click.option("--gpu", default="auto", show_default=True, help="auto (nvidia-smi), a compute capability (sm_86 or 8.6), or a target name of the package.")
 @click.option("--runtime-version", help="TensorRT or TensorRT-RTX version on the device, e.g. 10.13.3; without it version rules are not applied.")
 @click.option("--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="Consider only engines of this backend.")
-@click.option("--precision", help="Consider only engines of this precision (default: the first in manifest order that fits).")
+@click.option("--precision", help="Consider only engines of this precision.")
+@click.option("--prefer", help="Precisions in order of preference, e.g. fp16,int8 (default: fp8,int8,fp16,bf16,fp32: fewest bits first).")
+@click.option("--allow-failed", is_flag=True, help="Also consider engines whose verification or accuracy check failed (recorded with on_fail: warn).")
 @click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write <recipe>-<precision>.engine and .json into.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
-def provision(package: Path, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], dest: Path, as_json: bool) -> None:
+def provision(package: Path, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], prefer: Optional[str],
+              allow_failed: bool, dest: Path, as_json: bool) -> None:
     """Pick the engine of PACKAGE (folder, .tar.gz or manifest.json) that fits a GPU, verify it, write it to DEST."""
     from trtflow import provision as prov
 
     loaded = prov.load_package(package)
-    device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision)
+    device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision, prefer, allow_failed)
     record = prov.provision(loaded, device, dest)
     if as_json:
         click.echo(json.dumps(record, indent=2))
