@@ -26,3 +26,20 @@ def test_diff_of_equal_components_is_empty() -> None:
 def test_unresolved_inputs_are_not_reported_as_removed() -> None:
     old = {"version": 1, "params": {}, "inputs": {"model": "a"}}
     assert diff_components(old, {"version": 1, "params": {}}) == []
+
+
+def test_a_node_waiting_on_one_upstream_through_two_roles_names_it_once(tmp_path) -> None:
+    """verify reads the precision node's model and its report: the plan says `upstream X will run first` once."""
+    from trtflow.hashing import FileDigests
+    from trtflow.plan import STALE, Resolver
+    from trtflow.stages.base import Dep, Node, NodeId, StageParams
+    from trtflow.store.objects import Store
+
+    store = Store.create(tmp_path / "store")
+    upstream = NodeId.of("precision", "m", "int8")
+    node = Node(NodeId.of("verify", "m", "int8", "t"), 1, StageParams(),
+                deps=(Dep("model", upstream, "model"), Dep("precision_report", upstream, "report")))
+    store.set_last_run(node.id, {"key": "k", "components": dict(node.known_parts)})
+    state = Resolver(store, FileDigests()).resolve(node, finished={}).state
+    assert (state.status, state.reason) == (STALE, "upstream precision:m/int8 will run first")
+    store.close()

@@ -110,7 +110,7 @@ class Resolver:
             components = {**node.known_parts, "inputs": inputs} if inputs is not None else None
             key = stage_key(components) if components is not None else None
             record = self.store.stage_record(key) if key and self.store and not force else None
-            waiting = tuple(dep.node for dep in node.deps if dep.node not in finished)
+            waiting = tuple(dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished))  # one upstream, several roles: once
             found = self._memo[memo_key] = Resolution(node, components, key, record, waiting, force, self, dict(missing or {}))
         return found
 

@@ -104,6 +104,13 @@ def print_engine(info: dict) -> None:
     click.echo(f"  recipe {info['recipe']}, target {entry['target']} ({', '.join(entry['compute_capabilities'])}), {entry['precision']}, {entry['backend']} {entry['backend_version']}")
 
 
+def outcome(state: NodeState) -> str:
+    """What follows a finished stage's line: the one-line reason of a failure or skip, why a cached one was (pulled...)."""
+    if state.status in (FAILED, SKIPPED):
+        return f": {state.reason}"
+    return f"  ({state.reason})" if state.status == CACHED and state.reason else ""
+
+
 class PlainView:
     """One line per finished stage: for logs and CI, where a live display would be noise."""
 
@@ -122,8 +129,7 @@ class PlainView:
         if state.status == CACHED and not (self.verbose or state.reason):
             return
         timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
-        why = f"  ({state.reason})" if state.status == CACHED and state.reason else ""  # pulled, built by another run
-        click.echo(f"{state.status:<8} {state.node.id}{timing}{why}", err=True)
+        click.echo(f"{state.status:<8} {state.node.id}{timing}{outcome(state)}", err=True)
         if self.verbose and state.detail:
             click.echo(state.detail, err=True)
 
@@ -153,7 +159,7 @@ class RichView(PlainView):
             return
         if state.status != CACHED:
             timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
-            self.progress.console.print(f"{state.status:<8} {state.node.id}{timing}", markup=False, highlight=False)
+            self.progress.console.print(f"{state.status:<8} {state.node.id}{timing}{outcome(state)}", markup=False, highlight=False)
         self.progress.advance(self.task)
 
     def close(self) -> None:
