@@ -4,9 +4,12 @@ Per output: max abs error, mean relative error (sum |a - e| / sum |e|: an L1 rat
 outputs are near zero), cosine similarity (the lowest over the feeds), and for 2-D outputs [rows, classes]
 top-1 agreement (the share of rows whose argmax is the same). Each is gated by the precision's tolerance.
 
-ONNX Runtime's CPU provider has no bf16 kernels, so a model holding bf16 is run as an emulation: every bf16
-tensor becomes fp32 rounded to bf16 (a Cast to bf16 and back), so values carry bf16's precision while the
-arithmetic inside each op is fp32, as on tensor cores. The record says so.
+ONNX Runtime's CPU provider has no bf16 kernels, and computes most fp16 ops in fp32 without rounding between
+them (measured: x * 1e-4 * 1e-4 * 1e4 * 1e4 in fp16 gives 1, where fp16 arithmetic underflows to 0). So a model
+holding bf16 or fp16 is run as an emulation: every such tensor (graph inputs, initializers, every op's output)
+becomes fp32 rounded to the reduced type (a Cast to it and back, which ONNX Runtime keeps), so values carry
+the reduced precision, range and underflow while the arithmetic inside each op is fp32, as on tensor cores.
+The record says so.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import numpy as np
 
 from trtflow.stages import compare
 
-BF16_EMULATION = " (bf16 emulated: bf16 values, fp32 arithmetic)"
+def emulation_note(types: list[str]) -> str:
+    """` (fp16 emulated: fp16 values after every op, fp32 arithmetic)` for the reduced types a model was run as."""
+    return "".join(f" ({name} emulated: {name} values after every op, fp32 arithmetic)" for name in types)
 
 
 def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, data: str) -> dict:
@@ -28,7 +33,7 @@ def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, 
     ref = compare.session(reference)
     rows = [_per_feed(got, want) for got, want in zip(compare.run_all(cand, feeds), compare.run_all(ref, feeds))]
     outputs = [_judge(_fold(name, [r[name] for r in rows]), tolerance) for name in rows[0]] if rows else []
-    return {"runtime": compare.RUNTIME + (BF16_EMULATION if emulated else ""), "reference": "fp32 model (cleanup output)",
+    return {"runtime": compare.RUNTIME + emulation_note(emulated), "reference": "fp32 model (cleanup output)",
             "data": data, "samples": len(feeds), "tolerance": tolerance, "outputs": outputs,
             "passed": bool(outputs) and all(o["passed"] for o in outputs)}
 
@@ -112,31 +117,42 @@ def _judge(row: dict, tolerance: dict) -> dict:
     return {**row, "problems": problems, "passed": not problems}
 
 
-def ort_runnable(model: Any) -> tuple[Any, bool]:
-    """(a model ONNX Runtime's CPU provider can run, whether bf16 had to be emulated)."""
+def ort_runnable(model: Any) -> tuple[Any, list[str]]:
+    """(a model ONNX Runtime's CPU provider runs as the GPU would round, the reduced types it emulates: bf16, fp16)."""
     import onnx
 
-    bf16 = onnx.TensorProto.BFLOAT16
-    if not _holds(model, bf16):
-        return model, False
+    reduced = [(onnx.TensorProto.BFLOAT16, "bf16"), (onnx.TensorProto.FLOAT16, "fp16")]
+    held = [(elem, name) for elem, name in reduced if _holds(model, elem)]
+    if not held:
+        return model, []
     emulated = onnx.shape_inference.infer_shapes(model)
-    bf16_tensors = _typed(emulated, bf16)
-    _bf16_to_fp32(emulated)
-    nodes = []
-    for node in emulated.graph.node:
+    for elem, _ in held:
+        _emulate(onnx, emulated, elem)
+    return emulated, [name for _, name in held]
+
+
+def _emulate(onnx: Any, model: Any, elem: int) -> None:
+    """Retype every `elem` tensor as fp32 and round it to `elem` where it is made: graph inputs and op outputs."""
+    typed = _typed(model, elem)
+    inputs = [v.name for v in model.graph.input if v.type.tensor_type.elem_type == elem]
+    _to_fp32(model, elem)
+    nodes = [n for name in inputs for n in _round(onnx, name, name + "__rounded", elem)]
+    renamed = {name: name + "__rounded" for name in inputs}
+    for node in model.graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
         nodes.append(node)
         for index, output in enumerate(node.output):
-            if output in bf16_tensors:
+            if output in typed:
                 node.output[index] = output + "__fp32"
-                nodes += _round_to_bf16(onnx, output + "__fp32", output)
-    del emulated.graph.node[:]
-    emulated.graph.node.extend(nodes)
-    return emulated, True
+                nodes += _round(onnx, output + "__fp32", output, elem)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def _holds(model: Any, elem_type: int) -> bool:
     return any(i.data_type == elem_type for i in model.graph.initializer) or \
-        any(a.i == elem_type for n in model.graph.node for a in n.attribute if a.name == "to")
+        any(a.i == elem_type for n in model.graph.node for a in n.attribute if a.name == "to") or \
+        any(v.type.tensor_type.elem_type == elem_type for v in [*model.graph.input, *model.graph.output])
 
 
 def _typed(model: Any, elem_type: int) -> set[str]:
@@ -145,31 +161,37 @@ def _typed(model: Any, elem_type: int) -> set[str]:
     return found | {o for n in model.graph.node if n.op_type == "Cast" and any(a.name == "to" and a.i == elem_type for a in n.attribute) for o in n.output}
 
 
-def _bf16_to_fp32(model: Any) -> None:
-    """Every bf16 type becomes fp32 (exactly: bf16 is fp32 with the low 16 bits dropped)."""
+def _to_fp32(model: Any, elem: int) -> None:
+    """Every `elem` (bf16 or fp16) type becomes fp32, exactly: both are subsets of fp32."""
     import onnx
     from onnx import numpy_helper
 
-    bf16, fp32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
+    fp32 = onnx.TensorProto.FLOAT
     for init in model.graph.initializer:
-        if init.data_type == bf16:
-            init.CopyFrom(numpy_helper.from_array(_bf16_values(init), init.name))
+        if init.data_type == elem:
+            init.CopyFrom(numpy_helper.from_array(_fp32_values(init, elem), init.name))
     for node in model.graph.node:
         for attribute in node.attribute:
-            if attribute.name == "to" and attribute.i == bf16:
+            if attribute.name == "to" and attribute.i == elem:
                 attribute.i = fp32
-            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == bf16:
-                attribute.t.CopyFrom(numpy_helper.from_array(_bf16_values(attribute.t), attribute.t.name))
+            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == elem:
+                attribute.t.CopyFrom(numpy_helper.from_array(_fp32_values(attribute.t, elem), attribute.t.name))
     for value in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
-        if value.type.tensor_type.elem_type == bf16:
+        if value.type.tensor_type.elem_type == elem:
             value.type.tensor_type.elem_type = fp32
 
 
-def _bf16_values(tensor: Any) -> np.ndarray:
+def _fp32_values(tensor: Any, elem: int) -> np.ndarray:
+    import onnx
+    from onnx import numpy_helper
+
+    if elem == onnx.TensorProto.FLOAT16:
+        return numpy_helper.to_array(tensor).astype(np.float32)
     raw = np.frombuffer(tensor.raw_data, dtype=np.uint16) if tensor.raw_data else np.asarray(tensor.int32_data, dtype=np.uint16)
     return (raw.astype(np.uint32) << 16).view(np.float32).reshape(tuple(tensor.dims))
 
 
-def _round_to_bf16(onnx: Any, source: str, target: str) -> list[Any]:
-    return [onnx.helper.make_node("Cast", [source], [target + "__bf16"], to=onnx.TensorProto.BFLOAT16),
-            onnx.helper.make_node("Cast", [target + "__bf16"], [target], to=onnx.TensorProto.FLOAT)]
+def _round(onnx: Any, source: str, target: str, elem: int) -> list[Any]:
+    """Cast `source` (fp32) to the reduced type and back into `target`: its value as that type holds it."""
+    return [onnx.helper.make_node("Cast", [source], [target + "__reduced"], to=elem),
+            onnx.helper.make_node("Cast", [target + "__reduced"], [target], to=onnx.TensorProto.FLOAT)]

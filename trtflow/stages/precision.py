@@ -24,7 +24,7 @@ from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, S
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, place_side_by_side, save_model
 from trtflow.util.versions import ort_version, tool_version
 
-KIND, VERSION = "precision", 1
+KIND, VERSION = "precision", 2  # 2: fp16 accuracy with fp16 rounding between ops
 
 
 class Accuracy(BaseModel):

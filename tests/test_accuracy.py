@@ -1,0 +1,38 @@
+"""Reduced-precision accuracy on ONNX Runtime's CPU provider: numbers as fp16 arithmetic gives them, not fp32's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trtflow.stages import accuracy
+
+
+def _scale_chain(dtype: int) -> onnx.ModelProto:
+    """x * 1e-4 * 1e-4 * 1e4 * 1e4: 1 in fp32; in fp16 the middle value (1e-8) underflows and the result is 0."""
+    np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+    small, large = numpy_helper.from_array(np.array(1e-4, np_type), "small"), numpy_helper.from_array(np.array(1e4, np_type), "large")
+    names = ["x", "a", "b", "c", "y"]
+    factors = ["small", "small", "large", "large"]
+    nodes = [helper.make_node("Mul", [names[i], factors[i]], [names[i + 1]]) for i in range(4)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [small, large])
+    if dtype == TensorProto.FLOAT16:  # keep_io_types: fp32 in and out, fp16 inside (what AutoCast writes)
+        graph.node.insert(0, helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16))
+        graph.node[1].input[0] = "x16"
+        graph.node[-1].output[0] = "y16"
+        graph.node.append(helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_fp16_underflow_shows_in_the_accuracy_report(tmp_path: Path) -> None:
+    reference = tmp_path / "fp32.onnx"
+    onnx.save(_scale_chain(TensorProto.FLOAT), reference)
+    feeds = [{"x": np.ones((1, 4), np.float32)}]
+    result = accuracy.report(_scale_chain(TensorProto.FLOAT16), reference, feeds, {"min_cosine": 0.9999}, "ones")
+    [output] = result["outputs"]
+    assert output["max_abs_error"] > 0.99 and not result["passed"]  # ONNX Runtime alone would say 0 and pass
+    assert "fp16 emulated" in result["runtime"]
