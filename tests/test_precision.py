@@ -271,6 +271,13 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
         assert accuracy["passed"] and accuracy["held_out"] and accuracy["samples"] == 4
         assert {"max_abs_error", "mean_rel_error", "cosine_similarity", "top1_agreement"} <= set(accuracy["outputs"][0])
     assert engines[("fp32", "rtx-ada")]["calibration"] is None and engines[("fp16", "rtx-ada")]["calibration"] is None
+    fp16_parts = engines[("fp16", "rtx-ada")]["verification"]["precision_composition"]
+    int8_parts = engines[("int8", "rtx-ada")]["verification"]["precision_composition"]
+    assert fp16_parts["nodes_by_dtype"].get("float16", 0) > 0 and "float16" in fp16_parts["initializer_bytes_by_dtype"]
+    assert int8_parts["nodes_by_dtype"]["q/dq"] >= 4 and int8_parts["qdq_covered_ops"].get("Conv", 0) >= 1
+    assert engines[("fp32", "rtx-ada")]["verification"]["precision_composition"] is None
+    shown = trtflow(root, "inspect", str(root / "artifacts/packages/tiny")).out
+    assert "made of: nodes " in shown and "Q/DQ-fed Conv" in shown
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
     int8_onnx = root / "artifacts/store/objects" / lock["precision:tiny/int8"]["outputs"]["model"][:2] / lock["precision:tiny/int8"]["outputs"]["model"]
     assert _ops(int8_onnx)["QuantizeLinear"] >= 2 and _ops(int8_onnx)["DequantizeLinear"] >= 2

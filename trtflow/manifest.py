@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
 
 SCHEMA_VERSION = 4  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
-# 4: complete/missing (a package holds the engines that built; the others are listed with why)
+# 4: complete/missing (a package holds the engines that built; the others are listed with why), precision_composition
 MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 
@@ -120,11 +120,20 @@ class EngineRun(_Model):
     passed: Optional[bool] = None
 
 
+class Composition(_Model):
+    """What the reduced-precision ONNX is made of: how much of an "fp16" or "int8" model still computes in fp32."""
+
+    nodes_by_dtype: dict[str, int]  # by the element type of each node's first output; Q/DQ nodes as "q/dq"
+    initializer_bytes_by_dtype: dict[str, int]
+    qdq_covered_ops: dict[str, int]  # ops fed by a DequantizeLinear (int8/fp8), by op type
+
+
 class Verification(_Model):
     """The proofs behind an engine: each transformation checked where it happened, then the engine itself."""
 
     cleanup_equality: OnnxComparison
     precision_accuracy: Optional[PrecisionAccuracy] = None  # None for fp32 (the cleaned model itself)
+    precision_composition: Optional[Composition] = None  # None for fp32
     engine_checks: dict[str, object]
     engine_run: EngineRun
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtflow.util.cc import ComputeCapability
+from trtflow.util.onnxio import value_types
 
 GEMM_OPS = ("Gemm", "MatMul", "LSTM", "GRU", "RNN", "Attention")
 CONV_OPS = ("Conv", "ConvTranspose")
@@ -26,7 +27,7 @@ def unsupported_nodes(backend: str, cc: str, model: Any) -> dict[str, list[str]]
     """{limit: [node names]} of what `backend` cannot compile for `cc` in the ONNX `model` (a ModelProto)."""
     if backend != "tensorrt-rtx" or ComputeCapability.parse(cc) != TURING:
         return {}
-    types, ranks = _value_types(model)
+    types, ranks = value_types(model)
     found = {
         "FP32 GEMM is not supported on Turing (sm_75)": [_name(n) for n in model.graph.node
                                                         if n.op_type in GEMM_OPS and types.get(n.input[0]) == FLOAT32],
@@ -43,25 +44,6 @@ def describe(found: dict[str, list[str]], most: int = 3) -> str:
         more = f" (+{len(nodes) - most} more)" if len(nodes) > most else ""
         parts.append(f"{limit}: {', '.join(nodes[:most])}{more}")
     return "; ".join(parts)
-
-
-def _value_types(model: Any) -> tuple[dict[str, int], dict[str, int]]:
-    """Element type and rank of every named value (after shape inference, on the graph only)."""
-    import onnx
-
-    try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:  # a graph shape inference cannot follow: use what it declares
-        graph = model.graph
-    types, ranks = {}, {}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        tensor = value.type.tensor_type
-        types[value.name] = tensor.elem_type
-        if tensor.HasField("shape"):
-            ranks[value.name] = len(tensor.shape.dim)
-    for init in graph.initializer:
-        types[init.name], ranks[init.name] = init.data_type, len(init.dims)
-    return types, ranks
 
 
 def _name(node: Any) -> str:

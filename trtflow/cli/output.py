@@ -89,9 +89,19 @@ def evidence_lines(engine: dict) -> list[str]:
     if accuracy:
         cosine = min((o.get("cosine_similarity") or 0.0 for o in accuracy.get("outputs", [])), default=0.0)
         lines.append(f"{engine['precision']} vs fp32: {'passed' if accuracy.get('passed') else 'FAILED'} (min cosine {cosine:.8f}, {accuracy.get('samples')} samples)")
+    if check.get("precision_composition"):
+        lines.append(composition_line(check["precision_composition"]))
     if check.get("engine_run"):
         lines.append(f"engine run: {check['engine_run']['status']}")
     return lines
+
+
+def composition_line(parts: dict) -> str:
+    """`made of: nodes float16 40, float32 3, q/dq 12; weights float16 5.3 MiB, float32 1.2 KiB; Q/DQ-fed Conv 20, Gemm 1`."""
+    nodes = ", ".join(f"{k} {v}" for k, v in parts["nodes_by_dtype"].items())
+    weights = ", ".join(f"{k} {size(v)}" for k, v in parts["initializer_bytes_by_dtype"].items())
+    covered = ", ".join(f"{k} {v}" for k, v in parts["qdq_covered_ops"].items())
+    return f"made of: nodes {nodes}; weights {weights}" + (f"; Q/DQ-fed {covered}" if covered else "")
 
 
 def print_engine(info: dict) -> None:

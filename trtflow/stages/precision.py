@@ -22,6 +22,7 @@ from trtflow.errors import StageError, TrtflowError
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, place_side_by_side, save_model
+from trtflow.util.onnxio import composition
 from trtflow.util.versions import ort_version, tool_version
 
 KIND, VERSION = "precision", 2  # 2: fp16 accuracy with fp16 rounding between ops
@@ -116,7 +117,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     accuracy = _accuracy(params, model, source, held_out, calibrating)
     if not accuracy["passed"] and params.on_fail == "fail":
         raise StageError(_failure_message(precision, accuracy))
-    record = {"precision": precision, "tool": f"nvidia-modelopt {tool_version('nvidia-modelopt')}", **details, "accuracy": accuracy}
+    record = {"precision": precision, "tool": f"nvidia-modelopt {tool_version('nvidia-modelopt')}", **details, "accuracy": accuracy,
+              "composition": composition(model)}
     return StageOutput(files={**files, "report": _report(record, workdir)}, record=record)
 
 

@@ -23,7 +23,7 @@ from trtflow.stages.base import Dep, Node, RecipeContext, StageOutput, StagePara
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.versions import ort_version
 
-KIND, VERSION = "verify", 2
+KIND, VERSION = "verify", 3  # 3: carries the precision model's composition
 
 # Elementwise engine-vs-fp32 tolerances for reduced precision; the ONNX-level accuracy report is the real gate.
 REDUCED_PRECISION_ENGINE_TOLERANCE = {
@@ -85,6 +85,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     record = {
         "cleanup_equality": inputs["reference"].record.get("equality"),
         "precision_accuracy": inputs["model"].record.get("accuracy"),
+        "precision_composition": inputs["model"].record.get("composition"),
         "engine_checks": check_engine_io(inputs["engine"].record["tensors"], model, params.profiles),
         "engine_run": _engine_run(params, inputs["engine"], inputs["reference"].files["model"]),
     }

@@ -80,3 +80,62 @@ def tensor_info(value: Any) -> TensorInfo:
         return TensorInfo(value.name, dtype, None)
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
     return TensorInfo(value.name, dtype, dims)
+
+
+def value_types(model: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """Element type (onnx.TensorProto code) and rank of every named value, after shape inference on the graph."""
+    import onnx
+
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # a graph shape inference cannot follow: use what it declares
+        graph = model.graph
+    types, ranks = {}, {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = value.type.tensor_type
+        types[value.name] = tensor.elem_type
+        if tensor.HasField("shape"):
+            ranks[value.name] = len(tensor.shape.dim)
+    for init in graph.initializer:
+        types[init.name], ranks[init.name] = init.data_type, len(init.dims)
+    return types, ranks
+
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def composition(model: Any) -> dict:
+    """What a reduced-precision model is made of: nodes by the type they compute in, initializer bytes by type, and
+    the ops fed by Q/DQ (int8/fp8) versus those computing in fp32 (what stayed fp32 in an "fp16" or "int8" model)."""
+    import onnx
+
+    types, _ = value_types(model)
+    name_of = {code: onnx.helper.tensor_dtype_to_np_dtype(code).name for code in set(types.values()) if code}
+    dequantized = {out for n in model.graph.node if n.op_type == "DequantizeLinear" for out in n.output}
+    nodes: dict[str, int] = {}
+    covered: dict[str, int] = {}
+    for node in model.graph.node:
+        dtype = "q/dq" if node.op_type in QDQ_OPS else name_of.get(types.get(next(iter(node.output), ""), 0), "unknown")
+        nodes[dtype] = nodes.get(dtype, 0) + 1
+        if node.op_type not in QDQ_OPS and dequantized.intersection(node.input):
+            covered[node.op_type] = covered.get(node.op_type, 0) + 1
+    weights: dict[str, int] = {}
+    for init in model.graph.initializer:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name
+        weights[dtype] = weights.get(dtype, 0) + _nbytes(init)
+    return {"nodes_by_dtype": dict(sorted(nodes.items())), "initializer_bytes_by_dtype": dict(sorted(weights.items())),
+            "qdq_covered_ops": dict(sorted(covered.items()))}
+
+
+def _nbytes(init: Any) -> int:
+    """Bytes of an initializer's data, inline or external, without loading external data."""
+    import onnx
+
+    if init.data_location == onnx.TensorProto.EXTERNAL:
+        return next((int(entry.value) for entry in init.external_data if entry.key == "length"), 0)
+    if init.raw_data:
+        return len(init.raw_data)
+    count = 1
+    for dim in init.dims:
+        count *= dim
+    return count * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
