@@ -109,6 +109,23 @@ TINY_PROFILE = {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])}
 PROFILE_YAML = "profiles:\n  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
 
 
+def test_autocast_keeps_in_fp32_what_the_recipes_data_drives_out_of_fp16_range(tmp_path: Path) -> None:
+    """Inputs 1000x larger than random ones push activations past AutoCast's data_max: with the recipe's data those
+    nodes stay fp32; on random inputs AutoCast cannot know."""
+    recipe = "source: {onnx: models/m.onnx}\nprecisions: [fp16]\ntargets: [rtx-ada]\ncalibration: {data: calib/*.npz}\n" + PROFILE_YAML
+    root = _project(tmp_path, "tiny_cnn", recipe)
+    (root / "calib").mkdir()
+    for index in range(6):
+        np.savez(root / "calib" / f"big_{index}.npz", input=np.random.default_rng(index).standard_normal((4, 3, 32, 32)).astype(np.float32) * 1000)
+    _, with_data = _run_node(root, "fp16", tmp_path)
+    assert with_data["autocast_data"]["source"] == "the recipe's calibration samples" and with_data["autocast_data"]["samples"] == 3
+    (root / "recipes" / "m.yaml").write_text(recipe.replace("calibration: {data: calib/*.npz}\n", ""))
+    _, random = _run_node(root, "fp16", tmp_path)
+    assert random["autocast_data"]["samples"] == 0
+    kept = {name: record["composition"]["nodes_by_dtype"].get("float32", 0) for name, record in (("data", with_data), ("random", random))}
+    assert kept["data"] > kept["random"], kept
+
+
 def test_fp16_and_bf16_by_autocast_keep_fp32_io_and_build(tmp_path: Path) -> None:
     root = _project(tmp_path, "tiny_cnn", "source: {onnx: models/m.onnx}\nprecisions: [fp16, bf16]\ntargets: [rtx-ada]\n" + PROFILE_YAML)
     for precision, elem in (("fp16", onnx.TensorProto.FLOAT16), ("bf16", onnx.TensorProto.BFLOAT16)):
@@ -289,8 +306,9 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
     wider = np.random.default_rng(9).standard_normal((4, 3, 32, 32)).astype(np.float32) * 4  # widens the activation ranges
     np.savez(root / _late_name(root, 4), input=wider)
     rerun = {node for node, status in _run(root).items() if status == "built"}
-    assert rerun == {"precision:tiny/int8", "build:tiny/int8/rtx-ampere", "build:tiny/int8/rtx-ada",
-                     "verify:tiny/int8/rtx-ampere", "verify:tiny/int8/rtx-ada", "package:tiny"}
+    # AutoCast reads the calibration files too: fp16 reruns, and as its model comes out the same, its builds stay cached
+    assert rerun == {"precision:tiny/int8", "build:tiny/int8/rtx-ampere", "build:tiny/int8/rtx-ada", "verify:tiny/int8/rtx-ampere",
+                     "verify:tiny/int8/rtx-ada", "precision:tiny/fp16", "verify:tiny/fp16/rtx-ampere", "verify:tiny/fp16/rtx-ada", "package:tiny"}
     manifest = json.loads((root / "artifacts/packages/tiny/manifest.json").read_text())
     recalibrated = next(e for e in manifest["engines"] if e["precision"] == "int8")["calibration"]
     assert recalibrated["samples"] == 9 and recalibrated["data_digest"] != int8["calibration"]["data_digest"]
@@ -298,7 +316,7 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
     first = min(rank(0, p.relative_to(root).as_posix()) for p in (root / "calib").glob("*.npz"))
     early = next(f"calib/early_{i}.npz" for i in range(1000) if rank(0, f"calib/early_{i}.npz") < first)
     np.savez(root / early, input=np.zeros((4, 3, 32, 32), np.float32))  # ranks into the held-out files: fp16 evaluates on it
-    plan = trtflow(root, "plan").out
+    plan = trtflow(root, "plan", "--explain").out
     assert "precision:tiny/fp16" in plan and f"input holdout:{early} changed" in plan
     (root / "calib" / Path(early).name).unlink()
 

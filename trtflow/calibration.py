@@ -98,13 +98,12 @@ def plan_split(item: "RecipeFile", root: Path) -> Optional[Split]:
     return split(files, spec.seed, min(item.recipe.accuracy.samples, len(files) // 2), spec.samples)
 
 
-def sources(selection: Optional[Split], root: Path, quantized: bool) -> tuple[tuple[str, Path], ...]:
-    """Node sources: held-out files for every reduced precision, calibration files only for int8/fp8."""
+def sources(selection: Optional[Split], root: Path) -> tuple[tuple[str, Path], ...]:
+    """A reduced precision's sources: the held-out files (accuracy report) and the calibration files (AutoCast, PTQ)."""
     if selection is None:
         return ()
     found = [(HELD_OUT_ROLE + relative, root / relative) for relative in selection.held_out]
-    if quantized:
-        found += [(CALIBRATION_ROLE + relative, root / relative) for relative in selection.calibration]
+    found += [(CALIBRATION_ROLE + relative, root / relative) for relative in selection.calibration]
     return tuple(found)
 
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Optional, Iterator
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
@@ -55,8 +55,9 @@ def modelopt_onnx() -> Any:
     return import_or_explain("modelopt.onnx", "quant")
 
 
-def autocast(model_path: Path, precision: str, options: dict) -> Any:
-    """fp16/bf16 by AutoCast: nodes whose values exceed fp16's safe range (on polygraphy's seeded inputs) stay fp32."""
+def autocast(model_path: Path, precision: str, options: dict, data: Optional[Path] = None) -> Any:
+    """fp16/bf16 by AutoCast: nodes whose values exceed fp16's safe range on `data` (a folder of .npz feeds; without
+    one, polygraphy's seeded random inputs) stay fp32."""
     modelopt_onnx()
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
@@ -66,6 +67,7 @@ def autocast(model_path: Path, precision: str, options: dict) -> Any:
         keep_io_types=options["keep_io_types"],
         op_types_to_exclude=list(options["keep_op_types"]),
         nodes_to_exclude=list(options["keep_nodes"]),
+        calibration_data=str(data) if data is not None else None,
         providers=["cpu"],
     )
 

@@ -25,7 +25,7 @@ from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, place_side_b
 from trtflow.util.onnxio import composition
 from trtflow.util.versions import ort_version, tool_version
 
-KIND, VERSION = "precision", 2  # 2: fp16 accuracy with fp16 rounding between ops
+KIND, VERSION = "precision", 3  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data
 
 
 class Accuracy(BaseModel):
@@ -72,8 +72,8 @@ def nodes(ctx: RecipeContext, cleanup: Node) -> dict[str, Node]:
 def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
     """precision:<recipe>/<precision>: fp32 passes the cleaned model through.
 
-    fp16/bf16 (AutoCast) read only the held-out calibration files (for their accuracy report); int8/fp8
-    (PTQ) read the calibration files too, so adding a calibration sample re-quantizes without re-running AutoCast.
+    Reduced precisions read the recipe's calibration files (AutoCast measures value ranges on them to decide what
+    stays fp32; PTQ calibrates on them) and its held-out files (for the accuracy report).
     """
     base = Node(id=NodeId.of(KIND, ctx.name, precision), version=VERSION, params=Params(precision=precision),
                 deps=(Dep("model", model_node, "model"),), info={"precision": precision})
@@ -88,7 +88,7 @@ def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
              "numpy": tool_version("numpy"), **({"pillow": tool_version("pillow")} if data is not None and data["kind"] == "images" else {})}
     params = Params(precision=precision, profiles=ctx.profiles, on_fail=recipe.verify.on_fail, data=data, **settings, **tools,
                     accuracy=Accuracy(samples=recipe.accuracy.samples, seed=recipe.accuracy.seed, tolerance=recipe.accuracy.tolerance(precision)))
-    sources = calibration.sources(ctx.calibration_split, ctx.root, quantized=precision in QUANTIZED_PRECISIONS)
+    sources = calibration.sources(ctx.calibration_split, ctx.root)
     return Node(id=base.id, version=VERSION, params=params, deps=base.deps, sources=sources, info=base.info)
 
 
@@ -138,8 +138,9 @@ def _convert(params: Params, source: Path, calibrating: Optional[list], workdir:
     try:
         with convert.quiet() as printed:
             if precision in AUTOCAST_PRECISIONS:
-                autocast = params.autocast.model_dump()
-                return convert.autocast(source, precision, autocast), {"autocast": autocast, "calibration": None}
+                autocast, data = params.autocast.model_dump(), _autocast_data(calibrating, workdir / "autocast-data")
+                details = {"autocast": autocast, "autocast_data": _autocast_data_record(calibrating), "calibration": None}
+                return convert.autocast(source, precision, autocast, data), details
             samples = calibrating if calibrating is not None else _random_samples(source, params)
             options = {**params.quantize.model_dump(), "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists()}
             model = convert.quantize(source, workdir / "quantized" / "model.onnx", precision, [s.feed for s in samples], options)
@@ -151,6 +152,25 @@ def _convert(params: Params, source: Path, calibrating: Optional[list], workdir:
     summary = convert.qdq_summary(model)
     convert.check_quantized(summary, precision)
     return model, {"quantize": params.quantize.model_dump(), "qdq": summary, "calibration": _calibration_record(params, samples, calibrating is None)}
+
+
+def _autocast_data(samples: Optional[list], folder: Path) -> Optional[Path]:
+    """The recipe's calibration samples as the folder of .npz files AutoCast reads (one per sample); None without any."""
+    if not samples:
+        return None
+    import numpy as np
+
+    folder.mkdir(parents=True)
+    for index, sample in enumerate(samples):
+        np.savez(folder / f"{index:06d}.npz", **sample.feed)
+    return folder
+
+
+def _autocast_data_record(samples: Optional[list]) -> dict:
+    """Which inputs AutoCast measured value ranges on to decide what stays fp32."""
+    if not samples:
+        return {"source": "seeded random inputs (polygraphy's, ModelOpt's default)", "samples": 0}
+    return {"source": "the recipe's calibration samples", "samples": len(samples), "data_digest": calibration.samples_digest(samples)}
 
 
 def _calibration_record(params: Params, samples: list, random: bool) -> dict:
@@ -170,7 +190,7 @@ def _declared_samples(params: Params, inputs: dict[str, Upstream], model_inputs:
     for prefix in (calibration.HELD_OUT_ROLE, calibration.CALIBRATION_ROLE):
         files = {role[len(prefix):]: upstream.files[role] for role, upstream in inputs.items() if role.startswith(prefix)}
         groups.append(_checked(calibration.samples_from_inputs(files, reading, model_inputs), model_inputs, params, reading))
-    return groups[0], (groups[1] if params.precision in QUANTIZED_PRECISIONS else None)
+    return groups[0], groups[1]
 
 
 def _checked(samples: list, model_inputs: dict, params: Params, reading: dict) -> list:
