@@ -112,3 +112,45 @@ def test_a_broken_cleanup_is_caught_by_the_onnx_runtime_check(tmp_path: Path, mo
         cleanup.run(node.params, {"model": source}, tmp_path / "work")
     assert str(failure.value).startswith("the cleaned model differs from the source: onnx_compare out of tolerance (rtol 0.001, atol 0.0001): "
                                          "first differing output logits max abs ")
+
+
+
+def test_changing_verify_on_fail_leaves_cleanup_cached(tmp_path: Path) -> None:
+    """on_fail is a policy over the proof, not part of cleanup's key: it changes nothing cleanup makes."""
+    root = bn_project(tmp_path / "p", {"slim": RECIPE})
+    assert trtflow(root, "run").code == 0
+    for on_fail in ("warn", "fail"):
+        (root / "recipes" / "slim.yaml").write_text(RECIPE + f"verify: {{on_fail: {on_fail}}}\n")
+        states = {node["id"]: node["status"] for node in json.loads(trtflow(root, "plan", "--json").out)["nodes"]}
+        assert states["cleanup:slim"] == "cached", on_fail
+
+
+def test_a_failed_proof_is_recorded_under_warn_and_fails_a_cached_cleanup_under_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same key serves both policies, so the finish hook refuses a failed proof cached under warn once on_fail is fail."""
+    from trtflow.dag import dag_from_project
+    from trtflow.errors import StageError
+    from trtflow.recipe import load_project
+    from trtflow.stages import cleanup
+    from trtflow.stages.base import Upstream
+
+    root = bn_project(tmp_path / "p", {"warn": RECIPE + "verify: {on_fail: warn}\n", "fail": RECIPE})
+    nodes = dag_from_project(load_project(root)).nodes
+    assert nodes["cleanup:warn"].params.key_parts() == nodes["cleanup:fail"].params.key_parts()
+    clean = cleanup._clean
+
+    def broken(onnx_module, model, options):
+        model, passes = clean(onnx_module, model, options)
+        weight = next(t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and t.raw_data)
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + 0.5, weight.name))
+        return model, passes
+
+    monkeypatch.setattr(cleanup, "_clean", broken)
+    (tmp_path / "work").mkdir()
+    source = Upstream(files={"model": root / "models" / "bn.onnx"}, sha256={"model": "0" * 64})
+    output = cleanup.run(nodes["cleanup:warn"].params, {"model": source}, tmp_path / "work")
+    assert output.record["equality"]["passed"] is False
+    cached = {"record": output.record}
+    assert cleanup.finish(nodes["cleanup:warn"], cached, None) is False
+    cached_under_warn = r"\(a cached result built under verify: \{on_fail: warn\}\)$"
+    with pytest.raises(StageError, match=r"^the cleaned model differs from the source: .* " + cached_under_warn):
+        cleanup.finish(nodes["cleanup:fail"], cached, None)

@@ -166,6 +166,19 @@ def test_rerun_is_a_no_op_and_an_unrelated_edit_exports_nothing(torch_project: P
     assert built(run_json(torch_project)) == set()
 
 
+
+def test_changing_verify_on_fail_reexports_and_recleans_nothing(torch_project: Path) -> None:
+    """on_fail decides whether a failed check fails the stage; it is not in the export's or cleanup's key."""
+    recipe = torch_project / "recipes" / "conv.yaml"
+    original = recipe.read_text()
+    recipe.write_text(original + "verify: {on_fail: warn}\n")
+    try:
+        reasons = plan_reasons(torch_project)
+    finally:
+        recipe.write_text(original)
+    assert reasons["export:conv"] == reasons["cleanup:conv"] == "cached"
+
+
 def test_editing_the_factory_source_or_the_weights_reexports_and_rebuilds_that_model(torch_project: Path) -> None:
     before = engine_digests(torch_project, "conv")
     save_weights(torch_project, seed=2)

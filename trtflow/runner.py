@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from trtflow.dag import Dag, Node
+from trtflow.errors import TrtflowError
 from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.plan import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, Resolution, Resolver
 from trtflow.stages import stage_module
@@ -284,12 +285,17 @@ class Runner:
             raise write_failure(self.store.root, OSError(code, os.strerror(code)), f"({job.node.id} writing its output)")
 
     def _finish(self, state: NodeState, record: dict) -> None:
-        """A node is done (built or cached): remember it, let its stage's finish hook place what it made, report it."""
+        """A node is done (built or cached): its stage's finish hook places what it made (or refuses a cached result
+        the recipe's policy no longer accepts: the node fails), then it is remembered and reported."""
+        finish = getattr(stage_module(state.node.kind), "finish", None)
+        try:
+            if finish is not None:
+                finish(state.node, record, self.placement)
+        except TrtflowError as exc:
+            self._settle(NodeState(state.node, FAILED, str(exc), key=state.key, exit_code=exc.exit_code))
+            return
         self.finished[state.node.id] = record
         self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
-        finish = getattr(stage_module(state.node.kind), "finish", None)
-        if finish is not None:
-            finish(state.node, record, self.placement)
         self._settle(state)
 
     def _settle(self, state: NodeState) -> None:

@@ -3,7 +3,7 @@
     source: {onnx: models/resnet.onnx}
     source: {torch: {factory: "models.net:make", kwargs: {width: 64}, weights: models/net.pt,
                      inputs: [{name: image}], opset: 18}}
-    cleanup: {fold_constants: true, simplify: true}
+    cleanup: {fold_constants: true, fold_size_limit_mib: 16, simplify: true}
 
 A torch input's shape defaults to the first profile's opt shape; an axis whose sizes differ between the
 profiles is exported dynamic (stages.export.export_dims). Cross-checks with the profiles and the files on disk are
@@ -21,6 +21,10 @@ from pydantic import Field, field_validator, model_validator
 from trtflow.recipe.base import Dim, FieldError, StrictModel
 
 TORCH_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+# Weights a graph computes from small seeds (ConstantOfShape, Tile, Range...) stay computed above this size: folding
+# them made engines 55-260x larger. The folds worth having (shapes, zero biases, LSTM gate weights) made at most 64 KiB
+# in the test zoo; 16 MiB still folds the gate weights of a 1024-wide LSTM. The engine computes what is left itself.
+FOLD_SIZE_LIMIT_MIB = 16.0
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
@@ -89,6 +93,8 @@ class CleanupOptions(StrictModel):
 
     simplify: bool = True  # false: no onnxslim at all (IR normalization, shape inference and the checker still run)
     fold_constants: bool = True
+    # folding never makes a constant larger than this (null: no limit); a bigger one stays computed by its nodes
+    fold_size_limit_mib: Optional[float] = Field(default=FOLD_SIZE_LIMIT_MIB, gt=0)
     remove_dead_nodes: bool = True  # Identity, Dropout, no-op Cast/Reshape/Pad/Slice, unused nodes
     fuse_patterns: bool = True  # Conv+BatchNorm, Conv+Add, Gemm, GELU, ...
     eliminate_common_subexpressions: bool = True

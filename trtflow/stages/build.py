@@ -71,8 +71,9 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         hardware_compatibility=params.hardware_compatibility,
         version_compatible=params.version_compatible,
     )
+    backend = get_backend(params.backend)
     _check_limits(params, request.onnx_path)
-    result = get_backend(params.backend).engine_from_onnx(request)
+    result = backend.engine_from_onnx(request)
     return StageOutput(files={"engine": request.engine_path}, record=result.to_record())
 
 
@@ -80,7 +81,10 @@ def _check_limits(params: Params, onnx_path: Path) -> None:
     """Refuse, naming the nodes, a graph the backend cannot compile for a target architecture (before a long build)."""
     from trtflow.util.onnxio import load_graph_only
 
-    model = load_graph_only(onnx_path)
+    try:
+        model = load_graph_only(onnx_path)
+    except Exception:  # unreadable: the parser says why, in its words
+        return
     for cc in params.compute_capabilities:
         found = unsupported_nodes(params.backend, cc, model)
         if found:

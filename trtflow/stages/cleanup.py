@@ -6,45 +6,76 @@ and weight tying, iterated to a fixed point with shape inference between rounds.
 onnx-graphsurgeon (folding evaluates on ONNX Runtime), maintained, and removed the most nodes of the three
 maintained tools on the test models (see README: Sources and cleanup); every pass has a recipe switch.
 
+Folding never makes a constant larger than `fold_size_limit_mib` (onnxslim's size threshold): weights a graph
+computes from small seeds stay computed, as TensorRT builds them, instead of bloating the model and its engines.
+Before onnxslim, a CastLike whose target type is known becomes a Cast (exact): the dynamo exporter's zero conv
+biases, CastLike(0, input), otherwise hide every Conv+BatchNorm fusion from it.
+
 Only the graph and small tensors are loaded (modelfile.load_graph): a multi-GB model's weights are copied
-into the output file in chunks, never held by a pass. The IR version is lowered to one every consumer reads
-(onnx 1.23 writes IR 14; ONNX Runtime 1.31 refuses it). The cleaned model is then run beside its input on
-ONNX Runtime (CPU) over seeded inputs within the profiles; an output outside the recipe's fp32 tolerances
-fails the stage, naming it.
+into the output file in chunks, never held by a pass. An IR 3 model (every initializer also a graph input)
+becomes IR 4 with its initializers constants only, as every pass assumes; the IR version is lowered to one
+every consumer reads (onnx 1.23 writes IR 14; ONNX Runtime 1.31 refuses it). The cleaned model is then run
+beside its input on ONNX Runtime (CPU) over seeded inputs within the profiles; an output outside the
+recipe's fp32 tolerances fails the stage, naming it, unless `verify.on_fail` is warn. on_fail is a policy
+over the proof, not part of the key: changing it reruns nothing, and a failed proof cached under warn fails
+the run when on_fail is fail again (finish).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict
 
 from trtflow.errors import StageError
-from trtflow.recipe.schema import CleanupOptions, VerifyOptions
-from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.recipe.schema import CleanupOptions
+from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, StageOutput, StageParams, Upstream
 from trtflow.stages.capture import captured_output
 from trtflow.stages.modelfile import load_graph, save_model
 from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
-KIND, VERSION = "cleanup", 3
+KIND, VERSION = "cleanup", 4  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes
+# IR 3 lists every initializer as a graph input too; from IR 4 on initializers are constants of their own.
+MIN_IR_VERSION = 4
 # The newest IR version ONNX Runtime and the TensorRT parsers read; a model needing more keeps its own.
 MAX_IR_VERSION = 10
 # recipe switch -> onnxslim's name for the optimization it skips
 SLIM_PASSES = {"fold_constants": "constant_folding", "fuse_patterns": "graph_fusion", "remove_dead_nodes": "dead_node_elimination",
                "eliminate_common_subexpressions": "subexpression_elimination", "tie_weights": "weight_tying"}
+MIB = 1 << 20
+
+
+class Proof(BaseModel):
+    """What decides the equality proof's result: the recipe's fp32 tolerances, sample count and seed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rtol: float
+    atol: float
+    samples: int
+    seed: int
 
 
 class Params(StageParams):
-    """The recipe's cleanup switches, and the profiles and fp32 tolerances the equality proof uses."""
+    """The recipe's cleanup switches, the profiles and the proof's settings; `on_fail` rides along outside the key."""
 
     FINGERPRINT = ("onnx", "onnxruntime", "onnxslim")
+    POLICY: ClassVar[tuple[str, ...]] = ("on_fail",)
     profiles: list[dict[str, dict[str, list[int]]]]
-    verify: VerifyOptions
+    proof: Proof
     options: CleanupOptions
+    on_fail: Literal["fail", "warn"] = "fail"
     onnx: Optional[str]
     onnxruntime: Optional[str]
     onnxslim: Optional[str]
+
+    def key_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The key without POLICY fields: on_fail decides whether a failed proof fails the stage, not what it makes."""
+        params, fingerprint = super().key_parts()
+        return {name: value for name, value in params.items() if name not in self.POLICY}, fingerprint
 
 
 def node(ctx: RecipeContext, export: Optional[Node]) -> Node:
@@ -53,7 +84,9 @@ def node(ctx: RecipeContext, export: Optional[Node]) -> Node:
     An ONNX source is read in place, with every external data file its graph names (hashed as inputs
     `model.data:<location>`); `where` lets planning name the recipe field when one of them is missing.
     """
-    params = Params(profiles=ctx.profiles, verify=ctx.recipe.verify, options=ctx.recipe.cleanup,
+    verify = ctx.recipe.verify
+    proof = Proof(rtol=verify.rtol, atol=verify.atol, samples=verify.samples, seed=verify.seed)
+    params = Params(profiles=ctx.profiles, proof=proof, options=ctx.recipe.cleanup, on_fail=verify.on_fail,
                     onnx=tool_version("onnx"), onnxruntime=ort_version(), onnxslim=tool_version("onnxslim"))
     node_id, info = NodeId.of(KIND, ctx.name), {"recipe_file": ctx.item.display}
     if export is not None:
@@ -71,17 +104,29 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     source, options = inputs["model"], params.options
     model, unloaded = _load(onnx, source.files["model"])
     before = model_summary(model)
-    model.ir_version = _normalized_ir_version(onnx, model)
     with captured_output() as log:
         model, passes = _clean(onnx, model, options)
     files = save_model(onnx, model, workdir, unloaded=unloaded)
     _check(onnx, files["model"])
-    equality = compare.prove_equal(files["model"], source.files["model"], params.profiles, params.verify.model_dump())
-    if not equality["passed"] and params.verify.on_fail == "fail":
-        raise StageError(compare.failure_message("the cleaned model differs from the source: onnx_compare", equality))
+    equality = compare.prove_equal(files["model"], source.files["model"], params.profiles, params.proof.model_dump())
+    _enforce(params.on_fail, equality)
     record = {"source_sha256": source.sha256["model"], "source_files": source.sha256, "before": before, "after": model_summary(model),
               "passes": passes, "external_data": bool(unloaded) or "model.data" in files, "equality": equality, "log": log}
     return StageOutput(files=files, record=record)
+
+
+def finish(node: Node, record: dict, place: Placement) -> bool:
+    """A cached cleanup whose proof failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
+    _enforce(node.params.on_fail, record["record"]["equality"], " (a cached result built under verify: {on_fail: warn})")
+    return False
+
+
+def _enforce(on_fail: str, equality: dict, suffix: str = "") -> None:
+    """Raise for a failed proof unless the recipe says warn."""
+    if not equality["passed"] and on_fail == "fail":
+        from trtflow.stages import compare  # numpy: only when there is a failure to describe
+
+        raise StageError(compare.failure_message("the cleaned model differs from the source: onnx_compare", equality) + suffix)
 
 
 def _load(onnx: Any, path: Path) -> tuple[Any, dict]:
@@ -93,8 +138,10 @@ def _load(onnx: Any, path: Path) -> tuple[Any, dict]:
 
 def _clean(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list[str]]:
     """Run the enabled passes in order; returns the model and the names of the passes that ran."""
-    passes = []
+    passes = _modernize(onnx, model)
     if options.simplify:
+        resolved = _castlike_to_cast(onnx, model) if options.fold_constants else 0
+        passes += [f"castlike_to_cast {resolved}"] if resolved else []
         model, ran = _simplify(model, options)
         passes += ran
     if options.opset is not None:
@@ -112,13 +159,55 @@ def _simplify(model: Any, options: CleanupOptions) -> tuple[Any, list[str]]:
     import onnxslim
 
     skipped = [name for switch, name in SLIM_PASSES.items() if not getattr(options, switch)]
+    limit = options.fold_size_limit_mib
+    threshold = None if limit is None else max(1, int(limit * MIB))  # bytes; onnxslim folds nothing larger
     try:
-        slimmed = onnxslim.slim(model, no_shape_infer=not options.infer_shapes, skip_optimizations=skipped or None)
+        slimmed = onnxslim.slim(model, no_shape_infer=not options.infer_shapes, skip_optimizations=skipped or None,
+                                size_threshold=threshold)
     except Exception as exc:
         raise StageError(f"cleanup.simplify: onnxslim failed: {type(exc).__name__}: {exc} "
                          "(switch the pass off in the recipe's cleanup: block, or simplify: false)") from None
     ran = [switch for switch, name in SLIM_PASSES.items() if name not in skipped]
     return slimmed, ran + (["symbolic_shapes"] if options.infer_shapes else [])
+
+
+def _modernize(onnx: Any, model: Any) -> list[str]:
+    """An IR 3 model's initializers leave the graph inputs (IR 4: constants only); then the IR version every reader takes."""
+    passes = []
+    if model.ir_version < MIN_IR_VERSION:
+        names = {tensor.name for tensor in model.graph.initializer}
+        kept = [value for value in model.graph.input if value.name not in names]
+        passes.append(f"initializer_inputs_removed {len(model.graph.input) - len(kept)}")
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        model.ir_version = MIN_IR_VERSION
+    model.ir_version = _normalized_ir_version(onnx, model)
+    return passes
+
+
+def _castlike_to_cast(onnx: Any, model: Any) -> int:
+    """CastLike(x, like) -> Cast(x, to=<like's element type>) wherever that type is known; returns how many."""
+    nodes = [node for node in model.graph.node if node.op_type == "CastLike" and node.domain in ("", "ai.onnx")]
+    types = _element_types(onnx, model) if nodes else {}
+    resolved = [node for node in nodes if types.get(node.input[1])]
+    for node in resolved:  # Cast takes the same attributes as CastLike (saturate, ...) in every opset
+        node.attribute.append(onnx.helper.make_attribute("to", types[node.input[1]]))
+        node.op_type = "Cast"
+        del node.input[1:]
+    return len(resolved)
+
+
+def _element_types(onnx: Any, model: Any) -> dict[str, int]:
+    """Element type by value name: declared in the graph, else inferred (ONNX shape inference, no weights read)."""
+    graph = model.graph
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
+    except Exception:
+        inferred = []
+    values = [*inferred, *graph.value_info, *graph.output, *graph.input]
+    types = {value.name: value.type.tensor_type.elem_type for value in values if value.type.HasField("tensor_type")}
+    types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
+    return {name: elem_type for name, elem_type in types.items() if elem_type}
 
 
 def _convert_opset(onnx: Any, model: Any, opset: int) -> Any:
@@ -143,12 +232,24 @@ def _normalized_ir_version(onnx: Any, model: Any) -> int:
 
 def model_summary(model: Any) -> dict:
     """Node counts (in all and per op type) and I/O of a model, recorded before and after cleanup."""
+    import onnx.helper
+
     initializers = {init.name for init in model.graph.initializer}
     return {
         "nodes": len(model.graph.node),
+        "initializer_bytes": sum(_tensor_bytes(onnx.helper, tensor) for tensor in model.graph.initializer),
         "ops": dict(sorted(Counter(node.op_type for node in model.graph.node).items())),
         "ir_version": model.ir_version,
         "opsets": {entry.domain or "ai.onnx": entry.version for entry in model.opset_import},
         "inputs": [tensor_info(v).to_json() for v in model.graph.input if v.name not in initializers],
         "outputs": [tensor_info(v).to_json() for v in model.graph.output],
     }
+
+
+def _tensor_bytes(helper: Any, tensor: Any) -> int:
+    """A tensor's size in bytes from its type and dims: in the graph or external, raw or typed fields alike."""
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        return len(tensor.raw_data)
+    return math.prod(tensor.dims) * itemsize

@@ -1,0 +1,107 @@
+"""Real architectures from the zoo (tests/zoo.py) through the whole pipeline: legacy IR 3 files, weights computed
+by ops, and a dynamo export of ResNet-18 left unoptimized by the exporter."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+import yaml
+
+from conftest import trtflow, write_project
+
+torch = pytest.importorskip("torch")
+
+from zoo import ZooModel, zoo_model  # noqa: E402  (imports torch)
+
+FOLD_LIMIT = 16 << 20  # cleanup's default fold_size_limit_mib, in bytes
+
+
+@pytest.fixture(scope="session")
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder the zoo generates its models into, once per test session."""
+    return tmp_path_factory.mktemp("zoo")
+
+
+def onnx_recipe(model: ZooModel, extra: str = "") -> str:
+    """A recipe building the zoo model (copied to models/<name>.onnx) with its suggested profile."""
+    return yaml.safe_dump({"source": {"onnx": f"models/{model.name}.onnx"}, "profiles": [model.recipe_profile()]}) + extra
+
+
+def zoo_project(root: Path, zoo_dir: Path, recipes: dict[str, tuple[str, str]]) -> Path:
+    """A project whose recipes (name -> (zoo model, extra recipe text)) build zoo models from ONNX files."""
+    models = {name: zoo_model(name, zoo_dir) for name in {model for model, _ in recipes.values()}}
+    write_project(root, {recipe: onnx_recipe(models[name], extra) for recipe, (name, extra) in recipes.items()})
+    for model in models.values():
+        shutil.copyfile(model.path, root / "models" / f"{model.name}.onnx")
+    return root
+
+
+def record(root: Path, node_id: str) -> dict:
+    """The store record of a node's last run."""
+    from trtflow.store import Store
+
+    store = Store(root / "artifacts" / "store")
+    try:
+        return store.stage_record(store.last_run(node_id)["key"])["record"]
+    finally:
+        store.close()
+
+
+def engine_sizes(root: Path, recipe: str) -> list[int]:
+    """Bytes of each engine file the recipe's package ships."""
+    folder = root / "artifacts" / "packages" / recipe
+    return [(folder / engine["file"]).stat().st_size for engine in json.loads((folder / "manifest.json").read_text())["engines"]]
+
+
+def test_ir3_models_with_initializers_as_inputs_clean_build_and_package(tmp_path: Path, zoo_dir: Path) -> None:
+    root = zoo_project(tmp_path / "p", zoo_dir, {"ir3": ("legacy_ir3", ""), "ir3_dynamic": ("legacy_ir3_dynamic", "")})
+    result = trtflow(root, "run")
+    assert result.code == 0, result.err + result.out
+    for recipe in ("ir3", "ir3_dynamic"):
+        cleaned = record(root, f"cleanup:{recipe}")
+        assert cleaned["before"]["ir_version"] == 3 and cleaned["after"]["ir_version"] >= 4 and cleaned["equality"]["passed"]
+        assert "initializer_inputs_removed 10" in cleaned["passes"] and "BatchNormalization" not in cleaned["after"]["ops"]
+        assert [i["name"] for i in cleaned["after"]["inputs"]] == ["data_0"]
+        assert len(engine_sizes(root, recipe)) == 2 and (root / "artifacts" / "packages" / f"{recipe}.tar.gz").is_file()
+
+
+def test_folding_stops_at_the_size_limit_and_the_engine_stays_near_a_direct_build(tmp_path: Path, zoo_dir: Path) -> None:
+    """opweights computes a 32 MiB weight from a 8 kB seed: folded, its engine was 55x a direct build's."""
+    from trtflow.backends.base import BuildRequest, get_backend
+
+    one_target = "targets: [rtx-ada]\n"
+    root = zoo_project(tmp_path / "p", zoo_dir, {"bounded": ("opweights", one_target),
+                                                  "unbounded": ("opweights", one_target + "cleanup: {fold_size_limit_mib: null}\n")})
+    result = trtflow(root, "run")
+    assert result.code == 0, result.err + result.out
+    model = zoo_model("opweights", zoo_dir)
+    direct = tmp_path / "direct.engine"
+    profile = {name: (shapes.min, shapes.opt, shapes.max) for name, shapes in model.profile.items()}
+    get_backend("tensorrt-rtx").engine_from_onnx(BuildRequest(onnx_path=model.path, engine_path=direct, compute_capabilities=["sm_89"],
+                                                              profiles=[profile]))
+    [bounded], [unbounded] = engine_sizes(root, "bounded"), engine_sizes(root, "unbounded")
+    assert bounded < 2 * direct.stat().st_size < unbounded / 10
+    cleaned = record(root, "cleanup:bounded")
+    assert cleaned["before"]["initializer_bytes"] == 54448 and cleaned["after"]["initializer_bytes"] < FOLD_LIMIT
+    assert record(root, "cleanup:unbounded")["after"]["initializer_bytes"] > 32 << 20
+    assert cleaned["equality"]["passed"] and {"Tile", "Mul"} <= set(cleaned["after"]["ops"])  # the big weight stays computed
+
+
+@pytest.mark.slow  # about 11 s: exports ResNet-18 twice (the stage without the optimizer, the zoo with it)
+def test_a_dynamo_resnet_exported_without_the_optimizer_comes_out_of_cleanup_fused(tmp_path: Path, zoo_dir: Path) -> None:
+    recipe = {"source": {"torch": {"factory": "models.zoo:resnet", "inputs": [{"name": "input"}]}},
+              "profiles": [zoo_model("resnet", zoo_dir).recipe_profile()], "targets": ["rtx-ada"]}
+    root = write_project(tmp_path / "p", {"resnet": yaml.safe_dump(recipe)})
+    shutil.copyfile(Path(__file__).with_name("zoo.py"), root / "models" / "zoo.py")
+    result = trtflow(root, "run")
+    assert result.code == 0, result.err + result.out
+    optimized = len(onnx.load(zoo_model("resnet", zoo_dir).path, load_external_data=False).graph.node)  # the exporter's optimizer
+    exported, cleaned = record(root, "export:resnet"), record(root, "cleanup:resnet")
+    assert exported["nodes"] == cleaned["before"]["nodes"] > 3 * optimized  # optimize: false is the default
+    assert cleaned["before"]["ops"]["BatchNormalization"] == 20 and "BatchNormalization" not in cleaned["after"]["ops"]
+    assert cleaned["after"]["nodes"] <= optimized + 2 and "castlike_to_cast 20" in cleaned["passes"] and cleaned["equality"]["passed"]
+    assert len(engine_sizes(root, "resnet")) == 1
