@@ -95,6 +95,10 @@ class Resolver:
         self.store = store
         self.digests = digests
         self._memo: dict[tuple, Resolution] = {}
+        # node -> (identities of the upstream records it was resolved from, its Resolution): a run finishing a node
+        # with the records planning found resolves it without re-hashing its sources. The records stay referenced
+        # by the memo, so their identities are not reused.
+        self._same_upstream: dict[tuple, tuple[tuple, Resolution]] = {}
         self._last_runs: dict[str, Optional[dict]] = {}
 
     def resolve(self, node: Node, finished: dict[str, dict], force: bool = False, missing: Optional[dict[str, str]] = None) -> Resolution:
@@ -103,6 +107,10 @@ class Resolver:
         `missing`: upstream node id -> why it has no output, for a stage that runs without some inputs (a
         package of the engines that built); the reason stands in the key where the digest would.
         """
+        upstream = tuple(id(finished.get(dep.node)) for dep in node.deps)  # the very records: the run reuses the plan's
+        same = self._same_upstream.get((node.id, force))
+        if not missing and same is not None and same[0] == upstream:
+            return same[1]
         inputs = self.inputs(node, finished, missing or {})
         memo_key = (node.id, force, tuple(sorted(inputs.items())) if inputs is not None else None)
         found = self._memo.get(memo_key)
@@ -112,11 +120,14 @@ class Resolver:
             record = self.store.stage_record(key) if key and self.store and not force else None
             waiting = tuple(dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished))  # one upstream, several roles: once
             found = self._memo[memo_key] = Resolution(node, components, key, record, waiting, force, self, dict(missing or {}))
+        if not missing:
+            self._same_upstream[(node.id, force)] = (upstream, found)
         return found
 
     def forget(self, node_id: str) -> None:
         """Drop what is remembered about a node (its cached output turned out corrupt: it must be looked up again)."""
         self._memo = {k: v for k, v in self._memo.items() if k[0] != node_id}
+        self._same_upstream = {k: v for k, v in self._same_upstream.items() if k[0] != node_id}
 
     def inputs(self, node: Node, finished: dict[str, dict], missing: dict[str, str]) -> Optional[dict[str, str]]:
         """Input role -> digest (`missing: <reason>` for a missing one), or None while an upstream has no record yet."""

@@ -7,18 +7,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from trtflow import __version__
 from trtflow.errors import StageError
 from trtflow.hashing import sha256_file
-from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Engine, Manifest, MissingEngine, ProfileShape, Source, Tensor
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, StageOutput, StageParams, Upstream
-from trtflow.store.locks import holding
-from trtflow.util.archive import extract_tar, replace_dir_atomically, write_reproducible_tar
+
+if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
+    from trtflow.manifest import Engine, MissingEngine, Tensor
 
 KIND, VERSION = "package", 4
 VERIFY_INPUTS = True  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
@@ -55,6 +55,9 @@ def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     """Copy every engine (re-hashed) into a folder with manifest.json and SHA256SUMS, and pack it reproducibly."""
+    from trtflow.manifest import MANIFEST_FILE, Manifest, Source
+    from trtflow.util.archive import write_reproducible_tar
+
     recipe = params.recipe
     folder = workdir / recipe
     present = [spec for spec in params.engines if _missing(spec, inputs) is None]
@@ -73,6 +76,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 def _missing(spec: PackagedEngine, inputs: dict[str, Upstream]) -> Optional[MissingEngine]:
     """The engine's entry in `missing` when its build or its verification failed; None when it can be packed."""
+    from trtflow.manifest import MissingEngine
+
     cause = inputs[spec.role].missing or inputs[spec.verify_role].missing
     if cause is None:
         return None
@@ -87,6 +92,9 @@ def _calibration(inputs: dict[str, Upstream], precision: str) -> Optional[dict]:
 
 
 def _place_engine(folder: Path, recipe: str, spec: PackagedEngine, build: Upstream, verify: Upstream, calibration: Optional[dict]) -> Engine:
+    """Copy one engine into the package folder, re-hash it, and describe it for the manifest."""
+    from trtflow.manifest import Engine
+
     relative = f"engines/{spec.target}/{recipe}-{spec.precision}.engine"
     (folder / relative).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(build.files["engine"], folder / relative)
@@ -113,18 +121,24 @@ def _place_engine(folder: Path, recipe: str, spec: PackagedEngine, build: Upstre
 
 
 def _tensor(spec: dict, profiles: list[dict]) -> Tensor:
+    from trtflow.manifest import ProfileShape, Tensor
+
     shapes = [ProfileShape(**profile[spec["name"]]) for profile in profiles if spec["name"] in profile]
     return Tensor(profiles=shapes, **spec)
 
 
 def _write_sums(folder: Path) -> None:
     """`sha256  path` per file, sorted: the format `sha256sum -c` checks."""
+    from trtflow.manifest import SUMS_FILE
+
     lines = [f"{sha256_file(p)}  {p.relative_to(folder).as_posix()}" for p in sorted(folder.rglob("*")) if p.is_file()]
     (folder / SUMS_FILE).write_text("\n".join(lines) + "\n")
 
 
 def finish(node: Node, record: dict, place: Placement) -> bool:
     """Make `<packages>/<recipe>.tar.gz` and its extracted folder match the package object; False if they did."""
+    from trtflow.store.locks import holding
+
     recipe, digest = node.recipe, record["outputs"]["package"]
     if _package_in_place(digest, place, recipe):
         return False
@@ -142,6 +156,8 @@ def _package_in_place(digest: str, place: Placement, recipe: str) -> bool:
 
 def _checkout(place: Placement, digest: str, recipe: str) -> None:
     """Extract the package object beside the packages folder, then swap the folder and the archive into place."""
+    from trtflow.util.archive import extract_tar, replace_dir_atomically
+
     packages_dir = place.packages_dir
     packages_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=packages_dir, prefix=f".{recipe}.incoming-"))
