@@ -95,3 +95,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def built_project(built: Path, tmp_path: Path) -> Path:
     """A copy of the built project, store included."""
     return Path(shutil.copytree(built, tmp_path / "proj", symlinks=True))
+
+
+def stage_record(root: Path, node_id: str) -> dict:
+    """The store record (the stage's own JSON) of a node's last run in the project at `root`."""
+    from trtflow.store import Store
+
+    store = Store(root / "artifacts" / "store")
+    try:
+        return store.stage_record(store.last_run(node_id)["key"])["record"]
+    finally:
+        store.close()

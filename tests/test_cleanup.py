@@ -87,16 +87,11 @@ def test_changing_a_cleanup_option_is_explained_and_reruns_cleanup(tmp_path: Pat
     assert "options.tie_weights: True -> False" in trtflow(root, "plan", "--explain").out
 
 
-def test_a_broken_cleanup_is_caught_by_the_onnx_runtime_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cleanup's passes are made to perturb one weight (in this process); the equality proof must name the output."""
-    from trtflow.dag import dag_from_project
-    from trtflow.errors import StageError
-    from trtflow.recipe import load_project
+def break_cleanup(monkeypatch: pytest.MonkeyPatch, root: Path, tmp_path: Path):
+    """Make cleanup's passes perturb one weight (in this process); returns the source model as the stage's input."""
     from trtflow.stages import cleanup
     from trtflow.stages.base import Upstream
 
-    root = bn_project(tmp_path / "p", {"slim": RECIPE})
-    node = dag_from_project(load_project(root)).nodes["cleanup:slim"]
     clean = cleanup._clean
 
     def broken(onnx_module, model, options):
@@ -107,7 +102,19 @@ def test_a_broken_cleanup_is_caught_by_the_onnx_runtime_check(tmp_path: Path, mo
 
     monkeypatch.setattr(cleanup, "_clean", broken)
     (tmp_path / "work").mkdir()
-    source = Upstream(files={"model": root / "models" / "bn.onnx"}, sha256={"model": "0" * 64})
+    return Upstream(files={"model": root / "models" / "bn.onnx"}, sha256={"model": "0" * 64})
+
+
+def test_a_broken_cleanup_is_caught_by_the_onnx_runtime_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cleanup's passes are made to perturb one weight (in this process); the equality proof must name the output."""
+    from trtflow.dag import dag_from_project
+    from trtflow.errors import StageError
+    from trtflow.recipe import load_project
+    from trtflow.stages import cleanup
+
+    root = bn_project(tmp_path / "p", {"slim": RECIPE})
+    node = dag_from_project(load_project(root)).nodes["cleanup:slim"]
+    source = break_cleanup(monkeypatch, root, tmp_path)
     with pytest.raises(StageError) as failure:
         cleanup.run(node.params, {"model": source}, tmp_path / "work")
     assert str(failure.value).startswith("the cleaned model differs from the source: onnx_compare out of tolerance (rtol 0.001, atol 0.0001): "
@@ -131,22 +138,11 @@ def test_a_failed_proof_is_recorded_under_warn_and_fails_a_cached_cleanup_under_
     from trtflow.errors import StageError
     from trtflow.recipe import load_project
     from trtflow.stages import cleanup
-    from trtflow.stages.base import Upstream
 
     root = bn_project(tmp_path / "p", {"warn": RECIPE + "verify: {on_fail: warn}\n", "fail": RECIPE})
     nodes = dag_from_project(load_project(root)).nodes
     assert nodes["cleanup:warn"].params.key_parts() == nodes["cleanup:fail"].params.key_parts()
-    clean = cleanup._clean
-
-    def broken(onnx_module, model, options):
-        model, passes = clean(onnx_module, model, options)
-        weight = next(t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and t.raw_data)
-        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + 0.5, weight.name))
-        return model, passes
-
-    monkeypatch.setattr(cleanup, "_clean", broken)
-    (tmp_path / "work").mkdir()
-    source = Upstream(files={"model": root / "models" / "bn.onnx"}, sha256={"model": "0" * 64})
+    source = break_cleanup(monkeypatch, root, tmp_path)
     output = cleanup.run(nodes["cleanup:warn"].params, {"model": source}, tmp_path / "work")
     assert output.record["equality"]["passed"] is False
     cached = {"record": output.record}

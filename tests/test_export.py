@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import trtflow, write_project
+from conftest import stage_record, trtflow, write_project
 
 torch = pytest.importorskip("torch")
 
@@ -120,17 +120,6 @@ def plan_reasons(root: Path) -> dict[str, str]:
     return {node["id"]: node["reason"] or node["status"] for node in json.loads(result.out)["nodes"]}
 
 
-def record(root: Path, node_id: str) -> dict:
-    """The store record of a node's last run."""
-    from trtflow.store import Store
-
-    store = Store(root / "artifacts" / "store")
-    try:
-        return store.stage_record(store.last_run(node_id)["key"])["record"]
-    finally:
-        store.close()
-
-
 def engine_digests(root: Path, recipe: str) -> list[str]:
     manifest = json.loads((root / "artifacts" / "packages" / recipe / "manifest.json").read_text())
     return [engine["sha256"] for engine in manifest["engines"]]
@@ -149,13 +138,13 @@ def torch_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_torch_sources_export_clean_and_build(torch_project: Path) -> None:
     for recipe in ("conv", "lstm", "encoder"):
-        export = record(torch_project, f"export:{recipe}")
+        export = stage_record(torch_project, f"export:{recipe}")
         assert export["exporter"] == "torch.onnx.export(dynamo=True)" and export["torch_equality"]["passed"]
         assert len(engine_digests(torch_project, recipe)) == 1
-    conv = record(torch_project, "cleanup:conv")
+    conv = stage_record(torch_project, "cleanup:conv")
     assert conv["before"]["nodes"] > conv["after"]["nodes"] and conv["equality"]["passed"]
     assert conv["before"]["ops"]["BatchNormalization"] == 2 and not {"BatchNormalization", "Identity", "Dropout"} & set(conv["after"]["ops"])
-    assert record(torch_project, "export:conv")["dynamic"] == {"image": {"0": [1, 8]}}
+    assert stage_record(torch_project, "export:conv")["dynamic"] == {"image": {"0": [1, 8]}}
     manifest = json.loads((torch_project / "artifacts/packages/lstm/manifest.json").read_text())
     assert [(t["name"], t["shape"]) for t in manifest["engines"][0]["tensors"]] == [("sequence", [1, 50, 128]), ("features", [1, 50, 256])]
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 import yaml
 
-from conftest import trtflow, write_project
+from conftest import stage_record, trtflow, write_project
 
 torch = pytest.importorskip("torch")
 
@@ -40,17 +40,6 @@ def zoo_project(root: Path, zoo_dir: Path, recipes: dict[str, tuple[str, str]]) 
     return root
 
 
-def record(root: Path, node_id: str) -> dict:
-    """The store record of a node's last run."""
-    from trtflow.store import Store
-
-    store = Store(root / "artifacts" / "store")
-    try:
-        return store.stage_record(store.last_run(node_id)["key"])["record"]
-    finally:
-        store.close()
-
-
 def engine_sizes(root: Path, recipe: str) -> list[int]:
     """Bytes of each engine file the recipe's package ships."""
     folder = root / "artifacts" / "packages" / recipe
@@ -62,7 +51,7 @@ def test_ir3_models_with_initializers_as_inputs_clean_build_and_package(tmp_path
     result = trtflow(root, "run")
     assert result.code == 0, result.err + result.out
     for recipe in ("ir3", "ir3_dynamic"):
-        cleaned = record(root, f"cleanup:{recipe}")
+        cleaned = stage_record(root, f"cleanup:{recipe}")
         assert cleaned["before"]["ir_version"] == 3 and cleaned["after"]["ir_version"] >= 4 and cleaned["equality"]["passed"]
         assert "initializer_inputs_removed 10" in cleaned["passes"] and "BatchNormalization" not in cleaned["after"]["ops"]
         assert [i["name"] for i in cleaned["after"]["inputs"]] == ["data_0"]
@@ -85,9 +74,9 @@ def test_folding_stops_at_the_size_limit_and_the_engine_stays_near_a_direct_buil
                                                               profiles=[profile]))
     [bounded], [unbounded] = engine_sizes(root, "bounded"), engine_sizes(root, "unbounded")
     assert bounded < 2 * direct.stat().st_size < unbounded / 10
-    cleaned = record(root, "cleanup:bounded")
+    cleaned = stage_record(root, "cleanup:bounded")
     assert cleaned["before"]["initializer_bytes"] == 54448 and cleaned["after"]["initializer_bytes"] < FOLD_LIMIT
-    assert record(root, "cleanup:unbounded")["after"]["initializer_bytes"] > 32 << 20
+    assert stage_record(root, "cleanup:unbounded")["after"]["initializer_bytes"] > 32 << 20
     assert cleaned["equality"]["passed"] and {"Tile", "Mul"} <= set(cleaned["after"]["ops"])  # the big weight stays computed
 
 
@@ -100,7 +89,7 @@ def test_a_dynamo_resnet_exported_without_the_optimizer_comes_out_of_cleanup_fus
     result = trtflow(root, "run")
     assert result.code == 0, result.err + result.out
     optimized = len(onnx.load(zoo_model("resnet", zoo_dir).path, load_external_data=False).graph.node)  # the exporter's optimizer
-    exported, cleaned = record(root, "export:resnet"), record(root, "cleanup:resnet")
+    exported, cleaned = stage_record(root, "export:resnet"), stage_record(root, "cleanup:resnet")
     assert exported["nodes"] == cleaned["before"]["nodes"] > 3 * optimized  # optimize: false is the default
     assert cleaned["before"]["ops"]["BatchNormalization"] == 20 and "BatchNormalization" not in cleaned["after"]["ops"]
     assert cleaned["after"]["nodes"] <= optimized + 2 and "castlike_to_cast 20" in cleaned["passes"] and cleaned["equality"]["passed"]

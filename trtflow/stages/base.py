@@ -174,6 +174,22 @@ class StageOutput:
     record: dict[str, Any]
 
 
+CACHED_UNDER_WARN = " (a cached result built under verify: {on_fail: warn})"
+
+
+def enforce_proof(on_fail: str, proof: dict, what: str, suffix: str = "") -> None:
+    """Raise StageError naming the first differing output of a failed proof, unless the recipe says `on_fail: warn`.
+
+    Stages call it when they run and again from `finish` on a cached record (suffix CACHED_UNDER_WARN): on_fail is a
+    policy, not part of a key, so one record serves both policies.
+    """
+    if not proof["passed"] and on_fail == "fail":
+        from trtflow.errors import StageError
+        from trtflow.stages import compare  # numpy: only when there is a failure to describe
+
+        raise StageError(compare.failure_message(what, proof) + suffix)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a finish hook may put what a finished node made for the user (packages), and the store it reads."""

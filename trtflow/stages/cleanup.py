@@ -32,12 +32,14 @@ from pydantic import BaseModel, ConfigDict
 
 from trtflow.errors import StageError
 from trtflow.recipe.schema import CleanupOptions
-from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.stages.base import (CACHED_UNDER_WARN, Dep, Node, NodeId, Placement, RecipeContext,
+                                   StageOutput, StageParams, Upstream, enforce_proof)
 from trtflow.stages.capture import captured_output
 from trtflow.stages.modelfile import load_graph, save_model
 from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
+PROOF_FAILED = "the cleaned model differs from the source: onnx_compare"
 KIND, VERSION = "cleanup", 4  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes
 # IR 3 lists every initializer as a graph input too; from IR 4 on initializers are constants of their own.
 MIN_IR_VERSION = 4
@@ -109,7 +111,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     files = save_model(onnx, model, workdir, unloaded=unloaded)
     _check(onnx, files["model"])
     equality = compare.prove_equal(files["model"], source.files["model"], params.profiles, params.proof.model_dump())
-    _enforce(params.on_fail, equality)
+    enforce_proof(params.on_fail, equality, PROOF_FAILED)
     record = {"source_sha256": source.sha256["model"], "source_files": source.sha256, "before": before, "after": model_summary(model),
               "passes": passes, "external_data": bool(unloaded) or "model.data" in files, "equality": equality, "log": log}
     return StageOutput(files=files, record=record)
@@ -117,16 +119,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 def finish(node: Node, record: dict, place: Placement) -> bool:
     """A cached cleanup whose proof failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
-    _enforce(node.params.on_fail, record["record"]["equality"], " (a cached result built under verify: {on_fail: warn})")
+    enforce_proof(node.params.on_fail, record["record"]["equality"], PROOF_FAILED, CACHED_UNDER_WARN)
     return False
-
-
-def _enforce(on_fail: str, equality: dict, suffix: str = "") -> None:
-    """Raise for a failed proof unless the recipe says warn."""
-    if not equality["passed"] and on_fail == "fail":
-        from trtflow.stages import compare  # numpy: only when there is a failure to describe
-
-        raise StageError(compare.failure_message("the cleaned model differs from the source: onnx_compare", equality) + suffix)
 
 
 def _load(onnx: Any, path: Path) -> tuple[Any, dict]:

@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
 from trtflow.recipe.pymodule import import_root
-from trtflow.stages.base import Node, NodeId, Placement, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.stages.base import (CACHED_UNDER_WARN, Node, NodeId, Placement, RecipeContext, StageOutput,
+                                   StageParams, Upstream, enforce_proof)
 from trtflow.stages.capture import ANSI_ESCAPES, captured_output
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
 from trtflow.util.versions import tool_version
@@ -42,6 +43,7 @@ from trtflow.util.versions import tool_version
 if TYPE_CHECKING:
     import numpy as np
 
+PROOF_FAILED = "source.torch: the exported ONNX differs from torch"
 KIND, VERSION = "export", 1
 EXPORTER = "torch.onnx.export(dynamo=True)"
 STRIPPED_METADATA = ("pkg.torch.onnx.stack_trace",)
@@ -138,7 +140,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
             program = _export(torch, model, examples, params)
     files = _save(program, workdir)
     check = _check_against_torch(files[MODEL], params, examples, expected)
-    _enforce(params.on_fail, check)
+    enforce_proof(params.on_fail, check, PROOF_FAILED)
     record = {"exporter": EXPORTER, "opset": params.opset, "nodes": program.model.graph.num_nodes(),
               "inputs": [spec.model_dump() for spec in params.inputs], "dynamic": params.dynamic,
               "outputs": [v.name for v in program.model.graph.outputs],
@@ -148,16 +150,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 def finish(node: Node, record: dict, place: Placement) -> bool:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
-    _enforce(node.params.on_fail, record["record"]["torch_equality"], " (a cached result built under verify: {on_fail: warn})")
+    enforce_proof(node.params.on_fail, record["record"]["torch_equality"], PROOF_FAILED, CACHED_UNDER_WARN)
     return False
-
-
-def _enforce(on_fail: str, result: dict, suffix: str = "") -> None:
-    """Raise for a failed check against torch unless the recipe says warn."""
-    if not result["passed"] and on_fail == "fail":
-        from trtflow.stages import compare  # numpy: only when there is a failure to describe
-
-        raise StageError(compare.failure_message("source.torch: the exported ONNX differs from torch", result) + suffix)
 
 
 @contextlib.contextmanager
