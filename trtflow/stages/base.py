@@ -69,10 +69,12 @@ class StageParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     FINGERPRINT: ClassVar[tuple[str, ...]] = ()
+    POLICY: ClassVar[tuple[str, ...]] = ()  # fields `run` reads that change no output (on_fail): never in the key
 
     def key_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(params, fingerprint) as plain JSON values, the way the stage key and the lock hold them."""
-        data = {name: value for name, value in self.model_dump(mode="json").items() if name in self.model_fields_set}
+        data = {name: value for name, value in self.model_dump(mode="json").items()
+                if name in self.model_fields_set and name not in self.POLICY}
         params = {name: value for name, value in data.items() if name not in self.FINGERPRINT}
         return params, {name: data[name] for name in self.FINGERPRINT if name in data}
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -65,7 +65,7 @@ class Params(StageParams):
     """The recipe's cleanup switches, the profiles and the proof's settings; `on_fail` rides along outside the key."""
 
     FINGERPRINT = ("onnx", "onnxruntime", "onnxslim")
-    POLICY: ClassVar[tuple[str, ...]] = ("on_fail",)
+    POLICY = ("on_fail",)
     profiles: list[dict[str, dict[str, list[int]]]]
     proof: Proof
     options: CleanupOptions
@@ -73,11 +73,6 @@ class Params(StageParams):
     onnx: Optional[str]
     onnxruntime: Optional[str]
     onnxslim: Optional[str]
-
-    def key_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The key without POLICY fields: on_fail decides whether a failed proof fails the stage, not what it makes."""
-        params, fingerprint = super().key_parts()
-        return {name: value for name, value in params.items() if name not in self.POLICY}, fingerprint
 
 
 def node(ctx: RecipeContext, export: Optional[Node]) -> Node:

@@ -27,7 +27,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -71,7 +71,7 @@ class Params(StageParams):
     """What is exported (factory, kwargs, example inputs, dynamic axes) and how (opset, optimizer), plus tool versions."""
 
     FINGERPRINT = ("torch", "onnx", "onnxscript")
-    POLICY: ClassVar[tuple[str, ...]] = ("on_fail",)
+    POLICY = ("on_fail",)
     factory: str
     kwargs: dict[str, Any]
     inputs: list[ExampleInput]
@@ -84,11 +84,6 @@ class Params(StageParams):
     torch: Optional[str]
     onnx: Optional[str]
     onnxscript: Optional[str]
-
-    def key_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The key without POLICY fields: on_fail decides whether a failed check fails the stage, not what it makes."""
-        params, fingerprint = super().key_parts()
-        return {name: value for name, value in params.items() if name not in self.POLICY}, fingerprint
 
 
 def node(ctx: RecipeContext) -> Optional[Node]:
