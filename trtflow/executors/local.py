@@ -1,8 +1,10 @@
-"""The local executor: a pool of worker processes on this machine (`trtflow run -j N`).
+"""The local executor: worker processes on this machine (`trtflow run -j N`).
 
 Processes, not threads: TensorRT-RTX builds are single-threaded and hold the GIL, so processes are what lets
 `-j 2` use both cores, and a crash inside a native library fails one node instead of the whole run (the
-pool is then replaced). Workers are spawned, never forked: the runner holds SQLite handles.
+pool is then replaced). Workers are spawned, never forked: the runner holds SQLite handles. Stages of the
+`hermetic` kinds (builds, by default) run each in a fresh hermetic process instead (executors.hermetic): their
+output must not depend on what the process did before. The runner keeps at most -j tasks running in all.
 """
 
 from __future__ import annotations
@@ -12,18 +14,28 @@ import multiprocessing
 from typing import Optional
 
 from trtflow.executors import StageResult, StageTask, run_task
+from trtflow.executors.hermetic import run_hermetic
+from trtflow.util.settings import Settings
+
+HERMETIC_KINDS = frozenset({"build"})
 
 
 class LocalExecutor:
     """Up to `jobs` stages at once in spawned worker processes."""
 
-    def __init__(self, jobs: int):
+    def __init__(self, jobs: int, hermetic: frozenset[str] = HERMETIC_KINDS, settings: Optional[Settings] = None):
         self.jobs = jobs
+        self.hermetic, self.settings = hermetic, settings or Settings.from_environ()
+        self._threads: Optional[futures.ThreadPoolExecutor] = None  # each waits on one hermetic process
         self._pool: Optional[futures.ProcessPoolExecutor] = None
         self._broken = False  # set from the pool's thread when a worker died; the pool is replaced on the next submit
 
     def submit(self, task: StageTask) -> "futures.Future[StageResult]":
         """Start the task in a worker; a worker that dies resolves the future to a failure, never an exception."""
+        if task.kind in self.hermetic:
+            if self._threads is None:
+                self._threads = futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="hermetic")
+            return self._threads.submit(run_hermetic, task, self.settings)
         outer: futures.Future[StageResult] = futures.Future()
         inner = self._workers().submit(run_task, task)
         inner.add_done_callback(lambda done: outer.set_result(self._result(done)))
@@ -52,6 +64,9 @@ class LocalExecutor:
 
     def shutdown(self) -> None:
         """Stop the workers; tasks not started are cancelled."""
+        if self._threads is not None:
+            self._threads.shutdown(cancel_futures=True)
+            self._threads = None
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None

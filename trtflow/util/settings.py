@@ -1,0 +1,34 @@
+"""The one place trtflow reads its process environment: what a hermetic worker may inherit, and nothing else.
+
+Everything else comes from pipeline.yaml, recipes and the command line. A hermetic build worker gets a fixed,
+minimal environment so its engine depends on the inputs, not on the shell it was started from; only the
+variables a backend needs to find the GPU and its libraries are passed through (their names are recorded).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+# Fixed for every hermetic worker: PATH for helper tools, a fixed hash seed, a fixed locale.
+HERMETIC_BASE = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+# Passed through when set: where the GPU driver's and CUDA's libraries are, which GPUs a process may use.
+PASSED_THROUGH = ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The environment variables trtflow uses, read once."""
+
+    passed_through: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "Settings":
+        """Read the process environment (or `environ`)."""
+        source = os.environ if environ is None else environ
+        return cls(passed_through={name: source[name] for name in PASSED_THROUGH if name in source})
+
+    def hermetic_env(self) -> dict[str, str]:
+        """The whole environment of a hermetic worker."""
+        return {**HERMETIC_BASE, **self.passed_through}
