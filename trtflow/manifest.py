@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
 
 SCHEMA_VERSION = 4  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
-# 4: complete/missing (a package holds the engines that built; the others are listed with why), precision_composition
+# 4: complete/missing (a package holds the engines that built; the others are listed with why), precision_composition,
+# canonical_sha256 and reproducible per engine
 MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 
@@ -156,6 +157,11 @@ class Engine(_Model):
     tensors: list[Tensor]
     verification: Optional[Verification] = None  # always filled by trtflow run; absent only in hand-made manifests
     stage_key: str
+    # The engine's digest with the backend's generated numbering abstracted (backends.engine_identity), and what a
+    # rebuild from the same inputs is held to: the same canonical digest (`equivalent`; the bytes may differ in that
+    # numbering), or the same bytes (`bytes`: an engine with no canonical form).
+    canonical_sha256: Optional[str] = None
+    reproducible: Optional[Literal["bytes", "equivalent"]] = None
 
 
 class Source(_Model):

@@ -43,6 +43,14 @@ LOCK_POLL_SECONDS = 0.05  # how often a key another run is building is looked at
 STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
+EQUIVALENT = "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering (canonical digest matches)"
+
+
+def canonical_outputs(record: dict) -> Optional[dict[str, str]]:
+    """The canonical digests a stage recorded for its outputs (an engine's), or None."""
+    return record["record"].get("canonical_sha256")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What `trtflow run` was asked for: parallel stages, rebuild everything, hold to the lock, need the remote."""
@@ -80,6 +88,7 @@ class Runner:
         self.run_id = f"{os.getpid()}-{time.time_ns()}"
         self.warnings: list[str] = []
         self._built_here: dict[str, dict] = {}  # key -> record built by this run (two nodes, one key)
+        self.equivalent: dict[str, dict] = {}  # --frozen: nodes whose engine is equivalent to the lock's, not identical
         self._reopened: list[Node] = []  # finished nodes whose output turned out corrupt: to run again
         self._lock_waits = 0
         self._waited: set[str] = set()
@@ -155,28 +164,42 @@ class Runner:
         return self._claim(resolution, running)
 
     def _off_lock(self, resolution: Resolution) -> bool:
-        """Under --frozen, fail a node whose key left the lock (an upstream built different bytes)."""
+        """Under --frozen, fail a node whose key left the lock (an upstream made different bytes)."""
         if self.expected_keys is None:
             return False
         locked = self.expected_keys[resolution.node.id].key
-        if resolution.key == locked or self._locked_key_through_unreproducible(resolution.node) == locked:
+        if resolution.key == locked or self._locked_key_through_equivalent(resolution.node) == locked:
             return False
         self._settle(NodeState(resolution.node, FAILED, "key differs from trtflow.lock: an upstream stage produced different bytes",
                                key=resolution.key, exit_code=1))
         return True
 
-    def _locked_key_through_unreproducible(self, node: Node) -> Optional[str]:
-        """The node's key with the lock's outputs standing in for upstream builds whose bytes are not reproducible.
+    def _locked_key_through_equivalent(self, node: Node) -> Optional[str]:
+        """The node's key with the lock's outputs standing in for upstream engines that are equivalent to the lock's.
 
-        TensorRT-RTX 1.7 names int8/fp8 kernels after memory addresses, so those engines differ from build to
-        build even from identical inputs (measured). The build itself must still match the lock; what consumes
-        its engine may differ from the lock through that engine alone.
+        An engine rebuilt from identical inputs may differ from the locked one in the backend's generated numbering
+        alone (its canonical digest matches: backends.engine_identity); what consumes it then differs from the lock
+        through that engine alone, and is held to the lock as if it were the locked engine.
         """
-        unreproducible = [d.node for d in node.deps if not self.dag.nodes[d.node].info.get("bit_reproducible", True)]
-        if not unreproducible:
+        equivalent = [d.node for d in node.deps if d.node in self.equivalent]
+        if not equivalent:
             return None
-        standing_in = {**self.finished, **{n: {"outputs": self.expected_keys[n].outputs} for n in unreproducible}}
+        standing_in = {**self.finished, **{n: {"outputs": self.expected_keys[n].outputs} for n in equivalent}}
         return self.resolver.resolve(node, standing_in).key
+
+    def _lock_verdict(self, state: NodeState, record: dict) -> Optional[NodeState]:
+        """Under --frozen, a node whose outputs differ from the lock's: equivalent (said in its state) or failed."""
+        entry = (self.expected_keys or {}).get(state.node.id)
+        if entry is None or record["outputs"] == entry.outputs:
+            return state
+        canonical = canonical_outputs(record)
+        if canonical and canonical == entry.canonical:
+            self.equivalent[state.node.id] = entry.outputs
+            return NodeState(state.node, state.status, EQUIVALENT, key=state.key, components=state.components, seconds=state.seconds)
+        if state.node.kind != "build" or any(d.node in self.equivalent for d in state.node.deps):
+            return state  # made from an equivalent engine (a verify, a package): held to the lock through its key
+        why = "its canonical digest differs too" if canonical and entry.canonical else "it has no canonical form to compare"
+        return NodeState(state.node, FAILED, f"engine differs from trtflow.lock and {why}: not reproducible", key=state.key, exit_code=1)
 
     def _claim(self, resolution: Resolution, running: dict) -> bool:
         """Start the node holding its key's lock, or use what was made meanwhile; False: wait (key busy, input corrupt)."""
@@ -293,6 +316,10 @@ class Runner:
                 finish(state.node, record, self.placement)
         except TrtflowError as exc:
             self._settle(NodeState(state.node, FAILED, str(exc), key=state.key, exit_code=exc.exit_code))
+            return
+        state = self._lock_verdict(state, record)
+        if state.status == FAILED:
+            self._settle(state)
             return
         self.finished[state.node.id] = record
         self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})

@@ -20,7 +20,7 @@ from trtflow.store.lockfile import LOCK_FILE, LockEntry, read_lock, write_lock
 from trtflow.modelcheck import check_recipe_model
 from trtflow.plan import CACHED, NodeState, Resolver, frozen_differences, plan
 from trtflow.recipe.load import Project, load_project
-from trtflow.runner import Listener, RunOptions, Runner
+from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
 from trtflow.stages.base import Placement
 from trtflow.store import Store
 from trtflow.store.locks import RunLease, holding
@@ -134,7 +134,8 @@ class Session:
                 previous = {}  # an unreadable lock is replaced: this run knows everything it needs
             entries = {k: v for k, v in previous.items() if k in self.all_node_ids}
             for node_id, record in finished.items():
-                entries[node_id] = LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"])
+                entries[node_id] = LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"],
+                                             canonical=canonical_outputs(record))
             write_lock(self.lock_path, entries)
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trtflow.backends.base import BuildRequest, backend_version, get_backend
+from trtflow.backends.engine_identity import CANONICAL_FORM, canonical_digest
 from trtflow.backends.limits import describe, unsupported_nodes
 from trtflow.errors import StageError
 from trtflow.recipe.build import BuildOptions
@@ -19,7 +20,7 @@ from trtflow.recipe.schema import TargetSpec
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
 from trtflow.util.cc import ComputeCapability
 
-KIND, VERSION = "build", 1  # the limits check refuses only what the builder would fail on: same outputs
+KIND, VERSION = "build", 2  # 2: the record holds the engine's canonical digest
 Profiles = list[dict[str, dict[str, list[int]]]]
 
 
@@ -51,13 +52,7 @@ def node(ctx: RecipeContext, precision: str, target: str, spec: TargetSpec, mode
                     backend_version=backend_version(spec.backend), compute_capabilities=spec.compute_capabilities,
                     hardware_compatibility=spec.hardware_compatibility, version_compatible=spec.version_compatible)
     return Node(id=NodeId.of(KIND, ctx.name, precision, target), version=VERSION, params=params,
-                deps=(Dep("model", model_node, "model"),),
-                info={"target": target, "precision": precision, "bit_reproducible": precision not in UNREPRODUCIBLE_ENGINE_PRECISIONS})
-
-
-# TensorRT-RTX 1.7 gives Q/DQ (int8/fp8) engines kernel names taken from memory addresses: two builds of
-# the same ONNX differ in a few bytes (measured; fp32/fp16/bf16 engines are byte-identical).
-UNREPRODUCIBLE_ENGINE_PRECISIONS = ("int8", "fp8")
+                deps=(Dep("model", model_node, "model"),), info={"target": target, "precision": precision})
 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
@@ -74,7 +69,9 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     backend = get_backend(params.backend)
     _check_limits(params, request.onnx_path)
     result = backend.engine_from_onnx(request)
-    return StageOutput(files={"engine": request.engine_path}, record=result.to_record())
+    canonical = canonical_digest(request.engine_path)
+    identity = {"canonical_sha256": {"engine": canonical}, "canonical_form": CANONICAL_FORM} if canonical else {}
+    return StageOutput(files={"engine": request.engine_path}, record={**result.to_record(), **identity})
 
 
 def _check_limits(params: Params, onnx_path: Path) -> None:

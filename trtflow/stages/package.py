@@ -20,7 +20,7 @@ from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, Sta
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Engine, MissingEngine, Tensor
 
-KIND, VERSION = "package", 4
+KIND, VERSION = "package", 5  # 5: canonical_sha256 and reproducible per engine
 VERIFY_INPUTS = True  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
 REQUIRED_ROLES = ("model",)  # engines whose build or verify failed are left out and listed as missing
 
@@ -117,6 +117,8 @@ def _place_engine(folder: Path, recipe: str, spec: PackagedEngine, build: Upstre
         tensors=[_tensor(t, spec.profiles) for t in build.record["tensors"]],
         verification=verify.record,
         stage_key=build.key,
+        canonical_sha256=(build.record.get("canonical_sha256") or {}).get("engine"),
+        reproducible="equivalent" if build.record.get("canonical_sha256") else "bytes",
     )
 
 

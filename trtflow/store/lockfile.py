@@ -29,16 +29,17 @@ class LockEntry:
     key: str
     components: dict
     outputs: dict[str, str]
+    canonical: Optional[dict[str, str]] = None  # an engine's canonical digest (backends.engine_identity), if it has one
 
     def to_json(self) -> dict:
-        """The node's entry in the lock file: the key, the components beside it, the outputs."""
-        return {"key": self.key, **self.components, "outputs": self.outputs}
+        """The node's entry in the lock file: the key, the components beside it, the outputs (and canonical digests)."""
+        return {"key": self.key, **self.components, "outputs": self.outputs, **({"canonical": self.canonical} if self.canonical else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> "LockEntry":
         """Read an entry written by to_json (KeyError if a component is missing)."""
         components = {k: data[k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
-        return cls(key=data["key"], components=components, outputs=data["outputs"])
+        return cls(key=data["key"], components=components, outputs=data["outputs"], canonical=data.get("canonical"))
 
 
 def read_lock(path: Path) -> Optional[dict[str, LockEntry]]:

@@ -1,0 +1,58 @@
+"""Reproducible release builds: `--frozen` holds an engine to the lock's bytes or, where only the backend's generated
+numbering differs, to its canonical digest, and says which; a real difference still fails."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from conftest import TINY_RECIPE, trtflow, write_project
+from trtflow.hashing import stage_key
+
+BUILD, VERIFY, PACKAGE = "build:tiny/fp32/rtx-ada", "verify:tiny/fp32/rtx-ada", "package:tiny"
+
+
+def _locked_project(tmp_path: Path) -> Path:
+    root = write_project(tmp_path / "p", {"tiny": TINY_RECIPE.replace("[rtx-ampere, rtx-ada]", "[rtx-ada]")})
+    assert trtflow(root, "run").code == 0
+    shutil.rmtree(root / "artifacts")  # a clean store, as on a release machine
+    return root
+
+
+def _as_if_the_locked_engine_had_other_bytes(root: Path, canonical: str | None = None) -> None:
+    """Rewrite the lock as a run whose engine differed in its bytes (and, if given, in its canonical digest) would have
+    written it: the build's output digest, and the keys of what consumed that engine, computed by trtflow's own hash."""
+    lock = json.loads((root / "trtflow.lock").read_text())
+    nodes, other = lock["nodes"], "e" * 64
+    nodes[BUILD]["outputs"]["engine"] = other
+    if canonical is not None:
+        nodes[BUILD]["canonical"]["engine"] = canonical
+    for node_id, role in ((VERIFY, "engine"), (PACKAGE, "engine:fp32/rtx-ada")):
+        nodes[node_id]["inputs"][role] = other
+        nodes[node_id]["key"] = stage_key({k: nodes[node_id][k] for k in ("kind", "version", "params", "fingerprint", "inputs")})
+    (root / "trtflow.lock").write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
+
+
+def test_frozen_accepts_an_engine_equivalent_to_the_lock_and_says_so(tmp_path: Path) -> None:
+    root = _locked_project(tmp_path)
+    _as_if_the_locked_engine_had_other_bytes(root)
+    result = trtflow(root, "run", "--frozen", "--json")
+    assert result.code == 0, result.out + result.err
+    nodes = {n["id"]: n for n in json.loads(result.out)["nodes"]}
+    assert nodes[BUILD]["reason"].startswith("equivalent to trtflow.lock: the engine differs only in the backend's generated numbering")
+    assert {n["status"] for n in nodes.values()} == {"built"}
+    manifest = json.loads((root / "artifacts" / "packages" / "tiny" / "manifest.json").read_text())
+    [engine] = manifest["engines"]
+    assert engine["reproducible"] == "equivalent" and len(engine["canonical_sha256"]) == 64
+
+
+def test_frozen_refuses_an_engine_whose_canonical_digest_differs(tmp_path: Path) -> None:
+    root = _locked_project(tmp_path)
+    _as_if_the_locked_engine_had_other_bytes(root, canonical="c" * 64)
+    result = trtflow(root, "run", "--frozen", "--json")
+    assert result.code == 1
+    nodes = {n["id"]: n for n in json.loads(result.out)["nodes"]}
+    assert nodes[BUILD]["status"] == "failed"
+    assert nodes[BUILD]["reason"] == "engine differs from trtflow.lock and its canonical digest differs too: not reproducible"
+    assert nodes[VERIFY]["status"] == nodes[PACKAGE]["status"] == "skipped"
