@@ -1,28 +1,37 @@
 """Hermetic workers: each task in a fresh process with address-space randomization off, a fixed minimal environment,
 a fixed hash seed and a fixed working directory (Linux).
 
-Why: TensorRT-RTX names its generated kernels (`__mye3107`) after memory addresses and thread interleaving, so two
-builds of one network in two ordinary processes give engines that differ in those names. With the addresses fixed
-(personality(ADDR_NO_RANDOMIZE), what `setarch -R` does) and nothing else varying between processes, the same
-build gives the same bytes (measured: README, Reproducible builds). A fresh process per task also means no state
-left by earlier builds. Elsewhere, or where the kernel refuses, the task runs in an ordinary fresh process and the
-record says `hermetic: no (<reason>)`.
+Why: TensorRT-RTX numbers what it generates (`__mye3107`) after memory addresses and thread interleaving, so two
+builds of one network in two ordinary processes give engines that differ in that numbering. With the addresses
+fixed (personality(ADDR_NO_RANDOMIZE), what `setarch -R` does) and nothing else varying between processes, most
+builds give the same bytes (measured: README, Reproducible builds). Even the lengths of the paths a process
+handles move its allocations, so the worker runs in a fixed slot folder (`/tmp/trtflow-hermetic-<uid>/<n>`, one
+per concurrent worker) with its inputs linked there under fixed names, and an identical command line. A fresh
+process per task also means no state left by earlier builds. Elsewhere, or where the kernel refuses, the task
+runs in an ordinary fresh process and the record says `hermetic: no (<reason>)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
+import itertools
+import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
-from typing import Optional
+from pathlib import Path
+from typing import Iterator, Optional
 
+from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
+from trtflow.stages.modelfile import FILE_NAMES
 from trtflow.util.settings import Settings
 
 ADDR_NO_RANDOMIZE = 0x0040000
-WORKING_DIRECTORY = "/"
 TASK_FILE, RESULT_FILE = ".hermetic-task.pickle", ".hermetic-result.pickle"
 
 
@@ -45,17 +54,72 @@ def _no_aslr() -> None:
 
 
 def run_hermetic(task: StageTask, settings: Settings) -> StageResult:
-    """Run one task in a fresh hermetic process (task and result travel as pickles in its own work directory)."""
+    """Run one task in a fresh hermetic process in a free slot folder; its outputs are moved back to its work dir."""
+    try:
+        with _free_slot() as slot:
+            result = _run_in_slot(_task_in_slot(task, slot), slot, settings)
+            if result.files is not None:
+                moved = {name: shutil.move(path, task.workdir / Path(path).name) for name, path in result.files.items()}
+                result = dataclasses.replace(result, files={name: str(path) for name, path in moved.items()})
+    except TrtflowError as exc:
+        return StageResult.failure(str(exc), exc.exit_code)
+    except OSError as exc:  # the slot folder could not be made or filled
+        return StageResult.failure(f"hermetic worker could not start: {exc}", errno=exc.errno)
+    return result
+
+
+@contextlib.contextmanager
+def _free_slot() -> Iterator[Path]:
+    """An empty slot folder no other worker (of any run on this machine) uses meanwhile."""
+    from filelock import FileLock, Timeout
+
+    root = Path("/tmp") / f"trtflow-hermetic-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    if root.is_symlink() or root.stat().st_uid != os.getuid():
+        raise EnvironmentProblem(f"{root} is not a folder of this user's: remove it (hermetic build workers run there)")
+    for number in itertools.count():
+        lock = FileLock(str(root / f"{number}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        slot = root / str(number)
+        try:
+            shutil.rmtree(slot, ignore_errors=True)
+            slot.mkdir()
+            yield slot
+        finally:
+            shutil.rmtree(slot, ignore_errors=True)
+            lock.release()
+        return
+
+
+def _task_in_slot(task: StageTask, slot: Path) -> StageTask:
+    """The task with every input file linked into the slot under a fixed name, and the slot's work folder."""
+    inputs = {}
+    for role, upstream in task.inputs.items():
+        folder = slot / "in" / role.replace("/", "_").replace(":", "_")
+        folder.mkdir(parents=True)
+        files = {}
+        for name, path in upstream.files.items():
+            files[name] = folder / FILE_NAMES.get(name, name)
+            os.symlink(os.path.abspath(path), files[name])
+        inputs[role] = dataclasses.replace(upstream, files=files)
+    (slot / "work").mkdir()
+    return dataclasses.replace(task, inputs=inputs, workdir=slot / "work")
+
+
+def _run_in_slot(task: StageTask, slot: Path, settings: Settings) -> StageResult:
+    """Start the worker process on the pickled task and read back its pickled result."""
     reason = unavailable_reason()
-    task_file, result_file = task.workdir / TASK_FILE, task.workdir / RESULT_FILE
-    task_file.write_bytes(pickle.dumps(task))
-    command = [sys.executable, "-m", "trtflow.executors.worker", str(task_file), str(result_file)]
-    done = subprocess.run(command, env=settings.hermetic_env(), cwd=WORKING_DIRECTORY, stdin=subprocess.DEVNULL,
+    (slot / TASK_FILE).write_bytes(pickle.dumps(task))
+    command = [sys.executable, "-m", "trtflow.executors.worker", TASK_FILE, RESULT_FILE]
+    done = subprocess.run(command, env=settings.hermetic_env(), cwd=slot, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, preexec_fn=None if reason else _no_aslr)
-    if done.returncode != 0 or not result_file.is_file():
+    if done.returncode != 0 or not (slot / RESULT_FILE).is_file():
         return StageResult.failure(f"hermetic worker failed: {_exit_description(done.returncode)}: {_last_line(done.stderr)}",
                                    detail=done.stderr[-4000:])
-    result: StageResult = pickle.loads(result_file.read_bytes())
+    result: StageResult = pickle.loads((slot / RESULT_FILE).read_bytes())
     if result.record is not None:
         result.record["hermetic"] = _description(reason, settings)
     return result
@@ -64,9 +128,9 @@ def run_hermetic(task: StageTask, settings: Settings) -> StageResult:
 def _description(reason: Optional[str], settings: Settings) -> str:
     """What the record says about how the stage ran."""
     if reason:
-        return f"no ({reason}); fresh process, minimal environment, PYTHONHASHSEED=0, cwd {WORKING_DIRECTORY}"
+        return f"no ({reason}); fresh process, minimal environment, PYTHONHASHSEED=0, fixed slot folder and names"
     passed = f", passed through: {', '.join(sorted(settings.passed_through))}" if settings.passed_through else ""
-    return f"yes: fresh process, ASLR off, minimal environment{passed}, PYTHONHASHSEED=0, cwd {WORKING_DIRECTORY}"
+    return f"yes: fresh process, ASLR off, minimal environment{passed}, PYTHONHASHSEED=0, fixed slot folder and names"
 
 
 def _exit_description(code: int) -> str:
