@@ -30,3 +30,27 @@ def test_a_stage_failure_is_exit_code_1_with_its_message(tmp_path: Path) -> None
     result = run_task(_build_task(tmp_path, "tensorrt-rtx"))
     assert result.exit_code == StageError.exit_code == 1 and result.files is None
     assert result.error.startswith("the ONNX parser rejected the model")
+
+
+def test_a_hermetic_build_runs_in_a_fresh_process_without_aslr_and_hands_its_engine_back(tmp_path: Path) -> None:
+    import numpy as np
+    import onnx
+
+    from conftest import example_models
+    from trtflow.executors.hermetic import run_hermetic
+    from trtflow.util.settings import Settings
+
+    onnx.save(example_models().tiny_cnn(np.random.default_rng(0)), tmp_path / "m.onnx")
+    params = build.Params(precision="fp32", profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}],
+                          backend="tensorrt-rtx", backend_version=None, compute_capabilities=["sm_86"], hardware_compatibility="none",
+                          version_compatible=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    task = StageTask("build:m/fp32/t", "build", params, {"model": Upstream(files={"model": tmp_path / "m.onnx"})}, work)
+    result = run_hermetic(task, Settings.from_environ({"HOME": "/root", "SECRET_TOKEN": "x", "CUDA_VISIBLE_DEVICES": "0"}))
+    assert result.error is None, result.error
+    assert Path(result.files["engine"]).parent == work and Path(result.files["engine"]).stat().st_size > 10_000
+    assert result.record["hermetic"] == ("yes: fresh process, ASLR off, minimal environment, passed through: CUDA_VISIBLE_DEVICES, "
+                                         "PYTHONHASHSEED=0, fixed slot folder and names")
+    assert Settings.from_environ({"HOME": "/root", "SECRET_TOKEN": "x"}).hermetic_env() == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}

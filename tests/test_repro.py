@@ -56,3 +56,31 @@ def test_frozen_refuses_an_engine_whose_canonical_digest_differs(tmp_path: Path)
     assert nodes[BUILD]["status"] == "failed"
     assert nodes[BUILD]["reason"] == "engine differs from trtflow.lock and its canonical digest differs too: not reproducible"
     assert nodes[VERIFY]["status"] == nodes[PACKAGE]["status"] == "skipped"
+
+
+def test_check_repro_rebuilds_every_engine_in_hermetic_workers_and_reports_each(tmp_path: Path) -> None:
+    """MobileNetV3-style: hermetic rebuilds of it can still differ in numbering (a thread race): identical or equivalent."""
+    import yaml
+
+    from zoo import zoo_model
+
+    model = zoo_model("mobilenet", tmp_path / "zoo")
+    recipe = yaml.safe_dump({"source": {"onnx": "models/mobilenet.onnx"}, "targets": ["rtx-ada"], "profiles": [model.recipe_profile()]})
+    root = write_project(tmp_path / "p", {"mobilenet": recipe})
+    shutil.copyfile(model.path, root / "models" / "mobilenet.onnx")
+    result = trtflow(root, "run", "--check-repro", "3", "--json")
+    assert result.code == 0, result.out + result.err
+    [check] = json.loads(result.out)["reproducibility"]
+    assert check["id"] == "build:mobilenet/fp32/rtx-ada" and check["rebuilds"] == 3 and check["equivalent"] == 3
+    assert check["verdict"] == ("identical" if check["identical"] == 3 else "equivalent")
+    plain = trtflow(root, "run", "--check-repro", "1")  # cached stages: the gate still rebuilds
+    assert plain.code == 0 and "reproducibility (1 hermetic rebuild(s) per engine):" in plain.out
+
+
+def test_a_rebuild_that_is_not_equivalent_or_fails_is_different() -> None:
+    from trtflow.repro import EngineRepro
+
+    assert EngineRepro("b", 3, identical=3, equivalent=3).verdict == "identical"
+    assert EngineRepro("b", 3, identical=1, equivalent=3).verdict == "equivalent"
+    assert EngineRepro("b", 3, identical=1, equivalent=2).verdict == "different"
+    assert EngineRepro("b", 3, identical=2, equivalent=2, failures=("hermetic worker failed: killed by SIGSEGV",)).verdict == "different"

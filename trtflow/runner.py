@@ -59,6 +59,7 @@ class RunOptions:
     force: bool = False
     frozen: bool = False
     remote_required: bool = False
+    check_repro: int = 0  # after the run, rebuild every selected engine this many times in hermetic workers (repro.py)
 
 
 @dataclass
@@ -262,24 +263,8 @@ class Runner:
         node = resolution.node
         self.listener("start", resolution.state)
         workdir = Path(tempfile.mkdtemp(dir=self.workroot, prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
-        task = StageTask(node.id, node.kind, node.params, self._inputs(resolution, workdir), workdir)
+        task = StageTask(node.id, node.kind, node.params, task_inputs(resolution, self.finished, self.store, workdir), workdir)
         return self.executor.submit(task), _Running(node, resolution.key, resolution.components, workdir, time.perf_counter())
-
-    def _inputs(self, resolution: Resolution, workdir: Path) -> dict[str, Upstream]:
-        """Each input role's files (store objects; a model and its external data side by side), record and digests."""
-        node, digests = resolution.node, resolution.components["inputs"]
-        inputs = {role: Upstream(files={role: path}, sha256=companions(digests, role) | {role: digests[role]})
-                  for role, path in node.sources}  # a source model's digests include its external data files'
-        for dep in node.deps:
-            if dep.node in resolution.missing:
-                inputs[dep.role] = Upstream(files={}, missing=resolution.missing[dep.node])
-                continue
-            record = self.finished[dep.node]
-            files = {name: self.store.object_path(digest) for name, digest in record["outputs"].items()}
-            if companions(files, dep.output):
-                files.update(place_side_by_side(files, dep.output, workdir / "inputs" / dep.role))
-            inputs[dep.role] = Upstream(files=files, record=record["record"], key=record["key"], sha256=record["outputs"])
-        return inputs
 
     def _collect(self, job: _Running, result: StageResult) -> None:
         """Store a finished stage's outputs and record, or settle its failure; always release its key and work dir."""
@@ -328,3 +313,20 @@ class Runner:
     def _settle(self, state: NodeState) -> None:
         self.states[state.node.id] = state
         self.listener("done", state)
+
+
+def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store, workdir: Path) -> dict[str, Upstream]:
+    """Each input role's files (store objects; a model and its external data side by side), record and digests."""
+    node, digests = resolution.node, resolution.components["inputs"]
+    inputs = {role: Upstream(files={role: path}, sha256=companions(digests, role) | {role: digests[role]})
+              for role, path in node.sources}  # a source model's digests include its external data files'
+    for dep in node.deps:
+        if dep.node in resolution.missing:
+            inputs[dep.role] = Upstream(files={}, missing=resolution.missing[dep.node])
+            continue
+        record = finished[dep.node]
+        files = {name: store.object_path(digest) for name, digest in record["outputs"].items()}
+        if companions(files, dep.output):
+            files.update(place_side_by_side(files, dep.output, workdir / "inputs" / dep.role))
+        inputs[dep.role] = Upstream(files=files, record=record["record"], key=record["key"], sha256=record["outputs"])
+    return inputs

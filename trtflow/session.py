@@ -18,7 +18,7 @@ from trtflow.executors.local import LocalExecutor
 from trtflow.hashing import FileDigests
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, read_lock, write_lock
 from trtflow.modelcheck import check_recipe_model
-from trtflow.plan import CACHED, NodeState, Resolver, frozen_differences, plan
+from trtflow.plan import CACHED, FAILED, NodeState, Resolver, frozen_differences, plan
 from trtflow.recipe.load import Project, load_project
 from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
 from trtflow.stages.base import Placement
@@ -44,6 +44,7 @@ class Session:
         digests = self.store.file_digests() if self.store else FileDigests()
         self.resolver = Resolver(self.store, digests)
         self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
+        self.repro: list = []  # --check-repro: one repro.EngineRepro per engine
 
     @classmethod
     def open(cls, root: Path, recipes: Iterable[str] = ()) -> "Session":
@@ -103,10 +104,19 @@ class Session:
             if not options.frozen:
                 self._update_lock(runner.finished)
             self.store.record_run([record["key"] for record in runner.finished.values()])
+            if options.check_repro and not any(state.status == FAILED for state in states.values()):
+                self.repro = self._check_repro(runner.finished, options, listener)
         finally:
             if lease is not None:
                 lease.close()
         return states
+
+    def _check_repro(self, finished: dict[str, dict], options: RunOptions, listener: Optional[Listener]) -> list:
+        """Rebuild every engine of the run `options.check_repro` times in hermetic workers (the release gate)."""
+        from trtflow.repro import check_builds
+
+        progress = (lambda check: listener("repro", check)) if listener is not None else None
+        return check_builds(self.dag, finished, self.store, self.resolver, options.check_repro, options.jobs, progress)
 
     def _create_store(self) -> None:
         self.store = Store.create(self.project.store_dir)

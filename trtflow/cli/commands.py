@@ -98,8 +98,11 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
 @click.option("--frozen", is_flag=True, help="Fail before building anything if the plan differs from trtflow.lock (for CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (no progress display).")
 @click.option("--remote-required", is_flag=True, help="Fail if the remote cache of pipeline.yaml cannot be reached (default: warn and build locally).")
+@click.option("--check-repro", type=click.IntRange(min=1), metavar="N",
+              help="Release gate: then rebuild every selected engine N times in hermetic workers; exit 1 if one is not equivalent.")
 @pass_context
-def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, frozen: bool, as_json: bool, remote_required: bool) -> None:
+def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, frozen: bool, as_json: bool, remote_required: bool,
+        check_repro: Optional[int]) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow.runner import RunOptions
 
@@ -114,17 +117,19 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run:
         started = time.perf_counter()
         view = None if as_json else output.progress_view(ctx.verbose)
         try:
-            options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required)
+            options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0)
             states = list(session.run(options, view).values())
         finally:
             if view is not None:
                 view.close()
     finally:
         session.close()
-    output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings)
+    output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings, repro=session.repro)
     failed = [s.exit_code or 1 for s in states if s.status == FAILED]
     if failed:
         sys.exit(max(failed))  # 4 when a stage found something missing from this machine, else 1
+    if any(check.verdict == "different" for check in session.repro):
+        sys.exit(1)
 
 
 @cli.command()

@@ -20,14 +20,16 @@ def counts(states: list[NodeState]) -> str:
     return ", ".join(f"{n} {status}" for status, n in counts.items()) or "nothing to do"
 
 
-def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = ()) -> None:
+def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = (),
+                  repro: list = ()) -> None:
     """Print the end of `trtflow run`: failures and totals, the would-run table of --dry-run, or JSON."""
     if as_json:
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
         counts = {status: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
+        checks = {"reproducibility": [check.to_json() for check in repro]} if repro else {}
         click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "warnings": list(warnings),
-                               "nodes": [s.to_json() for s in states]}, indent=2))
+                               "nodes": [s.to_json() for s in states], **checks}, indent=2))
         return
     if dry_run:
         for state in states:
@@ -45,6 +47,18 @@ def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_ru
     elif not built and all(s.status == CACHED for s in states):
         line += " (all stages cached, nothing to do)"
     click.echo(line)
+    if repro:
+        click.echo(f"reproducibility ({repro[0].rebuilds} hermetic rebuild(s) per engine):")
+        for check in repro:
+            click.echo(f"  {repro_line(check)}")
+
+
+def repro_line(check: Any) -> str:
+    """`identical   build:x/fp32/t: 3/3 byte-identical` (or equivalent, or different with the first failure)."""
+    detail = f"{check.identical}/{check.rebuilds} byte-identical, {check.equivalent}/{check.rebuilds} same canonical digest"
+    if check.failures:
+        detail += f"; {len(check.failures)} rebuild(s) failed: {check.failures[0]}"
+    return f"{check.verdict:<11} {check.node_id}: {detail}"
 
 
 def print_manifest(path: str, manifest: dict) -> None:
@@ -132,6 +146,9 @@ class PlainView:
         if event == "warning":
             click.echo(f"warning: {state}", err=True)
             return
+        if event == "repro":
+            click.echo(f"repro    {repro_line(state)}", err=True)
+            return
         if event in ("start", "wait"):
             click.echo(f"{'run' if event == 'start' else 'wait':<8} {state.node.id}  ({state.label})", err=True)
             return
@@ -161,8 +178,9 @@ class RichView(PlainView):
         self.progress.start()
 
     def __call__(self, event: str, state: Any) -> None:
-        if event == "warning":
-            self.progress.console.print(f"warning: {state}", markup=False, highlight=False)
+        if event in ("warning", "repro"):
+            shown = f"warning: {state}" if event == "warning" else f"repro    {repro_line(state)}"
+            self.progress.console.print(shown, markup=False, highlight=False)
             return
         if event in ("start", "wait"):
             self.progress.update(self.task, description=f"{'running' if event == 'start' else 'waiting for'} {state.node.id}")
