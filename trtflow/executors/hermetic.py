@@ -95,7 +95,10 @@ def _free_slot() -> Iterator[Path]:
 
 
 def _task_in_slot(task: StageTask, slot: Path) -> StageTask:
-    """The task with every input file linked into the slot under a fixed name, and the slot's work folder."""
+    """The task with every input file linked into the slot under a fixed name, and the slot's work folder.
+
+    A hermetic stage reads its inputs' files and digests, not their records: a record holds text that differs from
+    run to run (a tool's log), and whatever the worker process reads moves its allocations."""
     inputs = {}
     for role, upstream in task.inputs.items():
         folder = slot / "in" / role.replace("/", "_").replace(":", "_")
@@ -104,7 +107,7 @@ def _task_in_slot(task: StageTask, slot: Path) -> StageTask:
         for name, path in upstream.files.items():
             files[name] = folder / FILE_NAMES.get(name, name)
             os.symlink(os.path.abspath(path), files[name])
-        inputs[role] = dataclasses.replace(upstream, files=files)
+        inputs[role] = dataclasses.replace(upstream, files=files, record={})  # records hold run-specific text (logs)
     (slot / "work").mkdir()
     return dataclasses.replace(task, inputs=inputs, workdir=slot / "work")
 

@@ -1,0 +1,127 @@
+"""Reproducibility benchmark: distinct engines per model over N rebuilds, hermetic workers vs. today's pool, and
+what a hermetic worker costs per build.
+
+    python benchmarks/repro.py [--models resnet mobilenet efficientnet encoder lstm] [-n 6] [--cc sm_89]
+
+For each model of the test corpus (tests/zoo.py), fp32, one target, the same build stage (trtflow.stages.build) is run:
+  1. pool: N builds in one long-lived worker process, as the process pool ran them (`run_task` in a process that
+     has built before);
+  2. plain: N builds, each in a fresh ordinary process (address-space randomization on);
+  3. hermetic: N builds in hermetic workers (executors.hermetic: fresh process, ASLR off, fixed environment, slot
+     folder and names);
+and prints, per mode, the distinct engine byte sequences and distinct canonical digests (backends.engine_identity),
+then the seconds per build of the pool and of hermetic workers and their ratio (the hermetic worker's start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from zoo import ZOO, zoo_model  # noqa: E402
+
+from trtflow.backends.engine_identity import canonical_digest  # noqa: E402
+from trtflow.executors import StageTask, run_task  # noqa: E402
+from trtflow.executors.hermetic import run_hermetic  # noqa: E402
+from trtflow.stages import build  # noqa: E402
+from trtflow.stages.base import Upstream  # noqa: E402
+from trtflow.util.settings import Settings  # noqa: E402
+
+POOL = """
+import pickle, sys, time
+from trtflow.executors import run_task
+for path in sys.argv[1:]:
+    task = pickle.loads(open(path, "rb").read())
+    started = time.perf_counter(); result = run_task(task)
+    print(result.files["engine"], time.perf_counter() - started, flush=True)
+"""
+
+
+def task(model, cc: str, workdir: Path) -> StageTask:
+    """The build stage's task for one zoo model, fp32, one profile."""
+    profile = {name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in model.profile.items()}
+    params = build.Params(precision="fp32", profiles=[profile], backend="tensorrt-rtx", backend_version=None, compute_capabilities=[cc],
+                          hardware_compatibility="none", version_compatible=False)
+    workdir.mkdir(parents=True)
+    return StageTask(f"build:{model.name}/fp32/t", "build", params, {"model": Upstream(files={"model": model.path})}, workdir)
+
+
+def pool_builds(model, cc: str, n: int, scratch: Path) -> tuple[list[Path], list[float]]:
+    """N builds in one worker process, one after another."""
+    import pickle
+
+    paths = []
+    for index in range(n):
+        path = scratch / f"pool-task-{index}.pickle"
+        path.write_bytes(pickle.dumps(task(model, cc, scratch / f"pool-{index}")))
+        paths.append(str(path))
+    lines = subprocess.run([sys.executable, "-c", POOL, *paths], check=True, capture_output=True, text=True).stdout.split("\n")
+    done = [line.rsplit(" ", 1) for line in lines if line.strip()]
+    return [Path(engine) for engine, _ in done], [float(seconds) for _, seconds in done]
+
+
+def plain_builds(model, cc: str, n: int, scratch: Path) -> list[Path]:
+    """N builds, each in a fresh ordinary process."""
+    import pickle
+
+    engines = []
+    for index in range(n):
+        path = scratch / f"plain-task-{index}.pickle"
+        path.write_bytes(pickle.dumps(task(model, cc, scratch / f"plain-{index}")))
+        line = subprocess.run([sys.executable, "-c", POOL, str(path)], check=True, capture_output=True, text=True).stdout.split()
+        engines.append(Path(line[0]))
+    return engines
+
+
+def hermetic_builds(model, cc: str, n: int, scratch: Path) -> tuple[list[Path], list[float]]:
+    """N builds in hermetic workers, timed end to end (process start-up included)."""
+    engines, seconds = [], []
+    for index in range(n):
+        started = time.perf_counter()
+        result = run_hermetic(task(model, cc, scratch / f"hermetic-{index}"), Settings.from_environ())
+        seconds.append(time.perf_counter() - started)
+        if result.error:
+            sys.exit(f"{model.name}: hermetic build failed: {result.error}")
+        engines.append(Path(result.files["engine"]))
+    return engines, seconds
+
+
+def distinct(engines: list[Path]) -> str:
+    """`raw/canonical` distinct counts."""
+    raw = {hashlib.sha256(path.read_bytes()).hexdigest() for path in engines}
+    return f"{len(raw)}/{len({canonical_digest(path) for path in engines})}"
+
+
+def main() -> None:
+    """Build each model N times per mode and print the distinct counts and the cost ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet", "mobilenet", "efficientnet", "encoder", "lstm"], choices=ZOO)
+    parser.add_argument("-n", type=int, default=6)
+    parser.add_argument("--cc", default="sm_89")
+    args = parser.parse_args()
+    print(f"distinct engines over {args.n} builds, as raw bytes / canonical digests (1/1: byte-reproducible)")
+    print(f"{'model':<14} {'pool':>8} {'plain':>8} {'hermetic':>9} {'pool s/build':>13} {'hermetic s/build':>17} {'ratio':>6}")
+    ratios = []
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        scratch = Path(scratch_dir)
+        for name in args.models:
+            model = zoo_model(name, scratch / "zoo")
+            pooled, pool_seconds = pool_builds(model, args.cc, args.n, scratch / name / "pool")
+            plain = plain_builds(model, args.cc, args.n, scratch / name / "plain")
+            hermetic, hermetic_seconds = hermetic_builds(model, args.cc, args.n, scratch / name / "hermetic")
+            pool_s, hermetic_s = statistics.median(pool_seconds), statistics.median(hermetic_seconds)
+            ratios.append(hermetic_s / pool_s)
+            print(f"{name:<14} {distinct(pooled):>8} {distinct(plain):>8} {distinct(hermetic):>9} {pool_s:>13.2f} {hermetic_s:>17.2f} {ratios[-1]:>5.2f}x")
+    print(f"\nhermetic worker / pool per build: median {statistics.median(ratios):.2f}x (a fresh process, its imports and the slot)")
+
+
+if __name__ == "__main__":
+    main()
