@@ -5,11 +5,13 @@ What varies (measured on ~600 engines of the real-model corpus, TensorRT-RTX 1.7
 graph text, the length fields that depend on its length, and the padding after it. Inside the text: the generated
 symbol numbers (`__mye3107` vs `__mye3155`), other builder-wide name counters (`getitem_3.1_59`,
 `__myln_k_arg__bb1_60`, `__cma_mul3519_54`), the offsets of shape constants in `shape_system_hmem`, and the order
-of lines and of `shape_inputs`/`shape_outputs` items (kept in symbol-number order). The kernels, the engine header
-and the weights section never differed.
+of lines and of `shape_inputs`/`shape_outputs` items (kept in symbol-number order). After the text, the kernel
+table names the same symbols (seen differing in those numbers alone in fp16 MobileNetV3-style engines). The engine
+header and the weights section never differed.
 
 The canonical form keeps every other byte exact: the file header and engine head (with the six length/offset
-fields zeroed), the text with those tokens masked and its lines sorted, the kernel table and cubins, the weights.
+fields zeroed), the text with those tokens masked and its lines sorted, the kernel table and cubins with symbol
+numbers masked, the weights.
 Tested to tell apart a one-ulp weight change, another profile, another compute capability and another precision.
 
 Layout (TensorRT-RTX 1.7): `vtrt` file header (u64 total size @0x10, section table (tag, u64 offset, u64 size) of
@@ -27,7 +29,7 @@ import struct
 from pathlib import Path
 from typing import Optional
 
-CANONICAL_FORM = "tensorrt-rtx-1 myelin-text-v1"  # recorded beside each digest; bump when the form changes
+CANONICAL_FORM = "tensorrt-rtx-1 myelin-text-v2"  # recorded beside each digest; bump when the form changes
 _SYMBOL = re.compile(rb"__mye\d+")
 _COUNTER_SUFFIX = re.compile(rb"(\.\d+)_\d+\b")
 _KERNEL_ARG = re.compile(rb"(__myln_k_arg__bb\d+_|__cma_[A-Za-z]+\d+_)\d+")
@@ -79,7 +81,7 @@ def _digest(data: mmap.mmap, at: dict) -> str:
     digest.update(data[at["engine"] + 16:at["marker"] - 8])  # the engine head up to the Myelin blob size
     digest.update(data[at["marker"]:at["marker"] + 8])  # `NLYM`, u32: the text length after them varies
     digest.update(canonical_text(bytes(data[at["text"]:at["text_end"]])))
-    digest.update(data[at["text_end"]:at["engine_end"]])
+    digest.update(_SYMBOL.sub(b"__mye#", data[at["text_end"]:at["engine_end"]]))  # kernel table: names the symbols too
     for start in range(at["weights"], at["weights_end"], CHUNK):
         digest.update(data[start:min(start + CHUNK, at["weights_end"])])
     digest.update(data[at["weights_end"]:])
