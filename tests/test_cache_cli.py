@@ -86,7 +86,7 @@ def test_gc_keep_last_keeps_the_previous_runs_builds_and_gc_waits_for_live_runs(
     lease = RunLease(project / STORE)  # what every `trtflow run` holds while it runs
     try:
         busy = trtflow(project, "cache", "gc", "--yes")
-        assert busy.code == 1 and "run(s) are using the store" in busy.err
+        assert busy.code == 6 and "run(s) are using the store" in busy.err
     finally:
         lease.close()
     assert cli_json(project, "cache", "gc", "--yes")["objects"]

@@ -66,6 +66,12 @@ class TamperedEngine(TrtflowError):
     exit_code = 3
 
 
+class BadDestination(TrtflowError):
+    """--dest cannot be a folder (it is under a file, or somewhere nothing can be made)."""
+
+    exit_code = 3
+
+
 class BadRequest(TrtflowError):
     """A provision option has a value that cannot be understood."""
 
@@ -329,7 +335,10 @@ def provision(package: Package, device: Device, dest: Path) -> dict:
     if not SAFE_NAME.fullmatch(stem):  # both come from the package and become a file name in DEST
         raise BadPackage(f"{package.path}: recipe/precision {stem!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
     created = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadDestination(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from None
     try:
         with atomic_writer(dest / f"{stem}.engine") as sink:
             _copy_verified(package, chosen.engine, sink)

@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 1 a stage failed; 2 bad command line; 3 invalid project, recipe or file;
 4 something missing from this machine (a package, a GPU); 5 no engine fits the device (provision);
-70 a bug in trtflow (please report it).
+6 the store is busy (gc while a run uses it: try again later); 70 a bug in trtflow (please report it).
 """
 
 from __future__ import annotations

@@ -50,7 +50,10 @@ class RecipeFile:
 
     def source_path(self, root: Path) -> Path:
         """The ONNX source file (a torch source has none: its model comes from the export stage)."""
-        return (root / self.recipe.source.onnx).resolve()
+        try:
+            return (root / self.recipe.source.onnx).resolve()
+        except (RuntimeError, OSError) as exc:  # a symlink loop
+            raise ProjectError(f"{self.where('source', 'onnx')}: cannot follow {self.recipe.source.onnx}: {exc}") from None
 
     def factory_file(self, root: Path) -> Path:
         """The torch factory's module file, found without importing it; ProjectError if there is none."""
@@ -133,9 +136,21 @@ def load_project(root: Path) -> Project:
         raise ProjectError(f"{PIPELINE_FILE}: not found in {root} (run trtflow in the project folder or pass -C DIR)")
     pipeline_doc = load_yaml(root / PIPELINE_FILE, PIPELINE_FILE)
     pipeline = _validate(Pipeline, pipeline_doc, PIPELINE_FILE)
+    _check_output_folders(root, pipeline, pipeline_doc)
     recipes = tuple(_load_recipe(root, path, pipeline) for path in _recipe_paths(root, pipeline, pipeline_doc))
     _check_unique_names(recipes)
     return Project(root=root, pipeline=pipeline, recipes=recipes)
+
+
+def _check_output_folders(root: Path, pipeline: Pipeline, document: YamlDocument) -> None:
+    """`store:` and `packages:` name folders (or nothing yet), not files; the lock file is a file."""
+    for field in ("store", "packages"):
+        path = root / getattr(pipeline, field)
+        if path.exists() and not path.is_dir():
+            raise ProjectError(f"{PIPELINE_FILE}:{document.line_of((field,))}: {field}: {getattr(pipeline, field)} is a file, not a folder")
+    lock = root / "trtflow.lock"
+    if lock.exists() and not lock.is_file():
+        raise ProjectError("trtflow.lock: not a regular file (remove it: `trtflow run` writes it)")
 
 
 def _recipe_paths(root: Path, pipeline: Pipeline, document: YamlDocument) -> list[Path]:

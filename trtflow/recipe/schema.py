@@ -53,7 +53,9 @@ class TargetSpec(StrictModel):
         return self
 
 
-CREDENTIAL_KEY = re.compile(r"secret|password|passwd|token|credential|^key$|access_key|^username$", re.IGNORECASE)
+CREDENTIAL_KEY = re.compile(r"secret|password|passwd|token|credential|^key$|access_?key|account_?key|connection_?string|"
+                            r"sse_?customer_?key|customer_?key|sas|^username$|^user$|^auth", re.IGNORECASE)
+URL_USERINFO = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@]*@", re.IGNORECASE)  # scheme://user:pass@host
 
 
 def _credential_keys(value: Any, path: str = "options") -> list[str]:
@@ -77,6 +79,9 @@ class CacheSpec(StrictModel):
     def _url(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not re.match(r"^[a-z][a-z0-9+.-]*://.+", value):
             raise ValueError(f"remote {value!r} is not a URL such as s3://bucket/prefix or file:///shared/dir")
+        if value is not None and URL_USERINFO.match(value):
+            raise ValueError("remote: a user or password in the URL is a credential; pipeline.yaml is committed: "
+                             "set credentials in the environment instead")
         if value is not None and value.startswith("file://") and not value.startswith("file:///"):
             raise ValueError(f"remote {value!r}: a file:// remote needs an absolute path (file:///shared/dir)")
         return value

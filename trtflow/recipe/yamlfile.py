@@ -7,6 +7,7 @@ Duplicate keys are an error (plain PyYAML silently keeps the last one).
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +41,63 @@ class YamlDocument:
         return 1
 
 
+# Bounds for files a project (or an attacker) hands us: a recipe is a few kB; an alias bomb or deep nesting is not.
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 64
+MAX_VALUES = 100_000  # after aliases are expanded: `a: &x [...]; b: [*x, *x, ...]` grows exponentially
+
+
 def load_yaml(path: Path, display: str) -> YamlDocument:
-    """Parse `path` into a YamlDocument; malformed YAML raises ProjectError naming file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProjectError(f"{display}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProjectError(f"{display}: cannot read: {exc}") from None
+    """Parse `path` into a YamlDocument; malformed, oversized or hostile YAML raises ProjectError naming file and line."""
+    text = _read_text(path, display)
+    _check_flow_depth(text, display)
     try:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ProjectError(f"{display}{_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ProjectError(f"{display}: nesting deeper than the YAML parser can follow") from None
     builder = _Builder(display)
     data = {} if node is None else builder.value(node, ())
     return YamlDocument(path, data, builder.lines)
+
+
+def _read_text(path: Path, display: str) -> str:
+    """The file's text, if it is a regular file of at most MAX_BYTES of UTF-8 without NUL bytes (a FIFO would hang)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise ProjectError(f"{display}: file not found") from None
+    except OSError as exc:
+        raise ProjectError(f"{display}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ProjectError(f"{display}: not a regular file (a YAML file is expected here)")
+    if info.st_size > MAX_BYTES:
+        raise ProjectError(f"{display}: {info.st_size} bytes; a YAML file of trtflow's is at most {MAX_BYTES} bytes")
+    try:
+        data = path.read_bytes()[:MAX_BYTES + 1]
+    except OSError as exc:
+        raise ProjectError(f"{display}: cannot read: {exc.strerror or exc}") from None
+    if b"\x00" in data:
+        line = data[:data.index(b"\x00")].count(b"\n") + 1
+        raise ProjectError(f"{display}:{line}: a NUL byte: this is not a text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ProjectError(f"{display}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8") from None
+
+
+def _check_flow_depth(text: str, display: str) -> None:
+    """Refuse `[[[[...` or `{{{{...` nested deeper than MAX_DEPTH before the parser recurses into it."""
+    depth = 0
+    for index, char in enumerate(text):
+        if char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ProjectError(f"{display}:{text.count(chr(10), 0, index) + 1}: nested deeper than {MAX_DEPTH} levels")
+        elif char in "]}" and depth:
+            depth -= 1
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -75,9 +118,14 @@ class _Builder:
         self.display = display
         self.lines: dict[Loc, int] = {}
         self._scalars = yaml.constructor.SafeConstructor()
+        self._values = 0
 
     def value(self, node: yaml.Node, loc: Loc) -> Any:
         """The plain value of `node`, recording its line under `loc` (a key's line, set first, wins) and its children's."""
+        self._values += 1
+        if self._values > MAX_VALUES or len(loc) > MAX_DEPTH:
+            what = f"more than {MAX_VALUES} values (aliases expand)" if self._values > MAX_VALUES else f"nested deeper than {MAX_DEPTH} levels"
+            raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: {what}")
         self.lines.setdefault(loc, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, loc)

@@ -25,7 +25,9 @@ from trtflow.store.objects import WRITE_ERRNOS, write_failure
 
 
 class StoreBusy(TrtflowError):
-    """gc cannot run now: a run is using the store (or another gc is running)."""
+    """gc cannot run now: a run is using the store (or another gc is running). Exit 6: try again later."""
+
+    exit_code = 6
 
 
 def _file_lock(path: Path) -> Any:

@@ -56,6 +56,7 @@ class Remote:
 
     def __init__(self, url: str, options: Optional[dict] = None, required: bool = False):
         self.url = url.rstrip("/")
+        self.shown = redacted(self.url)  # what messages print: no user info, no query (SAS tokens live there)
         self.required = required
         self.down: Optional[str] = None  # why the remote was switched off for this run
         self._warnings: list[str] = []  # appended to by push threads too
@@ -178,7 +179,7 @@ class Remote:
             self._warnings.append(message)
 
     def _failed(self, exc: BaseException, doing: str) -> None:
-        message = f"remote cache {self.url} unavailable ({doing}: {_one_line(exc)})"
+        message = f"remote cache {self.shown} unavailable ({doing}: {_one_line(exc)})"
         if self.required:
             raise RemoteUnavailable(f"{message}; --remote-required was given")
         if self.down is None:
@@ -242,3 +243,12 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def redacted(url: str) -> str:
+    """The URL without `user:password@` and without its query string, for messages and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
