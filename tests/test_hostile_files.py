@@ -93,3 +93,17 @@ def test_a_remote_url_is_shown_without_user_info_or_query() -> None:
     from trtflow.store.remote import redacted
 
     assert redacted("az://acct:key@container/prefix?sv=2024&sig=SECRET") == "az://container/prefix"
+
+
+def test_yaml_merge_keys_work_and_x_keys_hold_anchors(tmp_path: Path) -> None:
+    shared = "x-common: &common\n  precisions: [fp32]\n  targets: [rtx-ada]\n"
+    root = write_project(tmp_path / "p", {"tiny": shared + TINY_RECIPE.replace("precisions: [fp32]\ntargets: [rtx-ampere, rtx-ada]\n", "<<: *common\n")})
+    assert trtflow(root, "validate").out == "ok: 1 recipe(s), 2 target(s), 5 stage(s)\n"
+    (root / "recipes" / "tiny.yaml").write_text(SOURCE + "<<: [1, 2]\n")
+    assert trtflow(root, "validate").err == "error: recipes/tiny.yaml:2: `<<` merges a mapping (or a list of them) into this one\n"
+
+
+def test_a_recursive_glob_through_a_symlink_never_reads_pipeline_yaml_as_a_recipe(tmp_path: Path) -> None:
+    root = write_project(tmp_path / "p", pipeline=PIPELINE.replace("  - recipes/*.yaml", '  - "**/*.yaml"'))
+    (root / "recipes" / "up").symlink_to("..")
+    assert trtflow(root, "validate").out == "ok: 1 recipe(s), 2 target(s), 7 stage(s)\n"

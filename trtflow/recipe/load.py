@@ -120,9 +120,10 @@ def _error_lines(document: YamlDocument, display: str, exc: pydantic.ValidationE
 
 
 def _validate(model: type[BaseModel], document: YamlDocument, display: str, extra: dict | None = None) -> Any:
+    """Validate a file's mapping against its model; top-level `x-...` keys are the author's (YAML anchors live there)."""
     if not isinstance(document.data, dict):
         raise ProjectError(f"{display}:1: the file must hold a mapping of keys")
-    data = {**(extra or {}), **document.data}
+    data = {**(extra or {}), **{k: v for k, v in document.data.items() if not (isinstance(k, str) and k.startswith("x-"))}}
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -154,13 +155,30 @@ def _check_output_folders(root: Path, pipeline: Pipeline, document: YamlDocument
 
 
 def _recipe_paths(root: Path, pipeline: Pipeline, document: YamlDocument) -> list[Path]:
+    """The recipe files the patterns match, each once, never pipeline.yaml itself or a file under the outputs
+    (a `**` pattern, perhaps through a symlink, would otherwise read them as recipes)."""
     paths: list[Path] = []
+    seen = {(root / PIPELINE_FILE).resolve()}
+    outputs = [(root / pipeline.store).resolve(), (root / pipeline.packages).resolve()]
     for index, pattern in enumerate(pipeline.recipes):
-        matches = sorted(Path(p) for p in glob.glob(str(root / pattern), recursive=True))
-        if not matches:
+        matches = [Path(p) for p in sorted(glob.glob(str(root / pattern), recursive=True))]
+        kept = [m for m in matches if _is_recipe_file(m, seen, outputs)]
+        if not kept:
             raise ProjectError(f"{PIPELINE_FILE}:{document.line_of(('recipes', index))}: recipes[{index}]: no file matches {pattern!r}")
-        paths.extend(m for m in matches if m not in paths)
+        paths.extend(kept)
     return paths
+
+
+def _is_recipe_file(path: Path, seen: set[Path], outputs: list[Path]) -> bool:
+    """A file not seen yet (by its resolved path), outside the output folders; remembers it."""
+    try:
+        real = path.resolve()
+    except (RuntimeError, OSError):  # a symlink loop: load_yaml names it
+        return True
+    if real in seen or any(real.is_relative_to(folder) for folder in outputs):
+        return False
+    seen.add(real)
+    return True
 
 
 def _load_recipe(root: Path, path: Path, pipeline: Pipeline) -> RecipeFile:

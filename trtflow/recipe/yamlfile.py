@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - depends on how PyYAML was built
     from yaml import SafeLoader as _Loader  # type: ignore[assignment]
 import yaml.constructor
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
 Loc = tuple  # a path of keys and indices, e.g. ("profiles", 0, "inputs", "x", "min")
 
 
@@ -141,9 +142,23 @@ class _Builder:
             problem = getattr(exc, "problem", None) or str(exc)
             raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: invalid YAML value: {problem}") from None
 
+    def _merged(self, node: yaml.Node, loc: Loc) -> dict:
+        """The mapping(s) a merge key names; anything else is an error at its line."""
+        maps = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        if not all(isinstance(item, yaml.MappingNode) for item in maps):
+            raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: `<<` merges a mapping (or a list of them) into this one")
+        merged: dict = {}
+        for item in maps:
+            merged = {**self._mapping(item, loc), **merged}  # earlier mappings in the list win, as YAML says
+        return merged
+
     def _mapping(self, node: yaml.MappingNode, loc: Loc) -> dict:
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
+            if key_node.tag == MERGE_TAG:  # `<<: *base`: the anchored mapping's keys, unless given here too
+                merged = {k: v for k, v in self._merged(value_node, loc).items() if k not in result}
+                result.update(merged)
+                continue
             key = self._scalar(key_node)
             if not isinstance(key, (str, int, float, bool)) and key is not None:
                 raise ProjectError(f"{self.display}:{key_node.start_mark.line + 1}: invalid YAML: a key must be a plain value")
