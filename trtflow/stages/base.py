@@ -79,6 +79,15 @@ class StageParams(BaseModel):
         return params, {name: data[name] for name in self.FINGERPRINT if name in data}
 
 
+class ProofSettings(BaseModel):
+    """The recipe's fp32 tolerances and seed for an ONNX Runtime proof (an export against torch, cleanup against its input)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rtol: float
+    atol: float
+    seed: int
+
+
 @dataclass(frozen=True)
 class Dep:
     """One input of a node that another node produces: `role` <- `node`'s output `output`."""

@@ -28,11 +28,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict
 
 from trtflow.errors import StageError
 from trtflow.recipe.schema import CleanupOptions
-from trtflow.stages.base import (CACHED_UNDER_WARN, Dep, Node, NodeId, Placement, RecipeContext,
+from trtflow.stages.base import (ProofSettings, CACHED_UNDER_WARN, Dep, Node, NodeId, Placement, RecipeContext,
                                    StageOutput, StageParams, Upstream, enforce_proof)
 from trtflow.stages.capture import captured_output
 from trtflow.stages.modelfile import load_graph, save_model
@@ -51,14 +50,10 @@ SLIM_PASSES = {"fold_constants": "constant_folding", "fuse_patterns": "graph_fus
 MIB = 1 << 20
 
 
-class Proof(BaseModel):
-    """What decides the equality proof's result: the recipe's fp32 tolerances, sample count and seed."""
+class Proof(ProofSettings):
+    """What decides the equality proof's result: the recipe's fp32 tolerances and seed, and how many samples."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    rtol: float
-    atol: float
     samples: int
-    seed: int
 
 
 class Params(StageParams):

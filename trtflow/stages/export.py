@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
 from trtflow.recipe.pymodule import import_root
-from trtflow.stages.base import (CACHED_UNDER_WARN, Node, NodeId, Placement, RecipeContext, StageOutput,
+from trtflow.stages.base import (ProofSettings, CACHED_UNDER_WARN, Node, NodeId, Placement, RecipeContext, StageOutput,
                                    StageParams, Upstream, enforce_proof)
 from trtflow.stages.capture import ANSI_ESCAPES, captured_output
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
@@ -58,15 +58,6 @@ class ExampleInput(BaseModel):
     shape: list[int]
 
 
-class Check(BaseModel):
-    """The recipe's fp32 tolerances and seed, for the proof against torch."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    rtol: float
-    atol: float
-    seed: int
-
-
 class Params(StageParams):
     """What is exported (factory, kwargs, example inputs, dynamic axes) and how (opset, optimizer), plus tool versions."""
 
@@ -79,7 +70,7 @@ class Params(StageParams):
     outputs: Optional[list[str]]
     opset: int
     optimize: bool
-    check: Check
+    check: ProofSettings
     on_fail: Literal["fail", "warn"] = "fail"
     torch: Optional[str]
     onnx: Optional[str]
@@ -98,7 +89,7 @@ def node(ctx: RecipeContext) -> Optional[Node]:
     inputs, dynamic = export_dims(ctx)
     verify = ctx.recipe.verify
     params = Params(factory=spec.factory, kwargs=spec.kwargs, inputs=inputs, dynamic=dynamic, outputs=spec.outputs, opset=spec.opset,
-                    optimize=spec.optimize, check=Check(rtol=verify.rtol, atol=verify.atol, seed=verify.seed), on_fail=verify.on_fail,
+                    optimize=spec.optimize, check=ProofSettings(rtol=verify.rtol, atol=verify.atol, seed=verify.seed), on_fail=verify.on_fail,
                     torch=tool_version("torch"), onnx=tool_version("onnx"), onnxscript=tool_version("onnxscript"))
     return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=tuple(sources), info={"recipe_file": ctx.item.display})
 
