@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -349,3 +350,23 @@ def test_an_engine_symlinked_from_outside_the_package_folder_is_refused(packages
 def test_provision_help() -> None:
     result = subprocess.run([sys.executable, "-m", "trtflow", "provision", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "--gpu" in result.stdout and "--runtime-version" in result.stdout
+
+
+def test_an_engine_larger_than_its_manifest_says_is_refused_before_it_is_all_written(packages: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(packages / "tiny", tmp_path / "tiny"))
+    engine = folder / "engines/rtx-ada/tiny-fp32.engine"
+    os.chmod(engine, 0o644)
+    with open(engine, "ab") as grown:
+        grown.write(b"\0" * (8 << 20))  # 8 MiB more than the manifest's size
+    (tmp_path / "dest").mkdir()
+    result = provision(packages, str(folder), "--gpu", "sm_89", "--dest", str(tmp_path / "dest"))
+    assert result.code == 3 and "larger than the" in result.err and "bytes the manifest records" in result.err
+    assert list((tmp_path / "dest").iterdir()) == []
+
+
+def test_a_huge_manifest_is_refused_without_reading_it(packages: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(packages / "tiny", tmp_path / "tiny"))
+    with open(folder / "manifest.json", "r+b") as manifest:
+        manifest.truncate(65 << 20)  # sparse: 65 MiB on paper
+    result = provision(packages, str(folder), "--gpu", "sm_89", "--dest", str(tmp_path / "dest"))
+    assert result.code == 3 and "a manifest is at most 67108864" in result.err

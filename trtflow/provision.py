@@ -42,6 +42,7 @@ from trtflow.util.fs import atomic_write, atomic_writer
 EXACT = "exact compute capability match"
 AMPERE_PLUS = "hardware-compatible build (ampere_plus runs on sm_80 and newer)"
 CHUNK = 1 << 20
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest of thousands of engines is a few MB
 DEFAULT_PREFERENCE = ("fp8", "int8", "fp16", "bf16", "fp32")
 # A version-compatible engine of one TensorRT major also loads on these runtime majors (support matrix, 11.4).
 CROSS_MAJOR_RUNTIMES = {8: (10,), 10: (11,)}
@@ -264,16 +265,23 @@ def load_package(path: Path) -> Package:
         raise BadPackage(f"{path}: no such file or folder")
     if path.is_dir():
         manifest = path / MANIFEST_FILE
-        return Package(path, _parse_manifest(manifest, manifest.read_bytes() if manifest.is_file() else None), path)
+        return Package(path, _parse_manifest(manifest, _read_manifest(manifest) if manifest.is_file() else None), path)
     if path.name.endswith((".tar.gz", ".tgz")):
         try:
-            data = read_member(path, "/" + MANIFEST_FILE)
+            data = read_member(path, "/" + MANIFEST_FILE, MAX_MANIFEST_BYTES)
         except (tarfile.TarError, OSError, EOFError, TrtflowError) as exc:
             raise BadPackage(f"{path}: not a readable package archive ({exc}); fetch the package again") from None
         return Package(path, _parse_manifest(path, data), None)
     if path.name.endswith(".json"):
-        return Package(path, _parse_manifest(path, path.read_bytes()), path.parent)
+        return Package(path, _parse_manifest(path, _read_manifest(path)), path.parent)
     raise BadPackage(f"{path}: not a package: pass a package folder, its .tar.gz, or its {MANIFEST_FILE}")
+
+
+def _read_manifest(path: Path) -> bytes:
+    """A manifest file's bytes, refused above MAX_MANIFEST_BYTES (a real one is kilobytes)."""
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise BadPackage(f"{path}: {path.stat().st_size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}: not a trtflow package")
+    return path.read_bytes()
 
 
 def _parse_manifest(path: Path, data: Optional[bytes]) -> Manifest:
@@ -316,9 +324,14 @@ def _open_engine(package: Package, engine: Engine) -> Iterator[BinaryIO]:
 
 def _copy_verified(package: Package, engine: Engine, sink: BinaryIO) -> None:
     """Copy the engine into `sink` while hashing it; a sha256 other than the manifest's is refused."""
-    digest = hashlib.sha256()
+    digest, written = hashlib.sha256(), 0
     with _open_engine(package, engine) as source:
         for chunk in iter(lambda: source.read(CHUNK), b""):
+            written += len(chunk)
+            if written > engine.size:  # never write more than the manifest promised
+                where = (package.root or package.path) / engine.file
+                raise TamperedEngine(f"{where}: larger than the {engine.size} bytes the manifest records; the package is corrupt or "
+                                     "tampered with: fetch or rebuild it")
             digest.update(chunk)
             sink.write(chunk)
     if digest.hexdigest() != engine.sha256:

@@ -12,6 +12,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 from trtflow.errors import TrtflowError
 
@@ -63,11 +64,13 @@ def replace_dir_atomically(source: Path, destination: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_member(archive: Path, suffix: str) -> bytes:
-    """The bytes of the first member whose name ends with `suffix` (e.g. '/manifest.json')."""
+def read_member(archive: Path, suffix: str, limit: Optional[int] = None) -> bytes:
+    """The bytes of the first member whose name ends with `suffix` (e.g. '/manifest.json'); more than `limit` is refused."""
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar.getmembers():
             if member.isfile() and member.name.endswith(suffix):
+                if limit is not None and member.size > limit:
+                    raise TrtflowError(f"{archive}: member {member.name} is {member.size} bytes, more than {limit}")
                 return tar.extractfile(member).read()  # type: ignore[union-attr]
     raise TrtflowError(f"{archive}: no member ending in {suffix}")
 
