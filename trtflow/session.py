@@ -93,6 +93,10 @@ class Session:
             planned = self.plan(options.force)
             self.check_models(planned)
             check_backends(planned)
+            if self.store is not None:  # what a killed run left beside the packages and the lock
+                from trtflow.store.housekeeping import sweep_leftovers
+
+                sweep_leftovers(self.store, self.project.packages_dir, self.project.root)
             if self.store is None:
                 self._create_store()
                 lease = RunLease(self.store.root)

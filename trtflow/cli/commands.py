@@ -242,7 +242,11 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
     def sweep(project, store) -> dict:
         """List (or with --yes delete) what the lock, the packages and the last --keep-last runs do not use."""
         keep = housekeeping.live_keys(store, project.root, project.packages_dir, keep_last)
-        return housekeeping.collect_garbage(store, keep) if yes else housekeeping.garbage(store, keep)
+        if not yes:
+            return housekeeping.garbage(store, keep)
+        report = housekeeping.collect_garbage(store, keep)
+        report["leftovers"] = [str(p) for p in housekeeping.sweep_leftovers(store, project.packages_dir, project.root)]
+        return report
 
     report = _on_store(ctx, as_json, sweep)
     if report is None:

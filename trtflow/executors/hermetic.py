@@ -29,6 +29,7 @@ from typing import Iterator, Optional
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
 from trtflow.stages.modelfile import FILE_NAMES
+from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -47,10 +48,11 @@ def unavailable_reason() -> Optional[str]:
 
 
 def _no_aslr() -> None:
-    """In the child, before exec: turn off address-space randomization for the program it becomes."""
+    """In the child, before exec: turn off address-space randomization for the program it becomes; die with the run."""
     libc = ctypes.CDLL(None, use_errno=True)
     current = libc.personality(0xFFFFFFFF)
     libc.personality(current | ADDR_NO_RANDOMIZE)
+    die_with_parent()
 
 
 def run_hermetic(task: StageTask, settings: Settings) -> StageResult:
@@ -118,7 +120,7 @@ def _run_in_slot(task: StageTask, slot: Path, settings: Settings) -> StageResult
     (slot / TASK_FILE).write_bytes(pickle.dumps(task))
     command = [sys.executable, "-m", "trtflow.executors.worker", TASK_FILE, RESULT_FILE]
     done = subprocess.run(command, env=settings.hermetic_env(), cwd=slot, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, preexec_fn=None if reason else _no_aslr)
+                          capture_output=True, text=True, preexec_fn=die_with_parent if reason else _no_aslr)
     if done.returncode != 0 or not (slot / RESULT_FILE).is_file():
         return StageResult.failure(f"hermetic worker failed: {_exit_description(done.returncode)}: {_last_line(done.stderr)}",
                                    detail=done.stderr[-4000:])

@@ -15,6 +15,7 @@ from typing import Optional
 
 from trtflow.executors import StageResult, StageTask, run_task
 from trtflow.executors.hermetic import run_hermetic
+from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 HERMETIC_KINDS = frozenset({"build"})
@@ -52,7 +53,8 @@ class LocalExecutor:
         if self._broken:
             self._drop()
         if self._pool is None:
-            self._pool = futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                     initializer=die_with_parent)
         return self._pool
 
     def _drop(self) -> None:

@@ -197,3 +197,27 @@ def _tree_size(folder: Path) -> int:
 
 def _sizes(paths: Iterable[Path]) -> int:
     return sum(_tree_size(p) if p.is_dir() else _file_size(p) for p in paths)
+
+
+def sweep_leftovers(store: Store, packages_dir: Path, project_root: Path) -> list[Path]:
+    """Remove what a killed run left beside its outputs: `.<recipe>.incoming-*` and `.<recipe>.old-*` in the packages
+    folder (only while that recipe's package lock is free: no run is placing it) and `.trtflow.lock.*.tmp` (while the
+    lock file's lock is free). Returns what was removed."""
+    from filelock import FileLock, Timeout
+
+    removed = []
+    candidates = [(p, p.name[1:].split(".incoming-")[0].split(".old-")[0]) for p in _children(packages_dir)
+                  if p.name.startswith(".") and (".incoming-" in p.name or ".old-" in p.name)]
+    candidates += [(p, None) for p in project_root.glob(".trtflow.lock.*.tmp")]
+    for path, recipe in candidates:
+        lock = FileLock(str(store.locks / (f"package-{recipe}.lock" if recipe else "trtflow-lock.lock")))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue  # a live run is placing it now
+        try:
+            _remove(path)
+            removed.append(path)
+        finally:
+            lock.release()
+    return removed
