@@ -117,17 +117,29 @@ def _task_in_slot(task: StageTask, slot: Path) -> StageTask:
 def _run_in_slot(task: StageTask, slot: Path, settings: Settings) -> StageResult:
     """Start the worker process on the pickled task and read back its pickled result."""
     reason = unavailable_reason()
-    (slot / TASK_FILE).write_bytes(pickle.dumps(task))
-    command = [sys.executable, "-m", "trtflow.executors.worker", TASK_FILE, RESULT_FILE]
-    done = subprocess.run(command, env=settings.hermetic_env(), cwd=slot, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, preexec_fn=die_with_parent if reason else _no_aslr)
-    if done.returncode != 0 or not (slot / RESULT_FILE).is_file():
-        return StageResult.failure(f"hermetic worker failed: {_exit_description(done.returncode)}: {_last_line(done.stderr)}",
-                                   detail=done.stderr[-4000:])
-    result: StageResult = pickle.loads((slot / RESULT_FILE).read_bytes())
+    result = _run_worker(task, slot, settings.hermetic_env(), die_with_parent if reason else _no_aslr)
     if result.record is not None:
         result.record["hermetic"] = _description(reason, settings)
     return result
+
+
+def run_isolated(task: StageTask) -> StageResult:
+    """Run one task in a fresh ordinary process (the user's environment, its own work dir): a stage that runs user
+    code (a torch factory) cannot take the run down, and when it dies, the message says how and in what."""
+    return _run_worker(task, task.workdir, None, die_with_parent)
+
+
+def _run_worker(task: StageTask, folder: Path, env: Optional[dict], prepare) -> StageResult:
+    """`python -m trtflow.executors.worker` on the pickled task in `folder`; its death becomes a one-line failure."""
+    (folder / TASK_FILE).write_bytes(pickle.dumps(task))
+    command = [sys.executable, "-m", "trtflow.executors.worker", TASK_FILE, RESULT_FILE]
+    done = subprocess.run(command, env=env, cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True, preexec_fn=prepare)
+    if done.returncode != 0 or not (folder / RESULT_FILE).is_file():
+        factory = getattr(task.params, "factory", None)
+        inside = f" in source.torch.factory {factory} or the exporter" if factory else ""
+        return StageResult.failure(f"the worker process of {task.node_id} died{inside}: {_exit_description(done.returncode)}: "
+                                   f"{_last_line(done.stderr)}", detail=done.stderr[-4000:])
+    return pickle.loads((folder / RESULT_FILE).read_bytes())
 
 
 def _description(reason: Optional[str], settings: Settings) -> str:

@@ -14,11 +14,12 @@ import multiprocessing
 from typing import Optional
 
 from trtflow.executors import StageResult, StageTask, run_task
-from trtflow.executors.hermetic import run_hermetic
+from trtflow.executors.hermetic import run_hermetic, run_isolated
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 HERMETIC_KINDS = frozenset({"build"})
+ISOLATED_KINDS = frozenset({"export"})  # run user code: a fresh process each, so a crash names itself
 
 
 class LocalExecutor:
@@ -33,10 +34,12 @@ class LocalExecutor:
 
     def submit(self, task: StageTask) -> "futures.Future[StageResult]":
         """Start the task in a worker; a worker that dies resolves the future to a failure, never an exception."""
-        if task.kind in self.hermetic:
+        if task.kind in self.hermetic or task.kind in ISOLATED_KINDS:
             if self._threads is None:
-                self._threads = futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="hermetic")
-            return self._threads.submit(run_hermetic, task, self.settings)
+                self._threads = futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="process")
+            if task.kind in self.hermetic:
+                return self._threads.submit(run_hermetic, task, self.settings)
+            return self._threads.submit(run_isolated, task)
         outer: futures.Future[StageResult] = futures.Future()
         inner = self._workers().submit(run_task, task)
         inner.add_done_callback(lambda done: outer.set_result(self._result(done)))
