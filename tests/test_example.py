@@ -30,6 +30,8 @@ def test_two_fresh_clones_build_byte_identical_packages(tmp_path: Path) -> None:
     for clone in (first, second):
         result = trtflow_process(clone, "run", "-j", "2")
         assert result.returncode == 0, result.stderr
+    lock_changed = subprocess.run(["git", "-C", str(first), "diff", "--stat", "trtflow.lock"], capture_output=True, text=True).stdout
+    assert lock_changed == "", f"the committed trtflow.lock is stale (regenerate it with `trtflow run`): {lock_changed}"
     digests = _package_digests(first)
     assert sorted(digests) == ["seq_lstm.tar.gz", "tiny_cnn.tar.gz"]
     assert digests == _package_digests(second)

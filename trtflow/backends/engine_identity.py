@@ -29,7 +29,7 @@ import struct
 from pathlib import Path
 from typing import Optional
 
-CANONICAL_FORM = "tensorrt-rtx-1 myelin-text-v2"  # recorded beside each digest; bump when the form changes
+CANONICAL_FORM = "tensorrt-rtx-1 myelin-text-v2"  # recorded beside each digest; bump it and stages.build.VERSION together
 _SYMBOL = re.compile(rb"__mye\d+")
 _COUNTER_SUFFIX = re.compile(rb"(\.\d+)_\d+\b")
 _KERNEL_ARG = re.compile(rb"(__myln_k_arg__bb\d+_|__cma_[A-Za-z]+\d+_)\d+")

@@ -20,7 +20,7 @@ from trtflow.recipe.schema import TargetSpec
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
 from trtflow.util.cc import ComputeCapability
 
-KIND, VERSION = "build", 2  # 2: the record holds the engine's canonical digest
+KIND, VERSION = "build", 3  # 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM)
 Profiles = list[dict[str, dict[str, list[int]]]]
 
 
