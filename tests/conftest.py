@@ -97,6 +97,15 @@ def built_project(built: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(built, tmp_path / "proj", symlinks=True))
 
 
+def record_for(digest: str, node: str = "build:m/fp32/t") -> tuple[str, dict]:
+    """(key, record) shaped as a run writes them (the components hash to the key), naming one output object."""
+    from trtflow.hashing import stage_key
+
+    components = {"kind": node.split(":")[0], "node": node, "inputs": {}}
+    key = stage_key(components)
+    return key, {"key": key, "components": components, "node": node, "outputs": {"engine": digest}}
+
+
 def stage_record(root: Path, node_id: str) -> dict:
     """The store record (the stage's own JSON) of a node's last run in the project at `root`."""
     from trtflow.store import Store

@@ -145,14 +145,17 @@ def test_a_run_killed_mid_build_leaves_a_store_the_next_run_completes(tmp_path: 
 WRITER = """
 import os, sys
 from pathlib import Path
+from trtflow.hashing import stage_key
 from trtflow.store import Store
 store = Store.create(Path(sys.argv[1]))
 for i in range(1000):
     source = store.tmp / f"f{i}"
     source.write_bytes(os.urandom(2 << 20))
     digest = store.add_object(source)
-    store.put_stage_record(f"k{os.getpid()}-{i}", {"key": f"k{i}", "node": f"build:w/{i}", "outputs": {"engine": digest}})
-    store.record_run([f"k{i}"])
+    components = {"kind": "build", "node": f"build:w{os.getpid()}/{i}", "inputs": {}}
+    key = stage_key(components)
+    store.put_stage_record(key, {"key": key, "components": components, "node": components["node"], "outputs": {"engine": digest}})
+    store.record_run([key])
     print(i, flush=True)
 """
 
@@ -160,10 +163,12 @@ for i in range(1000):
 def test_kills_during_object_writes_and_index_updates_leave_no_half_object(tmp_path: Path) -> None:
     root = tmp_path / "store"
     for delay in (0.25, 0.35, 0.45, 0.55):
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], stdout=subprocess.DEVNULL)
-        time.sleep(delay)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], stdout=subprocess.PIPE)
+        assert writer.stdout is not None and writer.stdout.readline()  # the first object is in: kill it in mid-stride
+        time.sleep(delay - 0.2)
         writer.send_signal(signal.SIGKILL)
         writer.wait()
+        writer.stdout.close()
     store = Store(root)
     from trtflow.store.housekeeping import verify
 

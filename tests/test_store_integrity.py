@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import trtflow
+from conftest import record_for, trtflow
 
 from trtflow.store import RUN_HISTORY, ObjectMismatch, Store
 
@@ -43,9 +43,10 @@ def stored(store: Store, data: bytes, name: str = "f") -> str:
 def test_an_object_changed_on_disk_is_quarantined_and_counts_as_missing(tmp_path: Path) -> None:
     store = Store.create(tmp_path / "store")
     digest = stored(store, b"engine bytes" * 100)
-    store.put_stage_record("k", {"outputs": {"engine": digest}})
+    key, record = record_for(digest)
+    store.put_stage_record(key, record)
     flip_byte(store.object_path(digest), keep_mtime=False)
-    assert store.stage_record("k") is None
+    assert store.stage_record(key) is None
     assert store.quarantined == [digest] and not store.object_path(digest).exists()
     assert [p.name.split(".")[0] for p in store.corrupt.iterdir()] == [digest]
 
@@ -77,13 +78,15 @@ def test_bytes_that_are_not_the_expected_object_are_refused(tmp_path: Path) -> N
 
 def test_run_history_skips_repeats_and_stays_bounded(tmp_path: Path) -> None:
     store = Store.create(tmp_path / "store")
-    store.record_run(["a", "b"])
-    store.record_run(["b", "a"])  # a no-op run repeats the last one: not a new entry
-    store.record_run(["c"])
-    assert store.recent_runs(5) == [["c"], ["a", "b"]]
-    for index in range(RUN_HISTORY + 5):
-        store.record_run([f"k{index}"])
-    assert len(store.recent_runs(1000)) == RUN_HISTORY and store.recent_runs(1) == [[f"k{RUN_HISTORY + 4}"]]
+    a, b, c = ("a" * 64, "b" * 64, "c" * 64)
+    store.record_run([a, b])
+    store.record_run([b, a])  # a no-op run repeats the last one: not a new entry
+    store.record_run([c])
+    assert store.recent_runs(5) == [[c], [a, b]]
+    keys = [f"{index:064x}" for index in range(RUN_HISTORY + 5)]
+    for key in keys:
+        store.record_run([key])
+    assert len(store.recent_runs(1000)) == RUN_HISTORY and store.recent_runs(1) == [[keys[-1]]]
 
 
 # end to end ----------------------------------------------------------------------------------

@@ -249,10 +249,11 @@ class Runner:
         return bool(bad)
 
     def _report(self) -> None:
-        """Pass on, once each, the objects the store quarantined and the remote cache's warnings."""
+        """Pass on, once each, the objects the store quarantined, what it did on its own, and the remote cache's warnings."""
         messages = [f"object {digest} was corrupt (its bytes no longer match its name): moved to {self.store.corrupt}; "
                     "what needs it is rebuilt" for digest in self.store.quarantined[self._reported:]]
         self._reported = len(self.store.quarantined)
+        messages += self.store.take_notes()
         messages += self.remote.take_warnings() if self.remote is not None else []
         for message in messages:
             self.warnings.append(message)

@@ -152,8 +152,12 @@ class Session:
                                              canonical=canonical_outputs(record))
             write_lock(self.lock_path, entries)
 
+    def store_notes(self) -> list[str]:
+        """What the store did on its own while planning (a cache started anew, a malformed record set aside)."""
+        return self.store.take_notes() if self.store is not None else []
+
     def close(self) -> None:
-        """Close the store's index."""
+        """Close the store's cache."""
         if self.store is not None:
             self.store.close()
 

@@ -77,6 +77,7 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
     session = ctx.session(recipes)
     try:
         states = list(session.plan().values())
+        output.print_warnings(session.store_notes())
     finally:
         session.close()
     if as_json:
@@ -216,7 +217,7 @@ def cache_ls(ctx: Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
 def cache_verify(ctx: Context, as_json: bool) -> None:
-    """Re-hash every object; name corrupt ones (exit 1) and move them aside so the next run rebuilds them."""
+    """Re-hash every object and check every record; name bad ones (exit 1) and move them aside so the next run rebuilds them."""
     from trtflow.store import housekeeping
 
     report = _on_store(ctx, as_json, lambda project, store: housekeeping.verify(store))
@@ -226,7 +227,7 @@ def cache_verify(ctx: Context, as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
     else:
         output.print_verify(report)
-    if report["corrupt"]:
+    if report["corrupt"] or report["set_aside"]:
         sys.exit(1)
 
 
@@ -258,7 +259,7 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
     verb = "deleted" if yes else "would delete"
     freed = report["freed"]
     click.echo(f"{verb} {len(report['records'])} records, {len(report['objects'])} objects ({output.size(freed['objects'])}), "
-               f"{output.size(freed['corrupt'])} quarantined, {output.size(freed['tmp'])} of dead runs' work dirs: {output.size(report['freed_bytes'])} in all")
+               f"{output.size(freed['corrupt'])} quarantined, {output.size(freed['tmp'])} of dead runs' work dirs and leftovers: {output.size(report['freed_bytes'])} in all")
     kept = "trtflow.lock and the packages use" + (f", and the last {keep_last} run(s) used" if keep_last else "")
     click.echo(f"kept {report['kept_records']} records, {report['kept_objects']} objects ({output.size(report['kept_bytes'])}): what {kept}")
     if not yes:
@@ -272,7 +273,9 @@ def _on_store(ctx: Context, as_json: bool, work: Callable[[Any, Any], dict]) -> 
         _no_store(project.store_dir, as_json)
         return None
     try:
-        return work(project, store)
+        report = work(project, store)
+        output.print_warnings(store.take_notes())
+        return report
     finally:
         store.close()
 

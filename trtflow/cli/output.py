@@ -210,7 +210,13 @@ def print_verify(report: dict) -> None:
     for path in report["leftovers"]:
         click.echo(f"leftover {path} (a killed write; `trtflow cache gc --yes` removes it)")
     click.echo(f"verified {report['objects']} objects ({size(report['bytes'])}) in {report['seconds']:.2f} s: "
-               f"{len(report['corrupt'])} corrupt, {len(report['missing'])} missing  [{report['store']}]")
+               f"{len(report['corrupt'])} corrupt, {len(report['missing'])} missing, {len(report['set_aside'])} malformed records  [{report['store']}]")
+
+
+def print_warnings(messages: list[str]) -> None:
+    """Each message as one `warning:` line on stderr."""
+    for message in messages:
+        click.echo(f"warning: {message}", err=True)
 
 
 def size(count: float) -> str:

@@ -1,9 +1,9 @@
-"""The store: content-addressed objects and the index of stage records (objects), per-key and run locks
+"""The store: content-addressed objects and the stage records (objects), a throwaway cache (cache), per-key and run locks
 (locks), the project's lock file (lockfile), a remote cache (remote, imports fsspec only when used),
 and listing, verifying and collecting garbage (housekeeping).
 
 A leaf: it imports nothing above it (errors, hashing, util).
 """
 
-from trtflow.store.objects import (RUN_HISTORY, WRITE_ERRNOS, ObjectMismatch, Store, StoreCorrupt, StoreWriteError,  # noqa: F401
+from trtflow.store.objects import (RUN_HISTORY, WRITE_ERRNOS, ObjectMismatch, Store, StoreWriteError,  # noqa: F401
                                    write_failure)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import concurrent.futures as futures
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from trtflow.hashing import sha256_file
+from trtflow.store.cache import remove_entry
 from trtflow.store.lockfile import LOCK_FILE, read_lock
 from trtflow.store.objects import Store
 from trtflow.store.locks import exclusive_store, remove_free_lock_files, run_is_live
@@ -55,6 +55,7 @@ def usage(store: Store, lock_keys: set[str]) -> dict:
 def verify(store: Store, threads: Optional[int] = None) -> dict:
     """Re-hash every object whatever its remembered signature (bit rot keeps mtime); quarantine corrupt ones."""
     started = time.perf_counter()
+    list(store.stage_records())  # sets malformed records aside (store.set_aside names them)
     files = [p for p in store.object_files() if DIGEST.match(p.name) and p.parent.name == p.name[:2]]
     with futures.ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:  # hashlib releases the GIL
         checked = list(pool.map(_hash_with_inode, files))
@@ -63,7 +64,7 @@ def verify(store: Store, threads: Optional[int] = None) -> dict:
     missing = [{"key": key, "node": record.get("node"), "digest": digest} for key, record in store.stage_records()
                for digest in record["outputs"].values() if digest not in moved and not store.has_object(digest)]
     return {"store": str(store.root), "objects": len(files), "bytes": sum(size for _, _, size, _ in checked),
-            "corrupt": corrupt, "missing": missing, "leftovers": [str(p) for p in _leftovers(store)],
+            "corrupt": corrupt, "missing": missing, "set_aside": list(store.set_aside), "leftovers": [str(p) for p in _leftovers(store)],
             "seconds": round(time.perf_counter() - started, 3)}
 
 
@@ -121,7 +122,7 @@ def garbage(store: Store, keep: set[str]) -> dict:
     live = keep & set(records)
     kept_digests = {digest for key in live for digest in _objects_of(records[key]) if store.has_object(digest)}
     objects = [p for p in store.object_files() if p.name not in kept_digests]
-    tmp = [p for p in _children(store.tmp) if not run_is_live(store.root, p.name)]
+    tmp = [p for p in _children(store.tmp) if not run_is_live(store.root, p.name)] + list(store.stray_files())
     corrupt = list(_children(store.corrupt))
     freed = {"objects": _sizes(objects), "corrupt": _sizes(corrupt), "tmp": _sizes(tmp)}
     return {"store": str(store.root), "records": sorted(set(records) - live), "kept_records": len(live),
@@ -140,17 +141,10 @@ def collect_garbage(store: Store, keep: set[str]) -> dict:
             path.unlink(missing_ok=True)
             store.forget_object(path.name)
         for path in map(Path, plan["corrupt"] + plan["tmp"]):
-            _remove(path)
+            remove_entry(path)
         plan["lock_files"] = len(remove_free_lock_files(store.root))
         plan["stat_entries"] = store.forget_missing_files()
     return plan
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _objects_of(record: dict) -> Iterator[str]:
@@ -176,8 +170,9 @@ def _object_sizes(store: Store) -> dict[str, int]:
 
 
 def _leftovers(store: Store) -> Iterator[Path]:
-    """Files under objects/ that are not objects: `.incoming-*` of a killed writer, strays."""
-    return (p for p in store.object_files() if not (DIGEST.match(p.name) and p.parent.name == p.name[:2]))
+    """Files that are not objects, records or runs: `.incoming-*` and temp files of a killed writer, strays."""
+    yield from (p for p in store.object_files() if not (DIGEST.match(p.name) and p.parent.name == p.name[:2]))
+    yield from store.stray_files()
 
 
 def _children(folder: Path) -> Iterator[Path]:
@@ -216,7 +211,7 @@ def sweep_leftovers(store: Store, packages_dir: Path, project_root: Path) -> lis
         except Timeout:
             continue  # a live run is placing it now
         try:
-            _remove(path)
+            remove_entry(path)
             removed.append(path)
         finally:
             lock.release()

@@ -1,14 +1,18 @@
-"""The content-addressed store: immutable objects on disk plus a JSON-only index.
+"""The content-addressed store: immutable objects and stage records as files, plus a throwaway cache.
 
 Layout under the store root:
-    objects/<aa>/<sha256>   artifact bytes, named by their digest, read-only, written atomically
-    index/                  diskcache: stage key -> outputs + record; node id -> last run; stat cache; run history
-    tmp/run-<id>/           work directories of one live run (same filesystem, so renames are atomic)
-    locks/                  inter-process locks (see storelock.py)
-    corrupt/                objects whose bytes no longer match their name, moved aside for a post-mortem
+    objects/<aa>/<sha256>     artifact bytes, named by their digest, read-only, written atomically
+    records/<kk>/<key>.json   one stage record each, written atomically; checked against its key when read
+    runs/<ns>-<pid>.json      the stage keys of each of the last RUN_HISTORY runs (`gc --keep-last N`)
+    cache.sqlite              remembered signatures and last resolutions (store/cache.py): thrown away if unreadable
+    tmp/run-<id>/             work directories of one live run (same filesystem, so renames are atomic)
+    locks/                    inter-process locks (see locks.py)
+    corrupt/                  objects and records that failed their check, moved aside for a post-mortem
 
-Index values are JSON text only. diskcache would otherwise pickle values, and a cache directory shared
-between CI runners must not be able to run code in whoever reads it.
+Every name under the store is made from a digest or a run id checked by a pattern, never read from a file:
+nothing a writer of the store puts in a record or the cache can make trtflow read, write or delete a path
+outside it. A record is JSON whose components hash back to its key; a malformed one is moved to corrupt/
+and its stage built again. Nothing is unpickled.
 
 Crash safety comes from ordering: an object is fsynced and renamed into place before any record names
 it, so a crash leaves orphan objects (gc removes them), never a record pointing at half an object.
@@ -23,26 +27,28 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import sqlite3
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, MutableMapping, Optional
 
-import diskcache
-
 from trtflow.errors import EnvironmentProblem, InternalError, TrtflowError
-from trtflow.hashing import FileDigests, file_signature, sha256_file, sha256_text
-from trtflow.util.fs import fsync_dir, fsync_file
+from trtflow.hashing import FileDigests, file_signature, sha256_file, stage_key
+from trtflow.store.cache import FILE_NAME as CACHE_FILE
+from trtflow.store.cache import Cache
+from trtflow.util.fs import atomic_write, fsync_dir, fsync_file
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 RUN_HISTORY = 50  # runs remembered for `cache gc --keep-last N`
-
-
-class StoreCorrupt(TrtflowError):
-    """The store holds something it must never hold (a pickled index entry)."""
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+RUN_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,10}$")
+LEGACY_INDEX = "index"  # the diskcache folder of older stores, imported once (import_legacy_index)
+RECORD_MAX_BYTES = 16 << 20  # a stage record is a few KiB; anything near this is not one
 
 
 class StoreWriteError(EnvironmentProblem):
@@ -67,54 +73,29 @@ def write_failure(root: Path, exc: BaseException, what: str = "") -> StoreWriteE
     return StoreWriteError(f"cannot write to the store {root}{' ' + what if what else ''}: {reason} ({hint})")
 
 
-class JsonOnlyDisk(diskcache.Disk):
-    """A diskcache Disk that stores text only and refuses to unpickle anything it finds."""
+class _MemoryView(MutableMapping[str, Any]):
+    """One prefix of the cache as a mapping of JSON objects (FileDigests' memory); anything else reads as absent."""
 
-    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
-        """Store a value that must be JSON text; anything else is a bug (diskcache would pickle it)."""
-        if not isinstance(value, str):
-            raise InternalError(f"store index values must be JSON text, got {type(value).__name__}")
-        return super().store(value, read, key=key)
-
-    def fetch(self, mode: int, filename: Any, value: Any, read: bool) -> Any:
-        """Read a value back; a pickled one raises StoreCorrupt instead of being unpickled."""
-        if mode == diskcache.core.MODE_PICKLE:
-            raise StoreCorrupt("the store index holds a pickled value; refusing to load it (delete the store's index/ folder)")
-        return super().fetch(mode, filename, value, read)
-
-    def get(self, key: Any, raw: bool) -> Any:
-        """Read a key back; a pickled one raises StoreCorrupt instead of being unpickled."""
-        if not raw:
-            raise StoreCorrupt("the store index holds a pickled key; refusing to load it (delete the store's index/ folder)")
-        return super().get(key, raw)
-
-
-class _IndexView(MutableMapping[str, Any]):
-    """One prefix of the index as a mapping of JSON values (used as FileDigests' memory)."""
-
-    def __init__(self, cache: diskcache.Cache, prefix: str):
+    def __init__(self, cache: "Cache", prefix: str):
         self._cache, self._prefix = cache, prefix
 
     def __getitem__(self, name: str) -> Any:
-        text = self._cache.get(self._prefix + name)
-        if text is None:
+        value = self._cache.get(self._prefix + name)
+        if not isinstance(value, dict):
             raise KeyError(name)
-        return json.loads(text)
+        return value
 
     def __setitem__(self, name: str, value: Any) -> None:
-        try:
-            self._cache.set(self._prefix + name, json.dumps(value))
-        except sqlite3.OperationalError as exc:
-            raise write_failure(Path(self._cache.directory).parent, exc, "(its index)") from None
+        self._cache.set(self._prefix + name, value)
 
     def __delitem__(self, name: str) -> None:
-        del self._cache[self._prefix + name]
+        self._cache.delete(self._prefix + name)
 
     def __iter__(self) -> Iterator[str]:
-        raise InternalError("the index is not iterated through a view")
+        raise InternalError("the cache is not iterated through a view")
 
     def __len__(self) -> int:
-        raise InternalError("the index is not counted through a view")
+        raise InternalError("the cache is not counted through a view")
 
 
 class Store:
@@ -123,31 +104,41 @@ class Store:
     def __init__(self, root: Path):
         self.root = root
         self.objects = root / "objects"
+        self.records = root / "records"
+        self.runs = root / "runs"
         self.tmp = root / "tmp"
         self.locks = root / "locks"
         self.corrupt = root / "corrupt"
         self.quarantined: list[str] = []  # digests moved to corrupt/ by this instance, for the run to report
-        with self.writing("(its index)"):
-            # Every value stays inside SQLite (no side files): one transaction makes an update atomic.
-            self._index = diskcache.Cache(str(root / "index"), disk=JsonOnlyDisk, disk_min_file_size=2**31 - 1)
-        self._stat = _IndexView(self._index, "stat:")
+        self.notes: list[str] = []  # records moved aside, legacy index imported: for the run to report
+        self.set_aside: list[str] = []  # file names of malformed records moved to corrupt/ by this instance
+        self._cache = Cache(root / CACHE_FILE)
+        self._stat = _MemoryView(self._cache, "stat:")
 
     @classmethod
     def create(cls, root: Path) -> "Store":
         """Open the store at `root` for a run, creating its folders first (StoreWriteError if it cannot)."""
         with cls._writing_to(root, ""):
-            for sub in ("objects", "tmp", "index", "locks"):
+            for sub in ("objects", "records", "runs", "tmp", "locks"):
                 (root / sub).mkdir(parents=True, exist_ok=True)
-        return cls(root)
+        store = cls(root)
+        import_legacy_index(store)
+        return store
 
     @classmethod
     def existing(cls, root: Path) -> Optional["Store"]:
         """The store if one was ever created at `root`, else None (planning must not create one)."""
-        return cls(root) if (root / "index").is_dir() else None
+        return cls(root) if (root / "records").is_dir() or (root / LEGACY_INDEX).is_dir() else None
 
     def close(self) -> None:
-        """Close the index (its SQLite connections)."""
-        self._index.close()
+        """Close the cache (its SQLite connection)."""
+        self._cache.close()
+
+    def take_notes(self) -> list[str]:
+        """What the store did on its own since the last call (a cache started anew, a record moved aside)."""
+        taken = self.notes + self._cache.notes
+        self.notes, self._cache.notes = [], []
+        return taken
 
     def writing(self, what: str = "") -> contextlib.AbstractContextManager:
         """Turn a failed write (disk full, EFBIG, quota, denied, SQLite full) into one StoreWriteError."""
@@ -158,8 +149,6 @@ class Store:
     def _writing_to(root: Path, what: str) -> Iterator[None]:
         try:
             yield
-        except sqlite3.OperationalError as exc:
-            raise write_failure(root, exc, what or "(its index)") from None
         except OSError as exc:
             if exc.errno not in WRITE_ERRNOS:
                 raise
@@ -184,7 +173,7 @@ class Store:
             seen = os.stat(path)
         except FileNotFoundError:
             return False
-        if self._index.get("obj:" + digest) == _signature(seen):
+        if self._cache.get("obj:" + digest) == _signature(seen):
             return True
         return self.verify_object(digest)
 
@@ -205,8 +194,7 @@ class Store:
 
     def _remember(self, digest: str, seen: os.stat_result) -> None:
         """Objects never change, so a signature seen with the right bytes vouches for them until it changes."""
-        with contextlib.suppress(StoreWriteError), self.writing():  # a read-only store only loses the shortcut
-            self._index.set("obj:" + digest, _signature(seen))
+        self._cache.set("obj:" + digest, _signature(seen))
 
     def quarantine(self, digest: str, inode: int) -> Optional[Path]:
         """Move a corrupt object (the file with `inode`) to corrupt/; None if it is gone or cannot be moved.
@@ -268,23 +256,31 @@ class Store:
                 if folder.is_dir():
                     yield from sorted(folder.iterdir())
 
+    def stray_files(self) -> Iterator[Path]:
+        """Entries under records/ and runs/ that are neither a record nor a run: temp files of a killed writer, strays."""
+        records = set(_record_files(self.records))
+        for sub in _children(self.records):
+            inner = _children(sub) if sub.is_dir() and not sub.is_symlink() else iter(())
+            yield from (p for p in inner if p not in records)
+            if not (sub.is_dir() and not sub.is_symlink()):
+                yield sub
+        runs = set(self._run_files())
+        yield from (p for p in _children(self.runs) if p not in runs)
+
     def forget_object(self, digest: str) -> None:
         """Drop the remembered signature of an object gc deleted."""
-        with self.writing():
-            self._index.delete("obj:" + digest)
+        self._cache.delete("obj:" + digest)
 
-    # index ---------------------------------------------------------------------------------
-    def _get_json(self, key: str) -> Optional[Any]:
-        text = self._index.get(key)
-        return None if text is None else json.loads(text)
-
-    def _set_json(self, key: str, value: Any) -> None:
-        with self.writing():
-            self._index.set(key, json.dumps(value, sort_keys=True))
+    # records -----------------------------------------------------------------------------
+    def record_path(self, key: str) -> Path:
+        """Where a stage's record lives: records/<first two hex digits>/<key>.json (the key must be a digest)."""
+        if not DIGEST.match(key):
+            raise InternalError(f"a stage key must be a sha256 digest, got {key[:80]!r}")
+        return self.records / key[:2] / f"{key}.json"
 
     def stage_record(self, key: str) -> Optional[dict]:
-        """The record of a finished stage, or None if unknown or any of its output objects is gone or corrupt."""
-        record = self._get_json("stage:" + key)
+        """The record of a finished stage, or None if unknown, malformed, or any of its output objects is gone or corrupt."""
+        record = self._read_record(self.record_path(key), key)
         if record is None or not all(self.object_intact(d) for d in record["outputs"].values()):
             return None
         return record
@@ -296,70 +292,189 @@ class Store:
         built just now, read back later or pulled from a remote: a package's bytes must not depend on which.
         """
         text = json.dumps(record, sort_keys=True)
-        with self.writing():
-            self._index.set("stage:" + key, text)
+        path = self.record_path(key)
+        with self.writing("(writing a stage record)"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, text)
         return json.loads(text)
 
     def stage_records(self) -> Iterator[tuple[str, dict]]:
-        """Every (key, record) in the index, whether or not its objects are present."""
-        for name in self._index.iterkeys():
-            if isinstance(name, str) and name.startswith("stage:"):
-                record = self._get_json(name)
-                if record is not None:
-                    yield name.removeprefix("stage:"), record
+        """Every well-formed (key, record) in the store, whether or not its objects are present."""
+        for path in _record_files(self.records):
+            key = path.name.removesuffix(".json")
+            record = self._read_record(path, key)
+            if record is not None:
+                yield key, record
 
     def delete_stage_record(self, key: str) -> None:
-        """Drop a stage's record from the index; the objects it names stay until gc deletes them."""
+        """Drop a stage's record; the objects it names stay until gc deletes them."""
         with self.writing():
-            self._index.delete("stage:" + key)
+            self.record_path(key).unlink(missing_ok=True)
+
+    def _read_record(self, path: Path, key: str) -> Optional[dict]:
+        """The record at `path` if it is well formed and hashes to `key`; a bad one is moved to corrupt/."""
+        try:
+            text = _read_regular(path, RECORD_MAX_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # a symlink, a folder, a FIFO: a record is a regular file or nothing
+            return self._set_aside(path, f"it is not a regular file ({exc.strerror or exc})")
+        if len(text) > RECORD_MAX_BYTES:
+            return self._set_aside(path, f"it is over {RECORD_MAX_BYTES >> 20} MiB")
+        record, problem = checked_record(text, key)
+        return record if not problem else self._set_aside(path, problem)
+
+    def _set_aside(self, path: Path, problem: str) -> None:
+        """Move a bad record to corrupt/ (its stage is built again) and say so once."""
+        target = self.corrupt / f"record-{path.name}.{time.time_ns()}"
+        try:
+            self.corrupt.mkdir(exist_ok=True)
+            os.replace(path, target)
+        except OSError:
+            pass  # a read-only store: the record is still ignored
+        self.set_aside.append(path.name)
+        self.notes.append(f"the store's record {path.name} was malformed ({problem}); moved it to corrupt/, "
+                          "its stage is built again")
+        return None
 
     def last_run(self, node_id: str) -> Optional[dict]:
         """What the node resolved to the last time it ran or was found cached (for `plan --explain`)."""
-        return self._get_json("node:" + node_id)
+        value = self._cache.get("node:" + node_id)
+        return value if isinstance(value, dict) else None
 
     def set_last_run(self, node_id: str, value: dict) -> None:
         """Remember what the node resolved to (for `plan --explain`); writes nothing if it is unchanged."""
         if self.last_run(node_id) != value:
-            self._set_json("node:" + node_id, value)
+            self._cache.set("node:" + node_id, value)
 
     def file_digests(self) -> FileDigests:
-        """A FileDigests whose stat cache lives in the index, so unchanged inputs are not re-hashed on the next run."""
+        """A FileDigests whose stat cache lives in the cache, so unchanged inputs are not re-hashed on the next run."""
         return FileDigests(self._stat)
 
     def forget_missing_files(self) -> int:
-        """Drop remembered signatures of files that no longer exist (gc); returns how many."""
-        gone = [name for name in self._index.iterkeys() if isinstance(name, str) and self._names_missing_file(name)]
-        with self.writing():
-            for name in gone:
-                self._index.delete(name)
+        """Drop remembered signatures of files and objects that no longer exist (gc); returns how many."""
+        gone = [name for prefix in ("stat:", "obj:") for name in self._cache.names(prefix) if self._names_missing_file(name)]
+        for name in gone:
+            self._cache.delete(name)
         return len(gone)
 
     def _names_missing_file(self, name: str) -> bool:
         if name.startswith("stat:"):
             return not os.path.exists(name.removeprefix("stat:"))
-        return name.startswith("obj:") and not self.has_object(name.removeprefix("obj:"))
+        digest = name.removeprefix("obj:")
+        return not (DIGEST.match(digest) and self.has_object(digest))
 
     # run history ---------------------------------------------------------------------------
     def record_run(self, keys: list[str]) -> None:
         """Remember the stage keys a run finished with (for `gc --keep-last N`); a repeat of the last run adds nothing."""
         keys = sorted(set(keys))
-        digest = sha256_text(json.dumps(keys))
-        runs = self._get_json("runs") or []
-        if runs and runs[-1]["keys_sha256"] == digest:
+        history = self._run_files()
+        if history and self._read_run(history[-1]) == keys:
             return
-        with self.writing(), self._index.transact():
-            runs = self._get_json("runs") or []
-            run_id = f"{time.time_ns()}-{os.getpid()}"
-            self._index.set("run:" + run_id, json.dumps(keys))
-            runs.append({"id": run_id, "finished": round(time.time(), 3), "keys_sha256": digest, "stages": len(keys)})
-            for old in runs[:-RUN_HISTORY]:
-                self._index.delete("run:" + old["id"])
-            self._index.set("runs", json.dumps(runs[-RUN_HISTORY:]))
+        with self.writing("(recording the run)"):
+            self.runs.mkdir(exist_ok=True)
+            atomic_write(self.runs / f"{time.time_ns()}-{os.getpid()}.json", json.dumps(keys))
+            for old in self._run_files()[:-RUN_HISTORY]:
+                old.unlink(missing_ok=True)
 
     def recent_runs(self, count: int) -> list[list[str]]:
         """The stage keys of the last `count` recorded runs, newest first."""
-        runs = (self._get_json("runs") or [])[::-1][:count]
-        return [self._get_json("run:" + run["id"]) or [] for run in runs]
+        return [self._read_run(path) for path in self._run_files()[::-1][:count]]
+
+    def _run_files(self) -> list[Path]:
+        """Run files oldest first (their names start with the time in ns)."""
+        if not self.runs.is_dir():
+            return []
+        named = [p for p in self.runs.iterdir() if p.suffix == ".json" and RUN_ID.match(p.stem)]
+        return sorted(named, key=lambda p: tuple(int(part) for part in p.stem.split("-")))
+
+    @staticmethod
+    def _read_run(path: Path) -> list[str]:
+        """A run's keys; an unreadable or malformed file counts as a run that kept nothing."""
+        try:
+            keys = json.loads(path.read_bytes()[:RECORD_MAX_BYTES])
+        except (OSError, ValueError):
+            return []
+        return [k for k in keys if isinstance(k, str) and DIGEST.match(k)] if isinstance(keys, list) else []
+
+
+def checked_record(text: bytes, key: str) -> tuple[dict, str]:
+    """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {}, "it is not JSON"
+    if not isinstance(record, dict) or record.get("key") != key:
+        return {}, "it names another key"
+    outputs = record.get("outputs")
+    if not isinstance(outputs, dict) or not all(isinstance(d, str) and DIGEST.match(d) for d in outputs.values()):
+        return {}, "its outputs are not sha256 digests"
+    components = record.get("components")
+    if not isinstance(components, dict) or stage_key(components) != key:
+        return {}, "its key components do not hash to its key"
+    return record, ""
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """Up to `limit` bytes of a regular file, never through a symlink and never blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit)
+    finally:
+        os.close(fd)
+
+
+def import_legacy_index(store: Store) -> None:
+    """Carry the stage records of a store written by an older trtflow (a diskcache index/) over to records/.
+
+    Only the SQLite table's key and value columns are read (diskcache's file-name column is never followed);
+    each record must pass `checked_record`, so a hostile row imports nothing. The old index is then removed.
+    """
+    legacy = store.root / LEGACY_INDEX
+    database = legacy / "cache.db"
+    if not legacy.is_dir() or legacy.is_symlink():
+        return
+    imported = 0
+    if database.is_file() and not database.is_symlink():
+        for key, text in _legacy_rows(database):
+            key = key.removeprefix("stage:")
+            record, problem = checked_record(text.encode("utf-8", "replace"), key) if DIGEST.match(key) else ({}, "bad key")
+            if not problem and not store.record_path(key).exists():
+                store.put_stage_record(key, record)
+                imported += 1
+    shutil.rmtree(legacy, ignore_errors=True)
+    store.notes.append(f"imported {imported} stage record(s) from the store's old index/ into records/ and removed it")
+
+
+def _legacy_rows(database: Path) -> list[tuple[str, str]]:
+    """(key, value) of the old index's text rows named stage:*; none if it cannot be read."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=10)) as db:
+            rows = db.execute("SELECT key, value FROM Cache WHERE typeof(key) = 'text' AND typeof(value) = 'text' "
+                              "AND substr(key, 1, 6) = 'stage:'").fetchall()
+    except sqlite3.Error:
+        return []
+    return [(str(key), str(value)) for key, value in rows]
+
+
+def _children(folder: Path) -> Iterator[Path]:
+    """A real folder's entries, sorted (nothing for a missing folder or a symlink to one)."""
+    return iter(sorted(folder.iterdir())) if folder.is_dir() and not folder.is_symlink() else iter(())
+
+
+def _record_files(folder: Path) -> Iterator[Path]:
+    """records/<kk>/<key>.json files whose names are digests (temp files and strays are not records)."""
+    if not folder.is_dir():
+        return
+    for sub in sorted(folder.iterdir()):
+        if sub.is_dir() and not sub.is_symlink() and re.fullmatch(r"[0-9a-f]{2}", sub.name):
+            for path in sorted(sub.iterdir()):
+                key = path.name.removesuffix(".json")
+                if path.name.endswith(".json") and DIGEST.match(key) and key[:2] == sub.name and path.is_file():
+                    yield path
 
 
 def _signature(stat: os.stat_result) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures as futures
 import copy
 import json
-import re
 import tempfile
 import threading
 import uuid
@@ -29,8 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trtflow.errors import EnvironmentProblem
-from trtflow.hashing import stage_key
-from trtflow.store.objects import ObjectMismatch, Store
+from trtflow.store.objects import ObjectMismatch, Store, checked_record
 
 CHUNK = 1 << 20
 # Short timeouts and one quick retry (s3fs's, 0.1 s later; botocore's own are off): a remote that does
@@ -40,7 +38,6 @@ S3_DEFAULTS: dict[str, Any] = {
     "skip_instance_cache": True,
 }
 S3_RETRIES = 2
-DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 class RemoteUnavailable(EnvironmentProblem):
@@ -78,7 +75,7 @@ class Remote:
         except _RemoteFailure as exc:
             self._failed(exc.__cause__ or exc, f"reading the record of {node_id}")
             return None
-        record, problem = _checked_record(text, key)
+        record, problem = checked_record(text, key)
         if problem:
             return self._reject(node_id, problem)
         for digest in record["outputs"].values():
@@ -209,23 +206,6 @@ def _filesystem(url: str, options: dict) -> tuple[Any, str]:
     if protocol in ("s3", "s3a"):
         fs.retries = S3_RETRIES
     return fs, base.rstrip("/")
-
-
-def _checked_record(text: bytes, key: str) -> tuple[dict, str]:
-    """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong)."""
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return {}, "it is not JSON"
-    if not isinstance(record, dict) or record.get("key") != key:
-        return {}, "it names another key"
-    outputs = record.get("outputs")
-    if not isinstance(outputs, dict) or not all(isinstance(d, str) and DIGEST.match(d) for d in outputs.values()):
-        return {}, "its outputs are not sha256 digests"
-    components = record.get("components")
-    if not isinstance(components, dict) or stage_key(components) != key:
-        return {}, "its key components do not hash to its key"
-    return record, ""
 
 
 def _read_chunk(source: Any) -> bytes:
