@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -104,6 +105,21 @@ def record_for(digest: str, node: str = "build:m/fp32/t") -> tuple[str, dict]:
     components = {"kind": node.split(":")[0], "node": node, "inputs": {}}
     key = stage_key(components)
     return key, {"key": key, "components": components, "node": node, "outputs": {"engine": digest}}
+
+
+def read_remote_record(path: Path) -> dict:
+    """The stage record inside a remote cache's record envelope."""
+    import base64
+
+    return json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
+
+
+def write_remote_record(path: Path, record: dict, signer=None) -> None:
+    """Put `record` in a remote cache's envelope, signed by `signer` (a trtflow.signing.Signer) or unsigned."""
+    from trtflow.signing import RECORD_TYPE, canonical_bytes, unsigned_envelope
+
+    body = canonical_bytes(record)
+    path.write_text(json.dumps(signer.envelope(RECORD_TYPE, body) if signer else unsigned_envelope(RECORD_TYPE, body)))
 
 
 def stage_record(root: Path, node_id: str) -> dict:

@@ -11,8 +11,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trtflow"
 # Leaves import nothing above them: only each other (a package may import itself).
-LEAVES = ("errors", "hashing", "manifest", "recipe", "store", "util")
-HEAVY = ("onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch", "rich", "numpy", "fsspec", "s3fs", "filelock")
+LEAVES = ("errors", "hashing", "manifest", "recipe", "signing", "store", "util")
+HEAVY = ("onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch", "rich", "numpy", "fsspec", "s3fs", "filelock", "cryptography")
 
 
 def _module_name(path: Path) -> str:
@@ -66,7 +66,7 @@ def test_planning_imports_no_heavy_library() -> None:
     assert out.strip() == "[]"
 
 
-COMMANDS = ["validate", "plan", "run", "inspect", "schema", "provision", "cache", "cache ls", "cache verify", "cache gc"]
+COMMANDS = ["validate", "plan", "run", "inspect", "schema", "provision", "keygen", "cache", "cache ls", "cache verify", "cache gc"]
 
 
 @pytest.mark.parametrize("command", [[], *[c.split() for c in COMMANDS]])

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PIPELINE, TINY_RECIPE, trtflow, write_project
+from conftest import PIPELINE, TINY_RECIPE, read_remote_record, trtflow, write_project, write_remote_record
 
 pytest.importorskip("s3fs", reason="the S3 remote needs s3fs: pip install s3fs")
 pytest.importorskip("moto.server", reason="the S3 tests need moto[server]: pip install 'moto[server]'")
@@ -160,9 +160,9 @@ def test_a_file_remote_shares_builds_and_rejects_a_forged_record(tmp_path: Path)
     assert trtflow(first, "run").code == 0
     lock = json.loads((first / "trtflow.lock").read_text())["nodes"]
     forged = shared / "records" / f"{lock['package:tiny']['key']}.json"
-    record = json.loads(forged.read_text())
+    record = read_remote_record(forged)
     record["components"]["params"]["recipe"] = "forged"  # no longer hashes to its key
-    forged.write_text(json.dumps(record))
+    write_remote_record(forged, record)
     result = trtflow(second, "run", "--json")
     assert result.code == 0, result.err
     summary = json.loads(result.out)

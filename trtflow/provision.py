@@ -22,13 +22,14 @@ E.g. sm_89 with rtx-ampere (sm_86) and rtx-ada (sm_89) engines: rtx-ada, "exact 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import BinaryIO, Iterator, Optional
+from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional
 
 from pydantic import ValidationError
 
@@ -38,6 +39,9 @@ from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.manifest import MANIFEST_FILE, Engine, Manifest
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.fs import atomic_write, atomic_writer
+
+if TYPE_CHECKING:
+    from trtflow.signing import TrustedKeys
 
 EXACT = "exact compute capability match"
 AMPERE_PLUS = "hardware-compatible build (ampere_plus runs on sm_80 and newer)"
@@ -110,6 +114,8 @@ class Package:
     path: Path
     manifest: Manifest
     root: Optional[Path]
+    manifest_sha256: str  # of the exact bytes parsed: what a signed provenance must name
+    signed_by: Optional[str] = None  # the trusted key id whose provenance covers it (require_signature)
 
 
 def judge(engine: Engine, index: int, device: Device) -> Verdict:
@@ -265,16 +271,40 @@ def load_package(path: Path) -> Package:
         raise BadPackage(f"{path}: no such file or folder")
     if path.is_dir():
         manifest = path / MANIFEST_FILE
-        return Package(path, _parse_manifest(manifest, _read_manifest(manifest) if manifest.is_file() else None), path)
+        data = _read_manifest(manifest) if manifest.is_file() else None
+        return Package(path, _parse_manifest(manifest, data), path, _sha256(data))
     if path.name.endswith((".tar.gz", ".tgz")):
         try:
             data = read_member(path, "/" + MANIFEST_FILE, MAX_MANIFEST_BYTES)
         except (tarfile.TarError, OSError, EOFError, TrtflowError) as exc:
             raise BadPackage(f"{path}: not a readable package archive ({exc}); fetch the package again") from None
-        return Package(path, _parse_manifest(path, data), None)
+        return Package(path, _parse_manifest(path, data), None, _sha256(data))
     if path.name.endswith(".json"):
-        return Package(path, _parse_manifest(path, _read_manifest(path)), path.parent)
+        data = _read_manifest(path)
+        return Package(path, _parse_manifest(path, data), path.parent, _sha256(data))
     raise BadPackage(f"{path}: not a package: pass a package folder, its .tar.gz, or its {MANIFEST_FILE}")
+
+
+def require_signature(package: Package, trust: "TrustedKeys", provenance_file: Optional[Path] = None) -> Package:
+    """The package if a trusted key signed a provenance covering its manifest (and archive); else UntrustedPackage (exit 3)."""
+    from trtflow import provenance
+
+    path = provenance_file or provenance.provenance_path(package.root if package.root is not None else package.path)
+    archive = _file_sha256(package.path) if package.root is None else None
+    _, keyid = provenance.check(path, trust, package.manifest.recipe, package.manifest_sha256, archive)
+    return dataclasses.replace(package, signed_by=keyid)
+
+
+def _sha256(data: Optional[bytes]) -> str:
+    return hashlib.sha256(data or b"").hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _read_manifest(path: Path) -> bytes:
@@ -368,6 +398,7 @@ def _record(package: Package, device: Device, chosen: Verdict, others: list[tupl
     rules = "applied" if device.runtime_version else "not applied: no --runtime-version given"
     return {
         "package": str(package.path), "recipe": package.manifest.recipe, "package_complete": package.manifest.complete,
+        "signed_by": package.signed_by,
         "package_missing": [m.model_dump() for m in package.manifest.missing],
         "device": {"gpu": device.label, "compute_capabilities": list(device.compute_capabilities), "source": device.source, "backend": device.backend, "precision": device.precision},
         "runtime": {"version": device.runtime_version, "version_rules": rules},

@@ -46,6 +46,14 @@ STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 EQUIVALENT = "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering (canonical digest matches)"
 
 
+def _first_difference(outputs: dict[str, str], locked: dict[str, str]) -> str:
+    """`model: sha256 1a2b... where the lock has 3c4d...` for the first output that differs."""
+    for role in sorted(set(outputs) | set(locked)):
+        if outputs.get(role) != locked.get(role):
+            return f"{role}: sha256 {str(outputs.get(role))[:12]}... where the lock has {str(locked.get(role))[:12]}..."
+    return "none"
+
+
 def canonical_outputs(record: dict) -> Optional[dict[str, str]]:
     """The canonical digests a stage recorded for its outputs (an engine's), or None."""
     return record["record"].get("canonical_sha256")
@@ -189,18 +197,30 @@ class Runner:
         return self.resolver.resolve(node, standing_in).key
 
     def _lock_verdict(self, state: NodeState, record: dict) -> Optional[NodeState]:
-        """Under --frozen, a node whose outputs differ from the lock's: equivalent (said in its state) or failed."""
+        """Under --frozen, a node whose outputs differ from the lock's: an equivalent engine (said in its state), a stage
+        made from one (held to the lock through its key), or refused: nothing else may differ from what was locked."""
         entry = (self.expected_keys or {}).get(state.node.id)
         if entry is None or record["outputs"] == entry.outputs:
             return state
-        canonical = canonical_outputs(record)
+        if state.node.kind != "build":
+            if any(d.node in self.equivalent for d in state.node.deps):
+                return state
+            return NodeState(state.node, FAILED, f"output differs from trtflow.lock ({_first_difference(record['outputs'], entry.outputs)}): "
+                             "refused under --frozen", key=state.key, exit_code=1)
+        canonical = self._canonical_of(record)  # recomputed from the bytes: a record's own claim is not evidence
         if canonical and canonical == entry.canonical:
             self.equivalent[state.node.id] = entry.outputs
             return NodeState(state.node, state.status, EQUIVALENT, key=state.key, components=state.components, seconds=state.seconds)
-        if state.node.kind != "build" or any(d.node in self.equivalent for d in state.node.deps):
-            return state  # made from an equivalent engine (a verify, a package): held to the lock through its key
         why = "its canonical digest differs too" if canonical and entry.canonical else "it has no canonical form to compare"
         return NodeState(state.node, FAILED, f"engine differs from trtflow.lock and {why}: not reproducible", key=state.key, exit_code=1)
+
+    def _canonical_of(self, record: dict) -> Optional[dict[str, str]]:
+        """The canonical digests of the engines a build record names, computed from the store's objects."""
+        from trtflow.backends.engine_identity import canonical_digest
+
+        claimed = canonical_outputs(record) or {}
+        digests = {role: canonical_digest(self.store.object_path(record["outputs"][role])) for role in claimed if role in record["outputs"]}
+        return digests if digests and all(digests.values()) else None
 
     def _claim(self, resolution: Resolution, running: dict) -> bool:
         """Start the node holding its key's lock, or use what was made meanwhile; False: wait (key busy, input corrupt)."""
@@ -298,11 +318,13 @@ class Runner:
         the recipe's policy no longer accepts: the node fails), then it is remembered and reported."""
         finish = getattr(stage_module(state.node.kind), "finish", None)
         try:
-            if finish is not None:
-                finish(state.node, record, self.placement)
+            repaired = finish(state.node, record, self.placement) if finish is not None else None
         except TrtflowError as exc:
             self._settle(NodeState(state.node, FAILED, str(exc), key=state.key, exit_code=exc.exit_code))
             return
+        if repaired:
+            self.warnings.append(repaired)
+            self.listener("warning", repaired)
         state = self._lock_verdict(state, record)
         if state.status == FAILED:
             self._settle(state)

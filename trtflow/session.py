@@ -21,6 +21,7 @@ from trtflow.modelcheck import check_recipe_model
 from trtflow.plan import CACHED, FAILED, NodeState, Resolver, frozen_differences, plan
 from trtflow.recipe.load import Project, load_project
 from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
+from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import Placement
 from trtflow.store import Store
 from trtflow.store.locks import RunLease, holding
@@ -45,6 +46,7 @@ class Session:
         self.resolver = Resolver(self.store, digests)
         self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
         self.repro: list = []  # --check-repro: one repro.EngineRepro per engine
+        self.signer: Optional[Signer] = None  # the environment's signing key, read when a run starts
 
     @classmethod
     def open(cls, root: Path, recipes: Iterable[str] = ()) -> "Session":
@@ -86,6 +88,7 @@ class Session:
     def run(self, options: RunOptions, listener: Optional[Listener] = None) -> dict[str, NodeState]:
         """Plan, pre-check the models that will be read, then execute what is not cached; update the lock."""
         expected = self.frozen_keys() if options.frozen else None
+        self.signer = signer_from_environment()
         remote = self._remote(options)
         # The lease comes before planning: gc must not delete what the plan is about to use.
         lease = RunLease(self.store.root) if self.store is not None else None
@@ -100,7 +103,7 @@ class Session:
             if self.store is None:
                 self._create_store()
                 lease = RunLease(self.store.root)
-            placement = Placement(self.store, self.project.packages_dir, self.resolver.digests)
+            placement = Placement(self.store, self.project.packages_dir, self.resolver.digests, self.signer)
             runner = Runner(self.dag, self.store, self.resolver, placement, options, LocalExecutor(options.jobs), listener, expected,
                             remote=remote, workroot=lease.tmp)
             states = runner.run()
@@ -137,7 +140,8 @@ class Session:
             return None
         from trtflow.store.remote import Remote
 
-        return Remote(url, self.project.pipeline.cache.options, required=options.remote_required)
+        return Remote(url, self.project.pipeline.cache.options, required=options.remote_required,
+                      signer=self.signer, trust=self.project.trusted_keys())
 
     def _update_lock(self, finished: dict[str, dict]) -> None:
         """Entries of this run's finished nodes replace old ones; nodes gone from the project are dropped."""

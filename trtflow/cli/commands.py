@@ -172,19 +172,41 @@ def schema(what: str) -> None:
 @click.option("--prefer", help="Precisions in order of preference, e.g. fp16,int8 (default: fp8,int8,fp16,bf16,fp32: fewest bits first).")
 @click.option("--allow-failed", is_flag=True, help="Also consider engines whose verification or accuracy check failed (recorded with on_fail: warn).")
 @click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write <recipe>-<precision>.engine and .json into.")
+@click.option("--require-signature", is_flag=True, help="Refuse a package unless a --trust key signed its provenance (<recipe>.intoto.jsonl beside it).")
+@click.option("--trust", "trust", multiple=True, type=click.Path(path_type=Path), help="An Ed25519 public key (PEM) whose signatures are accepted; repeatable.")
+@click.option("--provenance", "provenance_file", type=click.Path(path_type=Path), help="The provenance file, if not beside the package.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
 def provision(package: Path, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], prefer: Optional[str],
-              allow_failed: bool, dest: Path, as_json: bool) -> None:
+              allow_failed: bool, dest: Path, require_signature: bool, trust: tuple[Path, ...], provenance_file: Optional[Path],
+              as_json: bool) -> None:
     """Pick the engine of PACKAGE (folder, .tar.gz or manifest.json) that fits a GPU, verify it, write it to DEST."""
     from trtflow import provision as prov
 
+    if require_signature and not trust:
+        raise prov.BadRequest("--require-signature needs at least one --trust KEY.pub")
     loaded = prov.load_package(package)
+    if require_signature:
+        from trtflow.signing import trusted_keys
+
+        keys = trusted_keys(((path, f"--trust {path}") for path in trust), prov.BadRequest)
+        loaded = prov.require_signature(loaded, keys, provenance_file)
     device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision, prefer, allow_failed)
     record = prov.provision(loaded, device, dest)
     if as_json:
         click.echo(json.dumps(record, indent=2))
         return
     output.print_provision(record)
+
+
+@cli.command()
+@click.argument("stem", type=click.Path(path_type=Path))
+def keygen(stem: Path) -> None:
+    """Make an Ed25519 key pair STEM.key (private, mode 0600: give it to CI as TRTFLOW_SIGNING_KEY_FILE) and STEM.pub."""
+    from trtflow.signing import KEY_FILE_ENV, generate_key_pair
+
+    private, public, keyid = generate_key_pair(stem)
+    click.echo(f"wrote {private} (private: keep it out of the repository; sign with {KEY_FILE_ENV}={private})")
+    click.echo(f"wrote {public} (public, key id {keyid[:16]}: list it under cache.trust, pass it to provision --trust)")
 
 
 @cli.group()

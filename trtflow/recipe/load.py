@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pydantic
 from pydantic import BaseModel
@@ -23,6 +23,9 @@ from trtflow.recipe.schema import InputShape, Pipeline, Recipe, TargetSpec
 from trtflow.recipe.source import TorchInput
 from trtflow.recipe.yamlfile import YamlDocument, load_yaml
 from trtflow.util.cc import ComputeCapability
+
+if TYPE_CHECKING:
+    from trtflow.signing import TrustedKeys
 
 PIPELINE_FILE = "pipeline.yaml"
 
@@ -82,6 +85,15 @@ class Project:
         """The folder packages are written to (pipeline.yaml's `packages:`), under the project root."""
         return self.root / self.pipeline.packages
 
+    def trusted_keys(self) -> Optional["TrustedKeys"]:
+        """The public keys `cache.trust` names, loaded (ProjectError naming the entry); None when it names none."""
+        trust = self.pipeline.cache.trust
+        if not trust:
+            return None
+        from trtflow.signing import trusted_keys
+
+        return trusted_keys((self.root / path, f"{PIPELINE_FILE}: cache.trust[{index}]") for index, path in enumerate(trust))
+
     def recipe(self, name: str) -> RecipeFile:
         """The recipe named `name`; ProjectError listing the known names if there is none."""
         for item in self.recipes:
@@ -140,7 +152,9 @@ def load_project(root: Path) -> Project:
     _check_output_folders(root, pipeline, pipeline_doc)
     recipes = tuple(_load_recipe(root, path, pipeline) for path in _recipe_paths(root, pipeline, pipeline_doc))
     _check_unique_names(recipes)
-    return Project(root=root, pipeline=pipeline, recipes=recipes)
+    project = Project(root=root, pipeline=pipeline, recipes=recipes)
+    project.trusted_keys()  # a missing or malformed key is a project error now, not in the middle of a run
+    return project
 
 
 def _check_output_folders(root: Path, pipeline: Pipeline, document: YamlDocument) -> None:

@@ -73,6 +73,9 @@ class CacheSpec(StrictModel):
 
     remote: Optional[str] = None  # s3://bucket/prefix, file:///shared/dir, gs://...
     options: dict[str, Any] = Field(default_factory=dict)  # passed to the fsspec filesystem, e.g. endpoint_url
+    # Ed25519 public keys (PEM files, relative to the project) whose signed records are accepted from the remote;
+    # set, unsigned or otherwise signed records are rejected and built locally (see signing.py)
+    trust: list[str] = Field(default_factory=list)
 
     @field_validator("remote")
     @classmethod

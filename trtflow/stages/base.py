@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
+    from trtflow.signing import Signer
     from trtflow.calibration import Split
     from trtflow.hashing import FileDigests
     from trtflow.recipe.load import RecipeFile
@@ -208,3 +209,4 @@ class Placement:
     store: "Store"
     packages_dir: Path
     digests: "FileDigests"
+    signer: Optional["Signer"] = None  # signs each package's provenance (signing.py), when the environment holds a key

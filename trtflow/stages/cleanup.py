@@ -107,10 +107,10 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     return StageOutput(files=files, record=record)
 
 
-def finish(node: Node, record: dict, place: Placement) -> bool:
+def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
     """A cached cleanup whose proof failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
     enforce_proof(node.params.on_fail, record["record"]["equality"], PROOF_FAILED, CACHED_UNDER_WARN)
-    return False
+    return None
 
 
 def _load(onnx: Any, path: Path) -> tuple[Any, dict]:

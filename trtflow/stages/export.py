@@ -134,10 +134,10 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     return StageOutput(files=files, record=record)
 
 
-def finish(node: Node, record: dict, place: Placement) -> bool:
+def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
     enforce_proof(node.params.on_fail, record["record"]["torch_equality"], PROOF_FAILED, CACHED_UNDER_WARN)
-    return False
+    return None
 
 
 @contextlib.contextmanager

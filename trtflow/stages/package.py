@@ -137,23 +137,72 @@ def _write_sums(folder: Path) -> None:
     (folder / SUMS_FILE).write_text("\n".join(lines) + "\n")
 
 
-def finish(node: Node, record: dict, place: Placement) -> bool:
-    """Make `<packages>/<recipe>.tar.gz` and its extracted folder match the package object; False if they did."""
+def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
+    """Make `<packages>/<recipe>.tar.gz`, its extracted folder and its provenance match the package object.
+
+    Returns what was repaired (an archive or folder that differed from the package), None otherwise.
+    """
     from trtflow.store.locks import holding
 
     recipe, digest = node.recipe, record["outputs"]["package"]
-    if _package_in_place(digest, place, recipe):
-        return False
-    with holding(place.store.locks / f"package-{recipe}.lock"):  # concurrent runs write the same package folder
-        if _package_in_place(digest, place, recipe):
-            return False  # another run put it in place while this one waited
-        _checkout(place, digest, recipe)
-    return True
+    difference = _difference(digest, place, recipe)
+    if difference:
+        with holding(place.store.locks / f"package-{recipe}.lock"):  # concurrent runs write the same package folder
+            difference = _difference(digest, place, recipe)  # another run may have put it in place meanwhile
+            if difference:
+                _checkout(place, digest, recipe)
+    _write_provenance(place, recipe, record)
+    return None if difference in (None, NOT_PLACED) else f"{place.packages_dir / recipe}: {difference}; restored it from the store"
 
 
-def _package_in_place(digest: str, place: Placement, recipe: str) -> bool:
+NOT_PLACED = "not placed yet"
+
+
+def _difference(digest: str, place: Placement, recipe: str) -> Optional[str]:
+    """What differs between the placed archive and folder and the package object (None: nothing; cheap when unchanged).
+
+    The folder is compared with the listing remembered at checkout: the same files, each with its digest (files
+    are re-hashed only when their size, mtime or inode changed).
+    """
     archive, folder = place.packages_dir / f"{recipe}.tar.gz", place.packages_dir / recipe
-    return archive.is_file() and folder.is_dir() and place.digests.digest(archive) == digest
+    if not archive.exists() and not folder.exists():
+        return NOT_PLACED
+    if not archive.is_file() or place.digests.digest(archive) != digest:
+        return f"{archive.name} differs from the package built"
+    listing = place.store.package_listing(digest)
+    if listing is None or not folder.is_dir() or folder.is_symlink():
+        return "its folder is missing" if not folder.is_dir() else ("its folder was never checked" if listing is None else "its folder is a symlink")
+    present = _files_under(folder)
+    if set(present) != set(listing):
+        changed = sorted(set(present) ^ set(listing))
+        return f"its folder has other files than the package ({', '.join(changed[:3])})"
+    changed = [name for name in sorted(listing) if place.digests.digest(present[name]) != listing[name]]
+    return f"{', '.join(changed[:3])} changed" if changed else None
+
+
+def _files_under(folder: Path) -> dict[str, Path]:
+    """Every entry under `folder` by relative POSIX path (symlinks and special files included, never followed)."""
+    found = {}
+    for parent, dirs, files in os.walk(folder):
+        for name in files + [d for d in dirs if (Path(parent) / d).is_symlink()]:
+            path = Path(parent) / name
+            found[path.relative_to(folder).as_posix()] = path
+    return found
+
+
+def _write_provenance(place: Placement, recipe: str, record: dict) -> None:
+    """`<recipe>.intoto.jsonl` beside the package, rewritten only when its bytes would change (a new key, a new package)."""
+    from trtflow import provenance
+    from trtflow.manifest import MANIFEST_FILE
+    from trtflow.util.fs import atomic_write
+
+    archive = place.packages_dir / f"{recipe}.tar.gz"
+    statement = provenance.statement(recipe, place.digests.digest(archive), place.digests.digest(place.packages_dir / recipe / MANIFEST_FILE),
+                                     record["record"]["manifest"], record["key"])
+    line = provenance.envelope_line(statement, place.signer)
+    path = provenance.provenance_path(archive)
+    if not (path.is_file() and not path.is_symlink() and path.read_bytes() == line):
+        atomic_write(path, line)
 
 
 def _checkout(place: Placement, digest: str, recipe: str) -> None:
@@ -166,6 +215,8 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
     try:
         shutil.copyfile(place.store.object_path(digest), staging / "package.tar.gz")
         extract_tar(staging / "package.tar.gz", staging / "extracted")
+        extracted = _files_under(staging / "extracted" / recipe)
+        place.store.remember_package_listing(digest, {name: sha256_file(path) for name, path in extracted.items()})
         replace_dir_atomically(staging / "extracted" / recipe, packages_dir / recipe)
         os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")
     finally:

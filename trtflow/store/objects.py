@@ -347,6 +347,15 @@ class Store:
         if self.last_run(node_id) != value:
             self._cache.set("node:" + node_id, value)
 
+    def package_listing(self, digest: str) -> Optional[dict[str, str]]:
+        """The files (relative path -> sha256) a package object extracts to, as remembered at its checkout; None if unknown."""
+        value = self._cache.get("package:" + digest)
+        return value if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()) else None
+
+    def remember_package_listing(self, digest: str, listing: dict[str, str]) -> None:
+        """Remember what a package object extracts to, so a changed package folder is found without reading the archive."""
+        self._cache.set("package:" + digest, listing)
+
     def file_digests(self) -> FileDigests:
         """A FileDigests whose stat cache lives in the cache, so unchanged inputs are not re-hashed on the next run."""
         return FileDigests(self._stat)

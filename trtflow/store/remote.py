@@ -6,9 +6,12 @@ Layout under the remote URL:
     objects/<aa>/<sha256>      artifact bytes, uploaded first
 
 Nothing from the remote is trusted until checked: a record must name its key and its components must
-hash back to that key, and every object is re-hashed before it enters the local store. Any mismatch
-rejects the whole record with a warning, and the stage is built locally (then pushed, replacing the bad
-object). A remote that is down, slow or denies access costs one warning and local builds: the first
+hash back to that key, and every object is re-hashed before it enters the local store. With `cache.trust`
+set, a record must also be signed by one of those keys (a DSSE envelope, see signing.py): a writer who can
+pair a valid key with another valid object cannot sign the pair. Any failed check rejects the whole record
+with a warning, and the stage is built locally (then pushed, replacing the bad object). Records are pushed
+in an envelope, signed when the environment holds a signing key; with `cache.trust` set and no signing key,
+nothing is pushed (one warning). A remote that is down, slow or denies access costs one warning and local builds: the first
 failure switches the remote off for the rest of the run. With `--remote-required` it is an error.
 
 Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...)
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trtflow.errors import EnvironmentProblem
+from trtflow.signing import (KEY_FILE_ENV, KEY_TEXT_ENV, RECORD_TYPE, SignatureRejected, Signer, TrustedKeys, canonical_bytes,
+                             envelope_body, unsigned_envelope)
 from trtflow.store.objects import ObjectMismatch, Store, checked_record
 
 CHUNK = 1 << 20
@@ -51,13 +56,16 @@ class _RemoteFailure(Exception):
 class Remote:
     """One remote cache for one run. `pull` and `push` never raise for remote trouble unless `required`."""
 
-    def __init__(self, url: str, options: Optional[dict] = None, required: bool = False):
+    def __init__(self, url: str, options: Optional[dict] = None, required: bool = False,
+                 signer: Optional[Signer] = None, trust: Optional[TrustedKeys] = None):
         self.url = url.rstrip("/")
+        self.signer, self.trust = signer, trust
         self.shown = redacted(self.url)  # what messages print: no user info, no query (SAS tokens live there)
         self.required = required
         self.down: Optional[str] = None  # why the remote was switched off for this run
         self._warnings: list[str] = []  # appended to by push threads too
         self._lock = threading.Lock()
+        self._unsigned_noted = False
         self._rejected: set[str] = set()  # digests the remote holds wrong bytes for: re-upload them
         self._pushes: list[futures.Future] = []
         self._threads: Optional[futures.ThreadPoolExecutor] = None
@@ -75,13 +83,29 @@ class Remote:
         except _RemoteFailure as exc:
             self._failed(exc.__cause__ or exc, f"reading the record of {node_id}")
             return None
-        record, problem = checked_record(text, key)
+        record, problem = self._opened_record(text, key)
         if problem:
             return self._reject(node_id, problem)
         for digest in record["outputs"].values():
             if not store.object_intact(digest) and not self._pull_object(digest, node_id, store, workdir):
                 return None
         return store.put_stage_record(key, record)
+
+    def _opened_record(self, text: bytes, key: str) -> tuple[dict, str]:
+        """(record, "") if the envelope is signed as `cache.trust` demands and the record checks out, else ({}, why not)."""
+        try:
+            document = json.loads(text)
+        except ValueError:
+            return {}, "it is not JSON"
+        enveloped = isinstance(document, dict) and "payloadType" in document
+        try:
+            if self.trust is not None:
+                body, _ = self.trust.open(document, RECORD_TYPE)
+            else:
+                body = envelope_body(document, RECORD_TYPE) if enveloped else text
+        except SignatureRejected as exc:
+            return {}, str(exc)
+        return checked_record(body, key)
 
     def _pull_object(self, digest: str, node_id: str, store: Store, workdir: Path) -> bool:
         temp = Path(tempfile.mkstemp(dir=workdir, prefix="pull-")[1])
@@ -125,6 +149,12 @@ class Remote:
         """Upload a freshly built stage in the background: its objects first, its record last."""
         if self.down:
             return
+        if self.trust is not None and self.signer is None:
+            if not self._unsigned_noted:
+                self._unsigned_noted = True
+                self._warn(f"remote cache {self.shown}: not pushing: cache.trust requires signed records and no signing key "
+                           f"is set ({KEY_FILE_ENV} or {KEY_TEXT_ENV})")
+            return
         if self._threads is None:
             self._threads = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtflow-push")
         paths = {digest: store.object_path(digest) for digest in record["outputs"].values()}
@@ -138,7 +168,9 @@ class Remote:
                 target = f"{self._base}/objects/{digest[:2]}/{digest}"
                 if digest in self._rejected or not self._fs.exists(target):
                     self._put(target, lambda name: self._fs.put_file(str(path), name))
-            record_text = json.dumps(record, sort_keys=True).encode()
+            body = canonical_bytes(record)
+            envelope = self.signer.envelope(RECORD_TYPE, body) if self.signer else unsigned_envelope(RECORD_TYPE, body)
+            record_text = json.dumps(envelope, sort_keys=True).encode()
             self._put(f"{self._base}/records/{key}.json", lambda name: self._fs.pipe_file(name, record_text))
         except Exception as exc:  # see _read
             self._failed(exc, f"pushing {record.get('node', key)}")
