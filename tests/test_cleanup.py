@@ -146,7 +146,7 @@ def test_a_failed_proof_is_recorded_under_warn_and_fails_a_cached_cleanup_under_
     output = cleanup.run(nodes["cleanup:warn"].params, {"model": source}, tmp_path / "work")
     assert output.record["equality"]["passed"] is False
     cached = {"record": output.record}
-    assert cleanup.finish(nodes["cleanup:warn"], cached, None) is False
+    assert cleanup.finish(nodes["cleanup:warn"], cached, None) is None
     cached_under_warn = r"\(a cached result built under verify: \{on_fail: warn\}\)$"
     with pytest.raises(StageError, match=r"^the cleaned model differs from the source: .* " + cached_under_warn):
         cleanup.finish(nodes["cleanup:fail"], cached, None)

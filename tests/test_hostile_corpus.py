@@ -1,0 +1,631 @@
+"""The hostile-input corpus: YAML, models, calibration files, packages, store records and cache rows, remote
+records. Each case is a real project on disk with one hostile edit, run through the real CLI; each names the
+exit code and a fragment of the one line it must print. No case may print a traceback, hang, or touch a file
+outside the project (a sentinel file beside every project must survive every case).
+
+Exit codes: 0 recovered (a warning says what was set aside), 2 bad option, 3 invalid project, file or package,
+4 environment, 5 no engine fits.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sqlite3
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import PIPELINE, TINY_RECIPE, trtflow, write_project
+
+RECIPE = "recipes/tiny.yaml"
+MODEL = "models/tiny_cnn.onnx"
+SOURCE = "source: {onnx: models/tiny_cnn.onnx}\n"
+PROFILES = "profiles:\n  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
+INT8_RECIPE = TINY_RECIPE + "calibration: {data: calib/*.npy}\n"
+INT8_RECIPE = INT8_RECIPE.replace("precisions: [fp32]", "precisions: [int8]")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hostile edit of a project, the command that meets it, and what that command must answer."""
+
+    base: str  # "fresh": nothing built; "built": a built copy; "int8": a fresh int8 project with 4 good .npy files
+    edit: Callable[[Path], None]
+    args: tuple[str, ...]
+    code: int
+    fragment: str
+
+
+CASES: dict[str, Case] = {}
+
+
+def case(name: str, base: str, args: tuple[str, ...], code: int, fragment: str) -> Callable:
+    def register(edit: Callable[[Path], None]) -> Callable[[Path], None]:
+        assert name not in CASES, name
+        CASES[name] = Case(base, edit, args, code, fragment)
+        return edit
+    return register
+
+
+def write(relative: str, data: bytes | str) -> Callable[[Path], None]:
+    """An edit that replaces one file's bytes."""
+    def edit(root: Path) -> None:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return edit
+
+
+def add(name: str, base: str, args: tuple[str, ...], code: int, fragment: str, edit: Callable[[Path], None]) -> None:
+    case(name, base, args, code, fragment)(edit)
+
+
+# YAML ------------------------------------------------------------------------------------------------------------
+
+VALIDATE = ("validate",)
+for name, text, fragment in [
+    ("pipeline-empty", "", "pipeline.yaml:1: the file must hold a mapping"),
+    ("pipeline-list", "- a\n- b\n", "pipeline.yaml:1: the file must hold a mapping"),
+    ("pipeline-scalar", "hello\n", "pipeline.yaml:1: the file must hold a mapping"),
+    ("pipeline-python-tag", "!!python/object/apply:os.system ['touch pwned']\n", "pipeline.yaml:1: invalid YAML"),
+    ("pipeline-custom-tag", "store: !include /etc/passwd\n" + PIPELINE.split("\n", 1)[1], "invalid YAML"),
+    ("pipeline-tabs", "targets:\n\trtx: {}\n", "pipeline.yaml:2: invalid YAML"),
+    ("pipeline-targets-null", "targets:\n", "targets"),
+    ("pipeline-targets-empty", "targets: {}\n", "targets"),
+    ("pipeline-unclosed-quote", 'store: "artifacts\n', "invalid YAML"),
+    ("pipeline-complex-key", "? [a, b]\n: c\n" + PIPELINE, "pipeline.yaml:1"),
+    ("pipeline-null-key", "~: 1\n" + PIPELINE, "pipeline.yaml:1"),
+    ("pipeline-int-key", "1: 1\n" + PIPELINE, "pipeline.yaml:1"),
+    ("pipeline-store-nul-escape", 'store: "art\\0ifacts"\n' + PIPELINE.split("\n", 2)[2], "store"),
+    ("pipeline-recipes-not-list", PIPELINE.replace("recipes:\n  - recipes/*.yaml", "recipes: 5"), "recipes"),
+    ("pipeline-duplicate-target", PIPELINE + "  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}\n", "duplicate key 'rtx-ada'"),
+    ("pipeline-trust-not-list", PIPELINE + "cache: {remote: 'file:///tmp/x', trust: keys/ci.pub}\n", "cache.trust"),
+    ("pipeline-trust-missing-key", PIPELINE + "cache: {remote: 'file:///tmp/x', trust: [keys/none.pub]}\n", "cache.trust[0]"),
+    ("pipeline-sas-token-option", PIPELINE + "cache: {remote: 'az://c/p', options: {sas_token: x}}\n", "credentials do not belong"),
+    ("pipeline-bom", "\ufeff" + PIPELINE, ""),
+]:
+    add(name, "fresh", VALIDATE, 0 if name == "pipeline-bom" else 3, fragment, write("pipeline.yaml", text))
+
+for name, text, fragment in [
+    ("recipe-python-tag", "!!python/object/new:os.system [echo]\n", "invalid YAML"),
+    ("recipe-name-traversal", "name: ../../evil\n" + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
+    ("recipe-name-slash", "name: a/b\n" + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
+    ("recipe-name-empty", "name: ''\n" + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
+    ("recipe-name-nul", 'name: "a\\0b"\n' + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
+    ("recipe-name-rtl-override", 'name: "evil\\u202etxt"\n' + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
+    ("recipe-name-dotdot", "name: ..\n" + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
+    ("recipe-name-huge", "name: " + "a" * 5000 + "\n" + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
+    ("recipe-onnx-absolute-outside", TINY_RECIPE.replace(MODEL, "/etc/passwd"), "recipes/tiny.yaml:2: source.onnx"),
+    ("recipe-onnx-dotdot-outside", TINY_RECIPE.replace(MODEL, "../../../../etc/hostname"), "recipes/tiny.yaml:2: source.onnx"),
+    ("recipe-onnx-is-a-folder", TINY_RECIPE.replace(MODEL, "models"), "recipes/tiny.yaml:2: source.onnx"),
+    ("recipe-dim-huge", TINY_RECIPE.replace("max: [8,", "max: [100000000000000000000,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
+    ("recipe-dim-negative", TINY_RECIPE.replace("min: [1,", "min: [-1,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
+    ("recipe-dim-float", TINY_RECIPE.replace("min: [1,", "min: [1.5,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
+    ("recipe-dim-string", TINY_RECIPE.replace("min: [1,", "min: [one,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
+    ("recipe-dim-bool", TINY_RECIPE.replace("min: [1,", "min: [true,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
+    ("recipe-precisions-duplicate", TINY_RECIPE.replace("[fp32]", "[fp32, fp32]"), "recipes/tiny.yaml:3: precisions"),
+    ("recipe-precisions-empty", TINY_RECIPE.replace("[fp32]", "[]"), "recipes/tiny.yaml:3: precisions"),
+    ("recipe-targets-empty", TINY_RECIPE.replace("[rtx-ampere, rtx-ada]", "[]"), "recipes/tiny.yaml:4: targets"),
+    ("recipe-workspace-negative", TINY_RECIPE + "build: {workspace_mib: -1}\n", "recipes/tiny.yaml:8: build.workspace_mib"),
+    ("recipe-optimization-level-99", TINY_RECIPE + "build: {optimization_level: 99}\n", "recipes/tiny.yaml:8: build.optimization_level"),
+    ("recipe-exclude-matches-nothing", TINY_RECIPE + "exclude:\n  - {precision: fp16, target: rtx-ada}\n", "recipes/tiny.yaml:9: exclude[0]"),
+    ("recipe-profiles-huge-list", TINY_RECIPE + "".join("  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [1, 3, 32, 32], max: [1, 3, 32, 32]}\n"
+                                                          for _ in range(300)), "profiles"),
+    ("recipe-anchor-loop", "a: &a [*a]\n" + TINY_RECIPE, "recipes/tiny.yaml:1"),
+    ("recipe-binary-garbage", bytes(range(1, 256)).decode("latin-1"), "recipes/tiny.yaml"),
+]:
+    add(name, "fresh", VALIDATE, 3, fragment, write(RECIPE, text))
+
+
+@case("pipeline-is-a-folder", "fresh", VALIDATE, 3, "pipeline.yaml")
+def _pipeline_folder(root: Path) -> None:
+    (root / "pipeline.yaml").unlink()
+    (root / "pipeline.yaml").mkdir()
+
+
+@case("pipeline-is-a-fifo", "fresh", VALIDATE, 3, "pipeline.yaml: not a regular file")
+def _pipeline_fifo(root: Path) -> None:
+    (root / "pipeline.yaml").unlink()
+    os.mkfifo(root / "pipeline.yaml")
+
+
+@case("pipeline-symlink-loop", "fresh", VALIDATE, 3, "pipeline.yaml")
+def _pipeline_loop(root: Path) -> None:
+    (root / "pipeline.yaml").unlink()
+    (root / "pipeline.yaml").symlink_to("pipeline.yaml")
+
+
+@case("pipeline-symlink-to-dev-zero", "fresh", VALIDATE, 3, "pipeline.yaml: not a regular file")
+def _pipeline_zero(root: Path) -> None:
+    (root / "pipeline.yaml").unlink()
+    (root / "pipeline.yaml").symlink_to("/dev/zero")
+
+
+@case("recipe-symlink-to-dev-urandom", "fresh", VALIDATE, 3, "recipes/tiny.yaml: not a regular file")
+def _recipe_urandom(root: Path) -> None:
+    (root / RECIPE).unlink()
+    (root / RECIPE).symlink_to("/dev/urandom")
+
+
+@case("recipe-unreadable", "fresh", VALIDATE, 3, "recipes/tiny.yaml")
+def _recipe_unreadable(root: Path) -> None:
+    (root / RECIPE).chmod(0)
+    if os.geteuid() == 0:  # root reads anything: make it unreadable another way
+        (root / RECIPE).unlink()
+        (root / RECIPE).mkdir()
+
+
+# models ------------------------------------------------------------------------------------------------------------
+
+def _model(edit: Callable[[onnx.ModelProto], None]) -> Callable[[Path], None]:
+    """An edit of the project's ONNX model (saved without the checker, as an attacker would)."""
+    def apply(root: Path) -> None:
+        model = onnx.load(root / MODEL)
+        edit(model)
+        (root / MODEL).write_bytes(model.SerializeToString())
+    return apply
+
+
+def _external(location: str) -> Callable[[onnx.ModelProto], None]:
+    def edit(model: onnx.ModelProto) -> None:
+        tensor = model.graph.initializer[0]
+        tensor.ClearField("raw_data")
+        tensor.ClearField("float_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value=location)
+    return edit
+
+
+def _huge_initializer(model: onnx.ModelProto) -> None:
+    tensor = model.graph.initializer[0]
+    del tensor.dims[:]
+    tensor.dims.extend([1 << 20, 1 << 20, 1 << 10])  # claims 4 PiB of float32
+
+
+def _cycle(model: onnx.ModelProto) -> None:
+    first = model.graph.node[0]
+    first.input[0] = model.graph.node[-1].output[0]
+
+
+def _unknown_domain(model: onnx.ModelProto) -> None:
+    model.graph.node[0].domain = "evil.custom"
+    model.opset_import.add(domain="evil.custom", version=1)
+
+
+def _no_inputs(model: onnx.ModelProto) -> None:
+    del model.graph.input[:]
+
+
+def _opset(version: int) -> Callable[[onnx.ModelProto], None]:
+    def edit(model: onnx.ModelProto) -> None:
+        model.opset_import[0].version = version
+    return edit
+
+
+def _ir(version: int) -> Callable[[onnx.ModelProto], None]:
+    def edit(model: onnx.ModelProto) -> None:
+        model.ir_version = version
+    return edit
+
+
+for name, edit, fragment in [
+    ("model-external-data-traversal", _external("../../../../etc/passwd"), "recipes/tiny.yaml:2: source.onnx"),
+    ("model-external-data-absolute", _external("/etc/passwd"), "recipes/tiny.yaml:2: source.onnx"),
+    ("model-external-data-missing", _external("weights.bin"), "recipes/tiny.yaml:2: source.onnx"),
+    ("model-initializer-claims-petabytes", _huge_initializer, "recipes/tiny.yaml:2: source.onnx"),
+    ("model-graph-cycle", _cycle, "recipes/tiny.yaml:2: source.onnx"),
+    ("model-unknown-op-domain", _unknown_domain, "recipes/tiny.yaml:2: source.onnx"),
+    ("model-no-inputs", _no_inputs, "recipes/tiny.yaml"),
+    ("model-opset-999", _opset(999), "recipes/tiny.yaml:2: source.onnx"),
+    ("model-ir-version-999", _ir(999), "recipes/tiny.yaml:2: source.onnx"),
+    ("model-ir-version-0", _ir(0), "recipes/tiny.yaml:2: source.onnx"),
+]:
+    add(name, "fresh", ("run",), 3, fragment, _model(edit))
+
+
+def _truncated(root: Path) -> None:
+    data = (root / MODEL).read_bytes()
+    (root / MODEL).write_bytes(data[: len(data) // 2])
+
+
+add("model-truncated", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx", _truncated)
+add("model-is-json", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx", write(MODEL, '{"graph": {}}'))
+add("model-is-zip-bomb-header", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx", write(MODEL, b"PK\x03\x04" + b"\0" * 100))
+
+
+@case("model-is-a-fifo", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx")
+def _model_fifo(root: Path) -> None:
+    (root / MODEL).unlink()
+    os.mkfifo(root / MODEL)
+
+
+@case("model-symlink-to-dev-zero", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx")
+def _model_zero(root: Path) -> None:
+    (root / MODEL).unlink()
+    (root / MODEL).symlink_to("/dev/zero")
+
+
+# calibration files -------------------------------------------------------------------------------------------------
+
+CALIB_WHERE = "recipes/tiny.yaml:8: calibration.data"
+
+
+def _calibration(edit: Callable[[Path], None]) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        edit(root / "calib" / "batch_00.npy")
+    return apply
+
+
+def _npy_object(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+
+
+def _npy_pickle_payload(path: Path) -> None:
+    import pickle
+
+    path.write_bytes(pickle.dumps(os.system))
+
+
+def _npy(array: np.ndarray) -> Callable[[Path], None]:
+    return lambda path: np.save(path, array)
+
+
+def _npy_huge_header(path: Path) -> None:
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (" + b"1, " * 30000 + b"), }"
+    path.write_bytes(b"\x93NUMPY\x02\x00" + len(header).to_bytes(4, "little") + header)
+
+
+def _npy_claims_huge(path: Path) -> None:
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (1000000, 3, 32, 32), }"
+    header += b" " * (118 - len(header)) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 64)
+
+
+for name, edit, fragment in [
+    ("calibration-object-array", _npy_object, "pickle"),
+    ("calibration-pickle-payload", _npy_pickle_payload, "batch_00.npy"),
+    ("calibration-nan", _npy(np.full((2, 3, 32, 32), np.nan, dtype=np.float32)), "batch_00.npy"),
+    ("calibration-inf", _npy(np.full((2, 3, 32, 32), np.inf, dtype=np.float32)), "batch_00.npy"),
+    ("calibration-wrong-rank", _npy(np.zeros((2, 3, 32), dtype=np.float32)), "batch_00.npy"),
+    ("calibration-strings", _npy(np.array(["a", "b"])), "batch_00.npy"),
+    ("calibration-complex", _npy(np.zeros((2, 3, 32, 32), dtype=np.complex64)), "batch_00.npy"),
+    ("calibration-empty-batch", _npy(np.zeros((0, 3, 32, 32), dtype=np.float32)), "batch_00.npy"),
+    ("calibration-huge-header", _npy_huge_header, "batch_00.npy"),
+    ("calibration-claims-a-million-rows", _npy_claims_huge, "batch_00.npy"),
+    ("calibration-garbage", lambda path: path.write_bytes(b"\x93NUMPY garbage"), "batch_00.npy"),
+    ("calibration-fifo", lambda path: (path.unlink(), os.mkfifo(path)), "batch_00.npy"),
+]:
+    add(name, "int8", VALIDATE, 3, fragment, _calibration(edit))
+
+
+# packages (provision) ----------------------------------------------------------------------------------------------
+
+PACKAGE = "artifacts/packages/tiny"
+PROVISION = ("provision", PACKAGE, "--gpu", "sm_89", "--dest", "dest")
+
+
+def _manifest(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        path = root / PACKAGE / "manifest.json"
+        manifest = json.loads(path.read_text())
+        edit(manifest)
+        path.write_text(json.dumps(manifest))
+    return apply
+
+
+def _engine_field(field: str, value) -> Callable[[dict], None]:
+    def edit(manifest: dict) -> None:
+        for engine in manifest["engines"]:
+            engine[field] = value
+    return edit
+
+
+def _recipe_field(value: str) -> Callable[[dict], None]:
+    def edit(manifest: dict) -> None:
+        manifest["recipe"] = value
+    return edit
+
+
+for name, edit, code, fragment in [
+    ("package-engine-path-traversal", _manifest(_engine_field("file", "../../../../etc/passwd")), 3, "outside"),
+    ("package-engine-absolute-path", _manifest(_engine_field("file", "/etc/passwd")), 3, "outside"),
+    ("package-engine-backslash-path", _manifest(_engine_field("file", "engines\\..\\..\\x")), 3, "outside"),
+    ("package-engine-missing", _manifest(_engine_field("file", "engines/none.engine")), 3, "engines/none.engine"),
+    ("package-engine-wrong-digest", _manifest(_engine_field("sha256", "0" * 64)), 3, "sha256"),
+    ("package-engine-size-negative", _manifest(_engine_field("size", -1)), 3, "size"),
+    ("package-recipe-traversal", _manifest(_recipe_field("../../evil")), 3, "not a plain file name"),
+    ("package-precision-traversal", _manifest(_engine_field("precision", "../x")), 3, "not a plain file name"),
+    ("package-manifest-not-json", write(PACKAGE + "/manifest.json", "{"), 3, "not a trtflow manifest"),
+    ("package-manifest-list", write(PACKAGE + "/manifest.json", "[]"), 3, "not a trtflow manifest"),
+    ("package-manifest-deep-json", write(PACKAGE + "/manifest.json", "[" * 100000 + "]" * 100000), 3, "not a trtflow manifest"),
+    ("package-manifest-wrong-types", _manifest(_engine_field("compute_capabilities", "sm_89")), 3, "not a trtflow manifest"),
+    ("package-no-engines", _manifest(lambda m: m.update(engines=[])), 5, "no engine"),
+]:
+    add(name, "built", PROVISION, code, fragment, edit)
+
+
+def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> Callable[[Path], None]:
+    """A package archive holding one crafted member beside a real manifest."""
+    def apply(root: Path) -> None:
+        archive = root / (PACKAGE + ".tar.gz")
+        manifest = (root / PACKAGE / "manifest.json").read_bytes()
+        with tarfile.open(archive, "w:gz") as tar:
+            info = tarfile.TarInfo("tiny/manifest.json")
+            info.size = len(manifest)
+            tar.addfile(info, __import__("io").BytesIO(manifest))
+            tar.addfile(member, __import__("io").BytesIO(data) if data else None)
+    return apply
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", size: int = 0) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, size
+    return info
+
+
+ARCHIVE_PROVISION = ("provision", PACKAGE + ".tar.gz", "--gpu", "sm_89", "--dest", "dest")
+for name, edit, code, fragment in [
+    ("archive-not-gzip", write(PACKAGE + ".tar.gz", b"plain text"), 3, "not a readable package archive"),
+    ("archive-truncated", lambda root: (root / (PACKAGE + ".tar.gz")).write_bytes((root / (PACKAGE + ".tar.gz")).read_bytes()[:200]), 3,
+     "not a readable package archive"),
+    ("archive-symlink-engine", _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.SYMTYPE, "/etc/passwd")), 3, "tiny-fp32.engine"),
+    ("archive-hardlink-engine", _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.LNKTYPE, "/etc/passwd")), 3, "tiny-fp32.engine"),
+    ("archive-device-engine", _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.CHRTYPE)), 3, "tiny-fp32.engine"),
+    ("archive-engine-missing", _tar_with(_member("tiny/other", size=3), b"abc"), 3, "tiny-fp32.engine"),
+]:
+    add(name, "built", ARCHIVE_PROVISION, code, fragment, edit)
+
+
+# the store: records, cache rows, objects ---------------------------------------------------------------------------
+
+STORE = "artifacts/store"
+
+
+def _records(edit: Callable[[Path], None], which: str = "package") -> Callable[[Path], None]:
+    """Edit the record file of the project's `which` stage."""
+    def apply(root: Path) -> None:
+        key = json.loads((root / "trtflow.lock").read_text())["nodes"][f"{which}:tiny" if which != "build" else "build:tiny/fp32/rtx-ada"]["key"]
+        edit(root / STORE / "records" / key[:2] / f"{key}.json")
+    return apply
+
+
+def _replace_with(data: bytes) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        path.unlink()
+        path.write_bytes(data)
+    return edit
+
+
+def _record_outputs(value) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        record = json.loads(path.read_text())
+        record["outputs"] = value
+        path.unlink()
+        path.write_text(json.dumps(record))
+    return edit
+
+
+def _symlink_to(target: str) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        path.unlink()
+        path.symlink_to(target)
+    return edit
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+RUN = ("run", "--json")
+SET_ASIDE = "was malformed"
+for name, edit, fragment in [
+    ("record-garbage", _records(_replace_with(b"\x00\xffgarbage")), SET_ASIDE),
+    ("record-empty", _records(_replace_with(b"")), SET_ASIDE),
+    ("record-a-list", _records(_replace_with(b"[]")), SET_ASIDE),
+    ("record-outputs-path-traversal", _records(_record_outputs({"package": "../../../../etc/passwd"})), SET_ASIDE),
+    ("record-outputs-not-a-mapping", _records(_record_outputs("x")), SET_ASIDE),
+    ("record-outputs-missing", _records(_record_outputs(None)), SET_ASIDE),
+    ("record-symlink-to-outside", _records(_symlink_to("/etc/hostname")), SET_ASIDE),
+    ("record-fifo", _records(_fifo), SET_ASIDE),
+    ("record-deep-json", _records(_replace_with(b"[" * 200000 + b"]" * 200000)), SET_ASIDE),
+    ("record-of-a-build-names-another-key", _records(lambda p: p.write_text(p.read_text().replace('"key": "', '"key": "0', 1)), "build"), SET_ASIDE),
+]:
+    add(name, "built", RUN, 0, fragment, edit)
+
+
+def _cache(edit: Callable[[Path], None]) -> Callable[[Path], None]:
+    return lambda root: edit(root / STORE / "cache.sqlite")
+
+
+def _cache_rows(*rows: tuple[str, object]) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        with sqlite3.connect(path) as db:
+            for name, value in rows:
+                db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (name, value))
+    return edit
+
+
+def _flip_header(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[0:16] = b"x" * 16
+    path.write_bytes(bytes(data))
+
+
+def _cache_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+    (path / "x").write_text("x")
+
+
+CACHE_RESET = "started it anew"
+for name, edit, fragment in [
+    ("cache-not-a-database", _cache(_flip_header), CACHE_RESET),
+    ("cache-truncated", _cache(lambda p: p.write_bytes(p.read_bytes()[:100])), CACHE_RESET),
+    ("cache-is-a-folder", _cache(_cache_folder), "cache"),
+    ("cache-symlink-to-outside", _cache(_symlink_to("/etc/hostname")), CACHE_RESET),
+    ("cache-pickled-rows", _cache(_cache_rows(("node:package:tiny", __import__("pickle").dumps(os.system)))), ""),
+    ("cache-stat-row-for-a-system-file", _cache(_cache_rows(("stat:/etc/passwd", '{"sig": [1, 2, 3], "sha256": "0"}'))), ""),
+    ("cache-object-signature-lies", _cache(_cache_rows(*[(f"obj:{'0' * 64}", '"1:2:3"')])), ""),
+    ("cache-package-listing-names-outside", _cache(_cache_rows(("package:" + "0" * 64, '{"../../etc/passwd": "0"}'))), ""),
+]:
+    add(name, "built", RUN, 0, fragment, edit)
+
+
+@case("object-symlink-to-outside", "built", ("cache", "verify"), 1, "corrupt")
+def _object_symlink(root: Path) -> None:
+    objects = sorted((root / STORE / "objects").glob("*/*"))
+    objects[0].chmod(0o644)
+    objects[0].unlink()
+    objects[0].symlink_to("/etc/hostname")
+
+
+@case("records-folder-is-a-file", "built", RUN, 0, "")
+def _records_file(root: Path) -> None:
+    shutil.rmtree(root / STORE / "records")
+    (root / STORE / "records").write_text("x")
+
+
+@case("legacy-index-row-names-a-file-outside", "built", RUN, 0, "imported 0 stage record(s)")
+def _legacy_index(root: Path) -> None:
+    (root / STORE / "index").mkdir()
+    with sqlite3.connect(root / STORE / "index" / "cache.db") as db:
+        db.execute("CREATE TABLE Cache (key BLOB, raw INTEGER, mode INTEGER, filename TEXT, value BLOB)")
+        db.execute("INSERT INTO Cache VALUES ('stage:' || ?, 1, 1, ?, NULL)", ("1" * 64, str(root.parent / SENTINEL_NAME)))
+
+
+@case("lock-garbage", "built", ("run", "--frozen"), 3, "trtflow.lock")
+def _lock_garbage(root: Path) -> None:
+    (root / "trtflow.lock").write_bytes(b"\x00garbage")
+
+
+@case("lock-deep-json", "built", ("run", "--frozen"), 3, "trtflow.lock")
+def _lock_deep(root: Path) -> None:
+    (root / "trtflow.lock").write_text("[" * 100000 + "]" * 100000)
+
+
+# remote records ----------------------------------------------------------------------------------------------------
+
+REMOTE = "remote"
+
+
+def _remote_record(edit: Callable[[Path], None], node: str = "package:tiny") -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        key = json.loads((root / "trtflow.lock").read_text())["nodes"][node]["key"]
+        edit(root / REMOTE / "records" / f"{key}.json")
+        shutil.rmtree(root / STORE)  # a fresh machine: everything comes from the remote
+        shutil.rmtree(root / "artifacts" / "packages")
+    return apply
+
+
+def _envelope(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def apply(path: Path) -> None:
+        envelope = json.loads(path.read_text())
+        edit(envelope)
+        path.write_text(json.dumps(envelope))
+    return apply
+
+
+def _payload(edit: Callable[[dict], None]) -> Callable[[dict], None]:
+    def apply(envelope: dict) -> None:
+        record = json.loads(base64.b64decode(envelope["payload"]))
+        edit(record)
+        envelope["payload"] = base64.b64encode(json.dumps(record).encode()).decode()
+    return apply
+
+
+def _remote_object(root: Path) -> None:
+    """Flip a byte of the package object on the remote."""
+    digest = json.loads((root / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]["package"]
+    path = root / REMOTE / "objects" / digest[:2] / digest
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    shutil.rmtree(root / STORE)
+    shutil.rmtree(root / "artifacts" / "packages")
+
+
+REJECTED = "remote cache: rejected the record of package:tiny"
+for name, edit, fragment in [
+    ("remote-record-garbage", _remote_record(_replace_with(b"\x00garbage")), "it is not JSON"),
+    ("remote-record-wrong-payload-type", _remote_record(_envelope(lambda e: e.update(payloadType="text/plain"))), "envelope"),
+    ("remote-record-payload-not-base64", _remote_record(_envelope(lambda e: e.update(payload="%%%"))), "base64"),
+    ("remote-record-names-another-key", _remote_record(_envelope(_payload(lambda r: r.update(key="0" * 64)))), "it names another key"),
+    ("remote-record-outputs-traversal", _remote_record(_envelope(_payload(lambda r: r.update(outputs={"package": "../../etc/passwd"})))),
+     "its outputs are not sha256 digests"),
+    ("remote-record-components-edited", _remote_record(_envelope(_payload(lambda r: r["components"].update(kind="evil"))))
+     , "do not hash to its key"),
+    ("remote-record-names-a-missing-object", _remote_record(_envelope(_payload(lambda r: r.update(outputs={"package": "0" * 64})))),
+     "does not hold"),
+    ("remote-record-is-a-folder", _remote_record(lambda p: (p.unlink(), p.mkdir())), "package:tiny"),
+    ("remote-object-bytes-differ", _remote_object, "does not match its sha256"),
+]:
+    add(name, "remote", RUN, 0, fragment, edit)
+
+
+# the runner --------------------------------------------------------------------------------------------------------
+
+SENTINEL_NAME = "sentinel.txt"
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One project per base, built once; each case works on a copy."""
+    folder = tmp_path_factory.mktemp("bases")
+    built = write_project(folder / "built")
+    assert trtflow(built, "run").code == 0
+    remote = write_project(folder / "remote", pipeline=PIPELINE + f"cache: {{remote: '{(folder / 'remote' / REMOTE).as_uri()}'}}\n")
+    assert trtflow(remote, "run").code == 0
+    int8 = write_project(folder / "int8", {"tiny": INT8_RECIPE})
+    (int8 / "calib").mkdir()
+    for index in range(4):
+        np.save(int8 / "calib" / f"batch_{index:02d}.npy", np.random.default_rng(index).random((2, 3, 32, 32), dtype=np.float32))
+    return {"built": built, "remote": remote, "int8": int8}
+
+
+def project_for(base: str, bases: dict[str, Path], tmp_path: Path) -> Path:
+    root = tmp_path / "case" / "proj"
+    if base == "fresh":
+        write_project(root)
+    else:
+        shutil.copytree(bases[base], root, symlinks=True)
+        if base == "remote":  # the remote's URL names the base's folder: point it at the copy
+            text = (root / "pipeline.yaml").read_text()
+            (root / "pipeline.yaml").write_text(text.replace(bases[base].as_uri(), root.as_uri()))
+    return root
+
+
+def test_the_corpus_is_large_enough() -> None:
+    kinds = {name.split("-")[0] for name in CASES}
+    assert len(CASES) >= 80 and kinds >= {"pipeline", "recipe", "model", "calibration", "package", "archive", "record", "cache", "remote"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_input(name: str, bases: dict[str, Path], tmp_path: Path) -> None:
+    spec = CASES[name]
+    root = project_for(spec.base, bases, tmp_path)
+    sentinel = tmp_path / "case" / SENTINEL_NAME
+    sentinel.write_text("must survive")
+    spec.edit(root)
+    result = trtflow(root, *spec.args)
+    shown = f"{name}: exit {result.code}\nstdout: {result.out[-2000:]}\nstderr: {result.err[-2000:]}"
+    assert "Traceback" not in result.out + result.err, shown
+    assert result.code == spec.code, shown
+    if spec.code != 0:
+        lines = [line for line in result.err.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1 and spec.fragment in lines[0], shown
+    else:
+        assert spec.fragment in result.out + result.err, shown
+    assert sentinel.read_text() == "must survive", shown
+    assert not list(tmp_path.glob("case/pwned*")) and not (root / "pwned").exists()
