@@ -75,10 +75,10 @@ def add(name: str, base: str, args: tuple[str, ...], code: int, fragment: str, e
 
 VALIDATE = ("validate",)
 for name, text, fragment in [
-    ("pipeline-empty", "", "pipeline.yaml:1: the file must hold a mapping"),
+    ("pipeline-empty", "", "pipeline.yaml:1: targets: required field is missing"),
     ("pipeline-list", "- a\n- b\n", "pipeline.yaml:1: the file must hold a mapping"),
     ("pipeline-scalar", "hello\n", "pipeline.yaml:1: the file must hold a mapping"),
-    ("pipeline-python-tag", "!!python/object/apply:os.system ['touch pwned']\n", "pipeline.yaml:1: invalid YAML"),
+    ("pipeline-python-tag", "!!python/object/apply:os.system ['touch pwned']\n", "pipeline.yaml:1: invalid YAML: tag tag:yaml.org,2002:python/object/apply:os.system is not supported"),
     ("pipeline-custom-tag", "store: !include /etc/passwd\n" + PIPELINE.split("\n", 1)[1], "invalid YAML"),
     ("pipeline-tabs", "targets:\n\trtx: {}\n", "pipeline.yaml:2: invalid YAML"),
     ("pipeline-targets-null", "targets:\n", "targets"),
@@ -120,10 +120,9 @@ for name, text, fragment in [
     ("recipe-workspace-negative", TINY_RECIPE + "build: {workspace_mib: -1}\n", "recipes/tiny.yaml:8: build.workspace_mib"),
     ("recipe-optimization-level-99", TINY_RECIPE + "build: {optimization_level: 99}\n", "recipes/tiny.yaml:8: build.optimization_level"),
     ("recipe-exclude-matches-nothing", TINY_RECIPE + "exclude:\n  - {precision: fp16, target: rtx-ada}\n", "recipes/tiny.yaml:9: exclude[0]"),
-    ("recipe-profiles-huge-list", TINY_RECIPE + "".join("  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [1, 3, 32, 32], max: [1, 3, 32, 32]}\n"
-                                                          for _ in range(300)), "profiles"),
+    ("recipe-mapping-tag", TINY_RECIPE.replace("profiles:\n", "profiles: !!python/object:os.PathLike\n"), "recipes/tiny.yaml:5: invalid YAML: tag"),
     ("recipe-anchor-loop", "a: &a [*a]\n" + TINY_RECIPE, "recipes/tiny.yaml:1"),
-    ("recipe-binary-garbage", bytes(range(1, 256)).decode("latin-1"), "recipes/tiny.yaml"),
+    ("recipe-binary-garbage", bytes(range(1, 256)).decode("latin-1"), "recipes/tiny.yaml:1: invalid YAML: character 0x01 is not allowed"),
 ]:
     add(name, "fresh", VALIDATE, 3, fragment, write(RECIPE, text))
 
@@ -219,19 +218,20 @@ def _ir(version: int) -> Callable[[onnx.ModelProto], None]:
     return edit
 
 
-for name, edit, fragment in [
-    ("model-external-data-traversal", _external("../../../../etc/passwd"), "recipes/tiny.yaml:2: source.onnx"),
-    ("model-external-data-absolute", _external("/etc/passwd"), "recipes/tiny.yaml:2: source.onnx"),
-    ("model-external-data-missing", _external("weights.bin"), "recipes/tiny.yaml:2: source.onnx"),
-    ("model-initializer-claims-petabytes", _huge_initializer, "recipes/tiny.yaml:2: source.onnx"),
-    ("model-graph-cycle", _cycle, "recipes/tiny.yaml:2: source.onnx"),
-    ("model-unknown-op-domain", _unknown_domain, "recipes/tiny.yaml:2: source.onnx"),
-    ("model-no-inputs", _no_inputs, "recipes/tiny.yaml"),
-    ("model-opset-999", _opset(999), "recipes/tiny.yaml:2: source.onnx"),
-    ("model-ir-version-999", _ir(999), "recipes/tiny.yaml:2: source.onnx"),
-    ("model-ir-version-0", _ir(0), "recipes/tiny.yaml:2: source.onnx"),
+for name, edit, code, fragment in [
+    ("model-external-data-traversal", _external("../../../../etc/passwd"), 3, "recipes/tiny.yaml:2: source.onnx"),
+    ("model-external-data-absolute", _external("/etc/passwd"), 3, "recipes/tiny.yaml:2: source.onnx"),
+    ("model-external-data-missing", _external("weights.bin"), 3, "recipes/tiny.yaml:2: source.onnx"),
+    ("model-graph-cycle", _cycle, 3, "recipes/tiny.yaml:2: source.onnx: the graph has a cycle through node"),
+    ("model-no-inputs", _no_inputs, 3, "recipes/tiny.yaml"),
+    # well-formed protobuf that no runtime can load: its cleanup stage fails (exit 1), saying why in one line
+    ("model-initializer-claims-petabytes", _huge_initializer, 1, "failed   cleanup:tiny: ONNX Runtime cannot load the model:"),
+    ("model-unknown-op-domain", _unknown_domain, 1, "cleanup:tiny: ONNX Runtime cannot load the model: Fatal error: evil.custom:Conv(-1) is not a registered"),
+    ("model-opset-999", _opset(999), 1, "cleanup:tiny: ONNX Runtime cannot load the model:"),
+    ("model-ir-version-999", _ir(999), 1, "cleanup:tiny: ONNX Runtime cannot load the model: Unsupported model IR version: 999"),
+    ("model-ir-version-0", _ir(0), 0, "7 built"),  # cleanup normalizes the IR version (issue: legacy ONNX)
 ]:
-    add(name, "fresh", ("run",), 3, fragment, _model(edit))
+    add(name, "fresh", ("run",), code, fragment, _model(edit))
 
 
 def _truncated(root: Path) -> None:
@@ -312,7 +312,7 @@ for name, edit, fragment in [
 # packages (provision) ----------------------------------------------------------------------------------------------
 
 PACKAGE = "artifacts/packages/tiny"
-PROVISION = ("provision", PACKAGE, "--gpu", "sm_89", "--dest", "dest")
+PROVISION = ("provision", "{root}/" + PACKAGE, "--gpu", "sm_89", "--dest", "{root}/dest")
 
 
 def _manifest(edit: Callable[[dict], None]) -> Callable[[Path], None]:
@@ -338,19 +338,19 @@ def _recipe_field(value: str) -> Callable[[dict], None]:
 
 
 for name, edit, code, fragment in [
-    ("package-engine-path-traversal", _manifest(_engine_field("file", "../../../../etc/passwd")), 3, "outside"),
-    ("package-engine-absolute-path", _manifest(_engine_field("file", "/etc/passwd")), 3, "outside"),
-    ("package-engine-backslash-path", _manifest(_engine_field("file", "engines\\..\\..\\x")), 3, "outside"),
+    ("package-engine-path-traversal", _manifest(_engine_field("file", "../../../../etc/passwd")), 3, "escapes the package"),
+    ("package-engine-absolute-path", _manifest(_engine_field("file", "/etc/passwd")), 3, "escapes the package"),
+    ("package-engine-backslash-path", _manifest(_engine_field("file", "engines\\..\\..\\x")), 3, "escapes the package"),
     ("package-engine-missing", _manifest(_engine_field("file", "engines/none.engine")), 3, "engines/none.engine"),
     ("package-engine-wrong-digest", _manifest(_engine_field("sha256", "0" * 64)), 3, "sha256"),
-    ("package-engine-size-negative", _manifest(_engine_field("size", -1)), 3, "size"),
+    ("package-engine-size-negative", _manifest(_engine_field("size", -1)), 3, "not a trtflow manifest: engines.0.size"),
     ("package-recipe-traversal", _manifest(_recipe_field("../../evil")), 3, "not a plain file name"),
     ("package-precision-traversal", _manifest(_engine_field("precision", "../x")), 3, "not a plain file name"),
     ("package-manifest-not-json", write(PACKAGE + "/manifest.json", "{"), 3, "not a trtflow manifest"),
     ("package-manifest-list", write(PACKAGE + "/manifest.json", "[]"), 3, "not a trtflow manifest"),
     ("package-manifest-deep-json", write(PACKAGE + "/manifest.json", "[" * 100000 + "]" * 100000), 3, "not a trtflow manifest"),
     ("package-manifest-wrong-types", _manifest(_engine_field("compute_capabilities", "sm_89")), 3, "not a trtflow manifest"),
-    ("package-no-engines", _manifest(lambda m: m.update(engines=[])), 5, "no engine"),
+    ("package-no-engines", _manifest(lambda m: m.update(engines=[])), 5, "no engine in package tiny fits sm_89"),
 ]:
     add(name, "built", PROVISION, code, fragment, edit)
 
@@ -374,7 +374,7 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", size: int 
     return info
 
 
-ARCHIVE_PROVISION = ("provision", PACKAGE + ".tar.gz", "--gpu", "sm_89", "--dest", "dest")
+ARCHIVE_PROVISION = ("provision", "{root}/" + PACKAGE + ".tar.gz", "--gpu", "sm_89", "--dest", "{root}/dest")
 for name, edit, code, fragment in [
     ("archive-not-gzip", write(PACKAGE + ".tar.gz", b"plain text"), 3, "not a readable package archive"),
     ("archive-truncated", lambda root: (root / (PACKAGE + ".tar.gz")).write_bytes((root / (PACKAGE + ".tar.gz")).read_bytes()[:200]), 3,
@@ -618,13 +618,13 @@ def test_hostile_input(name: str, bases: dict[str, Path], tmp_path: Path) -> Non
     sentinel = tmp_path / "case" / SENTINEL_NAME
     sentinel.write_text("must survive")
     spec.edit(root)
-    result = trtflow(root, *spec.args)
+    result = trtflow(root, *(arg.format(root=root) for arg in spec.args))
     shown = f"{name}: exit {result.code}\nstdout: {result.out[-2000:]}\nstderr: {result.err[-2000:]}"
     assert "Traceback" not in result.out + result.err, shown
     assert result.code == spec.code, shown
-    if spec.code != 0:
+    if spec.code in (2, 3, 4, 5):  # refused: one line says why (no engine fits: then one line per engine)
         lines = [line for line in result.err.splitlines() if line.startswith("error: ")]
-        assert len(lines) == 1 and spec.fragment in lines[0], shown
+        assert (len(lines) == 1 or spec.code == 5) and spec.fragment in lines[0], shown
     else:
         assert spec.fragment in result.out + result.err, shown
     assert sentinel.read_text() == "must survive", shown

@@ -81,7 +81,7 @@ def matching_files(spec: "Calibration", root: Path) -> list[str]:
     suffixes = DATA_SUFFIXES if field == "data" else IMAGE_SUFFIXES
     folder = root / pattern
     paths = folder.rglob("*") if field != "data" and folder.is_dir() else (Path(p) for p in glob.glob(str(root / pattern), recursive=True))
-    return sorted(Path(os.path.relpath(p, root)).as_posix() for p in paths if p.is_file() and p.suffix.lower() in suffixes)
+    return sorted(Path(os.path.relpath(p, root)).as_posix() for p in paths if not p.is_dir() and p.suffix.lower() in suffixes)
 
 
 def plan_split(item: "RecipeFile", root: Path) -> Optional[Split]:
@@ -95,6 +95,11 @@ def plan_split(item: "RecipeFile", root: Path) -> Optional[Split]:
         field, pattern = declared_pattern(spec)
         kinds = "/".join(DATA_SUFFIXES if field == "data" else IMAGE_SUFFIXES)
         raise ProjectError(f"{item.where('calibration', *field.split('.'))}: no {kinds} file matches {pattern!r}")
+    special = next((name for name in files if not (root / name).is_file()), None)
+    if special is not None:
+        field, _ = declared_pattern(spec)
+        raise ProjectError(f"{item.where('calibration', *field.split('.'))}: {special} is not a regular file (a FIFO, a device or a "
+                           "broken link); calibration reads files only")
     return split(files, spec.seed, min(item.recipe.accuracy.samples, len(files) // 2), spec.samples)
 
 
@@ -144,7 +149,7 @@ def _arrays(relative: str, path: Path, model_inputs: dict[str, dict]) -> dict[st
         with np.load(path, allow_pickle=False) as loaded:
             return {name: loaded[name] for name in loaded.files}
     except (ValueError, OSError, EOFError) as exc:
-        raise StageError(f"{relative}: cannot read it: {exc}") from None
+        raise StageError(f"{relative}: cannot read it: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
 
 
 def _npy(relative: str, array: "np.ndarray", model_inputs: dict[str, dict]) -> dict[str, "np.ndarray"]:
@@ -228,7 +233,18 @@ def check_sample(sample: Sample, model_inputs: dict[str, dict], profiles: list[d
     for name, meta in model_inputs.items():
         if meta["dtype"] is not None and str(sample.feed[name].dtype) != meta["dtype"]:
             return f"{sample.origin}: input {name!r} is {sample.feed[name].dtype}, the model takes {meta['dtype']}"
-    return _shape_problem(sample, model_inputs, profiles)
+    return _shape_problem(sample, model_inputs, profiles) or _non_finite(sample)
+
+
+def _non_finite(sample: Sample) -> Optional[str]:
+    """NaN or infinite values would poison the calibration ranges (and every scale computed from them)."""
+    import numpy as np
+
+    for name, array in sample.feed.items():
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            bad = int(array.size - np.isfinite(array).sum())
+            return f"{sample.origin}: input {name!r} holds {bad} NaN or infinite value(s) of {array.size}"
+    return None
 
 
 def _shape_problem(sample: Sample, model_inputs: dict[str, dict], profiles: list[dict]) -> Optional[str]:

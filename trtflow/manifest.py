@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
 
@@ -144,7 +144,7 @@ class Engine(_Model):
 
     file: str
     sha256: str
-    size: int
+    size: int = Field(ge=0)
     precision: str
     calibration: Optional[Calibration] = None  # int8/fp8 only
     target: str

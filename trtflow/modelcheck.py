@@ -70,7 +70,30 @@ def _load(item: RecipeFile, path: Path) -> Any:
     if not model.graph.node and not model.graph.output:
         raise ProjectError(f"{item.where('source', 'onnx')}: {item.recipe.source.onnx} holds no ONNX graph")
     _check_external_data(item, model, path)
+    _check_acyclic(item, model)
     return model
+
+
+def _check_acyclic(item: RecipeFile, model: Any) -> None:
+    """A node that (through others) consumes its own output makes a cycle no tool can order: refuse it by name."""
+    producers = {output: index for index, node in enumerate(model.graph.node) for output in node.output if output}
+    waiting = {index: {producers[name] for name in node.input if name in producers} for index, node in enumerate(model.graph.node)}
+    ready = [index for index, deps in waiting.items() if not deps]
+    consumers: dict[int, list[int]] = {}
+    for index, deps in waiting.items():
+        for dep in deps:
+            consumers.setdefault(dep, []).append(index)
+    while ready:
+        done = ready.pop()
+        for user in consumers.get(done, []):
+            waiting[user].discard(done)
+            if not waiting[user]:
+                ready.append(user)
+        waiting.pop(done)
+    if waiting:
+        node = model.graph.node[min(waiting)]
+        raise ProjectError(f"{item.where('source', 'onnx')}: the graph has a cycle through node {node.name or node.op_type!r} "
+                           f"({len(waiting)} node(s) depend on their own outputs): not a valid ONNX model")
 
 
 def _check_backend_limits(item: RecipeFile, model: Any, pipeline: Pipeline) -> None:

@@ -9,6 +9,7 @@ The local process pool (executors.local) is the default; a distributed executor 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +65,21 @@ def run_task(task: StageTask) -> StageResult:
     except TrtflowError as exc:
         return StageResult.failure(str(exc), exc.exit_code, traceback.format_exc())
     except Exception as exc:  # a library failed inside the stage: report it as the stage's failure
-        return StageResult.failure(f"{type(exc).__name__}: {exc}", StageError.exit_code, traceback.format_exc(), _errno(exc))
+        return StageResult.failure(library_failure(exc), StageError.exit_code, traceback.format_exc(), _errno(exc))
     return StageResult(files={name: str(path) for name, path in output.files.items()}, record=output.record)
+
+
+_ORT_LOAD = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : Load model from .*? failed:\s*")
+_CXX_LOCATION = re.compile(r"^/\S+\.(?:cc|h|cpp):\d+ .*?\) (?=\S)")
+
+
+def library_failure(exc: BaseException) -> str:
+    """One readable line for an exception a library raised inside a stage (ONNX Runtime's load errors shortened)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    shortened = _ORT_LOAD.sub("", text)
+    if shortened != text:
+        return "ONNX Runtime cannot load the model: " + _CXX_LOCATION.sub("", shortened)[:400]
+    return f"{type(exc).__name__}: {text}"[:600]
 
 
 def _errno(exc: Optional[BaseException]) -> Optional[int]:

@@ -8,6 +8,7 @@ Paths in recipes are relative to the project root (the folder holding pipeline.y
 from __future__ import annotations
 
 import glob
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -145,7 +146,7 @@ def _validate(model: type[BaseModel], document: YamlDocument, display: str, extr
 def load_project(root: Path) -> Project:
     """Load and cross-check pipeline.yaml and every recipe it names; raises ProjectError on any problem."""
     root = root.resolve()
-    if not (root / PIPELINE_FILE).is_file():
+    if not os.path.lexists(root / PIPELINE_FILE):
         raise ProjectError(f"{PIPELINE_FILE}: not found in {root} (run trtflow in the project folder or pass -C DIR)")
     pipeline_doc = load_yaml(root / PIPELINE_FILE, PIPELINE_FILE)
     pipeline = _validate(Pipeline, pipeline_doc, PIPELINE_FILE)

@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover - depends on how PyYAML was built
 import yaml.constructor
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 Loc = tuple  # a path of keys and indices, e.g. ("profiles", 0, "inputs", "x", "min")
 
 
@@ -54,6 +55,9 @@ def load_yaml(path: Path, display: str) -> YamlDocument:
     _check_flow_depth(text, display)
     try:
         node = yaml.compose(text, Loader=_Loader)
+    except yaml.reader.ReaderError as exc:  # a control character: name its line (the reader counts characters only)
+        line = text[:exc.position].count("\n") + 1
+        raise ProjectError(f"{display}:{line}: invalid YAML: character {_shown(exc.character)} is not allowed in a YAML file") from None
     except yaml.YAMLError as exc:
         raise ProjectError(f"{display}{_yaml_problem(exc)}") from None
     except RecursionError:
@@ -101,11 +105,17 @@ def _check_flow_depth(text: str, display: str) -> None:
             depth -= 1
 
 
+def _shown(character: Any) -> str:
+    """0x01 for a control character (the reader gives its code or the character itself)."""
+    code = character if isinstance(character, int) else ord(character) if isinstance(character, str) and len(character) == 1 else None
+    return f"{code:#04x}" if code is not None else repr(character)
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """`:4: invalid YAML: did not find expected ',' or ']' (while parsing a flow sequence opened at line 3)`."""
     mark = getattr(exc, "problem_mark", None)
     line = f":{mark.line + 1}" if mark is not None else ""
-    problem = getattr(exc, "problem", None) or str(exc)
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
     context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
     if context and context_mark is not None and (mark is None or context_mark.line != mark.line):
         problem += f" ({context} opened at line {context_mark.line + 1})"
@@ -128,6 +138,9 @@ class _Builder:
             what = f"more than {MAX_VALUES} values (aliases expand)" if self._values > MAX_VALUES else f"nested deeper than {MAX_DEPTH} levels"
             raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: {what}")
         self.lines.setdefault(loc, node.start_mark.line + 1)
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in PLAIN_COLLECTION_TAGS:
+            raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: invalid YAML: tag {node.tag} is not supported "
+                               "(trtflow reads plain mappings, lists and scalars)")
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, loc)
         if isinstance(node, yaml.SequenceNode):

@@ -19,6 +19,7 @@ from trtflow.util.fs import atomic_write
 
 LOCK_FILE = "trtflow.lock"
 LOCK_VERSION = 1
+MAX_LOCK_BYTES = 64 << 20  # a lock of thousands of stages is a few MB
 NOTE = "Written by `trtflow run`: every stage's key, key components and output digests. Commit it; `trtflow run --frozen` fails if the plan no longer matches it."
 
 
@@ -47,11 +48,11 @@ def read_lock(path: Path) -> Optional[dict[str, LockEntry]]:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes()[:MAX_LOCK_BYTES])
         if data.get("version") != LOCK_VERSION:
             raise ProjectError(f"{path.name}: lock version {data.get('version')!r} is not {LOCK_VERSION}; run without --frozen to rewrite it")
         return {node: LockEntry.from_json(entry) for node, entry in (data.get("nodes") or {}).items()}
-    except (ValueError, AttributeError, KeyError, TypeError) as exc:
+    except (ValueError, AttributeError, KeyError, TypeError, RecursionError) as exc:
         raise ProjectError(f"{path.name}: unreadable lock file ({type(exc).__name__}: {exc}); delete it and run again") from None
 
 

@@ -118,17 +118,25 @@ class Store:
     @classmethod
     def create(cls, root: Path) -> "Store":
         """Open the store at `root` for a run, creating its folders first (StoreWriteError if it cannot)."""
+        notes = []
         with cls._writing_to(root, ""):
             for sub in ("objects", "records", "runs", "tmp", "locks"):
+                if os.path.lexists(root / sub) and not (root / sub).is_dir() or (root / sub).is_symlink():
+                    notes.append(_move_aside(root, sub))
                 (root / sub).mkdir(parents=True, exist_ok=True)
         store = cls(root)
+        store.notes += notes
         import_legacy_index(store)
         return store
 
     @classmethod
     def existing(cls, root: Path) -> Optional["Store"]:
         """The store if one was ever created at `root`, else None (planning must not create one)."""
-        return cls(root) if (root / "records").is_dir() or (root / LEGACY_INDEX).is_dir() else None
+        if not ((root / "records").is_dir() or (root / LEGACY_INDEX).is_dir()):
+            return None
+        store = cls(root)
+        import_legacy_index(store)
+        return store
 
     def close(self) -> None:
         """Close the cache (its SQLite connection)."""
@@ -411,7 +419,7 @@ def checked_record(text: bytes, key: str) -> tuple[dict, str]:
     """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong)."""
     try:
         record = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}, "it is not JSON"
     if not isinstance(record, dict) or record.get("key") != key:
         return {}, "it names another key"
@@ -422,6 +430,14 @@ def checked_record(text: bytes, key: str) -> tuple[dict, str]:
     if not isinstance(components, dict) or stage_key(components) != key:
         return {}, "its key components do not hash to its key"
     return record, ""
+
+
+def _move_aside(root: Path, sub: str) -> str:
+    """Move a store entry that should be a folder (and is a file or a symlink) to corrupt/; say so."""
+    target = root / "corrupt" / f"{sub}.{time.time_ns()}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(root / sub, target)
+    return f"the store's {sub}/ was not a folder; moved it to {target} and started {sub}/ anew"
 
 
 def _read_regular(path: Path, limit: int) -> bytes:
