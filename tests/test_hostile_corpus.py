@@ -17,12 +17,12 @@ import sqlite3
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from conftest import PIPELINE, TINY_RECIPE, trtflow, write_project
 

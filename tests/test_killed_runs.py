@@ -3,13 +3,19 @@ half-placed packages and lock temp files, and a package folder is replaced witho
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import trtflow, write_project
 from trtflow.util.archive import replace_dir_atomically
@@ -93,3 +99,80 @@ def _alive(pids: set[int]) -> list[int]:
         except OSError:
             pass
     return found
+
+
+# twenty-odd kills ----------------------------------------------------------------------------------------------------
+
+# Where a run is killed on purpose (trtflow/util/faults.py), in an order that reaches each: objects are placed only
+# while something builds (the first three runs), the provenance and the lock change whenever the packages do.
+CRASH_POINTS = ["object-placed", "package-extracted", "package-swapped", "write:trtflow.lock", "write:tiny.intoto.jsonl",
+                "package-swapped", "write:trtflow.lock", "package-extracted"]
+RANDOM_KILLS = 16
+
+
+def _session_members(session: int) -> list[int]:
+    """Live (not zombie) processes of a session: what a killed run left running."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _leftover_files(root: Path) -> list[Path]:
+    packages = root / "artifacts" / "packages"
+    beside = list(packages.glob(".*")) if packages.is_dir() else []
+    return beside + list(root.glob(".trtflow.lock.*"))
+
+
+@pytest.mark.slow
+def test_runs_killed_at_twenty_four_points_always_recover(tmp_path: Path) -> None:
+    """Each run changes the packages (the model alternates between three weight sets) and is killed: first at named
+    points (an object, the package swap, the lock and provenance writes), then at random moments. After each kill:
+    no process of the run survives, the next run exits 0, `cache verify` is clean, nothing is left beside the
+    packages or the lock, and the package folder, archive and manifest agree."""
+    import numpy as np
+
+    from conftest import example_models
+
+    root = write_project(tmp_path / "p")
+    variants = [example_models().tiny_cnn(np.random.default_rng(seed)).SerializeToString() for seed in range(3)]
+    rng = random.Random(20261123)
+    plan = [("point", point) for point in CRASH_POINTS] + [("random", rng.uniform(0.3, 4.0)) for _ in range(RANDOM_KILLS)]
+    for index, (how, where) in enumerate(plan):
+        (root / "models" / "tiny_cnn.onnx").write_bytes(variants[index % 3])
+        env = {**os.environ, **({"TRTFLOW_CRASH_AT": where} if how == "point" else {})}
+        run = subprocess.Popen([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        if how == "random":
+            time.sleep(where)
+            run.send_signal(signal.SIGKILL)
+        code = run.wait(timeout=300)
+        assert how == "random" or code == -signal.SIGKILL, f"kill {index}: the run never reached {where} (exit {code})"
+        deadline = time.monotonic() + 10
+        while _session_members(run.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _session_members(run.pid) == [], f"kill {index} ({how} {where}): processes of the run survived"
+        _assert_recovers(root, f"kill {index} ({how} {where})")
+
+
+def _assert_recovers(root: Path, label: str) -> None:
+    """The next run exits 0 and leaves a clean store, no leftovers, and a package whose folder matches its archive."""
+    result = trtflow(root, "run", "--json")
+    assert result.code == 0, f"{label}: {result.err}"
+    verify = trtflow(root, "cache", "verify", "--json")
+    report = json.loads(verify.out)
+    assert verify.code == 0 and report["corrupt"] == [] and report["missing"] == [] and report["leftovers"] == [], f"{label}: {report}"
+    assert _leftover_files(root) == [], label
+    packages = root / "artifacts" / "packages"
+    manifest = json.loads((packages / "tiny" / "manifest.json").read_text())
+    with tarfile.open(packages / "tiny.tar.gz") as archive:
+        assert json.loads(archive.extractfile("tiny/manifest.json").read()) == manifest, label  # type: ignore[union-attr]
+    for engine in manifest["engines"]:
+        assert hashlib.sha256((packages / "tiny" / engine["file"]).read_bytes()).hexdigest() == engine["sha256"], label
+    lock = json.loads((root / "trtflow.lock").read_text())
+    assert lock["nodes"]["package:tiny"]["outputs"]["package"] == hashlib.sha256((packages / "tiny.tar.gz").read_bytes()).hexdigest(), label

@@ -134,11 +134,12 @@ def test_an_old_diskcache_index_is_imported_without_following_its_file_names(tmp
                    " access_time REAL, access_count INTEGER, tag BLOB, size INTEGER, mode INTEGER, filename TEXT, value BLOB)")
         db.execute("INSERT INTO Cache (key, raw, mode, filename, value) VALUES (?, 1, 1, NULL, ?)", (f"stage:{key}", json.dumps(record)))
         db.execute("INSERT INTO Cache (key, raw, mode, filename, value) VALUES (?, 1, 3, ?, NULL)", (f"stage:{bad_key}", str(victim)))
-    assert Store.existing(store_dir) is not None
+    planning = Store.existing(store_dir)  # plan sees the old records too
+    assert planning is not None and planning.take_notes() == [
+        "imported 1 stage record(s) from the store's old index/ into records/ and removed it"]
     store = Store.create(store_dir)
     assert store.stage_record(key) == record and store.stage_record(bad_key) is None
-    assert victim.read_text() == "keep me" and not (store_dir / "index").exists()
-    assert store.take_notes() == ["imported 1 stage record(s) from the store's old index/ into records/ and removed it"]
+    assert victim.read_text() == "keep me" and not (store_dir / "index").exists() and store.take_notes() == []
 
 
 def test_run_history_keeps_the_last_runs_and_ignores_strays(tmp_path: Path) -> None:

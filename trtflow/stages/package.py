@@ -208,6 +208,7 @@ def _write_provenance(place: Placement, recipe: str, record: dict) -> None:
 def _checkout(place: Placement, digest: str, recipe: str) -> None:
     """Extract the package object beside the packages folder, then swap the folder and the archive into place."""
     from trtflow.util.archive import extract_tar, replace_dir_atomically
+    from trtflow.util.faults import crash_point
 
     packages_dir = place.packages_dir
     packages_dir.mkdir(parents=True, exist_ok=True)
@@ -217,6 +218,7 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
         extract_tar(staging / "package.tar.gz", staging / "extracted")
         extracted = _files_under(staging / "extracted" / recipe)
         place.store.remember_package_listing(digest, {name: sha256_file(path) for name, path in extracted.items()})
+        crash_point("package-extracted")
         replace_dir_atomically(staging / "extracted" / recipe, packages_dir / recipe)
         os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")
     finally:

@@ -40,6 +40,7 @@ from trtflow.errors import EnvironmentProblem, InternalError, TrtflowError
 from trtflow.hashing import FileDigests, file_signature, sha256_file, stage_key
 from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
+from trtflow.util.faults import crash_point
 from trtflow.util.fs import atomic_write, fsync_dir, fsync_file
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
@@ -252,6 +253,7 @@ class Store:
             shutil.move(str(source), staged)
             fsync_file(staged)
             os.chmod(staged, 0o444)
+            crash_point("object-placed")
             os.replace(staged, final)
         finally:
             staged.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from trtflow.errors import TrtflowError
+from trtflow.util.faults import crash_point
 from trtflow.util.proc import exchange
 
 
@@ -60,6 +61,7 @@ def replace_dir_atomically(source: Path, destination: Path) -> None:
     """Put a finished folder in place of `destination`; never a half-written one, and on Linux never a moment
     without one (the two folders are exchanged in one rename, then the old one is removed)."""
     if destination.is_dir() and exchange(source, destination):
+        crash_point("package-swapped")
         shutil.rmtree(source, ignore_errors=True)  # the old folder, now under the source's name
         return
     old = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.old-"))

@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from trtflow.util.faults import crash_point
+
 
 @contextlib.contextmanager
 def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
@@ -23,6 +25,7 @@ def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
             yield sink
             sink.flush()
             os.fsync(sink.fileno())
+        crash_point(f"write:{path.name}")
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
