@@ -99,7 +99,7 @@ class Session:
             if self.store is not None:  # what a killed run left beside the packages and the lock
                 from trtflow.store.housekeeping import sweep_leftovers
 
-                sweep_leftovers(self.store, self.project.packages_dir, self.project.root)
+                sweep_leftovers(self.store, self.project.packages_dir, self.project.root, lease.tmp.name)
             if self.store is None:
                 self._create_store()
                 lease = RunLease(self.store.root)

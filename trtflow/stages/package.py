@@ -146,12 +146,13 @@ def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
 
     recipe, digest = node.recipe, record["outputs"]["package"]
     difference = _difference(digest, place, recipe)
-    if difference:
+    if difference or _provenance_differs(place, recipe, record):
         with holding(place.store.locks / f"package-{recipe}.lock"):  # concurrent runs write the same package folder
             difference = _difference(digest, place, recipe)  # another run may have put it in place meanwhile
             if difference:
                 _checkout(place, digest, recipe)
-    _write_provenance(place, recipe, record)
+            if _provenance_differs(place, recipe, record):
+                _write_provenance(place, recipe, record)
     return None if difference in (None, NOT_PLACED) else f"{place.packages_dir / recipe}: {difference}; restored it from the store"
 
 
@@ -190,19 +191,29 @@ def _files_under(folder: Path) -> dict[str, Path]:
     return found
 
 
-def _write_provenance(place: Placement, recipe: str, record: dict) -> None:
-    """`<recipe>.intoto.jsonl` beside the package, rewritten only when its bytes would change (a new key, a new package)."""
+def _provenance(place: Placement, recipe: str, record: dict) -> tuple[Path, bytes]:
+    """(where `<recipe>.intoto.jsonl` goes, the bytes it must hold): signed by the run's key, if any."""
     from trtflow import provenance
     from trtflow.manifest import MANIFEST_FILE
-    from trtflow.util.fs import atomic_write
 
     archive = place.packages_dir / f"{recipe}.tar.gz"
     statement = provenance.statement(recipe, place.digests.digest(archive), place.digests.digest(place.packages_dir / recipe / MANIFEST_FILE),
                                      record["record"]["manifest"], record["key"])
-    line = provenance.envelope_line(statement, place.signer)
-    path = provenance.provenance_path(archive)
-    if not (path.is_file() and not path.is_symlink() and path.read_bytes() == line):
-        atomic_write(path, line)
+    return provenance.provenance_path(archive), provenance.envelope_line(statement, place.signer)
+
+
+def _provenance_differs(place: Placement, recipe: str, record: dict) -> bool:
+    """Whether the provenance file is missing or holds other bytes (a new package, another key, an edit)."""
+    path, line = _provenance(place, recipe, record)
+    return not (path.is_file() and not path.is_symlink() and path.read_bytes() == line)
+
+
+def _write_provenance(place: Placement, recipe: str, record: dict) -> None:
+    """Write `<recipe>.intoto.jsonl` beside the package, atomically."""
+    from trtflow.util.fs import atomic_write
+
+    path, line = _provenance(place, recipe, record)
+    atomic_write(path, line)
 
 
 def _checkout(place: Placement, digest: str, recipe: str) -> None:

@@ -24,7 +24,7 @@ from trtflow.hashing import sha256_file
 from trtflow.store.cache import remove_entry
 from trtflow.store.lockfile import LOCK_FILE, read_lock
 from trtflow.store.objects import Store
-from trtflow.store.locks import exclusive_store, remove_free_lock_files, run_is_live
+from trtflow.store.locks import exclusive_store, holding, remove_free_lock_files, run_is_live
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -164,6 +164,28 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
+def _recipe_of_leftover(name: str) -> Optional[str]:
+    """The recipe whose placement left `name` (`.<recipe>.incoming-*`, `.<recipe>.old-*`, `.<recipe>.intoto.jsonl.*.tmp`)."""
+    if not name.startswith("."):
+        return None
+    for marker in (".incoming-", ".old-", ".intoto.jsonl."):
+        if marker in name and (marker != ".intoto.jsonl." or name.endswith(".tmp")):
+            return name[1:].split(marker)[0] or None
+    return None
+
+
+def _sweep_store_strays(store: Store, own_run: Optional[str]) -> list[Path]:
+    """Temp files of killed writers under objects/, records/ and runs/, when no run but `own_run` is live."""
+    with holding(store.locks / "gc.lock"):  # a run starting now waits: it cannot begin a write we would take for a stray
+        others = [p.name for p in _children(store.tmp) if p.name != own_run and run_is_live(store.root, p.name)]
+        if others:
+            return []
+        strays = list(_leftovers(store))
+        for path in strays:
+            remove_entry(path)
+    return strays
+
+
 # sizes ---------------------------------------------------------------------------------------
 def _object_sizes(store: Store) -> dict[str, int]:
     return {p.name: _file_size(p) for p in store.object_files() if DIGEST.match(p.name)}
@@ -194,15 +216,15 @@ def _sizes(paths: Iterable[Path]) -> int:
     return sum(_tree_size(p) if p.is_dir() else _file_size(p) for p in paths)
 
 
-def sweep_leftovers(store: Store, packages_dir: Path, project_root: Path) -> list[Path]:
+def sweep_leftovers(store: Store, packages_dir: Path, project_root: Path, own_run: Optional[str] = None) -> list[Path]:
     """Remove what a killed run left beside its outputs: `.<recipe>.incoming-*` and `.<recipe>.old-*` in the packages
-    folder (only while that recipe's package lock is free: no run is placing it) and `.trtflow.lock.*.tmp` (while the
-    lock file's lock is free). Returns what was removed."""
+    folder (only while that recipe's package lock is free: no run is placing it), `.trtflow.lock.*.tmp` (while the
+    lock file's lock is free), and half-written objects and records in the store (only while no other run is live:
+    new runs wait meanwhile). `own_run`: the calling run's tmp dir name. Returns what was removed."""
+    removed = _sweep_store_strays(store, own_run)
     from filelock import FileLock, Timeout
 
-    removed = []
-    candidates = [(p, p.name[1:].split(".incoming-")[0].split(".old-")[0]) for p in _children(packages_dir)
-                  if p.name.startswith(".") and (".incoming-" in p.name or ".old-" in p.name)]
+    candidates = [(p, _recipe_of_leftover(p.name)) for p in _children(packages_dir) if _recipe_of_leftover(p.name)]
     candidates += [(p, None) for p in project_root.glob(".trtflow.lock.*.tmp")]
     for path, recipe in candidates:
         lock = FileLock(str(store.locks / (f"package-{recipe}.lock" if recipe else "trtflow-lock.lock")))
