@@ -72,6 +72,22 @@ def test_second_run_executes_nothing_and_says_so(project: Path) -> None:
     assert set(statuses(run_json(project)).values()) == {"cached"}
 
 
+def _tree(root: Path) -> dict[str, tuple[int, int, int]]:
+    """(mtime_ns, size, inode) of every file and folder under `root`."""
+    return {str(p.relative_to(root)): (p.lstat().st_mtime_ns, p.lstat().st_size, p.lstat().st_ino) for p in root.rglob("*")}
+
+
+def test_a_no_op_run_writes_nothing_at_all(built_project: Path) -> None:
+    """Not the lock, not the store's cache, not a run record, not a lease: every mtime stays (a no-op runs in every CI job).
+
+    The copy gave every file a new inode, so the first run re-hashes them and remembers that; the second is the no-op."""
+    assert trtflow(built_project, "run").code == 0
+    before = _tree(built_project)
+    result = trtflow(built_project, "run", "--json")
+    assert result.code == 0 and json.loads(result.out)["built"] == 0
+    assert _tree(built_project) == before
+
+
 def test_changing_one_target_rebuilds_only_its_builds_and_the_package(project: Path) -> None:
     run_json(project)
     pipeline = project / "pipeline.yaml"

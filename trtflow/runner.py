@@ -84,7 +84,7 @@ class Runner:
 
     def __init__(self, dag: Dag, store: Store, resolver: Resolver, placement: Placement, options: RunOptions, executor: Executor,
                  listener: Optional[Listener] = None, expected_keys: Optional[dict[str, LockEntry]] = None,
-                 remote: Optional["Remote"] = None, workroot: Optional[Path] = None):
+                 remote: Optional["Remote"] = None, workroot: Optional[Callable[[], Path]] = None):
         self.dag, self.store, self.resolver, self.placement = dag, store, resolver, placement
         self.expected_keys = expected_keys  # --frozen: every node must resolve to the key the lock holds
         self.options, self.executor = options, executor
@@ -92,7 +92,7 @@ class Runner:
         self.finished: dict[str, dict] = {}
         self.states: dict[str, NodeState] = {}
         self.remote = remote
-        self.workroot = workroot or store.tmp  # the run lease's tmp dir: swept if this process dies
+        self._workroot = workroot or (lambda: store.tmp)  # the run lease's tmp dir (taken on first use): swept if this process dies
         self.keys = KeyLocks(store.locks)
         self.run_id = f"{os.getpid()}-{time.time_ns()}"
         self.warnings: list[str] = []
@@ -253,7 +253,7 @@ class Runner:
         if record is not None:
             return record, "built by another run meanwhile"
         if self.remote is not None:
-            record = self.remote.pull(key, node.id, self.store, self.workroot)
+            record = self.remote.pull(key, node.id, self.store, self._workroot())
         return record, PULLED
 
     def _reopen_corrupt_inputs(self, node: Node) -> bool:
@@ -283,7 +283,7 @@ class Runner:
         """Hand the node to the executor with its inputs placed, in a fresh work directory of its own."""
         node = resolution.node
         self.listener("start", resolution.state)
-        workdir = Path(tempfile.mkdtemp(dir=self.workroot, prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
+        workdir = Path(tempfile.mkdtemp(dir=self._workroot(), prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
         task = StageTask(node.id, node.kind, node.params, task_inputs(resolution, self.finished, self.store, workdir), workdir)
         return self.executor.submit(task), _Running(node, resolution.key, resolution.components, workdir, time.perf_counter())
 

@@ -2,7 +2,8 @@
 
 The CLI, the tests and the benchmarks all go through this, so a no-op run costs the same everywhere.
 Nothing is written until `run` has planned and pre-checked every model it is about to use, except the
-run's lease on an existing store (a lock and a tmp dir), taken first so gc cannot delete what the plan finds.
+run's lease on an existing store (a lock and a tmp dir), taken as soon as the plan has work (then the plan is made
+again, so gc cannot have deleted what it finds). A run that finds everything cached writes nothing at all.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import Placement
 from trtflow.store import Store
-from trtflow.store.locks import RunLease, holding
+from trtflow.store.locks import LazyLease, holding
 
 if TYPE_CHECKING:
     from trtflow.store.remote import Remote
@@ -90,19 +91,25 @@ class Session:
         expected = self.frozen_keys() if options.frozen else None
         self.signer = signer_from_environment()
         remote = self._remote(options)
-        # The lease comes before planning: gc must not delete what the plan is about to use.
-        lease = RunLease(self.store.root) if self.store is not None else None
+        lease = LazyLease(self.store.root) if self.store is not None else None
         try:
             planned = self.plan(options.force)
+            if lease is not None and (options.check_repro or any(s.status != CACHED for s in planned.values())):
+                # Work ahead: gc must not delete what the plan uses, so lease first, then plan again from scratch (a gc
+                # may have run since). A run that finds everything cached takes no lease and writes nothing.
+                lease.tmp()
+                self.resolver = Resolver(self.store, self.resolver.digests)
+                planned = self.plan(options.force)
             self.check_models(planned)
             check_backends(planned)
             if self.store is not None:  # what a killed run left beside the packages and the lock
                 from trtflow.store.housekeeping import sweep_leftovers
 
-                sweep_leftovers(self.store, self.project.packages_dir, self.project.root, lease.tmp.name)
+                sweep_leftovers(self.store, self.project.packages_dir, self.project.root, lease.tmp().name if lease.taken else None)
             if self.store is None:
                 self._create_store()
-                lease = RunLease(self.store.root)
+                lease = LazyLease(self.store.root)
+                lease.tmp()
             placement = Placement(self.store, self.project.packages_dir, self.resolver.digests, self.signer)
             runner = Runner(self.dag, self.store, self.resolver, placement, options, LocalExecutor(options.jobs), listener, expected,
                             remote=remote, workroot=lease.tmp)
@@ -154,7 +161,8 @@ class Session:
             for node_id, record in finished.items():
                 entries[node_id] = LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"],
                                              canonical=canonical_outputs(record))
-            write_lock(self.lock_path, entries)
+            if entries != previous:  # a no-op writes nothing (and skips encoding thousands of entries)
+                write_lock(self.lock_path, entries)
 
     def store_notes(self) -> list[str]:
         """What the store did on its own while planning (a cache started anew, a malformed record set aside)."""

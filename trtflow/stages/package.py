@@ -20,7 +20,7 @@ from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, Sta
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Engine, MissingEngine, Tensor
 
-KIND, VERSION = "package", 5  # 5: canonical_sha256 and reproducible per engine
+KIND, VERSION = "package", 6  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored)
 VERIFY_INPUTS = True  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
 REQUIRED_ROLES = ("model",)  # engines whose build or verify failed are left out and listed as missing
 

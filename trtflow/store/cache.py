@@ -82,7 +82,8 @@ class Cache:
         if self._db is None:
             db = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
             self._db = db
-            db.execute("PRAGMA journal_mode = WAL")
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "delete":  # a rollback journal: reading writes nothing
+                db.execute("PRAGMA journal_mode = DELETE")
             db.execute("PRAGMA synchronous = NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS kv (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
         return self._db

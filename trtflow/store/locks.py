@@ -115,6 +115,30 @@ class RunLease:
         _unlink_and_release(self._lock)
 
 
+class LazyLease:
+    """A RunLease taken on first use: a run that finds everything cached writes nothing under the store."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._lease: Optional[RunLease] = None
+
+    @property
+    def taken(self) -> bool:
+        """Whether the lease was taken (the run did or will do work in the store)."""
+        return self._lease is not None
+
+    def tmp(self) -> Path:
+        """The lease's tmp dir, taking the lease now if it was not taken yet."""
+        if self._lease is None:
+            self._lease = RunLease(self.root)
+        return self._lease.tmp
+
+    def close(self) -> None:
+        """Release the lease if it was taken."""
+        if self._lease is not None:
+            self._lease.close()
+
+
 def _dead(lock_path: Path) -> Optional[Any]:
     """The acquired lock if nobody holds `lock_path` (its run is dead or finished), else None."""
     lock = _file_lock(lock_path)
