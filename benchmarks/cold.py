@@ -1,0 +1,89 @@
+"""Cold-build benchmark: trtflow against the TensorRT-RTX builds it wraps, on real architectures.
+
+    python benchmarks/cold.py [--models resnet mobilenet encoder] [--workdir DIR]
+
+What is measured, in one run (every figure is a ratio against a baseline measured in the same run):
+  1. a project of three real architectures from tests/zoo.py (ResNet-, MobileNetV3-style CNNs and a transformer
+     encoder), fp32, for rtx-ampere (sm_86) and rtx-ada (sm_89): 6 engines;
+  2. a cold `trtflow run -j 1 --json` (subprocess, wall time, seconds per stage kind), then the same six engines
+     built directly with TensorRT-RTX in one process from the very ONNX each build stage read: goal 1 is
+     trtflow wall / direct builds <= 2.0 (stretch 1.5);
+  3. packaging: the package stages' seconds against `tar cf` of the same package folders: goal 2 is <= 1.2;
+  4. parallelism: the same cold run with `-j 2` in a fresh store: goal 3 is (-j 1 wall) / (-j 2 wall) >= 1.8;
+  5. each goal printed as met or missed with its numbers. Exit status 0 whatever the goals say (a benchmark
+     reports; it does not gate), 2 if a run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from realmodels import cold_run, direct_builds, write_fleet_project  # noqa: E402
+
+GOALS = {"cold": 2.0, "cold_stretch": 1.5, "packaging": 1.2, "parallel": 1.8}
+
+
+def seconds_by_kind(summary: dict) -> dict[str, float]:
+    """Stage seconds summed per kind (export, cleanup, precision, build, verify, package)."""
+    totals: dict[str, float] = {}
+    for node in summary["nodes"]:
+        totals[node["kind"]] = totals.get(node["kind"], 0.0) + (node["seconds"] or 0.0)
+    return totals
+
+
+def tar_seconds(packages: Path) -> float:
+    """`tar cf` of every package folder, the way a shell would pack them (best of 3)."""
+    folders = sorted(p for p in packages.iterdir() if p.is_dir() and not p.name.startswith("."))
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for folder in folders:
+            subprocess.run(["tar", "cf", str(folder.parent / f".bench-{folder.name}.tar"), "-C", str(folder.parent), folder.name], check=True)
+        best = min(best, time.perf_counter() - started)
+    for leftover in packages.glob(".bench-*.tar"):
+        leftover.unlink()
+    return best
+
+
+def verdict(name: str, value: float, goal: float, better: str) -> str:
+    met = value <= goal if better == "lower" else value >= goal
+    return f"{name:<34} {value:6.2f}  goal {'<=' if better == 'lower' else '>='} {goal:<4}  {'met' if met else 'MISSED'}"
+
+
+def main() -> None:
+    """Run the corpus cold at -j 1 and -j 2, build its engines directly, and print the ratios against the goals."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet", "mobilenet", "encoder"])
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="trtflow-cold-")) if args.workdir is None else args.workdir
+    walls, summaries = {}, {}
+    for jobs in (1, 2):
+        root = workdir / f"project-j{jobs}"
+        shutil.rmtree(root, ignore_errors=True)
+        write_fleet_project(root, tuple(args.models), ("fp32",))
+        walls[jobs], summaries[jobs] = cold_run(root, jobs)
+    root = workdir / "project-j1"
+    direct = sum(direct_builds(root).values())
+    kinds = seconds_by_kind(summaries[1])
+    tar = tar_seconds(root / "artifacts" / "packages")
+    print(f"cold run -j 1: {walls[1]:.2f} s wall, {summaries[1]['built']} stages; -j 2: {walls[2]:.2f} s")
+    print(f"direct TensorRT-RTX builds of the same {len([n for n in summaries[1]['nodes'] if n['kind'] == 'build'])} engines: {direct:.2f} s")
+    print("stage seconds by kind (-j 1): " + ", ".join(f"{k} {s:.2f}" for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    print(f"packaging {kinds.get('package', 0.0):.2f} s; tar cf of the same folders {tar:.3f} s\n")
+    print(verdict("1. cold -j 1 / direct builds", walls[1] / direct, GOALS["cold"], "lower"))
+    print(verdict("   (stretch)", walls[1] / direct, GOALS["cold_stretch"], "lower"))
+    print(verdict("2. packaging / tar cf", kinds.get("package", 0.0) / max(tar, 1e-9), GOALS["packaging"], "lower"))
+    print(verdict("3. -j 1 wall / -j 2 wall", walls[1] / walls[2], GOALS["parallel"], "higher"))
+    print(f"(projects left in {workdir})")
+
+
+if __name__ == "__main__":
+    main()
