@@ -160,9 +160,14 @@ class VerifyOptions(StrictModel):
 
     rtol: float = Field(default=1e-3, ge=0)
     atol: float = Field(default=1e-4, ge=0)
-    samples: int = Field(default=6, ge=1, le=10_000)
+    # default: each profile's opt, min and max shape once (the max shape, the costliest to run, is proven once)
+    samples: Optional[int] = Field(default=None, ge=1, le=10_000)
     seed: int = 0
     on_fail: Literal["fail", "warn"] = "fail"
+
+    def samples_for(self, profiles: int) -> int:
+        """The samples to run: as given, else three per profile (opt, min, max), at least three."""
+        return self.samples or 3 * max(profiles, 1)
 
 
 class Exclude(StrictModel):

@@ -77,7 +77,7 @@ def node(ctx: RecipeContext, export: Optional[Node]) -> Node:
     `model.data:<location>`); `where` lets planning name the recipe field when one of them is missing.
     """
     verify = ctx.recipe.verify
-    proof = Proof(rtol=verify.rtol, atol=verify.atol, samples=verify.samples, seed=verify.seed)
+    proof = Proof(rtol=verify.rtol, atol=verify.atol, samples=verify.samples_for(len(ctx.profiles)), seed=verify.seed)
     params = Params(profiles=ctx.profiles, proof=proof, options=ctx.recipe.cleanup, on_fail=verify.on_fail,
                     onnx=tool_version("onnx"), onnxruntime=ort_version(), onnxslim=tool_version("onnxslim"))
     node_id, info = NodeId.of(KIND, ctx.name), {"recipe_file": ctx.item.display}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING, Optional
 
 from trtflow import __version__
 from trtflow.errors import StageError
-from trtflow.hashing import sha256_file
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
@@ -54,23 +54,33 @@ def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: 
 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
-    """Copy every engine (re-hashed) into a folder with manifest.json and SHA256SUMS, and pack it reproducibly."""
-    from trtflow.manifest import MANIFEST_FILE, Manifest, Source
-    from trtflow.util.archive import write_reproducible_tar
+    """Pack every engine (re-hashed while it is packed) with manifest.json and SHA256SUMS into a reproducible archive.
+
+    The engines are streamed from the store into the archive, never copied into a folder first: the archive is the
+    package's only output (the packages folder is extracted from it when the package is placed).
+    """
+    from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Manifest, Source
+    from trtflow.util.archive import UnsafeArchive, write_reproducible_members
 
     recipe = params.recipe
-    folder = workdir / recipe
     present = [spec for spec in params.engines if _missing(spec, inputs) is None]
     missing = [_missing(spec, inputs) for spec in params.engines if _missing(spec, inputs) is not None]
-    engines = [_place_engine(folder, recipe, spec, inputs[spec.role], inputs[spec.verify_role], _calibration(inputs, spec.precision))
+    engines = [_describe_engine(recipe, spec, inputs[spec.role], inputs[spec.verify_role], _calibration(inputs, spec.precision))
                for spec in present]
     model = inputs["model"]
     source = Source(sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"])
     manifest = Manifest(recipe=recipe, trtflow_version=__version__, source=source, engines=engines, complete=not missing, missing=missing)
-    (folder / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2) + "\n")
-    _write_sums(folder)
+    manifest_bytes = (manifest.model_dump_json(indent=2) + "\n").encode()
+    digests = {e.file: e.sha256 for e in engines}
+    members: dict[str, Path | bytes] = {e.file: inputs[spec.role].files["engine"] for e, spec in zip(engines, present)}
+    members[MANIFEST_FILE] = manifest_bytes
+    sums = {**digests, MANIFEST_FILE: hashlib.sha256(manifest_bytes).hexdigest()}
+    members[SUMS_FILE] = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums)).encode()
     archive = workdir / f"{recipe}.tar.gz"
-    write_reproducible_tar(folder, archive, prefix=recipe)
+    try:
+        write_reproducible_members(archive, recipe, members, expected=digests)
+    except UnsafeArchive as exc:
+        raise StageError(f"{exc} (corrupt store object); run again to rebuild it") from None
     return StageOutput(files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest.model_dump_json())})
 
 
@@ -91,20 +101,16 @@ def _calibration(inputs: dict[str, Upstream], precision: str) -> Optional[dict]:
     return upstream.record.get("calibration") if upstream is not None else None
 
 
-def _place_engine(folder: Path, recipe: str, spec: PackagedEngine, build: Upstream, verify: Upstream, calibration: Optional[dict]) -> Engine:
-    """Copy one engine into the package folder, re-hash it, and describe it for the manifest."""
+def _describe_engine(recipe: str, spec: PackagedEngine, build: Upstream, verify: Upstream, calibration: Optional[dict]) -> Engine:
+    """One engine's manifest entry (its bytes are checked against `sha256` while they are packed)."""
     from trtflow.manifest import Engine
 
     relative = f"engines/{spec.target}/{recipe}-{spec.precision}.engine"
-    (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(build.files["engine"], folder / relative)
-    digest = sha256_file(folder / relative)
-    if digest != build.sha256["engine"]:
-        raise StageError(f"engine {relative} does not match its store digest (corrupt store object); run again to rebuild it")
+    digest = build.sha256["engine"]
     return Engine(
         file=relative,
         sha256=digest,
-        size=(folder / relative).stat().st_size,
+        size=build.files["engine"].stat().st_size,
         precision=spec.precision,
         calibration=calibration,
         target=spec.target,
@@ -127,14 +133,6 @@ def _tensor(spec: dict, profiles: list[dict]) -> Tensor:
 
     shapes = [ProfileShape(**profile[spec["name"]]) for profile in profiles if spec["name"] in profile]
     return Tensor(profiles=shapes, **spec)
-
-
-def _write_sums(folder: Path) -> None:
-    """`sha256  path` per file, sorted: the format `sha256sum -c` checks."""
-    from trtflow.manifest import SUMS_FILE
-
-    lines = [f"{sha256_file(p)}  {p.relative_to(folder).as_posix()}" for p in sorted(folder.rglob("*")) if p.is_file()]
-    (folder / SUMS_FILE).write_text("\n".join(lines) + "\n")
 
 
 def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
@@ -226,9 +224,8 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
     staging = Path(tempfile.mkdtemp(dir=packages_dir, prefix=f".{recipe}.incoming-"))
     try:
         shutil.copyfile(place.store.object_path(digest), staging / "package.tar.gz")
-        extract_tar(staging / "package.tar.gz", staging / "extracted")
-        extracted = _files_under(staging / "extracted" / recipe)
-        place.store.remember_package_listing(digest, {name: sha256_file(path) for name, path in extracted.items()})
+        extracted = extract_tar(staging / "package.tar.gz", staging / "extracted")
+        place.store.remember_package_listing(digest, {name.removeprefix(f"{recipe}/"): sha for name, sha in extracted.items()})
         crash_point("package-extracted")
         replace_dir_atomically(staging / "extracted" / recipe, packages_dir / recipe)
         os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")

@@ -60,7 +60,7 @@ def nodes(ctx: RecipeContext, builds: list[Node], cleanup: Node) -> list[Node]:
 def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
     """verify:<recipe>/<precision>/<target>; its fingerprint names the local GPUs, since they decide whether the engine runs."""
     verify, precision, target = ctx.recipe.verify, build.info["precision"], build.params
-    params = Params(profiles=ctx.profiles, samples=verify.samples, seed=verify.seed, on_fail=verify.on_fail,
+    params = Params(profiles=ctx.profiles, samples=verify.samples_for(len(ctx.profiles)), seed=verify.seed, on_fail=verify.on_fail,
                     **engine_tolerance(ctx, precision), onnxruntime=ort_version(), local_gpus=list(local_compute_capabilities()),
                     backend=target.backend, backend_version=target.backend_version, compute_capabilities=target.compute_capabilities,
                     hardware_compatibility=target.hardware_compatibility)

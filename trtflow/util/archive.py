@@ -7,6 +7,8 @@ a time or a file name. Extraction refuses members that would land outside the de
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import os
 import shutil
 import tarfile
@@ -29,12 +31,39 @@ def write_reproducible_tar(folder: Path, archive: Path, prefix: str) -> None:
     The gzip layer stores rather than compresses (level 0): engines are mostly weights (ResNet-18 fp32 compresses
     by 8%) and gzip -9 made packaging 20x slower than `tar cf`; the .tar.gz format stays, so every tool reads it.
     """
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    write_reproducible_members(archive, prefix, {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()})
+
+
+def write_reproducible_members(archive: Path, prefix: str, members: dict[str, Path | bytes],
+                               expected: Optional[dict[str, str]] = None) -> None:
+    """Pack `members` (name -> a file to stream, or bytes) as `prefix/<name>`, sorted by name, into a deterministic
+    .tar.gz, without copying the files first. A file whose name `expected` lists is hashed while it is packed and
+    must have that sha256 (what is packed is exactly what was verified), else UnsafeArchive."""
     with open(archive, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=STORED) as zipped:
         with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT, copybufsize=COPY_BUFFER) as tar:
-            for path in files:
-                with path.open("rb") as handle:
-                    tar.addfile(_member(f"{prefix}/{path.relative_to(folder).as_posix()}", path.stat().st_size), handle)
+            for name in sorted(members):
+                content = members[name]
+                if isinstance(content, bytes):
+                    tar.addfile(_member(f"{prefix}/{name}", len(content)), io.BytesIO(content))
+                    continue
+                with content.open("rb") as handle:
+                    hashing = _Hashing(handle)
+                    tar.addfile(_member(f"{prefix}/{name}", os.fstat(handle.fileno()).st_size), hashing)
+                if expected and name in expected and hashing.digest.hexdigest() != expected[name]:
+                    raise UnsafeArchive(f"{content}: its bytes changed since they were verified (sha256 {hashing.digest.hexdigest()[:16]}..., "
+                                        f"expected {expected[name][:16]}...)")
+
+
+class _Hashing:
+    """A file reader that hashes what is read through it."""
+
+    def __init__(self, handle):
+        self._handle, self.digest = handle, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._handle.read(size)
+        self.digest.update(chunk)
+        return chunk
 
 
 STORED = 0  # gzip level: no compression (see write_reproducible_tar)
@@ -49,8 +78,10 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def extract_tar(archive: Path, destination: Path) -> None:
-    """Extract regular files only, refusing absolute paths, `..`, links and devices."""
+def extract_tar(archive: Path, destination: Path) -> dict[str, str]:
+    """Extract regular files only, refusing absolute paths, `..`, links and devices; returns each member's sha256
+    (computed while it is written, so nothing is read twice)."""
+    digests = {}
     destination.mkdir(parents=True, exist_ok=True)
     root = destination.resolve()
     with tarfile.open(archive, "r:gz", copybufsize=COPY_BUFFER) as tar:
@@ -62,7 +93,10 @@ def extract_tar(archive: Path, destination: Path) -> None:
                 raise UnsafeArchive(f"{archive}: refusing member {member.name!r} (outside the destination or not a regular file)")
             target.parent.mkdir(parents=True, exist_ok=True)
             with tar.extractfile(member) as source, open(target, "wb") as sink:  # type: ignore[union-attr]
-                shutil.copyfileobj(source, sink, COPY_BUFFER)
+                hashing = _Hashing(source)
+                shutil.copyfileobj(hashing, sink, COPY_BUFFER)
+            digests[member.name] = hashing.digest.hexdigest()
+    return digests
 
 
 def replace_dir_atomically(source: Path, destination: Path) -> None:
