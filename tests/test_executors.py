@@ -21,7 +21,11 @@ def _build_task(tmp_path: Path, backend: str) -> StageTask:
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("tensorrt") is not None, reason="full TensorRT is installed here")
 def test_a_missing_backend_in_a_worker_keeps_exit_code_4(tmp_path: Path) -> None:
-    result = LocalExecutor(1).submit(_build_task(tmp_path, "tensorrt")).result(timeout=120)
+    executor = LocalExecutor(1)
+    try:
+        result = executor.submit(_build_task(tmp_path, "tensorrt")).result(timeout=120)
+    finally:
+        executor.shutdown()  # ends the spare hermetic worker it started
     assert result.exit_code == EnvironmentProblem.exit_code == 4
     assert result.error.startswith("module 'tensorrt' is required: pip install 'trtflow[tensorrt]'")
 

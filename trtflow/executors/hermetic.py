@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -55,11 +56,68 @@ def _no_aslr() -> None:
     die_with_parent()
 
 
-def run_hermetic(task: StageTask, settings: Settings) -> StageResult:
-    """Run one task in a fresh hermetic process in a free slot folder; its outputs are moved back to its work dir."""
+class WarmWorkers:
+    """Hermetic worker processes started ahead of their task, each in a slot of its own: taking one starts the next,
+    so a build's process start-up and imports overlap the build before it. Each still runs exactly one task."""
+
+    def __init__(self, kind: str, settings: Settings, spares: int):
+        self.kind, self.settings, self.spares = kind, settings, spares
+        self._idle: list[tuple[contextlib.ExitStack, Path, subprocess.Popen]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self) -> Optional[tuple[contextlib.ExitStack, Path, subprocess.Popen]]:
+        """A started worker (its slot held) for one task, starting the spares that keep the next one warm."""
+        with self._lock:
+            taken = self._idle.pop(0) if self._idle else None
+            while not self._closed and len(self._idle) < self.spares:
+                self._idle.append(self._start())
+        return taken if taken is not None else self.take_started()
+
+    def take_started(self) -> Optional[tuple[contextlib.ExitStack, Path, subprocess.Popen]]:
+        """A worker started now (when no spare was waiting)."""
+        with self._lock:
+            return None if self._closed else self._start()
+
+    def _start(self) -> tuple[contextlib.ExitStack, Path, subprocess.Popen]:
+        stack = contextlib.ExitStack()
+        slot = stack.enter_context(_free_slot())
+        reason = unavailable_reason()
+        command = [sys.executable, "-m", "trtflow.executors.worker", "--warm", self.kind, TASK_FILE, RESULT_FILE]
+        process = subprocess.Popen(command, env=self.settings.hermetic_env(), cwd=slot, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent if reason else _no_aslr)
+        stack.callback(_end, process)
+        return stack, slot, process
+
+    def close(self) -> None:
+        """End the spares no task took (they exit at the end of their input) and free their slots."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for stack, _, _ in idle:
+            stack.close()
+
+
+def _end(process: subprocess.Popen) -> None:
+    """Close a worker's input (a spare then exits 0), drain its pipes and reap it."""
+    if process.returncode is not None:
+        return  # it ran its task: communicate() already reaped it
     try:
-        with _free_slot() as slot:
-            result = _run_in_slot(_task_in_slot(task, slot), slot, settings)
+        process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+
+
+def run_hermetic(task: StageTask, settings: Settings, warm: Optional[WarmWorkers] = None) -> StageResult:
+    """Run one task in a fresh hermetic process in a free slot folder (a warm one if `warm` has it); its outputs are
+    moved back to its work dir."""
+    try:
+        taken = warm.take() if warm is not None else None
+        with (taken[0] if taken else _free_slot()) as entered:
+            slot = taken[1] if taken else entered
+            in_slot = _task_in_slot(task, slot)
+            result = _go(in_slot, slot, taken[2], settings) if taken else _run_in_slot(in_slot, slot, settings)
             if result.files is not None:
                 moved = {name: shutil.move(path, task.workdir / Path(path).name) for name, path in result.files.items()}
                 result = dataclasses.replace(result, files={name: str(path) for name, path in moved.items()})
@@ -123,6 +181,16 @@ def _run_in_slot(task: StageTask, slot: Path, settings: Settings) -> StageResult
     return result
 
 
+def _go(task: StageTask, slot: Path, process: subprocess.Popen, settings: Settings) -> StageResult:
+    """Hand the task to a warm worker waiting in `slot` and read back its result."""
+    (slot / TASK_FILE).write_bytes(pickle.dumps(task))
+    _, stderr = process.communicate("go\n")
+    result = _worker_result(task, slot, process.returncode, stderr)
+    if result.record is not None:
+        result.record["hermetic"] = _description(unavailable_reason(), settings)
+    return result
+
+
 def run_isolated(task: StageTask) -> StageResult:
     """Run one task in a fresh ordinary process (the user's environment, its own work dir): a stage that runs user
     code (a torch factory) cannot take the run down, and when it dies, the message says how and in what."""
@@ -134,11 +202,16 @@ def _run_worker(task: StageTask, folder: Path, env: Optional[dict], prepare) -> 
     (folder / TASK_FILE).write_bytes(pickle.dumps(task))
     command = [sys.executable, "-m", "trtflow.executors.worker", TASK_FILE, RESULT_FILE]
     done = subprocess.run(command, env=env, cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True, preexec_fn=prepare)
-    if done.returncode != 0 or not (folder / RESULT_FILE).is_file():
+    return _worker_result(task, folder, done.returncode, done.stderr)
+
+
+def _worker_result(task: StageTask, folder: Path, code: int, stderr: str) -> StageResult:
+    """The pickled result a worker left in `folder`, or its death as a one-line failure."""
+    if code != 0 or not (folder / RESULT_FILE).is_file():
         factory = getattr(task.params, "factory", None)
         inside = f" in source.torch.factory {factory} or the exporter" if factory else ""
-        return StageResult.failure(f"the worker process of {task.node_id} died{inside}: {_exit_description(done.returncode)}: "
-                                   f"{_last_line(done.stderr)}", detail=done.stderr[-4000:])
+        return StageResult.failure(f"the worker process of {task.node_id} died{inside}: {_exit_description(code)}: "
+                                   f"{_last_line(stderr)}", detail=stderr[-4000:])
     return pickle.loads((folder / RESULT_FILE).read_bytes())
 
 

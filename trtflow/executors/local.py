@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import multiprocessing
+import os
 from typing import Optional
 
 from trtflow.executors import StageResult, StageTask, run_task
-from trtflow.executors.hermetic import run_hermetic, run_isolated
+from trtflow.executors.hermetic import WarmWorkers, run_hermetic, run_isolated
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
@@ -31,6 +32,7 @@ class LocalExecutor:
         self._threads: Optional[futures.ThreadPoolExecutor] = None  # each waits on one hermetic process
         self._pool: Optional[futures.ProcessPoolExecutor] = None
         self._broken = False  # set from the pool's thread when a worker died; the pool is replaced on the next submit
+        self._warm: dict[str, WarmWorkers] = {}
 
     def submit(self, task: StageTask) -> "futures.Future[StageResult]":
         """Start the task in a worker; a worker that dies resolves the future to a failure, never an exception."""
@@ -38,12 +40,18 @@ class LocalExecutor:
             if self._threads is None:
                 self._threads = futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="process")
             if task.kind in self.hermetic:
-                return self._threads.submit(run_hermetic, task, self.settings)
+                return self._threads.submit(run_hermetic, task, self.settings, self._warm_workers(task.kind))
             return self._threads.submit(run_isolated, task)
         outer: futures.Future[StageResult] = futures.Future()
         inner = self._workers().submit(run_task, task)
         inner.add_done_callback(lambda done: outer.set_result(self._result(done)))
         return outer
+
+    def _warm_workers(self, kind: str) -> WarmWorkers:
+        """The spare hermetic workers for `kind`: each waits, its imports done, for the next task."""
+        if kind not in self._warm:  # one spare while a core is free of jobs; none when the jobs take every core
+            self._warm[kind] = WarmWorkers(kind, self.settings, spares=1 if self.jobs < (os.cpu_count() or 1) else 0)
+        return self._warm[kind]
 
     def _result(self, done: futures.Future) -> StageResult:
         try:
@@ -72,6 +80,9 @@ class LocalExecutor:
         if self._threads is not None:
             self._threads.shutdown(cancel_futures=True)
             self._threads = None
+        for warm in self._warm.values():
+            warm.close()
+        self._warm.clear()
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None

@@ -1,16 +1,33 @@
-"""`python -m trtflow.executors.worker TASK RESULT`: what a hermetic worker process runs (executors.hermetic)."""
+"""`python -m trtflow.executors.worker [--warm KIND] TASK RESULT`: what a hermetic worker process runs (executors.hermetic).
+
+With `--warm KIND`, the process imports what stages of KIND need first, then waits for one line on stdin: the task
+file is in its folder by then. Its start-up overlaps the stage before it; it still runs exactly one task. End of
+input without that line: it exits 0 (the run needed no more workers).
+"""
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import sys
 from pathlib import Path
 
 from trtflow.executors import run_task
 
+WARM_IMPORTS = {"build": ("trtflow.stages.build", "tensorrt_rtx", "onnx")}
+
 
 def main(argv: list[str]) -> int:
     """Load the pickled StageTask, run it, write the pickled StageResult; exit 0 unless the result could not be written."""
+    if argv[:1] == ["--warm"]:
+        for module in WARM_IMPORTS.get(argv[1], ()):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass  # the stage reports a missing backend in its own words
+        if not sys.stdin.readline():
+            return 0
+        argv = argv[2:]
     task_file, result_file = Path(argv[0]), Path(argv[1])
     result = run_task(pickle.loads(task_file.read_bytes()))
     result_file.write_bytes(pickle.dumps(result))
