@@ -92,6 +92,7 @@ class Session:
         self.signer = signer_from_environment()
         remote = self._remote(options)
         lease = LazyLease(self.store.root) if self.store is not None else None
+        executor: Optional[LocalExecutor] = None
         try:
             planned = self.plan(options.force)
             if lease is not None and (options.check_repro or any(s.status != CACHED for s in planned.values())):
@@ -100,6 +101,8 @@ class Session:
                 lease.tmp()
                 self.resolver = Resolver(self.store, self.resolver.digests)
                 planned = self.plan(options.force)
+            executor = LocalExecutor(options.jobs)
+            executor.prepare({s.node.kind for s in planned.values() if s.status != CACHED})  # workers start while models are checked
             self.check_models(planned)
             check_backends(planned)
             if self.store is not None:  # what a killed run left beside the packages and the lock
@@ -111,7 +114,7 @@ class Session:
                 lease = LazyLease(self.store.root)
                 lease.tmp()
             placement = Placement(self.store, self.project.packages_dir, self.resolver.digests, self.signer)
-            runner = Runner(self.dag, self.store, self.resolver, placement, options, LocalExecutor(options.jobs), listener, expected,
+            runner = Runner(self.dag, self.store, self.resolver, placement, options, executor, listener, expected,
                             remote=remote, workroot=lease.tmp)
             states = runner.run()
             self.warnings = runner.warnings
@@ -121,6 +124,8 @@ class Session:
             if options.check_repro and not any(state.status == FAILED for state in states.values()):
                 self.repro = self._check_repro(runner.finished, options, listener)
         finally:
+            if executor is not None:
+                executor.shutdown()  # already done by the runner, unless a check refused the run first
             if lease is not None:
                 lease.close()
         return states

@@ -54,8 +54,28 @@ class Executor(Protocol):
     def submit(self, task: StageTask) -> "futures.Future[StageResult]":
         """Start `task`; the future resolves to its StageResult, a failure included."""
 
+    def prepare(self, kinds: set[str]) -> None:
+        """Start what tasks of these stage kinds will need (workers, their imports) ahead of the first one."""
+
     def shutdown(self) -> None:
         """Stop the workers at the end of a run; tasks not yet started are cancelled."""
+
+
+# What a worker imports ahead of a stage kind's first task (executors.local.LocalExecutor.prepare).
+WARM_IMPORTS = {"cleanup": ("trtflow.stages.cleanup", "onnx", "onnxruntime", "onnxslim"), "verify": ("trtflow.stages.verify",),
+                "package": ("trtflow.stages.package", "trtflow.manifest"), "build": ("trtflow.stages.build", "tensorrt_rtx", "onnx")}
+
+
+def warm_up(kinds: list[str]) -> None:
+    """Import what stages of these kinds need, in this worker, before their first task arrives."""
+    import importlib
+
+    for kind in kinds:
+        for module in WARM_IMPORTS.get(kind, ()):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass  # the stage says what is missing in its own words
 
 
 def run_task(task: StageTask) -> StageResult:

@@ -74,6 +74,12 @@ class WarmWorkers:
                 self._idle.append(self._start())
         return taken if taken is not None else self.take_started()
 
+    def fill(self) -> None:
+        """Start the spares now (before the first task), so even the first one finds a worker ready."""
+        with self._lock:
+            while not self._closed and len(self._idle) < self.spares:
+                self._idle.append(self._start())
+
     def take_started(self) -> Optional[tuple[contextlib.ExitStack, Path, subprocess.Popen]]:
         """A worker started now (when no spare was waiting)."""
         with self._lock:

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 from typing import Optional
 
-from trtflow.executors import StageResult, StageTask, run_task
+from trtflow.executors import StageResult, StageTask, run_task, warm_up
 from trtflow.executors.hermetic import WarmWorkers, run_hermetic, run_isolated
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
@@ -46,6 +46,14 @@ class LocalExecutor:
         inner = self._workers().submit(run_task, task)
         inner.add_done_callback(lambda done: outer.set_result(self._result(done)))
         return outer
+
+    def prepare(self, kinds: set[str]) -> None:
+        """Start spare hermetic workers and a pool worker with its imports done while the run still plans and checks."""
+        for kind in kinds & self.hermetic:
+            self._warm_workers(kind).fill()
+        pooled = sorted(kinds - self.hermetic - ISOLATED_KINDS)
+        if pooled:
+            self._workers().submit(warm_up, pooled)  # nothing waits for it: the first task queues behind it
 
     def _warm_workers(self, kind: str) -> WarmWorkers:
         """The spare hermetic workers for `kind`: each waits, its imports done, for the next task."""

@@ -7,24 +7,17 @@ input without that line: it exits 0 (the run needed no more workers).
 
 from __future__ import annotations
 
-import importlib
 import pickle
 import sys
 from pathlib import Path
 
-from trtflow.executors import run_task
-
-WARM_IMPORTS = {"build": ("trtflow.stages.build", "tensorrt_rtx", "onnx")}
+from trtflow.executors import run_task, warm_up
 
 
 def main(argv: list[str]) -> int:
     """Load the pickled StageTask, run it, write the pickled StageResult; exit 0 unless the result could not be written."""
     if argv[:1] == ["--warm"]:
-        for module in WARM_IMPORTS.get(argv[1], ()):
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                pass  # the stage reports a missing backend in its own words
+        warm_up([argv[1]])
         if not sys.stdin.readline():
             return 0
         argv = argv[2:]
