@@ -10,7 +10,11 @@ What is measured, in one run (every figure is a ratio against a baseline measure
      trtflow wall / direct builds <= 2.0 (stretch 1.5);
   3. packaging: the package stages' seconds against `tar cf` of the same package folders: goal 2 is <= 1.2;
   4. parallelism: the same cold run with `-j 2` in a fresh store: goal 3 is (-j 1 wall) / (-j 2 wall) >= 1.8;
-  5. each goal printed as met or missed with its numbers. Exit status 0 whatever the goals say (a benchmark
+  5. precision (with --precision-model M, default resnet): M at fp16 and int8 cold, each precision stage's seconds
+     against fp32 ONNX Runtime inference of the same calibration batches on the cleaned model (session included,
+     one thread, as the stages run it); ModelOpt is imported once per worker, so the second precision stage a
+     worker runs shows the cost without the import;
+  6. each goal printed as met or missed with its numbers. Exit status 0 whatever the goals say (a benchmark
      reports; it does not gate), 2 if a run failed.
 """
 
@@ -52,6 +56,35 @@ def tar_seconds(packages: Path) -> float:
     return best
 
 
+def precision_report(workdir: Path, model: str) -> None:
+    """fp16 and int8 stage seconds of one model against fp32 ONNX Runtime inference of the same samples."""
+    import json
+
+    import numpy as np
+    import onnxruntime as ort
+
+    root = workdir / "project-precision"
+    shutil.rmtree(root, ignore_errors=True)
+    write_fleet_project(root, (model,), ("fp16", "int8"))
+    _, summary = cold_run(root, 1)
+    lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
+    cleaned = lock[f"cleanup:{model}"]["outputs"]["model"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    batches = sorted((root / "calib" / model).iterdir())
+    started = time.perf_counter()
+    session = ort.InferenceSession(str(root / "artifacts/store/objects" / cleaned[:2] / cleaned), options, providers=["CPUExecutionProvider"])
+    for batch in batches:
+        loaded = np.load(batch)
+        feed = {session.get_inputs()[0].name: loaded} if isinstance(loaded, np.ndarray) else dict(loaded)
+        session.run(None, feed)
+    inference = time.perf_counter() - started
+    print(f"\nprecision stages of {model} ({len(batches)} calibration batches; fp32 ONNX Runtime inference of them: {inference:.2f} s):")
+    for node in summary["nodes"]:
+        if node["kind"] == "precision":
+            print(f"  {node['id']:<28} {node['seconds']:6.2f} s  {node['seconds'] / inference:6.1f}x fp32 inference")
+
+
 def verdict(name: str, value: float, goal: float, better: str) -> str:
     met = value <= goal if better == "lower" else value >= goal
     return f"{name:<34} {value:6.2f}  goal {'<=' if better == 'lower' else '>='} {goal:<4}  {'met' if met else 'MISSED'}"
@@ -62,6 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet", "mobilenet", "encoder"])
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--precision-model", default="resnet", help="the model whose fp16/int8 stages are timed ('' to skip)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="trtflow-cold-")) if args.workdir is None else args.workdir
     walls, summaries = {}, {}
@@ -82,6 +116,8 @@ def main() -> None:
     print(verdict("   (stretch)", walls[1] / direct, GOALS["cold_stretch"], "lower"))
     print(verdict("2. packaging / tar cf", kinds.get("package", 0.0) / max(tar, 1e-9), GOALS["packaging"], "lower"))
     print(verdict("3. -j 1 wall / -j 2 wall", walls[1] / walls[2], GOALS["parallel"], "higher"))
+    if args.precision_model:
+        precision_report(workdir, args.precision_model)
     print(f"(projects left in {workdir})")
 
 
