@@ -108,7 +108,8 @@ class Session:
             if self.store is not None:  # what a killed run left beside the packages and the lock
                 from trtflow.store.housekeeping import sweep_leftovers
 
-                sweep_leftovers(self.store, self.project.packages_dir, self.project.root, lease.tmp().name if lease.taken else None)
+                sweep_leftovers(self.store, self.project.packages_dir, self.project.root, lease.tmp().name if lease.taken else None,
+                                runs_died=True if lease.swept else None)
             if self.store is None:
                 self._create_store()
                 lease = LazyLease(self.store.root)

@@ -268,7 +268,7 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
         if not yes:
             return housekeeping.garbage(store, keep)
         report = housekeeping.collect_garbage(store, keep)
-        report["leftovers"] = [str(p) for p in housekeeping.sweep_leftovers(store, project.packages_dir, project.root)]
+        report["leftovers"] = [str(p) for p in housekeeping.sweep_leftovers(store, project.packages_dir, project.root, runs_died=True)]
         return report
 
     report = _on_store(ctx, as_json, sweep)

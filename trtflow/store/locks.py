@@ -127,6 +127,11 @@ class LazyLease:
         """Whether the lease was taken (the run did or will do work in the store)."""
         return self._lease is not None
 
+    @property
+    def swept(self) -> list[Path]:
+        """The tmp dirs of dead runs that taking the lease removed (none if it was not taken)."""
+        return self._lease.swept if self._lease is not None else []
+
     def tmp(self) -> Path:
         """The lease's tmp dir, taking the lease now if it was not taken yet."""
         if self._lease is None:
