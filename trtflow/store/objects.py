@@ -136,7 +136,8 @@ class Store:
         if not ((root / "records").is_dir() or (root / LEGACY_INDEX).is_dir()):
             return None
         store = cls(root)
-        import_legacy_index(store)
+        with contextlib.suppress(StoreWriteError):  # a read-only old store: planning goes on without its records
+            import_legacy_index(store)
         return store
 
     def close(self) -> None:
