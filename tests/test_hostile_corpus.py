@@ -574,6 +574,14 @@ for name, edit, fragment in [
     add(name, "remote", RUN, 0, fragment, edit)
 
 
+# the other commands that read the store meet the same damage: no traceback, the same recovery
+for command, code in [(("plan",), 0), (("cache", "verify"), 1), (("cache", "gc"), 0), (("cache", "ls"), 0)]:
+    name = "-".join(command)
+    add(f"record-garbage-under-{name}", "built", command, code, SET_ASIDE, _records(_replace_with(b"\x00\xffgarbage")))
+    uses_cache = command in (("plan",), ("cache", "gc"))  # ls and verify never read the cache: nothing to start anew
+    add(f"cache-not-a-database-under-{name}", "built", command, 0, CACHE_RESET if uses_cache else "", _cache(_flip_header))
+
+
 # the runner --------------------------------------------------------------------------------------------------------
 
 SENTINEL_NAME = "sentinel.txt"
@@ -629,3 +637,4 @@ def test_hostile_input(name: str, bases: dict[str, Path], tmp_path: Path) -> Non
         assert spec.fragment in result.out + result.err, shown
     assert sentinel.read_text() == "must survive", shown
     assert not list(tmp_path.glob("case/pwned*")) and not (root / "pwned").exists()
+
