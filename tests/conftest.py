@@ -116,10 +116,9 @@ def read_remote_record(path: Path) -> dict:
 
 def write_remote_record(path: Path, record: dict, signer=None) -> None:
     """Put `record` in a remote cache's envelope, signed by `signer` (a trtflow.signing.Signer) or unsigned."""
-    from trtflow.signing import RECORD_TYPE, canonical_bytes, unsigned_envelope
+    from trtflow.signing import RECORD_TYPE, envelope_of
 
-    body = canonical_bytes(record)
-    path.write_text(json.dumps(signer.envelope(RECORD_TYPE, body) if signer else unsigned_envelope(RECORD_TYPE, body)))
+    path.write_text(json.dumps(envelope_of(RECORD_TYPE, record, signer)))
 
 
 def stage_record(root: Path, node_id: str) -> dict:

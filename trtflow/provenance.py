@@ -18,7 +18,7 @@ from typing import Any, Optional
 from trtflow import __version__
 from trtflow.errors import TrtflowError
 from trtflow.manifest import MANIFEST_FILE
-from trtflow.signing import STATEMENT_TYPE, SignatureRejected, Signer, TrustedKeys, canonical_bytes, unsigned_envelope
+from trtflow.signing import STATEMENT_TYPE, SignatureRejected, Signer, TrustedKeys, envelope_of
 
 STATEMENT = "https://in-toto.io/Statement/v1"
 PREDICATE = "https://slsa.dev/provenance/v1"
@@ -70,9 +70,7 @@ def statement(recipe: str, archive_sha256: str, manifest_sha256: str, manifest: 
 
 def envelope_line(statement_: dict, signer: Optional[Signer]) -> bytes:
     """The provenance file's bytes: one DSSE envelope as a JSON line."""
-    body = canonical_bytes(statement_)
-    envelope = signer.envelope(STATEMENT_TYPE, body) if signer else unsigned_envelope(STATEMENT_TYPE, body)
-    return json.dumps(envelope, sort_keys=True).encode() + b"\n"
+    return json.dumps(envelope_of(STATEMENT_TYPE, statement_, signer), sort_keys=True).encode() + b"\n"
 
 
 def check(path: Path, trust: TrustedKeys, recipe: str, manifest_sha256: str, archive_sha256: Optional[str]) -> tuple[dict, str]:

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from trtflow.util.archive import UnsafeArchive, read_member
 from trtflow.device import no_gpu_reason, query_compute_capabilities
 from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.hashing import sha256_file
 from trtflow.manifest import MANIFEST_FILE, Engine, Manifest
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.fs import atomic_write, atomic_writer
@@ -290,21 +291,13 @@ def require_signature(package: Package, trust: "TrustedKeys", provenance_file: O
     from trtflow import provenance
 
     path = provenance_file or provenance.provenance_path(package.root if package.root is not None else package.path)
-    archive = _file_sha256(package.path) if package.root is None else None
+    archive = sha256_file(package.path) if package.root is None else None
     _, keyid = provenance.check(path, trust, package.manifest.recipe, package.manifest_sha256, archive)
     return dataclasses.replace(package, signed_by=keyid)
 
 
 def _sha256(data: Optional[bytes]) -> str:
     return hashlib.sha256(data or b"").hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _read_manifest(path: Path) -> bytes:

@@ -276,8 +276,12 @@ class Runner:
         messages += self.store.take_notes()
         messages += self.remote.take_warnings() if self.remote is not None else []
         for message in messages:
-            self.warnings.append(message)
-            self.listener("warning", message)
+            self._warn(message)
+
+    def _warn(self, message: str) -> None:
+        """Keep a warning for the summary and show it now."""
+        self.warnings.append(message)
+        self.listener("warning", message)
 
     def _start(self, resolution: Resolution) -> tuple[futures.Future, _Running]:
         """Hand the node to the executor with its inputs placed, in a fresh work directory of its own."""
@@ -323,8 +327,7 @@ class Runner:
             self._settle(NodeState(state.node, FAILED, str(exc), key=state.key, exit_code=exc.exit_code))
             return
         if repaired:
-            self.warnings.append(repaired)
-            self.listener("warning", repaired)
+            self._warn(repaired)
         state = self._lock_verdict(state, record)
         if state.status == FAILED:
             self._settle(state)

@@ -63,6 +63,12 @@ def unsigned_envelope(payload_type: str, body: bytes) -> dict:
     return {"payloadType": payload_type, "payload": base64.b64encode(body).decode(), "signatures": []}
 
 
+def envelope_of(payload_type: str, value: Any, signer: Optional[Signer]) -> dict:
+    """A DSSE envelope of `value`'s canonical JSON, signed by `signer` when there is one."""
+    body = canonical_bytes(value)
+    return signer.envelope(payload_type, body) if signer is not None else unsigned_envelope(payload_type, body)
+
+
 @dataclass(frozen=True)
 class TrustedKeys:
     """The public keys whose signatures a reader accepts, by key id."""

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
@@ -56,52 +56,64 @@ def _no_aslr() -> None:
     die_with_parent()
 
 
+class _Worker(NamedTuple):
+    """A started worker: the stack that holds its slot (closing it ends the worker), the slot, the process."""
+
+    stack: contextlib.ExitStack
+    slot: Path
+    process: subprocess.Popen
+
+
 class WarmWorkers:
     """Hermetic worker processes started ahead of their task, each in a slot of its own: taking one starts the next,
     so a build's process start-up and imports overlap the build before it. Each still runs exactly one task."""
 
     def __init__(self, kind: str, settings: Settings, spares: int):
         self.kind, self.settings, self.spares = kind, settings, spares
-        self._idle: list[tuple[contextlib.ExitStack, Path, subprocess.Popen]] = []
+        self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self) -> Optional[tuple[contextlib.ExitStack, Path, subprocess.Popen]]:
-        """A started worker (its slot held) for one task, starting the spares that keep the next one warm."""
+    def take(self) -> Optional[_Worker]:
+        """A started worker (its slot held) for one task, starting the spares that keep the next one warm; None once closed."""
         with self._lock:
-            taken = self._idle.pop(0) if self._idle else None
-            while not self._closed and len(self._idle) < self.spares:
-                self._idle.append(self._start())
-        return taken if taken is not None else self.take_started()
+            if self._closed:
+                return None
+            taken = self._idle.pop(0) if self._idle else self._start()
+            self._top_up()
+        return taken
 
     def fill(self) -> None:
         """Start the spares now (before the first task), so even the first one finds a worker ready."""
         with self._lock:
-            while not self._closed and len(self._idle) < self.spares:
-                self._idle.append(self._start())
+            self._top_up()
 
-    def take_started(self) -> Optional[tuple[contextlib.ExitStack, Path, subprocess.Popen]]:
-        """A worker started now (when no spare was waiting)."""
-        with self._lock:
-            return None if self._closed else self._start()
+    def _top_up(self) -> None:
+        """With the lock held: start spares until there are `spares` idle ones."""
+        while not self._closed and len(self._idle) < self.spares:
+            self._idle.append(self._start())
 
-    def _start(self) -> tuple[contextlib.ExitStack, Path, subprocess.Popen]:
+    def _start(self) -> _Worker:
         stack = contextlib.ExitStack()
         slot = stack.enter_context(_free_slot())
-        reason = unavailable_reason()
         command = [sys.executable, "-m", "trtflow.executors.worker", "--warm", self.kind, TASK_FILE, RESULT_FILE]
         process = subprocess.Popen(command, env=self.settings.hermetic_env(), cwd=slot, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent if reason else _no_aslr)
+                                   stderr=subprocess.PIPE, text=True, preexec_fn=_hermetic_preexec())
         stack.callback(_end, process)
-        return stack, slot, process
+        return _Worker(stack, slot, process)
 
     def close(self) -> None:
         """End the spares no task took (they exit at the end of their input) and free their slots."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for stack, _, _ in idle:
-            stack.close()
+        for worker in idle:
+            worker.stack.close()
+
+
+def _hermetic_preexec() -> Any:
+    """What a hermetic child runs before exec: ASLR off and die with the run, or only the latter where ASLR stays on."""
+    return die_with_parent if unavailable_reason() else _no_aslr
 
 
 def _end(process: subprocess.Popen) -> None:
@@ -120,10 +132,12 @@ def run_hermetic(task: StageTask, settings: Settings, warm: Optional[WarmWorkers
     moved back to its work dir."""
     try:
         taken = warm.take() if warm is not None else None
-        with (taken[0] if taken else _free_slot()) as entered:
-            slot = taken[1] if taken else entered
+        with (taken.stack if taken else contextlib.ExitStack()) as stack:
+            slot = taken.slot if taken else stack.enter_context(_free_slot())
             in_slot = _task_in_slot(task, slot)
-            result = _go(in_slot, slot, taken[2], settings) if taken else _run_in_slot(in_slot, slot, settings)
+            result = _go(in_slot, slot, taken.process) if taken else _run_worker(in_slot, slot, settings.hermetic_env(), _hermetic_preexec())
+            if result.record is not None:
+                result.record["hermetic"] = _description(unavailable_reason(), settings)
             if result.files is not None:
                 moved = {name: shutil.move(path, task.workdir / Path(path).name) for name, path in result.files.items()}
                 result = dataclasses.replace(result, files={name: str(path) for name, path in moved.items()})
@@ -178,23 +192,11 @@ def _task_in_slot(task: StageTask, slot: Path) -> StageTask:
     return dataclasses.replace(task, inputs=inputs, workdir=slot / "work")
 
 
-def _run_in_slot(task: StageTask, slot: Path, settings: Settings) -> StageResult:
-    """Start the worker process on the pickled task and read back its pickled result."""
-    reason = unavailable_reason()
-    result = _run_worker(task, slot, settings.hermetic_env(), die_with_parent if reason else _no_aslr)
-    if result.record is not None:
-        result.record["hermetic"] = _description(reason, settings)
-    return result
-
-
-def _go(task: StageTask, slot: Path, process: subprocess.Popen, settings: Settings) -> StageResult:
+def _go(task: StageTask, slot: Path, process: subprocess.Popen) -> StageResult:
     """Hand the task to a warm worker waiting in `slot` and read back its result."""
     (slot / TASK_FILE).write_bytes(pickle.dumps(task))
     _, stderr = process.communicate("go\n")
-    result = _worker_result(task, slot, process.returncode, stderr)
-    if result.record is not None:
-        result.record["hermetic"] = _description(unavailable_reason(), settings)
-    return result
+    return _worker_result(task, slot, process.returncode, stderr)
 
 
 def run_isolated(task: StageTask) -> StageResult:

@@ -168,9 +168,11 @@ def _difference(digest: str, place: Placement, recipe: str) -> Optional[str]:
         return NOT_PLACED
     if not archive.is_file() or place.digests.digest(archive) != digest:
         return f"{archive.name} differs from the package built"
+    if folder.is_symlink() or not folder.is_dir():
+        return "its folder is a symlink" if folder.is_symlink() else "its folder is missing"
     listing = place.store.package_listing(digest)
-    if listing is None or not folder.is_dir() or folder.is_symlink():
-        return "its folder is missing" if not folder.is_dir() else ("its folder was never checked" if listing is None else "its folder is a symlink")
+    if listing is None:
+        return "its folder was never checked"
     present = _files_under(folder)
     if set(present) != set(listing):
         changed = sorted(set(present) ^ set(listing))

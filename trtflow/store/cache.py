@@ -16,7 +16,7 @@ import shutil
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 FILE_NAME = "cache.sqlite"
 BUSY_TIMEOUT_S = 60
@@ -117,8 +117,3 @@ def remove_entry(path: Path) -> None:
             path.unlink()
     except FileNotFoundError:
         pass
-
-
-def iter_json_files(folder: Path, pattern: str) -> Iterator[Path]:
-    """Files matching `pattern` under `folder`, sorted (nothing if the folder does not exist)."""
-    return iter(sorted(folder.glob(pattern))) if folder.is_dir() else iter(())

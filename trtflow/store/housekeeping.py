@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
@@ -23,11 +22,8 @@ from typing import Any, Iterable, Iterator, Optional
 from trtflow.hashing import sha256_file
 from trtflow.store.cache import remove_entry
 from trtflow.store.lockfile import LOCK_FILE, read_lock
-from trtflow.store.objects import Store
+from trtflow.store.objects import DIGEST, Store
 from trtflow.store.locks import exclusive_store, holding, remove_free_lock_files, run_is_live
-
-DIGEST = re.compile(r"^[0-9a-f]{64}$")
-
 
 # ls ------------------------------------------------------------------------------------------
 def usage(store: Store, lock_keys: set[str]) -> dict:

@@ -271,9 +271,9 @@ class Store:
         """Entries under records/ and runs/ that are neither a record nor a run: temp files of a killed writer, strays."""
         records = set(_record_files(self.records))
         for sub in _children(self.records):
-            inner = _children(sub) if sub.is_dir() and not sub.is_symlink() else iter(())
-            yield from (p for p in inner if p not in records)
-            if not (sub.is_dir() and not sub.is_symlink()):
+            if sub.is_dir() and not sub.is_symlink():
+                yield from (p for p in _children(sub) if p not in records)
+            else:
                 yield sub
         runs = set(self._run_files())
         yield from (p for p in _children(self.runs) if p not in runs)

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trtflow.errors import EnvironmentProblem
-from trtflow.signing import (KEY_FILE_ENV, KEY_TEXT_ENV, RECORD_TYPE, SignatureRejected, Signer, TrustedKeys, canonical_bytes,
-                             envelope_body, unsigned_envelope)
+from trtflow.signing import KEY_FILE_ENV, KEY_TEXT_ENV, RECORD_TYPE, SignatureRejected, Signer, TrustedKeys, envelope_body, envelope_of
 from trtflow.store.objects import ObjectMismatch, Store, checked_record
 
 CHUNK = 1 << 20
@@ -168,9 +167,7 @@ class Remote:
                 target = f"{self._base}/objects/{digest[:2]}/{digest}"
                 if digest in self._rejected or not self._fs.exists(target):
                     self._put(target, lambda name: self._fs.put_file(str(path), name))
-            body = canonical_bytes(record)
-            envelope = self.signer.envelope(RECORD_TYPE, body) if self.signer else unsigned_envelope(RECORD_TYPE, body)
-            record_text = json.dumps(envelope, sort_keys=True).encode()
+            record_text = json.dumps(envelope_of(RECORD_TYPE, record, self.signer), sort_keys=True).encode()
             self._put(f"{self._base}/records/{key}.json", lambda name: self._fs.pipe_file(name, record_text))
         except Exception as exc:  # see _read
             self._failed(exc, f"pushing {record.get('node', key)}")
