@@ -1,27 +1,25 @@
-"""No-op benchmark: how long `trtflow run` takes when every stage is already cached.
+"""No-op benchmark: how long `trtflow run` takes when every stage is already cached, from 1000 to 10,000 stages.
 
-    python benchmarks/noop.py [--recipes 100] [--workdir DIR] [--jobs 2] [--repeat 5]
+    python benchmarks/noop.py [--stages 1000 3000 10000] [--workdir DIR] [--jobs 2] [--repeat 5]
+                              [--dvc PATH] [--dvc-stages 1000 3000] [--no-profile]
 
-The goal (from the issue): a no-op `trtflow run` of a realistic project finishes in under 1 s on this
-2-core machine. A no-op happens on every CI job and every edit-run cycle; it only has to load the
-project, compute every stage key and find it in the store, so its cost should be close to Python's
-own start-up, not grow with the number of stages.
+A no-op happens on every CI job and every edit-run cycle; it only has to load the project, compute every stage
+key and find it in the store, so its cost should stay close to Python's start-up and grow slowly with stages.
 
 What is measured, each as a real subprocess (`sys.executable ...`), wall-clock time:
-  1. a generated project: N recipes (default 100) x 2 tensorrt-rtx targets (sm_86, sm_89), each with
-     its own tiny ONNX model (Conv+Relu, weights seeded by the recipe number), fp32, one profile with a
-     dynamic batch. That is 4 stages per recipe (cleanup, 2 builds, package): 400 stages by default;
-  2. the full build, `python -m trtflow -C DIR run -j JOBS --json`, once (must exit 0);
-  3. the same command again, --repeat times: the no-op (its JSON must say built == 0). The first no-op
-     after the build is reported on its own line, since it may re-hash files written less than
-     2 s before they were first hashed (the stat cache's racy window);
-  4. the baselines, measured the same way in the same run: `python -c pass` (bare interpreter),
-     `python -c "import trtflow"` (the baseline the goal is set against) and
-     `python -c "import trtflow.cli"` (what every command pays before doing anything);
-  5. a table of min/median, the ratios of the no-op to the baselines, and the goal check
-     (median no-op < 1 s). Exit status: 0 goal met, 1 goal missed, 2 a correctness check failed;
-  6. where the no-op's time goes: one no-op under cProfile (top trtflow functions by cumulative
-     time) and one under `-X importtime` (slowest top-level imports).
+  1. baselines: `python -c pass`, `python -c "import trtflow"`, `python -c "import trtflow.cli"` (what every
+     command pays before doing anything);
+  2. for each size: a generated project of N/7 recipes x 2 tensorrt-rtx targets (sm_86, sm_89), each recipe with
+     its own tiny ONNX model (Conv+Relu, weights seeded by the recipe number), fp32: 7 stages per recipe. It is
+     built once with `trtflow run -j JOBS --json` (kept in --workdir, so a second benchmark run skips the builds),
+     then the no-op is timed --repeat times (its JSON must say built == 0). The first no-op after the build is
+     shown apart: it may re-hash files written less than 2 s before they were first hashed (the stat cache's
+     racy window);
+  3. at the --dvc-stages sizes, when DVC is installed: the same no-op of a DVC project of the same shape
+     (benchmarks/dvc_twin.py: same stages, edges and source files; `dvc repro` must run nothing);
+  4. a table per size, the slope (least squares, ms per stage), and the goals: a no-op at 3000 stages <= 0.6 s,
+     >= 50x faster than DVC there, <= 0.1 ms per stage. Exit status: 0 goals met, 1 a goal missed, 2 a check failed;
+  5. where the largest no-op's time goes: cProfile (top trtflow functions) and `-X importtime`.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ import importlib.util
 import json
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,8 +40,15 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dvc_twin  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
-GOAL_SECONDS = 1.0
+STAGES_PER_RECIPE = 7  # cleanup, precision, 2 builds, 2 verifies, package
+GOAL_STAGES = 3000
+GOAL_SECONDS = 0.6  # a no-op at GOAL_STAGES stages
+GOAL_VS_DVC = 50.0  # at least this many times faster than DVC at GOAL_STAGES
+GOAL_SLOPE_MS = 0.1  # per stage
 
 PIPELINE = (REPO / "pipeline.yaml").read_text()  # the example fleet: rtx-ampere sm_86, rtx-ada sm_89
 
@@ -264,39 +270,101 @@ def positive(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", type=positive, default=100, help="recipes to generate (4 stages each)")
-    parser.add_argument("--workdir", type=Path, help="project folder to use (default: a temporary one)")
+    parser.add_argument("--stages", type=positive, nargs="+", default=[1000, 3000, 10000],
+                        help="project sizes to measure, in stages (7 per recipe, rounded)")
+    parser.add_argument("--workdir", type=Path, help="folder for the projects, kept between runs (default: a temporary one)")
     parser.add_argument("--jobs", type=positive, default=2, help="trtflow run -j")
     parser.add_argument("--repeat", type=positive, default=5, help="timed repetitions of each measurement")
+    parser.add_argument("--dvc", default=shutil.which("dvc"), help="the dvc executable for the comparison (default: dvc on PATH)")
+    parser.add_argument("--dvc-stages", type=positive, nargs="*", default=[1000, 3000],
+                        help="the sizes at which DVC is measured too (it is slow: ~10 ms per stage per no-op)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile / importtime breakdown")
     return parser.parse_args(argv)
 
 
-def measure(project: Path, jobs: int, repetitions: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """(no-op timings, baseline timings), each by the name it is shown under."""
-    noop = {"first no-op after the build": [noop_once(project, jobs)],
-            "no-op trtflow run": repeat(lambda: noop_once(project, jobs), repetitions)}
-    baselines = {f"python -c {code!r}": repeat(lambda: python_once(code), repetitions)
-                 for code in ("pass", "import trtflow", "import trtflow.cli")}
-    return noop, baselines
+def baselines(repetitions: int) -> dict[str, list[float]]:
+    """Python start-up baselines, by the name they are shown under."""
+    return {f"python -c {code!r}": repeat(lambda: python_once(code), repetitions)
+            for code in ("pass", "import trtflow", "import trtflow.cli")}
 
 
-def benchmark(project: Path, args: argparse.Namespace) -> int:
-    """Write the project, build it, time the no-op and the baselines, print the report; 0 if the goal is met."""
-    started = time.perf_counter()
-    write_project(project, args.recipes)
-    print(f"project: {project} ({args.recipes} recipes x 2 targets, written in {time.perf_counter() - started:.2f} s)")
+def measure_point(workdir: Path, stages: int, args: argparse.Namespace) -> dict:
+    """Write and build one project of about `stages` stages, then time its no-op (and DVC's twin, if asked)."""
+    recipes = max(1, round(stages / STAGES_PER_RECIPE))
+    project = workdir / f"trtflow-{recipes}-recipes"
+    project.mkdir(parents=True, exist_ok=True)
+    write_project(project, recipes)
     seconds, summary = full_build(project, args.jobs)
-    print(f"full build: {seconds:.2f} s wall, exit 0, {summary['built']} built, {summary['cached']} cached (-j {args.jobs})")
-    noop, baselines = measure(project, args.jobs, args.repeat)
-    print("\n".join(["", *table({**noop, **baselines}), "", *ratios(noop["no-op trtflow run"], baselines)]))
+    count = summary["cached"] + summary["built"]
+    print(f"\n{count} stages ({recipes} recipes) in {project}: build {seconds:.1f} s wall ({summary['built']} built)")
+    point = {"stages": count, "project": project, "first": noop_once(project, args.jobs),
+             "noop": repeat(lambda: noop_once(project, args.jobs), args.repeat)}
+    if args.dvc and stages in args.dvc_stages:
+        twin = workdir / f"dvc-{recipes}-recipes"
+        if not (twin / "dvc.lock").is_file():
+            dvc_twin.write_twin(twin, project / "models", [f"r{index:04d}" for index in range(recipes)])
+            print(f"  DVC twin built in {dvc_twin.build_twin(args.dvc, twin):.1f} s")
+        point["dvc"] = repeat(lambda: dvc_twin.noop_twin(args.dvc, twin), max(1, args.repeat // 2))
+    print("\n".join("  " + line for line in table(_point_rows(point))))
+    return point
+
+
+def _point_rows(point: dict) -> dict[str, list[float]]:
+    rows = {"first no-op after the build": [point["first"]], "no-op trtflow run": point["noop"]}
+    if "dvc" in point:
+        rows["no-op dvc repro"] = point["dvc"]
+    return rows
+
+
+def slope_ms(points: list[dict]) -> float:
+    """Milliseconds each further stage adds to a no-op: least-squares line through the (stages, median) points."""
+    xs = [p["stages"] for p in points]
+    ys = [statistics.median(p["noop"]) for p in points]
+    if len(points) < 2:
+        return float("nan")
+    return statistics.linear_regression(xs, ys).slope * 1000
+
+
+def verdicts(points: list[dict]) -> list[str]:
+    """The issue's goals, met or missed, with the numbers."""
+    lines = []
+    at = min(points, key=lambda p: abs(p["stages"] - GOAL_STAGES))
+    median = statistics.median(at["noop"])
+    lines.append(_verdict(f"no-op at {at['stages']} stages (s)", median, GOAL_SECONDS, "<="))
+    if "dvc" in at:
+        lines.append(_verdict(f"dvc / trtflow no-op at {at['stages']} stages", statistics.median(at["dvc"]) / median, GOAL_VS_DVC, ">="))
+    else:
+        lines.append(f"dvc / trtflow no-op at {at['stages']} stages: not measured (no dvc, or not asked at that size)")
+    if len(points) > 1:
+        lines.append(_verdict("slope (ms per stage)", slope_ms(points), GOAL_SLOPE_MS, "<="))
+    return lines
+
+
+def _verdict(name: str, value: float, goal: float, sense: str) -> str:
+    met = value <= goal if sense == "<=" else value >= goal
+    return f"{name:<40} {value:8.3f}  goal {sense} {goal:<5g} {'met' if met else 'MISSED'}"
+
+
+def benchmark(workdir: Path, args: argparse.Namespace) -> int:
+    """Measure every size, print the table, the DVC ratios, the slope and the goals; 0 if every goal is met."""
+    base = baselines(args.repeat)
+    print("\n".join(table(base)))
+    if not args.dvc:
+        print("DVC comparison skipped: no dvc executable (pip install dvc, or pass --dvc PATH)")
+    points = [measure_point(workdir, stages, args) for stages in sorted(args.stages)]
+    print("\nstages   no-op median s   / import trtflow.cli   dvc repro median s   dvc / trtflow")
+    cli = statistics.median(base["python -c 'import trtflow.cli'"])
+    for p in points:
+        median = statistics.median(p["noop"])
+        dvc = f"{statistics.median(p['dvc']):18.3f}   {statistics.median(p['dvc']) / median:12.1f}x" if "dvc" in p else f"{'-':>18}   {'-':>13}"
+        print(f"{p['stages']:>6}   {median:14.3f}   {median / cli:19.1f}x   {dvc}")
     if not args.no_profile:
-        print("\n".join(["", *cprofile_noop(project, args.jobs), "", *importtime_noop(project, args.jobs)]))
-    median = statistics.median(noop["no-op trtflow run"])
-    passed = median < GOAL_SECONDS
-    stages = summary["cached"] + summary["built"]
-    print(f"\nno-op under {GOAL_SECONDS:g} s: {'PASS' if passed else 'FAIL'} (median {median:.3f} s, {stages} stages)")
-    return 0 if passed else 1
+        largest = points[-1]["project"]
+        print("\n".join(["", f"profile of the largest no-op ({points[-1]['stages']} stages):",
+                          *cprofile_noop(largest, args.jobs), "", *importtime_noop(largest, args.jobs)]))
+    lines = verdicts(points)
+    print("\n" + "\n".join(lines))
+    return 0 if all(line.endswith(" met") for line in lines if "goal" in line) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             return benchmark(args.workdir.resolve(), args)
         with tempfile.TemporaryDirectory(prefix="trtflow-noop-") as tmp:
             return benchmark(Path(tmp), args)
-    except CheckFailed as exc:
+    except (CheckFailed, RuntimeError) as exc:
         print(f"check failed: {exc}", file=sys.stderr)
         return 2
 

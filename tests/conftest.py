@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,13 @@ def trtflow(root: Path, *args: str) -> Result:
 def trtflow_process(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python -m trtflow` as a separate process, as CI and users do."""
     return subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def settle() -> None:
+    """Wait out the window in which a run distrusts files touched just before it (trtflow.runmemo.RACY_NS)."""
+    from trtflow.runmemo import RACY_NS
+
+    time.sleep(RACY_NS / 1e9 + 0.2)
 
 
 def write_project(root: Path, recipes: dict[str, str] | None = None, pipeline: str = PIPELINE) -> Path:

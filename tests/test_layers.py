@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trtflow"
 # Leaves import nothing above them: only each other (a package may import itself).
-LEAVES = ("errors", "hashing", "manifest", "recipe", "signing", "store", "util")
+LEAVES = ("errors", "hashing", "manifest", "recipe", "runmemo", "signing", "states", "store", "util")
 HEAVY = ("onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch", "rich", "numpy", "fsspec", "s3fs", "filelock", "cryptography")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from conftest import TINY_RECIPE, trtflow, trtflow_process, write_project
+from conftest import TINY_RECIPE, settle, trtflow, trtflow_process, write_project
 
 
 def run_json(root: Path, *args: str) -> dict:
@@ -80,7 +80,9 @@ def _tree(root: Path) -> dict[str, tuple[int, int, int]]:
 def test_a_no_op_run_writes_nothing_at_all(built_project: Path) -> None:
     """Not the lock, not the store's cache, not a run record, not a lease: every mtime stays (a no-op runs in every CI job).
 
-    The copy gave every file a new inode, so the first run re-hashes them and remembers that; the second is the no-op."""
+    The copy gave every file a new inode, so the first run re-hashes them and remembers that (and, the copy being
+    settled, the no-op: trtflow.runmemo); the second is the no-op."""
+    settle()
     assert trtflow(built_project, "run").code == 0
     before = _tree(built_project)
     result = trtflow(built_project, "run", "--json")

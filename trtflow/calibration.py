@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from trtflow.errors import ProjectError, StageError
+from trtflow.runmemo import note_glob
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,7 +81,13 @@ def matching_files(spec: "Calibration", root: Path) -> list[str]:
     field, pattern = declared
     suffixes = DATA_SUFFIXES if field == "data" else IMAGE_SUFFIXES
     folder = root / pattern
-    paths = folder.rglob("*") if field != "data" and folder.is_dir() else (Path(p) for p in glob.glob(str(root / pattern), recursive=True))
+    if field != "data" and folder.is_dir():
+        paths = list(folder.rglob("*"))
+        note_glob("rglob", str(folder), [str(p) for p in paths])
+    else:
+        matches = glob.glob(str(root / pattern), recursive=True)
+        note_glob("glob", str(root / pattern), matches)
+        paths = [Path(p) for p in matches]
     return sorted(Path(os.path.relpath(p, root)).as_posix() for p in paths if not p.is_dir() and p.suffix.lower() in suffixes)
 
 

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, MutableMapping, Optional
 
+from trtflow.runmemo import note_path
+
 CHUNK = 1 << 20
 # A file modified within this window of being hashed may change again within the same mtime tick,
 # so its signature is not remembered (git calls this the "racy clean" problem).
@@ -67,6 +69,7 @@ class FileDigests:
     def digest(self, path: Path) -> str:
         """sha256 of a file, remembered while its signature holds (never for a file modified within RACY_WINDOW_NS)."""
         path = Path(os.path.abspath(path))
+        note_path(path)
         stat = path.stat()
         signature = file_signature(stat)
         remembered = self._memory.get(str(path))

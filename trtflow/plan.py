@@ -29,35 +29,7 @@ from trtflow.stages.base import NodeId
 from trtflow.stages.modelfile import MODEL, companions, external_data_locations
 from trtflow.store.objects import Store
 
-# The fixed status vocabulary shown by plan, run and --json, in one place.
-CACHED, NEW, STALE, BUILT, FAILED, SKIPPED, WAITING = "cached", "new", "stale", "built", "failed", "skipped", "waiting"
-PULLED = "pulled from the remote cache"  # the reason of a cached node the remote supplied
-
-
-@dataclass
-class NodeState:
-    """A node's status in the fixed vocabulary, with its reason, key and (when failed) the exit code its error carries."""
-
-    node: Node
-    status: str
-    reason: str = ""
-    key: Optional[str] = None
-    components: Optional[dict] = None
-    changes: list[str] = field(default_factory=list)
-    seconds: Optional[float] = None
-    detail: str = ""
-    record: Optional[dict] = field(default=None, repr=False)  # the store record of a cached node
-    exit_code: int = 0  # of a failed node: the exit code of the error class that failed it (4: environment)
-
-    @property
-    def label(self) -> str:
-        """`cached`, `new`, `stale: profile max changed`, `failed: ...`: what the user reads."""
-        return f"{self.status}: {self.reason}" if self.reason else self.status
-
-    def to_json(self) -> dict:
-        """The node's entry in `--json` output."""
-        return {"id": self.node.id, "kind": self.node.kind, "recipe": self.node.recipe, "status": self.status,
-                "reason": self.reason or None, "key": self.key, "changes": self.changes, "seconds": self.seconds}
+from trtflow.states import CACHED, NEW, STALE, NodeState
 
 
 @dataclass
@@ -117,7 +89,7 @@ class Resolver:
         if found is None:
             components = {**node.known_parts, "inputs": inputs} if inputs is not None else None
             key = stage_key(components) if components is not None else None
-            record = self.store.stage_record(key) if key and self.store and not force else None
+            record = self.store.stage_record(key, components) if key and self.store and not force else None
             waiting = tuple(dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished))  # one upstream, several roles: once
             found = self._memo[memo_key] = Resolution(node, components, key, record, waiting, force, self, dict(missing or {}))
         if not missing:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from trtflow.dag import Dag, Node
 from trtflow.errors import TrtflowError
 from trtflow.executors import Executor, StageResult, StageTask
-from trtflow.plan import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, Resolution, Resolver
+from trtflow.plan import Resolution, Resolver
+from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState
 from trtflow.stages import stage_module
 from trtflow.stages.base import Placement, Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side

@@ -17,10 +17,12 @@ from trtflow.dag import Dag, dag_from_project
 from trtflow.errors import EnvironmentProblem, ProjectError
 from trtflow.executors.local import LocalExecutor
 from trtflow.hashing import FileDigests
-from trtflow.store.lockfile import LOCK_FILE, LockEntry, read_lock, write_lock
+from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, file_signature, read_lock, write_lock
 from trtflow.modelcheck import check_recipe_model
-from trtflow.plan import CACHED, FAILED, NodeState, Resolver, frozen_differences, plan
+from trtflow.plan import Resolver, frozen_differences, plan
+from trtflow.states import CACHED, FAILED, PULLED, NodeState
 from trtflow.recipe.load import Project, load_project
+from trtflow.runmemo import note_path
 from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import Placement
@@ -158,17 +160,32 @@ class Session:
 
     def _update_lock(self, finished: dict[str, dict]) -> None:
         """Entries of this run's finished nodes replace old ones; nodes gone from the project are dropped."""
+        ours = {node_id: LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"],
+                                   canonical=canonical_outputs(record)) for node_id, record in finished.items()}
+        note_path(self.lock_path)
         with holding(self.store.locks / "trtflow-lock.lock"):  # concurrent runs of one project merge, not overwrite
+            if self.all_node_ids <= ours.keys() and self._lock_holds(entries_digest({k: ours[k] for k in self.all_node_ids})):
+                return  # a no-op of the whole project: the lock is the one the last run wrote or read, unchanged
             try:
                 previous = read_lock(self.lock_path) or {}
             except ProjectError:
                 previous = {}  # an unreadable lock is replaced: this run knows everything it needs
             entries = {k: v for k, v in previous.items() if k in self.all_node_ids}
-            for node_id, record in finished.items():
-                entries[node_id] = LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"],
-                                             canonical=canonical_outputs(record))
+            entries.update(ours)
             if entries != previous:  # a no-op writes nothing (and skips encoding thousands of entries)
                 write_lock(self.lock_path, entries)
+            self.store.remember_lock(str(self.lock_path), file_signature(self.lock_path), entries_digest(entries))
+
+    def _lock_holds(self, digest: str) -> bool:
+        """Whether the lock file is, byte for byte, one this store saw holding entries of `digest` (no need to read it)."""
+        signature = file_signature(self.lock_path)
+        return signature is not None and self.store.remembered_lock(str(self.lock_path)) == [signature, digest]
+
+    def remembers_no_op(self, states: list[NodeState]) -> bool:
+        """Whether this finished run may be remembered as the project's no-op (runmemo): every stage found cached
+        locally, no warning, and no remote cache (a run with one talks to it)."""
+        return (self.store is not None and self.project.pipeline.cache.remote is None and not self.warnings
+                and all(s.status == CACHED and s.reason != PULLED for s in states))
 
     def store_notes(self) -> list[str]:
         """What the store did on its own while planning (a cache started anew, a malformed record set aside)."""

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Optional
 
 from trtflow.errors import EnvironmentProblem, ProjectError, TrtflowError
 from trtflow.util.fs import atomic_write
+from trtflow.runmemo import note_path
 
 KEY_FILE_ENV = "TRTFLOW_SIGNING_KEY_FILE"
 KEY_TEXT_ENV = "TRTFLOW_SIGNING_KEY"
@@ -184,6 +185,7 @@ def _read_key_file(path: Path, where: str, error: type[TrtflowError]) -> bytes:
             raise error(f"{where}: {path} is not a file")
         if path.stat().st_size > KEY_FILE_MAX:
             raise error(f"{where}: {path} is over {KEY_FILE_MAX >> 10} KiB: not a key")
+        note_path(path)
         return path.read_bytes()
     except OSError as exc:
         raise error(f"{where}: cannot read {path} ({exc.strerror or exc})") from None

@@ -19,7 +19,7 @@ import click
 from trtflow import __version__
 from trtflow.errors import InternalError, TrtflowError
 from trtflow.cli import output
-from trtflow.plan import FAILED
+from trtflow.states import CACHED, FAILED
 
 
 class Context:
@@ -105,32 +105,50 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
 def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, frozen: bool, as_json: bool, remote_required: bool,
         check_repro: Optional[int]) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
+    from trtflow import runmemo
+
+    started, started_ns = time.perf_counter(), time.time_ns()
+    whole_project = not (recipes or force or dry_run or frozen or remote_required or check_repro)
+    remembered = runmemo.remembered_nodes(ctx.project_dir.resolve()) if whole_project else None
+    if remembered is not None:  # nothing the last no-op read has changed: that no-op's answer
+        output.print_summary([runmemo.remembered_state(entry) for entry in remembered], as_json, time.perf_counter() - started)
+        return
     from trtflow.runner import RunOptions
 
-    session = ctx.session(recipes)
-    try:
-        if dry_run:
-            if frozen:
-                session.frozen_keys()  # the same check a frozen run makes before building anything
-            states = list(session.plan(force).values())
-            output.print_summary(states, as_json, 0.0, dry_run=True)
-            return
-        started = time.perf_counter()
-        view = None if as_json else output.progress_view(ctx.verbose)
-        try:
-            options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0)
-            states = list(session.run(options, view).values())
-        finally:
-            if view is not None:
-                view.close()
-    finally:
-        session.close()
+    with runmemo.recording() as reads:
+        options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0)
+        states, session = _run_session(ctx, recipes, options, dry_run, as_json)
+    if states is None:
+        return  # a dry run: printed already
+    if whole_project and session.remembers_no_op(states):
+        runmemo.remember(session.project.root, reads, [s.to_json() for s in states], started_ns)
+    elif any(s.status != CACHED for s in states):
+        runmemo.forget(session.project.root)
     output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings, repro=session.repro)
     failed = [s.exit_code or 1 for s in states if s.status == FAILED]
     if failed:
         sys.exit(max(failed))  # 4 when a stage found something missing from this machine, else 1
     if any(check.verdict == "different" for check in session.repro):
         sys.exit(1)
+
+
+def _run_session(ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: bool, as_json: bool) -> tuple[Optional[list], Any]:
+    """(final states, the session) of a run; (None, session) after printing a dry run's plan."""
+    session = ctx.session(recipes)
+    try:
+        if dry_run:
+            if options.frozen:
+                session.frozen_keys()  # the same check a frozen run makes before building anything
+            output.print_summary(list(session.plan(options.force).values()), as_json, 0.0, dry_run=True)
+            return None, session
+        view = None if as_json else output.progress_view(ctx.verbose)
+        try:
+            return list(session.run(options, view).values()), session
+        finally:
+            if view is not None:
+                view.close()
+    finally:
+        session.close()
 
 
 @cli.command()

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from trtflow.plan import BUILT, CACHED, FAILED, PULLED, SKIPPED, NodeState
+from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, NodeState
 
 
 def counts(states: list[NodeState]) -> str:

@@ -24,6 +24,7 @@ from trtflow.recipe.schema import InputShape, Pipeline, Recipe, TargetSpec
 from trtflow.recipe.source import TorchInput
 from trtflow.recipe.yamlfile import YamlDocument, load_yaml
 from trtflow.util.cc import ComputeCapability
+from trtflow.runmemo import note_glob
 
 if TYPE_CHECKING:
     from trtflow.signing import TrustedKeys
@@ -176,7 +177,9 @@ def _recipe_paths(root: Path, pipeline: Pipeline, document: YamlDocument) -> lis
     seen = {(root / PIPELINE_FILE).resolve()}
     outputs = [(root / pipeline.store).resolve(), (root / pipeline.packages).resolve()]
     for index, pattern in enumerate(pipeline.recipes):
-        matches = [Path(p) for p in sorted(glob.glob(str(root / pattern), recursive=True))]
+        found = glob.glob(str(root / pattern), recursive=True)
+        note_glob("glob", str(root / pattern), found)
+        matches = [Path(p) for p in sorted(found)]
         kept = [m for m in matches if _is_recipe_file(m, seen, outputs)]
         if not kept:
             raise ProjectError(f"{PIPELINE_FILE}:{document.line_of(('recipes', index))}: recipes[{index}]: no file matches {pattern!r}")

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from trtflow.errors import ProjectError
+from trtflow.runmemo import note_path
 
 try:  # libyaml's composer is several times faster; the result is identical
     from yaml import CSafeLoader as _Loader
@@ -52,6 +53,7 @@ MAX_VALUES = 100_000  # after aliases are expanded: `a: &x [...]; b: [*x, *x, ..
 def load_yaml(path: Path, display: str) -> YamlDocument:
     """Parse `path` into a YamlDocument; malformed, oversized or hostile YAML raises ProjectError naming file and line."""
     text = _read_text(path, display)
+    note_path(path)
     _check_flow_depth(text, display)
     try:
         node = yaml.compose(text, Loader=_Loader)

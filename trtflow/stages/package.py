@@ -16,6 +16,7 @@ from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.runmemo import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Engine, MissingEngine, Tensor
@@ -185,6 +186,7 @@ def _files_under(folder: Path) -> dict[str, Path]:
     """Every entry under `folder` by relative POSIX path (symlinks and special files included, never followed)."""
     found = {}
     for parent, dirs, files in os.walk(folder):
+        note_path(parent)  # a file added anywhere changes its folder
         for name in files + [d for d in dirs if (Path(parent) / d).is_symlink()]:
             path = Path(parent) / name
             found[path.relative_to(folder).as_posix()] = path
@@ -205,6 +207,7 @@ def _provenance(place: Placement, recipe: str, record: dict) -> tuple[Path, byte
 def _provenance_differs(place: Placement, recipe: str, record: dict) -> bool:
     """Whether the provenance file is missing or holds other bytes (a new package, another key, an edit)."""
     path, line = _provenance(place, recipe, record)
+    note_path(path)
     return not (path.is_file() and not path.is_symlink() and path.read_bytes() == line)
 
 

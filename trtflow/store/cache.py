@@ -6,6 +6,11 @@ Nothing in it names a file that is read, written or deleted because of it: a pat
 looked up for a file trtflow was about to hash anyway. A cache that SQLite cannot read (a flipped byte,
 a truncated file, something else put in its place) is thrown away and started empty, with one warning;
 the cost is re-hashing. Values are parsed as JSON and never unpickled.
+
+The first read loads every row in one query (a no-op run of thousands of stages asks for tens of thousands of
+names; one query each cost more than the rest of the lookup). Rows another process writes meanwhile are not
+seen: every value is checked against the file it describes (signatures by size, mtime and inode) or only
+explains, so a stale row costs a re-hash at worst.
 """
 
 from __future__ import annotations
@@ -31,22 +36,30 @@ class Cache:
         self._lock = threading.Lock()
         self._db: Optional[sqlite3.Connection] = None
         self._off = False
+        self._rows: Optional[dict[str, str]] = None  # every row, read at the first get
 
     def get(self, name: str) -> Optional[Any]:
         """The value under `name`, or None (absent, or not JSON: a stray row counts as absent)."""
-        rows = self._run(lambda db: db.execute("SELECT value FROM kv WHERE name = ?", (name,)).fetchall(), [])
+        if self._rows is None:
+            rows = self._run(lambda db: db.execute("SELECT name, value FROM kv").fetchall(), [])
+            self._rows = {name: value for name, value in rows if isinstance(name, str) and isinstance(value, str)}
+        text = self._rows.get(name)
         try:
-            return json.loads(rows[0][0]) if rows else None
-        except (TypeError, ValueError):
+            return json.loads(text) if text is not None else None
+        except (TypeError, ValueError, RecursionError):
             return None
 
     def set(self, name: str, value: Any) -> None:
         """Remember `value` (JSON-ready) under `name`."""
         text = json.dumps(value, sort_keys=True)
+        if self._rows is not None:
+            self._rows[name] = text
         self._run(lambda db: db.execute("INSERT OR REPLACE INTO kv (name, value) VALUES (?, ?)", (name, text)), None)
 
     def delete(self, name: str) -> None:
         """Forget `name` (nothing if it is not there)."""
+        if self._rows is not None:
+            self._rows.pop(name, None)
         self._run(lambda db: db.execute("DELETE FROM kv WHERE name = ?", (name,)), None)
 
     def names(self, prefix: str) -> list[str]:
@@ -97,6 +110,7 @@ class Cache:
     def _reset(self, why: str) -> None:
         """Throw the database (and its journals) away; the next statement starts an empty one."""
         self._close()
+        self._rows = None
         for suffix in ("", "-wal", "-shm", "-journal"):
             remove_entry(self.path.with_name(self.path.name + suffix))
         self.notes.append(f"the store's cache ({self.path.name}) was unreadable ({why}); started it anew "

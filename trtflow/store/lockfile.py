@@ -9,7 +9,9 @@ can say *what* changed. It holds no times: the same project always writes the sa
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -63,3 +65,21 @@ def write_lock(path: Path, entries: dict[str, LockEntry]) -> None:
     if path.is_file() and path.read_text() == text:
         return
     atomic_write(path, text)
+
+
+def entries_digest(entries: dict[str, LockEntry]) -> str:
+    """A digest of what a lock holds, cheap to compute: node ids, keys and outputs (components hash to the key)."""
+    digest = hashlib.sha256()
+    for node in sorted(entries):
+        entry = entries[node]
+        digest.update(f"{node}\0{entry.key}\0{sorted(entry.outputs.items())}\0{sorted((entry.canonical or {}).items())}\n".encode())
+    return digest.hexdigest()
+
+
+def file_signature(path: Path) -> Optional[list[int]]:
+    """(size, mtime_ns, inode) of the lock file as it is now; None if it is not a regular file."""
+    try:
+        seen = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return [seen.st_size, seen.st_mtime_ns, seen.st_ino] if os.path.isfile(path) and not os.path.islink(path) else None

@@ -42,6 +42,7 @@ from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
 from trtflow.util.faults import crash_point
 from trtflow.util.fs import atomic_write, fsync_dir, fsync_file
+from trtflow.runmemo import note_path
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -179,6 +180,7 @@ class Store:
         A mismatch quarantines the object, so it counts as missing from then on (and its stage is rebuilt).
         """
         path = self.object_path(digest)
+        note_path(path)
         try:
             seen = os.stat(path)
         except FileNotFoundError:
@@ -289,9 +291,12 @@ class Store:
             raise InternalError(f"a stage key must be a sha256 digest, got {key[:80]!r}")
         return self.records / key[:2] / f"{key}.json"
 
-    def stage_record(self, key: str) -> Optional[dict]:
-        """The record of a finished stage, or None if unknown, malformed, or any of its output objects is gone or corrupt."""
-        record = self._read_record(self.record_path(key), key)
+    def stage_record(self, key: str, components: Optional[dict] = None) -> Optional[dict]:
+        """The record of a finished stage, or None if unknown, malformed, or any of its output objects is gone or corrupt.
+
+        `components`: what the caller hashed into `key`, if it did (a record holding the same is not hashed again).
+        """
+        record = self._read_record(self.record_path(key), key, components)
         if record is None or not all(self.object_intact(d) for d in record["outputs"].values()):
             return None
         return record
@@ -322,8 +327,9 @@ class Store:
         with self.writing():
             self.record_path(key).unlink(missing_ok=True)
 
-    def _read_record(self, path: Path, key: str) -> Optional[dict]:
+    def _read_record(self, path: Path, key: str, components: Optional[dict] = None) -> Optional[dict]:
         """The record at `path` if it is well formed and hashes to `key`; a bad one is moved to corrupt/."""
+        note_path(path)
         try:
             text = _read_regular(path, RECORD_MAX_BYTES + 1)
         except FileNotFoundError:
@@ -332,7 +338,7 @@ class Store:
             return self._set_aside(path, f"it is not a regular file ({exc.strerror or exc})")
         if len(text) > RECORD_MAX_BYTES:
             return self._set_aside(path, f"it is over {RECORD_MAX_BYTES >> 20} MiB")
-        record, problem = checked_record(text, key)
+        record, problem = checked_record(text, key, components)
         return record if not problem else self._set_aside(path, problem)
 
     def _set_aside(self, path: Path, problem: str) -> None:
@@ -357,6 +363,16 @@ class Store:
         """Remember what the node resolved to (for `plan --explain`); writes nothing if it is unchanged."""
         if self.last_run(node_id) != value:
             self._cache.set("node:" + node_id, value)
+
+    def remembered_lock(self, path: str) -> Optional[list]:
+        """[file signature, entries digest] of the lock at `path` as this store last wrote or read it; None if unknown."""
+        value = self._cache.get("lock:" + path)
+        return value if isinstance(value, list) else None
+
+    def remember_lock(self, path: str, signature: Optional[list[int]], digest: str) -> None:
+        """Remember what the lock at `path` holds, so an unchanged lock is not read again (writes only on change)."""
+        if signature is not None and self.remembered_lock(path) != [signature, digest]:
+            self._cache.set("lock:" + path, [signature, digest])
 
     def package_listing(self, digest: str) -> Optional[dict[str, str]]:
         """The files (relative path -> sha256) a package object extracts to, as remembered at its checkout; None if unknown."""
@@ -418,8 +434,11 @@ class Store:
         return [k for k in keys if isinstance(k, str) and DIGEST.match(k)] if isinstance(keys, list) else []
 
 
-def checked_record(text: bytes, key: str) -> tuple[dict, str]:
-    """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong)."""
+def checked_record(text: bytes, key: str, known: Optional[dict] = None) -> tuple[dict, str]:
+    """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong).
+
+    `known`: components the caller already hashed to `key`; a record holding exactly those needs no hashing.
+    """
     try:
         record = json.loads(text)
     except (ValueError, RecursionError):
@@ -430,7 +449,7 @@ def checked_record(text: bytes, key: str) -> tuple[dict, str]:
     if not isinstance(outputs, dict) or not all(isinstance(d, str) and DIGEST.match(d) for d in outputs.values()):
         return {}, "its outputs are not sha256 digests"
     components = record.get("components")
-    if not isinstance(components, dict) or stage_key(components) != key:
+    if not isinstance(components, dict) or (components != known and stage_key(components) != key):
         return {}, "its key components do not hash to its key"
     return record, ""
 

@@ -6,10 +6,23 @@ import functools
 import importlib.metadata
 from typing import Optional
 
+from trtflow.runmemo import note_version
 
-@functools.lru_cache(maxsize=None)
+
 def tool_version(distribution: str) -> Optional[str]:
     """Installed version of a package, read from its metadata (no import; remembered for the process)."""
+    version = _remembered_version(distribution)
+    note_version(distribution, version)
+    return version
+
+
+@functools.lru_cache(maxsize=None)
+def _remembered_version(distribution: str) -> Optional[str]:
+    return installed_version(distribution)
+
+
+def installed_version(distribution: str) -> Optional[str]:
+    """Installed version of a package as its metadata says now (None if it is not installed)."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
