@@ -21,6 +21,7 @@ What is measured, in one run (every figure is a ratio against a baseline measure
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -105,7 +106,9 @@ def main() -> None:
         write_fleet_project(root, tuple(args.models), ("fp32",))
         walls[jobs], summaries[jobs] = cold_run(root, jobs)
     root = workdir / "project-j1"
-    direct = sum(direct_builds(root).values())
+    cpu: dict[str, float] = {}
+    direct = sum(direct_builds(root, cpu).values())
+    busy = sum(cpu.values()) / direct  # cores one build keeps busy (the builder runs threads of its own)
     kinds = seconds_by_kind(summaries[1])
     tar = tar_seconds(root / "artifacts" / "packages")
     print(f"cold run -j 1: {walls[1]:.2f} s wall, {summaries[1]['built']} stages; -j 2: {walls[2]:.2f} s")
@@ -116,6 +119,8 @@ def main() -> None:
     print(verdict("   (stretch)", walls[1] / direct, GOALS["cold_stretch"], "lower"))
     print(verdict("2. packaging / tar cf", kinds.get("package", 0.0) / max(tar, 1e-9), GOALS["packaging"], "lower"))
     print(verdict("3. -j 1 wall / -j 2 wall", walls[1] / walls[2], GOALS["parallel"], "higher"))
+    cores = os.cpu_count() or 1
+    print(f"   one direct build keeps {busy:.2f} cores busy: on {cores} cores, two at once can gain at most {min(2.0, cores / busy):.2f}x")
     if args.precision_model:
         precision_report(workdir, args.precision_model)
     print(f"(projects left in {workdir})")

@@ -12,12 +12,12 @@ What is measured, each as a real subprocess (`sys.executable ...`), wall-clock t
   2. for each size: a generated project of N/7 recipes x 2 tensorrt-rtx targets (sm_86, sm_89), each recipe with
      its own tiny ONNX model (Conv+Relu, weights seeded by the recipe number), fp32: 7 stages per recipe. It is
      built once with `trtflow run -j JOBS --json` (kept in --workdir, so a second benchmark run skips the builds),
-     then the no-op is timed --repeat times (its JSON must say built == 0). The first no-op after the build is
-     shown apart: it may re-hash files written less than 2 s before they were first hashed (the stat cache's
-     racy window);
+     then, 2 s later (the memo does not trust newer files), one no-op that plans every stage and remembers the
+     answer (trtflow/runmemo.py), the no-op --repeat times (answered from the memo; its JSON must say built == 0),
+     and the no-op planning every stage (memo removed first) --repeat/2 times;
   3. at the --dvc-stages sizes, when DVC is installed: the same no-op of a DVC project of the same shape
      (benchmarks/dvc_twin.py: same stages, edges and source files; `dvc repro` must run nothing);
-  4. a table per size, the slope (least squares, ms per stage), and the goals: a no-op at 3000 stages <= 0.6 s,
+  4. a table per size, the slopes (least squares, ms per stage), and the goals: a no-op at 3000 stages <= 0.6 s,
      >= 50x faster than DVC there, <= 0.1 ms per stage. Exit status: 0 goals met, 1 a goal missed, 2 a check failed;
   5. where the largest no-op's time goes: cProfile (top trtflow functions) and `-X importtime`.
 """
@@ -146,7 +146,10 @@ def full_build(project: Path, jobs: int) -> tuple[float, dict]:
     return seconds, summary
 
 
-def noop_once(project: Path, jobs: int) -> float:
+def noop_once(project: Path, jobs: int, replan: bool = False) -> float:
+    """One no-op run; `replan`: without the remembered no-op (trtflow/runmemo.py), so every stage is resolved."""
+    if replan:
+        shutil.rmtree(project / ".trtflow", ignore_errors=True)
     seconds, result = timed(run_command(project, jobs))
     summary = checked_summary(result, "the no-op run")
     if summary["built"] != 0 or summary["cached"] != len(summary["nodes"]):
@@ -297,8 +300,10 @@ def measure_point(workdir: Path, stages: int, args: argparse.Namespace) -> dict:
     seconds, summary = full_build(project, args.jobs)
     count = summary["cached"] + summary["built"]
     print(f"\n{count} stages ({recipes} recipes) in {project}: build {seconds:.1f} s wall ({summary['built']} built)")
+    time.sleep(2.2)  # outputs written less than 2 s before a run are not trusted by the memo (trtflow/runmemo.py)
     point = {"stages": count, "project": project, "first": noop_once(project, args.jobs),
-             "noop": repeat(lambda: noop_once(project, args.jobs), args.repeat)}
+             "noop": repeat(lambda: noop_once(project, args.jobs), args.repeat),
+             "replan": repeat(lambda: noop_once(project, args.jobs, replan=True), max(1, args.repeat // 2))}
     if args.dvc and stages in args.dvc_stages:
         twin = workdir / f"dvc-{recipes}-recipes"
         if not (twin / "dvc.lock").is_file():
@@ -310,16 +315,17 @@ def measure_point(workdir: Path, stages: int, args: argparse.Namespace) -> dict:
 
 
 def _point_rows(point: dict) -> dict[str, list[float]]:
-    rows = {"first no-op after the build": [point["first"]], "no-op trtflow run": point["noop"]}
+    rows = {"first no-op (plans, remembers)": [point["first"]], "no-op trtflow run": point["noop"],
+            "no-op planning every stage": point["replan"]}
     if "dvc" in point:
         rows["no-op dvc repro"] = point["dvc"]
     return rows
 
 
-def slope_ms(points: list[dict]) -> float:
+def slope_ms(points: list[dict], which: str = "noop") -> float:
     """Milliseconds each further stage adds to a no-op: least-squares line through the (stages, median) points."""
     xs = [p["stages"] for p in points]
-    ys = [statistics.median(p["noop"]) for p in points]
+    ys = [statistics.median(p[which]) for p in points]
     if len(points) < 2:
         return float("nan")
     return statistics.linear_regression(xs, ys).slope * 1000
@@ -352,14 +358,20 @@ def benchmark(workdir: Path, args: argparse.Namespace) -> int:
     if not args.dvc:
         print("DVC comparison skipped: no dvc executable (pip install dvc, or pass --dvc PATH)")
     points = [measure_point(workdir, stages, args) for stages in sorted(args.stages)]
-    print("\nstages   no-op median s   / import trtflow.cli   dvc repro median s   dvc / trtflow")
-    cli = statistics.median(base["python -c 'import trtflow.cli'"])
+    print("\nstages   no-op median s   planning every stage s   dvc repro median s   dvc / trtflow   dvc / planning")
     for p in points:
-        median = statistics.median(p["noop"])
-        dvc = f"{statistics.median(p['dvc']):18.3f}   {statistics.median(p['dvc']) / median:12.1f}x" if "dvc" in p else f"{'-':>18}   {'-':>13}"
-        print(f"{p['stages']:>6}   {median:14.3f}   {median / cli:19.1f}x   {dvc}")
+        median, replan = statistics.median(p["noop"]), statistics.median(p["replan"])
+        if "dvc" in p:
+            dvc = statistics.median(p["dvc"])
+            versus = f"{dvc:18.3f}   {dvc / median:12.1f}x   {dvc / replan:13.1f}x"
+        else:
+            versus = f"{'-':>18}   {'-':>13}   {'-':>14}"
+        print(f"{p['stages']:>6}   {median:14.3f}   {replan:22.3f}   {versus}")
+    if len(points) > 1:
+        print(f"slope: {slope_ms(points):.4f} ms per stage remembered, {slope_ms(points, 'replan'):.4f} ms planning every stage")
     if not args.no_profile:
         largest = points[-1]["project"]
+        shutil.rmtree(largest / ".trtflow", ignore_errors=True)  # profile the planning no-op, not the memo
         print("\n".join(["", f"profile of the largest no-op ({points[-1]['stages']} stages):",
                           *cprofile_noop(largest, args.jobs), "", *importtime_noop(largest, args.jobs)]))
     lines = verdicts(points)

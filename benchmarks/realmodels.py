@@ -43,8 +43,9 @@ def cold_run(root: Path, jobs: int) -> tuple[float, dict]:
     return seconds, json.loads(done.stdout)
 
 
-def direct_builds(root: Path) -> dict[str, float]:
-    """Seconds per build node, building each engine again directly from the ONNX its build stage read."""
+def direct_builds(root: Path, cpu: dict[str, float] | None = None) -> dict[str, float]:
+    """Seconds per build node, building each engine again directly from the ONNX its build stage read
+    (`cpu`, if given, gets the CPU seconds of each build, all the builder's threads together)."""
     from trtflow.backends.base import BuildRequest, get_backend
     from trtflow.recipe import load_project
     from trtflow.dag import dag_from_project
@@ -62,9 +63,11 @@ def direct_builds(root: Path) -> dict[str, float]:
             profiles = [{name: (s["min"], s["opt"], s["max"]) for name, s in p.items()} for p in node.params.profiles]
             request = BuildRequest(onnx_path=onnx_path, engine_path=Path(scratch) / "engine", compute_capabilities=list(node.params.compute_capabilities),
                                    profiles=profiles, options=node.params.builder_options())
-            started = time.perf_counter()
+            started, used = time.perf_counter(), time.process_time()
             backend.engine_from_onnx(request)
             seconds[node.id] = time.perf_counter() - started
+            if cpu is not None:
+                cpu[node.id] = time.process_time() - used
     return seconds
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from zoo import ZOO, zoo_model  # noqa: E402
 
 from trtflow.backends.engine_identity import canonical_digest  # noqa: E402
-from trtflow.executors import StageTask, run_task  # noqa: E402
+from trtflow.executors import StageTask  # noqa: E402
 from trtflow.executors.hermetic import run_hermetic  # noqa: E402
 from trtflow.stages import build  # noqa: E402
 from trtflow.stages.base import Upstream  # noqa: E402
