@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 TARGETS = ("ampere", "ada")
+BUILT_MARK = ".twin-built"
 
 
 def _stage(deps: list[str], out: str) -> dict:
@@ -72,7 +73,13 @@ def build_twin(executable: str, root: Path) -> float:
     seconds, result = dvc(executable, root, "commit", "--force", "-q")
     if result.returncode != 0:
         raise RuntimeError(f"dvc commit exited {result.returncode}: {result.stderr[-2000:]}")
+    (root / BUILT_MARK).touch()
     return seconds
+
+
+def twin_built(root: Path) -> bool:
+    """Whether `root` holds a twin that build_twin finished (a killed build leaves a partial dvc.lock)."""
+    return (root / BUILT_MARK).is_file()
 
 
 def noop_twin(executable: str, root: Path) -> float:

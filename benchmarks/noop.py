@@ -306,7 +306,7 @@ def measure_point(workdir: Path, stages: int, args: argparse.Namespace) -> dict:
              "replan": repeat(lambda: noop_once(project, args.jobs, replan=True), max(1, args.repeat // 2))}
     if args.dvc and stages in args.dvc_stages:
         twin = workdir / f"dvc-{recipes}-recipes"
-        if not (twin / "dvc.lock").is_file():
+        if not dvc_twin.twin_built(twin):
             dvc_twin.write_twin(twin, project / "models", [f"r{index:04d}" for index in range(recipes)])
             print(f"  DVC twin built in {dvc_twin.build_twin(args.dvc, twin):.1f} s")
         point["dvc"] = repeat(lambda: dvc_twin.noop_twin(args.dvc, twin), max(1, args.repeat // 2))

@@ -162,6 +162,8 @@ PIPELINE_CASES = [
     pytest.param(pipeline(extra="cache: {remote: 's3://b/p', options: {secret: x}}\n"), "pipeline.yaml:9: cache.options",
                  "options.secret: credentials do not belong in pipeline.yaml", id="remote-credentials"),
     pytest.param(pipeline(extra="  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}\n"), "pipeline.yaml:9", "duplicate key 'rtx-ada'", id="duplicate-target"),
+    pytest.param(pipeline(ccs="[sm_86]\n    runs_on: {gpu-class: 'a b'}"), "pipeline.yaml:8: targets.rtx-ampere.runs_on", "gpu-class: a b is not a Ray node label", id="bad-node-label"),
+    pytest.param(pipeline(extra="executor: {dask: {}}\n"), "pipeline.yaml:9: executor.dask", "unknown key 'dask'", id="unknown-executor"),
 ]
 
 

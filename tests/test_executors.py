@@ -58,3 +58,19 @@ def test_a_hermetic_build_runs_in_a_fresh_process_without_aslr_and_hands_its_eng
                                          "PYTHONHASHSEED=0, fixed slot folder and names")
     assert Settings.from_environ({"HOME": "/root", "SECRET_TOKEN": "x"}).hermetic_env() == {
         "PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+
+
+def test_the_exchange_refuses_bytes_that_do_not_hash_to_their_name(tmp_path: Path) -> None:
+    from trtflow.executors.exchange import Exchange
+
+    exchange = Exchange(str(tmp_path / "exchange"))
+    source = tmp_path / "model.onnx"
+    source.write_bytes(b"weights" * 1000)
+    digest = exchange.put(source)
+    assert exchange.put(source) == digest  # already there: nothing written again
+    assert exchange.get(digest, tmp_path / "fetched").read_bytes() == source.read_bytes()
+    stored = tmp_path / "exchange" / "objects" / digest[:2] / digest
+    stored.write_bytes(b"tampered")
+    with pytest.raises(ValueError, match="holds other bytes"):
+        exchange.get(digest, tmp_path / "again")
+    assert not (tmp_path / "again").exists() and not list(tmp_path.glob(".again.*"))  # nothing half-written left

@@ -69,6 +69,8 @@ class RunOptions:
     frozen: bool = False
     remote_required: bool = False
     check_repro: int = 0  # after the run, rebuild every selected engine this many times in hermetic workers (repro.py)
+    executor: Optional[str] = None  # "local" or "ray"; None: what pipeline.yaml says (local if nothing)
+    ray_address: Optional[str] = None  # overrides executor.ray.address of pipeline.yaml
 
 
 @dataclass
@@ -299,14 +301,14 @@ class Runner:
             if result.error is not None:
                 self._raise_if_store_full(job, result.errno)
                 self._settle(NodeState(job.node, FAILED, result.error, key=job.key, seconds=seconds, detail=result.detail,
-                                       exit_code=result.exit_code))
+                                       exit_code=result.exit_code, where=result.node))
                 return
             outputs = {name: self.store.add_object(Path(path)) for name, path in result.files.items()}
             record = {"key": job.key, "node": job.node.id, "outputs": outputs, "record": result.record, "components": job.components,
                       "seconds": seconds, "built_by": {"run": self.run_id, "pid": os.getpid()}}
             record = self.store.put_stage_record(job.key, record)
             self._built_here[job.key] = record
-            self._finish(NodeState(job.node, BUILT, key=job.key, components=job.components, seconds=seconds), record)
+            self._finish(NodeState(job.node, BUILT, key=job.key, components=job.components, seconds=seconds, where=result.node), record)
             if self.remote is not None:
                 self.remote.push(job.key, record, self.store)
         finally:

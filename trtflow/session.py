@@ -22,6 +22,7 @@ from trtflow.modelcheck import check_recipe_model
 from trtflow.plan import Resolver, frozen_differences, plan
 from trtflow.states import CACHED, FAILED, PULLED, NodeState
 from trtflow.recipe.load import Project, load_project
+from trtflow.recipe.schema import RaySpec
 from trtflow.runmemo import note_path
 from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
 from trtflow.signing import Signer, signer_from_environment
@@ -30,6 +31,7 @@ from trtflow.store import Store
 from trtflow.store.locks import LazyLease, holding
 
 if TYPE_CHECKING:
+    from trtflow.executors import Executor
     from trtflow.store.remote import Remote
 
 
@@ -94,7 +96,7 @@ class Session:
         self.signer = signer_from_environment()
         remote = self._remote(options)
         lease = LazyLease(self.store.root) if self.store is not None else None
-        executor: Optional[LocalExecutor] = None
+        executor: Optional["Executor"] = None
         try:
             planned = self.plan(options.force)
             if lease is not None and (options.check_repro or any(s.status != CACHED for s in planned.values())):
@@ -103,7 +105,7 @@ class Session:
                 lease.tmp()
                 self.resolver = Resolver(self.store, self.resolver.digests)
                 planned = self.plan(options.force)
-            executor = LocalExecutor(options.jobs)
+            executor = self._executor(options, planned)
             executor.prepare({s.node.kind for s in planned.values() if s.status != CACHED})  # workers start while models are checked
             self.check_models(planned)
             check_backends(planned)
@@ -180,6 +182,28 @@ class Session:
         """Whether the lock file is, byte for byte, one this store saw holding entries of `digest` (no need to read it)."""
         signature = file_signature(self.lock_path)
         return signature is not None and self.store.remembered_lock(str(self.lock_path)) == [signature, digest]
+
+    def _executor(self, options: RunOptions, planned: dict[str, NodeState]) -> "Executor":
+        """The local process pool, or a Ray executor (--executor ray, or executor.ray in pipeline.yaml) checked to
+        have a node for every label set the stages to run need."""
+        spec = self.project.pipeline.executor.ray
+        if (options.executor or ("ray" if spec is not None else "local")) == "local":
+            return LocalExecutor(options.jobs)
+        from trtflow.executors.ray import RayExecutor
+
+        spec = spec or RaySpec()
+        cache = self.project.pipeline.cache
+        exchange = spec.exchange or cache.remote or str(self.project.store_dir / "exchange")
+        labels = {node.id: self.project.pipeline.targets[node.info["target"]].runs_on for node in self.dag if node.kind == "build"}
+        executor = RayExecutor(options.jobs, options.ray_address or spec.address, exchange, labels,
+                               cache.options if exchange == cache.remote else None)
+        stale = {s.node.id for s in planned.values() if s.status != CACHED}
+        try:
+            executor.check_labels({f"target {self.dag.nodes[n].info['target']} ({n})": labels[n] for n in sorted(stale & labels.keys())})
+        except BaseException:
+            executor.shutdown()
+            raise
+        return executor
 
     def remembers_no_op(self, states: list[NodeState]) -> bool:
         """Whether this finished run may be remembered as the project's no-op (runmemo): every stage found cached

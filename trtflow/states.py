@@ -23,7 +23,8 @@ class NodeState:
     seconds: Optional[float] = None
     detail: str = ""
     record: Optional[dict] = field(default=None, repr=False)  # the store record of a cached node
-    exit_code: int = 0  # of a failed node: the exit code of the error class that failed it (4: environment)
+    exit_code: int = 0
+    where: Optional[dict] = None  # the node a distributed executor ran it on: {"id": ..., "labels": {...}}  # of a failed node: the exit code of the error class that failed it (4: environment)
 
     @property
     def label(self) -> str:
@@ -32,5 +33,6 @@ class NodeState:
 
     def to_json(self) -> dict:
         """The node's entry in `--json` output."""
-        return {"id": self.node.id, "kind": self.node.kind, "recipe": self.node.recipe, "status": self.status,
-                "reason": self.reason or None, "key": self.key, "changes": self.changes, "seconds": self.seconds}
+        entry = {"id": self.node.id, "kind": self.node.kind, "recipe": self.node.recipe, "status": self.status,
+                 "reason": self.reason or None, "key": self.key, "changes": self.changes, "seconds": self.seconds}
+        return {**entry, "node": self.where} if self.where is not None else entry

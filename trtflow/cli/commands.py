@@ -101,9 +101,11 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
 @click.option("--remote-required", is_flag=True, help="Fail if the remote cache of pipeline.yaml cannot be reached (default: warn and build locally).")
 @click.option("--check-repro", type=click.IntRange(min=1), metavar="N",
               help="Release gate: then rebuild every selected engine N times in hermetic workers; exit 1 if one is not equivalent.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), help="Where stages run (default: executor: in pipeline.yaml, else local processes).")
+@click.option("--ray-address", metavar="HOST:PORT|auto", help="The Ray cluster to run on (default: executor.ray.address, else a local Ray instance).")
 @pass_context
 def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, frozen: bool, as_json: bool, remote_required: bool,
-        check_repro: Optional[int]) -> None:
+        check_repro: Optional[int], executor: Optional[str], ray_address: Optional[str]) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow import runmemo
 
@@ -116,7 +118,8 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run:
     from trtflow.runner import RunOptions
 
     with runmemo.recording() as reads:
-        options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0)
+        options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0,
+                             executor="ray" if ray_address and executor is None else executor, ray_address=ray_address)
         states, session = _run_session(ctx, recipes, options, dry_run, as_json)
     if states is None:
         return  # a dry run: printed already

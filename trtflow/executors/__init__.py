@@ -41,11 +41,13 @@ class StageResult:
     exit_code: int = 0
     errno: Optional[int] = None  # the OS error behind a failure: a full disk stops the run
     detail: str = ""
+    node: Optional[dict] = None  # where a distributed executor ran it: {"id": ..., "labels": {...}}
 
     @classmethod
-    def failure(cls, message: str, exit_code: int = StageError.exit_code, detail: str = "", errno: Optional[int] = None) -> "StageResult":
+    def failure(cls, message: str, exit_code: int = StageError.exit_code, detail: str = "", errno: Optional[int] = None,
+                node: Optional[dict] = None) -> "StageResult":
         """A failed stage: what the user reads, the exit code its error class carries, the traceback for -v."""
-        return cls(error=message, exit_code=exit_code, detail=detail, errno=errno)
+        return cls(error=message, exit_code=exit_code, detail=detail, errno=errno, node=node)
 
 
 class Executor(Protocol):

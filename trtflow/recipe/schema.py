@@ -35,6 +35,17 @@ class TargetSpec(StrictModel):
     compute_capabilities: list[ComputeCapability] = Field(min_length=1)
     hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
     version_compatible: bool = False
+    # Ray node labels this target's builds need (`--executor ray`), e.g. {gpu-class: l4} or
+    # {ray.io/accelerator-type: A100}: where a build runs, never what it makes (not in any key)
+    runs_on: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("runs_on")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?$", key) or not re.match(r"^[A-Za-z0-9._-]{1,63}$", label):
+                raise ValueError(f"runs_on: {key}: {label} is not a Ray node label (letters, digits, '.', '_', '-'; keys may hold '/')")
+        return value
 
     @field_validator("compute_capabilities", mode="before")
     @classmethod
@@ -99,6 +110,21 @@ class CacheSpec(StrictModel):
         return value
 
 
+class RaySpec(StrictModel):
+    """`executor: {ray: ...}`: run stages as Ray tasks on a cluster (or a local Ray instance)."""
+
+    address: Optional[str] = None  # host:port of the head, `auto`, or none: start a local instance
+    # where stage inputs and outputs travel between machines (any fsspec URL, or an absolute folder every node
+    # sees); default: the remote cache, else <store>/exchange (one machine, or a store on a shared file system)
+    exchange: Optional[str] = None
+
+
+class ExecutorSpec(StrictModel):
+    """`executor:` in pipeline.yaml: where stages run (the local process pool unless `ray` is given)."""
+
+    ray: Optional[RaySpec] = None
+
+
 class Pipeline(StrictModel):
     """pipeline.yaml: where outputs go, the fleet's targets, and which recipe files belong to the project."""
 
@@ -107,6 +133,7 @@ class Pipeline(StrictModel):
     recipes: list[str] = Field(default_factory=lambda: ["recipes/*.yaml"], min_length=1)
     targets: dict[str, TargetSpec] = Field(min_length=1)
     cache: CacheSpec = Field(default_factory=CacheSpec)
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
 
     @field_validator("targets")
     @classmethod
