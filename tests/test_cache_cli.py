@@ -120,3 +120,12 @@ def test_a_full_disk_is_one_clear_error_and_leaves_the_store_consistent(tmp_path
     assert result.code == 0 and json.loads(result.out)["failed"] == 0
     verified = cli_json(root, "cache", "verify")
     assert verified["corrupt"] == [] and verified["missing"] == [] and verified["leftovers"] == []
+
+
+def test_gc_empties_the_exchange_distributed_runs_shipped_through(built_project: Path) -> None:
+    shipped = built_project / "artifacts" / "store" / "exchange" / "objects" / "ab" / ("ab" + "0" * 62)
+    shipped.parent.mkdir(parents=True)
+    shipped.write_bytes(b"an input a Ray task fetched")
+    assert str(shipped.parents[1]) in cli_json(built_project, "cache", "gc")["tmp"]
+    cli_json(built_project, "cache", "gc", "--yes")
+    assert not shipped.exists() and trtflow(built_project, "run").code == 0

@@ -28,6 +28,7 @@ from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import Placement
 from trtflow.store import Store
+from trtflow.store.objects import EXCHANGE_DIR
 from trtflow.store.locks import LazyLease, holding
 
 if TYPE_CHECKING:
@@ -187,17 +188,17 @@ class Session:
         """The local process pool, or a Ray executor (--executor ray, or executor.ray in pipeline.yaml) checked to
         have a node for every label set the stages to run need."""
         spec = self.project.pipeline.executor.ray
-        if (options.executor or ("ray" if spec is not None else "local")) == "local":
-            return LocalExecutor(options.jobs)
+        stale = {s.node.id for s in planned.values() if s.status != CACHED}
+        if (options.executor or ("ray" if spec is not None else "local")) == "local" or not stale:
+            return LocalExecutor(options.jobs)  # nothing to run: no cluster to join (a stage found corrupt runs here)
         from trtflow.executors.ray import RayExecutor
 
         spec = spec or RaySpec()
         cache = self.project.pipeline.cache
-        exchange = spec.exchange or cache.remote or str(self.project.store_dir / "exchange")
+        exchange = spec.exchange or cache.remote or str(self.project.store_dir / EXCHANGE_DIR)
         labels = {node.id: self.project.pipeline.targets[node.info["target"]].runs_on for node in self.dag if node.kind == "build"}
         executor = RayExecutor(options.jobs, options.ray_address or spec.address, exchange, labels,
                                cache.options if exchange == cache.remote else None)
-        stale = {s.node.id for s in planned.values() if s.status != CACHED}
         try:
             executor.check_labels({f"target {self.dag.nodes[n].info['target']} ({n})": labels[n] for n in sorted(stale & labels.keys())})
         except BaseException:

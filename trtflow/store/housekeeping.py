@@ -120,6 +120,7 @@ def garbage(store: Store, keep: set[str]) -> dict:
     objects = [p for p in store.object_files() if p.name not in kept_digests]
     tmp = [p for p in _children(store.tmp) if not run_is_live(store.root, p.name)] + list(store.stray_files())
     corrupt = list(_children(store.corrupt))
+    tmp += list(_children(store.exchange))  # what distributed runs shipped: needed by no run once none is live
     freed = {"objects": _sizes(objects), "corrupt": _sizes(corrupt), "tmp": _sizes(tmp)}
     return {"store": str(store.root), "records": sorted(set(records) - live), "kept_records": len(live),
             "kept_objects": len(kept_digests), "kept_bytes": sum(_file_size(store.object_path(d)) for d in kept_digests),

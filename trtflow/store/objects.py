@@ -53,6 +53,8 @@ LEGACY_INDEX = "index"  # the diskcache folder of older stores, imported once (i
 RECORD_MAX_BYTES = 16 << 20  # a stage record is a few KiB; anything near this is not one
 
 
+EXCHANGE_DIR = "exchange"  # the Ray executor's default data plane (executors.exchange); gc empties it
+
 class StoreWriteError(EnvironmentProblem):
     """A write into the store failed: the disk is full, a size limit or quota was hit, or access is denied."""
 
@@ -111,6 +113,7 @@ class Store:
         self.tmp = root / "tmp"
         self.locks = root / "locks"
         self.corrupt = root / "corrupt"
+        self.exchange = root / EXCHANGE_DIR
         self.quarantined: list[str] = []  # digests moved to corrupt/ by this instance, for the run to report
         self.notes: list[str] = []  # records moved aside, legacy index imported: for the run to report
         self.set_aside: list[str] = []  # file names of malformed records moved to corrupt/ by this instance
