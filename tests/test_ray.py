@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,11 +104,15 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+RAY_NATIVE_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] \d+ \d+\] ")  # Ray's C++ core logging to stderr
+
+
 def result(root: Path, name: str) -> tuple[int, dict, str]:
-    """(exit code, --json summary or {}, stderr) of one scenario's run."""
+    """(exit code, --json summary or {}, stderr without Ray's own native log lines) of one scenario's run."""
     code = int((root / f"{name}.exit").read_text())
     text = (root / f"{name}.json").read_text()
-    return code, json.loads(text) if text.strip() else {}, (root / f"{name}.err").read_text()
+    err = "".join(line for line in (root / f"{name}.err").read_text().splitlines(keepends=True) if not RAY_NATIVE_LOG.match(line))
+    return code, json.loads(text) if text.strip() else {}, err
 
 
 def package_bytes(project: Path) -> dict[str, bytes]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import os
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,7 +51,14 @@ class RayExecutor:
         self.jobs, self.address, self.labels = jobs, address, labels
         self.exchange_url, self.exchange_options = exchange, dict(exchange_options or {})
         self.exchange = Exchange(exchange, self.exchange_options)
-        self._ray = _connect(address, jobs)
+        # Ray's driver threads print cluster events ("node ... marked dead") to stdout, which carries the --json
+        # summary: while connected, stdout is stderr (the summary is printed after shutdown)
+        self._stdout, sys.stdout = sys.stdout, sys.stderr
+        try:
+            self._ray = _connect(address, jobs)
+        except BaseException:
+            sys.stdout = self._stdout
+            raise
         self._remote = self._ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(run_on_node)
         self._threads = futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ray-task")
 
@@ -75,6 +83,7 @@ class RayExecutor:
         self._threads.shutdown(cancel_futures=True)
         if self._ray.is_initialized():
             self._ray.shutdown()
+        sys.stdout = self._stdout
 
     def _run(self, task: StageTask) -> StageResult:
         try:
