@@ -143,7 +143,7 @@ def run_on_node(shipped: ShippedTask, exchange_url: str, exchange_options: dict)
     context = ray.get_runtime_context()
     node = {"id": context.get_node_id(), "labels": dict(sorted(context.get_node_labels().items()))}
     exchange = Exchange(exchange_url, exchange_options)
-    with tempfile.TemporaryDirectory(prefix="trtflow-ray-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"trtflow-ray-{os.getpid()}-") as scratch:  # which worker: for ps and kill
         task = land(shipped, exchange, Path(scratch))
         if task.kind in HERMETIC_KINDS:
             result = run_hermetic(task, Settings.from_environ())
