@@ -9,7 +9,7 @@ when it can be, so Ray's traffic never leaves the machine):
   2. a cold `trtflow run -j JOBS --json` with the local executor, then the same project (fresh store) with
      `--executor ray` (a local Ray instance of JOBS CPUs; its start-up is timed apart);
   3. wall times, the median stage seconds of each kind on both (a Ray stage's seconds include shipping its
-     inputs to the exchange and fetching its outputs), and the extra wall per stage: (ray - local) / stages;
+     inputs to the exchange and fetching its outputs), and the extra per stage: summed stage seconds, (ray - local) / stages;
   4. a projection for a build farm: 100 nodes in 3 GPU classes, a 500-recipe zoo at fp16 + int8 for 3 targets
      (3000 builds), each build --build-seconds long on its GPU (full TensorRT builds take minutes; this is an
      input, not a measurement), with the measured extra per stage added to every stage.
@@ -94,11 +94,12 @@ def main() -> int:
         ray_wall, distributed = cold(project, args.jobs, "--executor", "ray")
         startup = ray_start_seconds(args.jobs)
     stages = len(local["nodes"])
-    extra = (ray_wall - startup - local_wall) / stages * args.jobs
+    local_busy, ray_busy = (sum(n["seconds"] or 0.0 for n in s["nodes"]) for s in (local, distributed))
+    extra = (ray_busy - local_busy) / stages  # a stage's seconds, dispatch to collection: shipping, the Ray task, fetching
     print(f"{stages} stages ({sum(n['kind'] == 'build' for n in local['nodes'])} builds), -j {args.jobs}")
-    print(f"local pool: {local_wall:.2f} s wall; Ray local instance: {ray_wall:.2f} s wall (of which Ray start/stop ~{startup:.2f} s)")
+    print(f"local pool: {local_wall:.2f} s wall; Ray local instance: {ray_wall:.2f} s wall (a Ray start and stop alone: {startup:.2f} s)")
     print(f"ratio ray / local: {ray_wall / local_wall:.2f}x; without Ray's start-up: {(ray_wall - startup) / local_wall:.2f}x")
-    print(f"extra per stage (busy worker seconds): {extra:.3f} s")
+    print(f"stage seconds summed: local {local_busy:.2f} s, ray {ray_busy:.2f} s: {extra:+.3f} s per stage on Ray")
     local_m, ray_m = medians(local), medians(distributed)
     for kind in local_m:
         print(f"  median {kind:<9} stage: local {local_m[kind]:6.3f} s   ray {ray_m.get(kind, float('nan')):6.3f} s")
