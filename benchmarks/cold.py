@@ -9,7 +9,10 @@ What is measured, in one run (every figure is a ratio against a baseline measure
      built directly with TensorRT-RTX in one process from the very ONNX each build stage read: goal 1 is
      trtflow wall / direct builds <= 2.0 (stretch 1.5);
   3. packaging: the package stages' seconds against `tar cf` of the same package folders: goal 2 is <= 1.2;
-  4. parallelism: the same cold run with `-j 2` in a fresh store: goal 3 is (-j 1 wall) / (-j 2 wall) >= 1.8;
+  4. parallelism: the same cold run with `-j 2` in a fresh store, and, the issue's measure, independent builds: both
+     projects rerun with their targets moved to other compute capabilities (only builds, verifies and packages
+     are stale) at -j 1 and -j 2: goal 3 is (-j 1 wall) / (-j 2 wall) >= 1.8; and how many cores one direct build
+     keeps busy (CPU seconds / wall: the bound on what two builds at once can gain);
   5. precision (with --precision-model M, default resnet): M at fp16 and int8 cold, each precision stage's seconds
      against fp32 ONNX Runtime inference of the same calibration batches on the cleaned model (session included,
      one thread, as the stages run it); ModelOpt is imported once per worker, so the second precision stage a
@@ -55,6 +58,16 @@ def tar_seconds(packages: Path) -> float:
     for leftover in packages.glob(".bench-*.tar"):
         leftover.unlink()
     return best
+
+
+def builds_only_rerun(root: Path, jobs: int) -> float:
+    """Wall of a rerun in which only the builds (and their verify and package stages) are stale: both targets move to
+    other compute capabilities, cleanups are cached, so the builds are independent of each other."""
+    pipeline = root / "pipeline.yaml"
+    pipeline.write_text(pipeline.read_text().replace("- sm_86", "- sm_80").replace("- sm_89", "- sm_120"))
+    wall, summary = cold_run(root, jobs)
+    assert {n["kind"] for n in summary["nodes"] if n["status"] == "built"} <= {"build", "verify", "package"}, "not a builds-only rerun"
+    return wall
 
 
 def precision_report(workdir: Path, model: str) -> None:
@@ -118,7 +131,9 @@ def main() -> None:
     print(verdict("1. cold -j 1 / direct builds", walls[1] / direct, GOALS["cold"], "lower"))
     print(verdict("   (stretch)", walls[1] / direct, GOALS["cold_stretch"], "lower"))
     print(verdict("2. packaging / tar cf", kinds.get("package", 0.0) / max(tar, 1e-9), GOALS["packaging"], "lower"))
-    print(verdict("3. -j 1 wall / -j 2 wall", walls[1] / walls[2], GOALS["parallel"], "higher"))
+    print(verdict("3. -j 1 wall / -j 2 wall (whole run)", walls[1] / walls[2], GOALS["parallel"], "higher"))
+    builds_only = {jobs: builds_only_rerun(workdir / f"project-j{jobs}", jobs) for jobs in (1, 2)}
+    print(verdict("3. -j 1 / -j 2, independent builds", builds_only[1] / builds_only[2], GOALS["parallel"], "higher"))
     cores = os.cpu_count() or 1
     print(f"   one direct build keeps {busy:.2f} cores busy: on {cores} cores, two at once can gain at most {min(2.0, cores / busy):.2f}x")
     if args.precision_model:
