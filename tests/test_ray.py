@@ -1,7 +1,7 @@
 """`--executor ray` on real Ray: a local instance and a cluster of a head and two labelled worker nodes, all inside a
 network namespace of the test's own with only loopback up (no traffic leaves the machine), started and stopped here.
 
-One namespace session runs every Ray scenario in turn (a cluster takes ~15 s to start on 2 cores); the tests
+One script inside the namespace runs every Ray scenario in turn (a cluster takes ~15 s to start on 2 cores); the tests
 then check its results: packages byte-identical to a local run, builds on the nodes their target's labels name,
 an unsatisfiable label failing fast with exit 4, a worker node killed mid-run, an unreachable address.
 """
