@@ -74,3 +74,17 @@ def test_the_exchange_refuses_bytes_that_do_not_hash_to_their_name(tmp_path: Pat
     with pytest.raises(ValueError, match="holds other bytes"):
         exchange.get(digest, tmp_path / "again")
     assert not (tmp_path / "again").exists() and not list(tmp_path.glob(".again.*"))  # nothing half-written left
+
+
+def test_a_node_that_cannot_read_the_exchange_fails_its_stage_with_exit_4(tmp_path: Path) -> None:
+    from trtflow.executors.exchange import Exchange
+    from trtflow.executors.ray import landed_or_failure, ship
+
+    source = tmp_path / "model.onnx"
+    source.write_bytes(b"an onnx model")
+    task = StageTask("cleanup:m", "cleanup", None, {"model": Upstream(files={"model": source})}, tmp_path / "work")
+    shipped = ship(task, Exchange(str(tmp_path / "driver-side")))
+    landed = landed_or_failure(shipped, Exchange(str(tmp_path / "node-side")), tmp_path / "node")  # another folder: not shared
+    assert landed.exit_code == 4 and "cannot fetch the inputs of cleanup:m from the exchange" in landed.error
+    ok = landed_or_failure(shipped, Exchange(str(tmp_path / "driver-side")), tmp_path / "node2")
+    assert ok.inputs["model"].files["model"].read_bytes() == b"an onnx model" and ok.inputs["model"].files["model"].name == "model.onnx"

@@ -133,6 +133,16 @@ def land(shipped: ShippedTask, exchange: Exchange, workdir: Path) -> StageTask:
     return replace(shipped.task, inputs=inputs, workdir=out)
 
 
+def landed_or_failure(shipped: ShippedTask, exchange: Exchange, workdir: Path) -> "StageTask | StageResult":
+    """The task with its inputs fetched, or the failure (exit 4) of a node that cannot read them from the exchange."""
+    try:
+        return land(shipped, exchange, workdir)
+    except (OSError, ValueError) as exc:
+        return StageResult.failure(f"cannot fetch the inputs of {shipped.task.node_id} from the exchange {exchange.location} on "
+                                   f"{socket.gethostname()}: {exc} (executor.ray.exchange must be storage every node reads)",
+                                   EnvironmentProblem.exit_code)
+
+
 def run_on_node(shipped: ShippedTask, exchange_url: str, exchange_options: dict) -> dict[str, Any]:
     """The Ray task: fetch the inputs, run the stage as the local executor would, put the outputs in the exchange."""
     import ray
@@ -144,7 +154,9 @@ def run_on_node(shipped: ShippedTask, exchange_url: str, exchange_options: dict)
     node = {"id": context.get_node_id(), "labels": dict(sorted(context.get_node_labels().items()))}
     exchange = Exchange(exchange_url, exchange_options)
     with tempfile.TemporaryDirectory(prefix=f"trtflow-ray-{os.getpid()}-") as scratch:  # which worker: for ps and kill
-        task = land(shipped, exchange, Path(scratch))
+        task = landed_or_failure(shipped, exchange, Path(scratch))
+        if isinstance(task, StageResult):
+            return {"result": task, "node": node, "files": {}}
         if task.kind in HERMETIC_KINDS:
             result = run_hermetic(task, Settings.from_environ())
         elif task.kind in ISOLATED_KINDS:
