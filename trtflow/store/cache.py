@@ -97,7 +97,10 @@ class Cache:
             self._db = db
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "delete":  # a rollback journal: reading writes nothing
                 db.execute("PRAGMA journal_mode = DELETE")
-            db.execute("PRAGMA synchronous = NORMAL")
+            # No fsync per statement: each row is checked against the file it describes (or only explains), and a
+            # database a crash left unreadable is thrown away. A write took 0.9 ms with fsyncs, 0.1 ms without, and a
+            # run writes one per new object and input file (10,000 after a 10,000-stage build).
+            db.execute("PRAGMA synchronous = OFF")
             db.execute("CREATE TABLE IF NOT EXISTS kv (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
         return self._db
 
