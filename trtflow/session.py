@@ -17,13 +17,13 @@ from trtflow.dag import Dag, dag_from_project
 from trtflow.errors import EnvironmentProblem, ProjectError
 from trtflow.executors.local import LocalExecutor
 from trtflow.hashing import FileDigests
-from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, file_signature, read_lock, write_lock
+from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, read_lock, write_lock
 from trtflow.modelcheck import check_recipe_model
 from trtflow.plan import Resolver, frozen_differences, plan
 from trtflow.states import CACHED, FAILED, PULLED, NodeState
 from trtflow.recipe.load import Project, load_project
 from trtflow.recipe.schema import RaySpec
-from trtflow.runmemo import note_path
+from trtflow.runmemo import note_path, signature
 from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import Placement
@@ -177,12 +177,12 @@ class Session:
             entries.update(ours)
             if entries != previous:  # a no-op writes nothing (and skips encoding thousands of entries)
                 write_lock(self.lock_path, entries)
-            self.store.remember_lock(str(self.lock_path), file_signature(self.lock_path), entries_digest(entries))
+            self.store.remember_lock(str(self.lock_path), signature(str(self.lock_path)), entries_digest(entries))
 
     def _lock_holds(self, digest: str) -> bool:
         """Whether the lock file is, byte for byte, one this store saw holding entries of `digest` (no need to read it)."""
-        signature = file_signature(self.lock_path)
-        return signature is not None and self.store.remembered_lock(str(self.lock_path)) == [signature, digest]
+        seen = signature(str(self.lock_path))  # type, size, mtime, ctime, inode: the same file, untouched
+        return seen is not None and self.store.remembered_lock(str(self.lock_path)) == [seen, digest]
 
     def _executor(self, options: RunOptions, planned: dict[str, NodeState]) -> "Executor":
         """The local process pool, or a Ray executor (--executor ray, or executor.ray in pipeline.yaml) checked to

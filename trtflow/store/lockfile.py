@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -75,11 +74,3 @@ def entries_digest(entries: dict[str, LockEntry]) -> str:
         digest.update(f"{node}\0{entry.key}\0{sorted(entry.outputs.items())}\0{sorted((entry.canonical or {}).items())}\n".encode())
     return digest.hexdigest()
 
-
-def file_signature(path: Path) -> Optional[list[int]]:
-    """(size, mtime_ns, inode) of the lock file as it is now; None if it is not a regular file."""
-    try:
-        seen = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return [seen.st_size, seen.st_mtime_ns, seen.st_ino] if os.path.isfile(path) and not os.path.islink(path) else None
