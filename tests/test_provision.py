@@ -224,31 +224,90 @@ def provision(packages: Path, *args: str):
     return trtflow(packages, "provision", *args)
 
 
+def installed(dest: Path, recipe: str = "tiny") -> Path:
+    """The engine a serving process would load: <dest>/<recipe>/current/<recipe>.engine."""
+    return dest / recipe / "current" / f"{recipe}.engine"
+
+
 def test_sm89_gets_the_rtx_ada_engine_with_a_record_of_why(packages: Path, tmp_path: Path) -> None:
     result = provision(packages, str(packages / "tiny"), "--gpu", "sm_89", "--dest", str(tmp_path / "dest"))
     assert result.code == 0, result.err
     assert result.out.splitlines()[0] == "chose engines/rtx-ada/tiny-fp32.engine for sm_89: exact compute capability match"
-    written = tmp_path / "dest" / "tiny-fp32.engine"
-    assert f"wrote {written}" in result.out
-    assert hashlib.sha256(written.read_bytes()).hexdigest() == entry(packages, "rtx-ada")["sha256"]
-    record = json.loads((tmp_path / "dest" / "tiny-fp32.json").read_text())
+    sha = entry(packages, "rtx-ada")["sha256"]
+    version = tmp_path / "dest" / "tiny" / sha
+    assert f"installed {version}; {installed(tmp_path / 'dest')} now points to it" in result.out
+    assert hashlib.sha256(installed(tmp_path / "dest").read_bytes()).hexdigest() == sha
+    assert os.readlink(tmp_path / "dest" / "tiny" / "current") == sha  # relative: the folder can be moved or mounted elsewhere
+    record = json.loads((version / "provision.json").read_text())
     assert record["device"] == {"gpu": "sm_89", "compute_capabilities": ["sm_89"], "source": "given", "backend": None, "precision": None}
     assert record["runtime"] == {"version": None, "version_rules": "not applied: no --runtime-version given"}
     assert record["chosen"]["manifest_entry"] == entry(packages, "rtx-ada")
     assert record["not_chosen"] == [{"file": "engines/rtx-ampere/tiny-fp32.engine", "target": "rtx-ampere", "precision": "fp32",
                                      "reason": "built for sm_86 only, not sm_89 (hardware_compatibility: none)"}]
-    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == ["tiny-fp32.engine", "tiny-fp32.json"]
+    assert sorted(p.name for p in (tmp_path / "dest" / "tiny").iterdir()) == sorted([".lock", sha, "current"])
+    assert sorted(p.name for p in version.iterdir()) == ["provision.json", "tiny.engine"]
 
 
 def test_json_output_is_the_record_and_runtime_rules_apply_when_given(packages: Path, tmp_path: Path) -> None:
-    version = entry(packages, "rtx-ada")["backend_version"]
+    version, sha = entry(packages, "rtx-ada")["backend_version"], entry(packages, "rtx-ada")["sha256"]
     result = provision(packages, str(packages / "tiny"), "--gpu", "rtx-ada", "--runtime-version", version, "--dest", str(tmp_path), "--json")
     assert result.code == 0, result.err
-    assert json.loads(result.out) == json.loads((tmp_path / "tiny-fp32.json").read_text())
-    assert json.loads(result.out)["runtime"] == {"version": version, "version_rules": "applied"}
+    printed = json.loads(result.out)
+    assert (printed.pop("action"), printed.pop("transfer")) == ("installed", None)  # a local package: nothing fetched
+    assert printed.pop("written") == {"engine": str(installed(tmp_path)), "version": str(tmp_path / "tiny" / sha),
+                                      "record": str(tmp_path / "tiny" / sha / "provision.json"), "sha256": sha}
+    assert printed == json.loads((tmp_path / "tiny" / sha / "provision.json").read_text())
+    assert printed["runtime"] == {"version": version, "version_rules": "applied"}
     major, minor = version.split(".")[:2]
     newer = provision(packages, str(packages / "tiny"), "--gpu", "sm_89", "--runtime-version", f"{major}.{int(minor) + 1}.0", "--dest", str(tmp_path / "d2"))
     assert newer.code == 5 and "engines load only on the same release" in newer.err
+
+
+def test_the_same_engine_again_is_a_no_op_another_flips_current_and_old_versions_are_pruned(packages: Path, tmp_path: Path) -> None:
+    dest, folder = tmp_path / "dest", tmp_path / "dest" / "tiny"
+    ada, ampere = entry(packages, "rtx-ada")["sha256"], entry(packages, "rtx-ampere")["sha256"]
+
+    def to(gpu: str, *extra: str) -> dict:
+        result = provision(packages, str(packages / "tiny"), "--gpu", gpu, "--dest", str(dest), "--json", *extra)
+        assert result.code == 0, result.err
+        return json.loads(result.out)
+
+    assert to("sm_89")["action"] == "installed"
+    first = (folder / ada / "tiny.engine").stat()
+    assert to("sm_89")["action"] == "unchanged"
+    assert (folder / ada / "tiny.engine").stat().st_mtime_ns == first.st_mtime_ns  # not rewritten
+    assert to("sm_86")["action"] == "installed" and os.readlink(folder / "current") == ampere
+    assert to("sm_89")["action"] == "switched" and os.readlink(folder / "current") == ada  # a rollback copies nothing
+    assert (folder / ada / "tiny.engine").stat().st_ino == first.st_ino
+    assert to("sm_86", "--keep", "1")["action"] == "switched"
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [ampere, "current"]  # --keep 1: only current
+
+
+def test_a_watcher_reading_current_always_sees_a_whole_engine(packages: Path, tmp_path: Path) -> None:
+    """A serving process polling current/tiny.engine while provisions flip between two engines never reads a partial
+    or missing file: every read is one of the two engines, byte for byte."""
+    import threading
+
+    from trtflow import provision as prov
+
+    package, dest = prov.load_package(packages / "tiny"), tmp_path / "dest"
+    digests = {entry(packages, "rtx-ada")["sha256"], entry(packages, "rtx-ampere")["sha256"]}
+    prov.provision(package, prov.device_from_options("sm_89", package.manifest), dest, keep=1)
+    seen, stop = [], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(hashlib.sha256(installed(dest).read_bytes()).hexdigest())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for gpu in ["sm_86", "sm_89"] * 10:  # keep=1: every flip also deletes the version just left
+            prov.provision(package, prov.device_from_options(gpu, package.manifest), dest, keep=1)
+    finally:
+        stop.set()
+        watcher.join()
+    assert len(seen) > 20 and set(seen) <= digests
 
 
 def test_sm90_is_refused_with_a_reason_per_engine_and_nothing_written(packages: Path, tmp_path: Path) -> None:
@@ -264,7 +323,7 @@ def test_provisioning_from_the_archive_and_from_manifest_json(packages: Path, tm
     for source, dest in ((packages / "tiny.tar.gz", tmp_path / "a"), (packages / "tiny" / "manifest.json", tmp_path / "b")):
         result = provision(packages, str(source), "--gpu", "8.6", "--dest", str(dest))
         assert result.code == 0, result.err
-        assert hashlib.sha256((dest / "tiny-fp32.engine").read_bytes()).hexdigest() == entry(packages, "rtx-ampere")["sha256"]
+        assert hashlib.sha256(installed(dest).read_bytes()).hexdigest() == entry(packages, "rtx-ampere")["sha256"]
 
 
 def _tampered_copy(packages: Path, where: Path) -> Path:

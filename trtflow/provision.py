@@ -24,22 +24,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import re
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional
 
 from pydantic import ValidationError
 
+from trtflow.deploy.install import install
+from trtflow.deploy.remote import PROVENANCE_FILE, RemoteFolder
 from trtflow.util.archive import UnsafeArchive, read_member
 from trtflow.device import no_gpu_reason, query_compute_capabilities
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.hashing import sha256_file
 from trtflow.manifest import MANIFEST_FILE, Engine, Manifest
 from trtflow.util.cc import ComputeCapability
-from trtflow.util.fs import atomic_write, atomic_writer
 
 if TYPE_CHECKING:
     from trtflow.signing import TrustedKeys
@@ -68,12 +69,6 @@ class BadPackage(UnsafeArchive):
 
 class TamperedEngine(TrtflowError):
     """An engine's bytes do not match the sha256 its manifest records."""
-
-    exit_code = 3
-
-
-class BadDestination(TrtflowError):
-    """--dest cannot be a folder (it is under a file, or somewhere nothing can be made)."""
 
     exit_code = 3
 
@@ -110,13 +105,20 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Package:
-    """A manifest and where its engines are: a folder (`root`) or the .tar.gz at `path`."""
+    """A manifest and where its engines are: a folder (`root`), the .tar.gz at `path`, or a URL (`remote`)."""
 
-    path: Path
+    path: Path | str  # as messages and records show it (a URL without credentials for a remote)
     manifest: Manifest
     root: Optional[Path]
     manifest_sha256: str  # of the exact bytes parsed: what a signed provenance must name
     signed_by: Optional[str] = None  # the trusted key id whose provenance covers it (require_signature)
+    remote: Optional[RemoteFolder] = None
+
+    def where(self, file: str) -> str:
+        """A file of the package as messages name it."""
+        if self.remote is not None:
+            return self.remote.where(file)
+        return str((self.root or Path(self.path)) / file)
 
 
 def judge(engine: Engine, index: int, device: Device) -> Verdict:
@@ -286,14 +288,47 @@ def load_package(path: Path) -> Package:
     raise BadPackage(f"{path}: not a package: pass a package folder, its .tar.gz, or its {MANIFEST_FILE}")
 
 
+def load_remote_package(url: str, options: Optional[dict] = None) -> Package:
+    """A published package (`trtflow publish`) at an fsspec URL: only its manifest.json is read."""
+    remote = RemoteFolder(url, options)
+    try:
+        data = remote.read(MANIFEST_FILE, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise BadPackage(f"{remote.where(MANIFEST_FILE)}: not found; publish the package there with `trtflow publish`") from None
+    return Package(remote.shown, _parse_manifest(remote.where(MANIFEST_FILE), data), None, _sha256(data), remote=remote)
+
+
 def require_signature(package: Package, trust: "TrustedKeys", provenance_file: Optional[Path] = None) -> Package:
     """The package if a trusted key signed a provenance covering its manifest (and archive); else UntrustedPackage (exit 3)."""
     from trtflow import provenance
 
-    path = provenance_file or provenance.provenance_path(package.root if package.root is not None else package.path)
-    archive = sha256_file(package.path) if package.root is None else None
+    if package.remote is not None and provenance_file is None:
+        _, keyid = _check_remote_provenance(package, trust)
+        return dataclasses.replace(package, signed_by=keyid)
+    path = provenance_file or provenance.provenance_path(package.root if package.root is not None else Path(package.path))
+    archive = sha256_file(Path(package.path)) if package.root is None and package.remote is None else None
     _, keyid = provenance.check(path, trust, package.manifest.recipe, package.manifest_sha256, archive)
     return dataclasses.replace(package, signed_by=keyid)
+
+
+def _check_remote_provenance(package: Package, trust: "TrustedKeys") -> tuple[dict, str]:
+    """provenance.check on the remote package's provenance.intoto.jsonl, fetched to a temporary file."""
+    from trtflow import provenance
+
+    remote = package.remote
+    assert remote is not None
+    try:
+        data = remote.read(PROVENANCE_FILE, provenance.MAX_BYTES)
+    except FileNotFoundError:
+        raise provenance.UntrustedPackage(f"{remote.where(PROVENANCE_FILE)}: not found (--require-signature); publish the package "
+                                          "with its provenance") from None
+    with tempfile.TemporaryDirectory(prefix="trtflow-provenance-") as folder:
+        path = Path(folder) / PROVENANCE_FILE
+        path.write_bytes(data or b"")
+        try:
+            return provenance.check(path, trust, package.manifest.recipe, package.manifest_sha256, None)
+        except provenance.UntrustedPackage as exc:
+            raise provenance.UntrustedPackage(str(exc).replace(str(path), remote.where(PROVENANCE_FILE))) from None
 
 
 def _sha256(data: Optional[bytes]) -> str:
@@ -307,7 +342,7 @@ def _read_manifest(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _parse_manifest(path: Path, data: Optional[bytes]) -> Manifest:
+def _parse_manifest(path: Path | str, data: Optional[bytes]) -> Manifest:
     if data is None:
         raise BadPackage(f"{path}: not a package (no {MANIFEST_FILE})")
     try:
@@ -330,6 +365,13 @@ def _open_engine(package: Package, engine: Engine) -> Iterator[BinaryIO]:
     """The engine's bytes as a stream, from the folder or straight from its archive member (never
     extracted to a path the package names)."""
     relative = _safe_relative(package, engine.file)
+    if package.remote is not None:
+        try:
+            with package.remote.open(relative) as source:
+                yield source
+        except FileNotFoundError:
+            raise BadPackage(f"{package.where(relative)}: the engine file is missing; publish the package again") from None
+        return
     if package.root is not None:
         path = package.root / relative
         if not path.is_file() or not path.resolve().is_relative_to(package.root.resolve()):
@@ -352,42 +394,35 @@ def _copy_verified(package: Package, engine: Engine, sink: BinaryIO) -> None:
         for chunk in iter(lambda: source.read(CHUNK), b""):
             written += len(chunk)
             if written > engine.size:  # never write more than the manifest promised
-                where = (package.root or package.path) / engine.file
-                raise TamperedEngine(f"{where}: larger than the {engine.size} bytes the manifest records; the package is corrupt or "
+                raise TamperedEngine(f"{package.where(engine.file)}: larger than the {engine.size} bytes the manifest records; the package is corrupt or "
                                      "tampered with: fetch or rebuild it")
             digest.update(chunk)
             sink.write(chunk)
     if digest.hexdigest() != engine.sha256:
-        where = (package.root or package.path) / engine.file
-        raise TamperedEngine(f"{where}: sha256 {digest.hexdigest()} does not match the manifest's {engine.sha256}; the package is corrupt or tampered with: fetch or rebuild it")
+        raise TamperedEngine(f"{package.where(engine.file)}: sha256 {digest.hexdigest()} does not match the manifest's {engine.sha256}; the package is corrupt or tampered with: fetch or rebuild it")
 
 
-def provision(package: Package, device: Device, dest: Path) -> dict:
-    """Choose, verify and write DEST/<recipe>-<precision>.engine and .json; returns the JSON record.
+def provision(package: Package, device: Device, dest: Path, keep: int = 2) -> dict:
+    """Choose, verify and install the engine as `<dest>/<recipe>/current/<recipe>.engine`; returns the JSON record.
 
-    The engine is verified while it is copied to a temp file in DEST, so a tampered one never lands."""
+    The engine is verified while it is copied into a folder that is renamed into place whole, so a tampered one
+    never lands; the same engine again is a no-op (deploy.install)."""
     chosen, others = choose(package.manifest, device)
-    stem = f"{package.manifest.recipe}-{chosen.engine.precision}"
-    if not SAFE_NAME.fullmatch(stem):  # both come from the package and become a file name in DEST
-        raise BadPackage(f"{package.path}: recipe/precision {stem!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
-    created = not dest.exists()
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadDestination(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from None
-    try:
-        with atomic_writer(dest / f"{stem}.engine") as sink:
-            _copy_verified(package, chosen.engine, sink)
-    except BaseException:
-        if created:
-            dest.rmdir()
-        raise
-    record = _record(package, device, chosen, others, dest / f"{stem}.engine")
-    atomic_write(dest / f"{stem}.json", json.dumps(record, indent=2) + "\n")
-    return record
+    recipe = package.manifest.recipe
+    for field, value in (("recipe", recipe), ("precision", chosen.engine.precision)):  # from the package, into DEST's names
+        if not SAFE_NAME.fullmatch(value):
+            raise BadPackage(f"{package.path}: {field} {value!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
+    record = _record(package, device, chosen, others)
+    installed = install(dest, recipe, chosen.engine.sha256, chosen.engine.size,
+                        lambda sink: _copy_verified(package, chosen.engine, sink), record, keep)
+    written = {"engine": str(installed.current / installed.engine.name), "version": str(installed.engine.parent),
+               "record": str(installed.record), "sha256": chosen.engine.sha256}
+    transfer = None if package.remote is None else {"from": package.remote.shown, "bytes": package.remote.transfer.total,
+                                                   "files": package.remote.transfer.files, "engine_size": chosen.engine.size}
+    return {**record, "action": installed.action, "written": written, "transfer": transfer}
 
 
-def _record(package: Package, device: Device, chosen: Verdict, others: list[tuple[Verdict, str]], engine_path: Path) -> dict:
+def _record(package: Package, device: Device, chosen: Verdict, others: list[tuple[Verdict, str]]) -> dict:
     rules = "applied" if device.runtime_version else "not applied: no --runtime-version given"
     return {
         "package": str(package.path), "recipe": package.manifest.recipe, "package_complete": package.manifest.complete,
@@ -396,6 +431,5 @@ def _record(package: Package, device: Device, chosen: Verdict, others: list[tupl
         "device": {"gpu": device.label, "compute_capabilities": list(device.compute_capabilities), "source": device.source, "backend": device.backend, "precision": device.precision},
         "runtime": {"version": device.runtime_version, "version_rules": rules},
         "chosen": {"file": chosen.engine.file, "reason": chosen.fit, "manifest_entry": chosen.engine.model_dump(mode="json")},
-        "written": {"engine": str(engine_path), "record": str(engine_path.with_suffix(".json")), "sha256": chosen.engine.sha256},
         "not_chosen": [{"file": v.engine.file, "target": v.engine.target, "precision": v.engine.precision, "reason": reason} for v, reason in others],
     }

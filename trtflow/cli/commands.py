@@ -185,38 +185,61 @@ def schema(what: str) -> None:
 
 
 @cli.command()
-@click.argument("package", type=click.Path(path_type=Path))
+@click.argument("package", metavar="PACKAGE|URL")
 @click.option("--gpu", default="auto", show_default=True, help="auto (nvidia-smi), a compute capability (sm_86 or 8.6), or a target name of the package.")
 @click.option("--runtime-version", help="TensorRT or TensorRT-RTX version on the device, e.g. 10.13.3; without it version rules are not applied.")
 @click.option("--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="Consider only engines of this backend.")
 @click.option("--precision", help="Consider only engines of this precision.")
 @click.option("--prefer", help="Precisions in order of preference, e.g. fp16,int8 (default: fp8,int8,fp16,bf16,fp32: fewest bits first).")
 @click.option("--allow-failed", is_flag=True, help="Also consider engines whose verification or accuracy check failed (recorded with on_fail: warn).")
-@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder to write <recipe>-<precision>.engine and .json into.")
+@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder to install into: <recipe>/current -> <sha256>/ holding <recipe>.engine and provision.json.")
+@click.option("--keep", type=click.IntRange(min=1), default=2, show_default=True, help="Engine versions to keep per recipe (the current one included).")
 @click.option("--require-signature", is_flag=True, help="Refuse a package unless a --trust key signed its provenance (<recipe>.intoto.jsonl beside it).")
 @click.option("--trust", "trust", multiple=True, type=click.Path(path_type=Path), help="An Ed25519 public key (PEM) whose signatures are accepted; repeatable.")
 @click.option("--provenance", "provenance_file", type=click.Path(path_type=Path), help="The provenance file, if not beside the package.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
-def provision(package: Path, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], prefer: Optional[str],
-              allow_failed: bool, dest: Path, require_signature: bool, trust: tuple[Path, ...], provenance_file: Optional[Path],
+def provision(package: str, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], prefer: Optional[str],
+              allow_failed: bool, dest: Path, keep: int, require_signature: bool, trust: tuple[Path, ...], provenance_file: Optional[Path],
               as_json: bool) -> None:
-    """Pick the engine of PACKAGE (folder, .tar.gz or manifest.json) that fits a GPU, verify it, write it to DEST."""
+    """Install the engine of PACKAGE (folder, .tar.gz, manifest.json, or a URL `trtflow publish` wrote) that fits a GPU.
+
+    From a URL only manifest.json and the chosen engine are fetched; the engine's sha256 is checked while it streams."""
     from trtflow import provision as prov
+    from trtflow.util.fsurl import is_url
 
     if require_signature and not trust:
         raise prov.BadRequest("--require-signature needs at least one --trust KEY.pub")
-    loaded = prov.load_package(package)
+    loaded = prov.load_remote_package(package) if is_url(package) else prov.load_package(Path(package))
     if require_signature:
         from trtflow.signing import trusted_keys
 
         keys = trusted_keys(((path, f"--trust {path}") for path in trust), prov.BadRequest)
         loaded = prov.require_signature(loaded, keys, provenance_file)
     device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision, prefer, allow_failed)
-    record = prov.provision(loaded, device, dest)
+    record = prov.provision(loaded, device, dest, keep)
     if as_json:
         click.echo(json.dumps(record, indent=2))
         return
     output.print_provision(record)
+
+
+@cli.command()
+@click.argument("package", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("url")
+@click.option("--json", "as_json", is_flag=True, help="Print what was sent as JSON.")
+def publish(package: Path, url: str, as_json: bool) -> None:
+    """Upload a package folder to URL (s3://bucket/prefix, file:///shared/...), manifest.json last, for `provision URL`."""
+    from trtflow import provenance
+    from trtflow.deploy.remote import publish as publish_package
+
+    summary = publish_package(package, url, provenance.provenance_path(package))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    unchanged = f", {len(summary['engines_unchanged'])} unchanged" if summary["engines_unchanged"] else ""
+    click.echo(f"published {summary['recipe']} to {summary['url']}: {len(summary['engines_sent'])} engine(s) sent{unchanged}, "
+               f"{summary['files_sent']} file(s), {summary['bytes_sent']} bytes")
 
 
 @cli.command()

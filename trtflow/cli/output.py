@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -235,6 +234,14 @@ def print_provision(record: dict) -> None:
         click.echo(f"  {line}")
     if record["runtime"]["version"] is None:
         click.echo("  runtime version not checked (pass --runtime-version to apply the version rules)")
-    click.echo(f"wrote {record['written']['engine']} and {Path(record['written']['record']).name}")
+    written = record["written"]
+    if record["action"] == "unchanged":
+        click.echo(f"unchanged: {written['engine']} is already this engine (sha256 {written['sha256'][:16]})")
+    else:
+        verb = "installed" if record["action"] == "installed" else "switched back to"
+        click.echo(f"{verb} {written['version']}; {written['engine']} now points to it")
+    if record.get("transfer"):
+        transfer = record["transfer"]
+        click.echo(f"  fetched {transfer['bytes']} bytes from {transfer['from']} ({', '.join(transfer['files'])})")
 
 

@@ -28,9 +28,9 @@ class Exchange:
         if "://" not in location or location.startswith("file://"):
             self._folder = Path(location.removeprefix("file://"))
         else:
-            from trtflow.store.remote import _filesystem
+            from trtflow.util.fsurl import filesystem
 
-            self._fs, self._base = _filesystem(location, dict(options or {}))
+            self._fs, self._base = filesystem(location, dict(options or {}), "the exchange")
 
     def put(self, path: Path, digest: Optional[str] = None) -> str:
         """Make the file's bytes available as an object (nothing if already there); its digest (hashed if not given)."""

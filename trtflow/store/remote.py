@@ -22,7 +22,6 @@ fsspec and s3fs are imported only when a remote is configured.
 from __future__ import annotations
 
 import concurrent.futures as futures
-import copy
 import json
 import tempfile
 import threading
@@ -33,15 +32,9 @@ from typing import Any, Optional
 from trtflow.errors import EnvironmentProblem
 from trtflow.signing import KEY_FILE_ENV, KEY_TEXT_ENV, RECORD_TYPE, SignatureRejected, Signer, TrustedKeys, envelope_body, envelope_of
 from trtflow.store.objects import ObjectMismatch, Store, checked_record
+from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 
 CHUNK = 1 << 20
-# Short timeouts and one quick retry (s3fs's, 0.1 s later; botocore's own are off): a remote that does
-# not answer must not hold up a build for minutes.
-S3_DEFAULTS: dict[str, Any] = {
-    "config_kwargs": {"connect_timeout": 3, "read_timeout": 30, "retries": {"max_attempts": 1, "mode": "standard"}},
-    "skip_instance_cache": True,
-}
-S3_RETRIES = 2
 
 
 class RemoteUnavailable(EnvironmentProblem):
@@ -68,7 +61,7 @@ class Remote:
         self._rejected: set[str] = set()  # digests the remote holds wrong bytes for: re-upload them
         self._pushes: list[futures.Future] = []
         self._threads: Optional[futures.ThreadPoolExecutor] = None
-        self._fs, self._base = _filesystem(self.url, dict(options or {}))
+        self._fs, self._base = filesystem(self.url, dict(options or {}))
 
     # reading -------------------------------------------------------------------------------
     def pull(self, key: str, node_id: str, store: Store, workdir: Path) -> Optional[dict]:
@@ -174,7 +167,7 @@ class Remote:
 
     def _put(self, target: str, write: Any) -> None:
         """A local directory gets a temp file and a rename (readers never see half a file); S3 PUTs are atomic."""
-        if "file" not in _protocols(self._fs):
+        if "file" not in protocols(self._fs):
             write(target)
             return
         self._fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
@@ -205,7 +198,7 @@ class Remote:
             self._warnings.append(message)
 
     def _failed(self, exc: BaseException, doing: str) -> None:
-        message = f"remote cache {self.shown} unavailable ({doing}: {_one_line(exc)})"
+        message = f"remote cache {self.shown} unavailable ({doing}: {one_line(exc)})"
         if self.required:
             raise RemoteUnavailable(f"{message}; --remote-required was given")
         if self.down is None:
@@ -217,47 +210,8 @@ class Remote:
         return None
 
 
-def _filesystem(url: str, options: dict) -> tuple[Any, str]:
-    """(fsspec filesystem, base path) for `url`; S3 gets short timeouts unless the options say otherwise."""
-    try:
-        import fsspec
-    except ImportError:
-        raise EnvironmentProblem("a remote cache needs fsspec: pip install 'trtflow[remote]'") from None
-    protocol = url.split("://", 1)[0]
-    if protocol in ("s3", "s3a"):
-        options = {**copy.deepcopy(S3_DEFAULTS), **options}  # s3fs edits the dicts it is given
-    try:
-        fs, base = fsspec.core.url_to_fs(url, **options)
-    except ImportError as exc:
-        raise EnvironmentProblem(f"the remote cache {url} needs a package that is missing ({exc}): pip install 'trtflow[s3]'") from None
-    except ValueError as exc:
-        raise EnvironmentProblem(f"the remote cache {url} cannot be opened: {exc}") from None
-    if protocol in ("s3", "s3a"):
-        fs.retries = S3_RETRIES
-    return fs, base.rstrip("/")
-
-
 def _read_chunk(source: Any) -> bytes:
     try:
         return source.read(CHUNK)
     except Exception as exc:  # see Remote._read
         raise _RemoteFailure(str(exc)) from exc
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:300]
-
-
-def redacted(url: str) -> str:
-    """The URL without `user:password@` and without its query string, for messages and logs."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))

@@ -1,0 +1,151 @@
+"""The destination a serving process watches: one folder per engine digest and a `current` link flipped atomically.
+
+    <dest>/<recipe>/current -> <sha256>            (a relative symlink, replaced with rename(2))
+    <dest>/<recipe>/<sha256>/<recipe>.engine
+    <dest>/<recipe>/<sha256>/provision.json        what was chosen, from which package, and why
+
+A version folder is filled under a temporary name and renamed into place whole, so `current` never points at a
+half-written engine, and the engine's path under `current/` is the same whichever precision or target was chosen.
+Installing the engine `current` already points to is a no-op; one installed earlier is switched back to without
+copying. The `keep` newest version folders (current included) stay, so a process still holding the previous engine
+keeps it and a rollback is a link flip; older ones are removed. Provisions of one recipe take turns (a lock file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from filelock import FileLock
+
+from trtflow.errors import TrtflowError
+from trtflow.util.fs import fsync_dir
+
+CURRENT = "current"
+RECORD = "provision.json"
+DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+class BadDestination(TrtflowError):
+    """--dest cannot be a folder (it is under a file, or somewhere nothing can be made)."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Where the engine is, and what installing it did: installed, unchanged, or switched (back) to."""
+
+    action: str
+    engine: Path
+    record: Path
+    current: Path
+
+
+def install(dest: Path, recipe: str, sha256: str, size: int, copy: Callable[[BinaryIO], None], record: dict, keep: int = 2) -> Installed:
+    """Make `<dest>/<recipe>/current` point at the engine `sha256`; `copy` writes its verified bytes when needed."""
+    folder = dest / recipe
+    created = _make_folder(dest, folder)
+    try:
+        with FileLock(str(folder / ".lock")):
+            action = "unchanged" if _current(folder) == sha256 and _complete(folder / sha256, recipe, size) else None
+            if action is None and _complete(folder / sha256, recipe, size):
+                action = "switched"
+                os.utime(folder / sha256)  # now the most recently installed: pruning keeps it
+            if action is None:
+                _fill(folder, recipe, sha256, copy, record)
+                action = "installed"
+            if action != "unchanged":
+                _point_current(folder, sha256)
+                _prune(folder, keep)
+    except BaseException:
+        _remove_if_empty(folder, created)
+        raise
+    version = folder / sha256
+    return Installed(action, version / f"{recipe}.engine", version / RECORD, folder / CURRENT)
+
+
+def _make_folder(dest: Path, folder: Path) -> list[Path]:
+    """mkdir -p the recipe's folder; the folders it made (to take back if nothing lands)."""
+    made = [p for p in (folder, dest) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadDestination(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from None
+    return made
+
+
+def _remove_if_empty(folder: Path, created: list[Path]) -> None:
+    """Take back the folders this install made, when nothing was installed in them."""
+    if folder in created:
+        (folder / ".lock").unlink(missing_ok=True)
+    for path in created:
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+
+
+def _current(folder: Path) -> str | None:
+    try:
+        return os.readlink(folder / CURRENT)
+    except OSError:
+        return None
+
+
+def _complete(version: Path, recipe: str, size: int) -> bool:
+    """The version folder holds the engine at its recorded size and its record (it was renamed into place whole)."""
+    engine = version / f"{recipe}.engine"
+    return engine.is_file() and not engine.is_symlink() and engine.stat().st_size == size and (version / RECORD).is_file()
+
+
+def _fill(folder: Path, recipe: str, sha256: str, copy: Callable[[BinaryIO], None], record: dict) -> None:
+    """Write the engine and its record into a temporary folder, fsync both, rename it to `<sha256>`."""
+    incoming = folder / f".incoming-{uuid.uuid4().hex}"
+    incoming.mkdir()
+    try:
+        with open(incoming / f"{recipe}.engine", "wb") as sink:
+            copy(sink)
+            sink.flush()
+            os.fsync(sink.fileno())
+        with open(incoming / RECORD, "w", encoding="utf-8") as sink:
+            sink.write(json.dumps(record, indent=2) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+        fsync_dir(incoming)
+        target = folder / sha256
+        if target.exists():  # an incomplete leftover of an interrupted install: replace it
+            shutil.rmtree(target)
+        os.rename(incoming, target)
+        fsync_dir(folder)
+    finally:
+        shutil.rmtree(incoming, ignore_errors=True)
+
+
+def _point_current(folder: Path, sha256: str) -> None:
+    """Replace the `current` link in one rename, so a watcher sees the old target or the new one, never neither."""
+    link = folder / f".current-{uuid.uuid4().hex}"
+    os.symlink(sha256, link)
+    try:
+        os.replace(link, folder / CURRENT)
+    except BaseException:
+        link.unlink(missing_ok=True)
+        raise
+    fsync_dir(folder)
+
+
+def _prune(folder: Path, keep: int) -> None:
+    """Remove version folders beyond the `keep` most recently installed ones; never the current one."""
+    current = _current(folder)
+    versions = sorted((p for p in folder.iterdir() if DIGEST.fullmatch(p.name) and p.is_dir() and not p.is_symlink()),
+                      key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    kept = [p for p in versions if p.name == current] + [p for p in versions if p.name != current][: max(keep - 1, 0)]
+    for path in versions:
+        if path not in kept:
+            shutil.rmtree(path, ignore_errors=True)
