@@ -288,6 +288,13 @@ def load_package(path: Path) -> Package:
     raise BadPackage(f"{path}: not a package: pass a package folder, its .tar.gz, or its {MANIFEST_FILE}")
 
 
+def open_package(location: str) -> Package:
+    """A package from a local path (folder, .tar.gz, manifest.json) or a URL that `trtflow publish` wrote."""
+    from trtflow.util.fsurl import is_url
+
+    return load_remote_package(location) if is_url(location) else load_package(Path(location))
+
+
 def load_remote_package(url: str, options: Optional[dict] = None) -> Package:
     """A published package (`trtflow publish`) at an fsspec URL: only its manifest.json is read."""
     remote = RemoteFolder(url, options)
@@ -387,7 +394,7 @@ def _open_engine(package: Package, engine: Engine) -> Iterator[BinaryIO]:
             yield source
 
 
-def _copy_verified(package: Package, engine: Engine, sink: BinaryIO) -> None:
+def copy_verified(package: Package, engine: Engine, sink: BinaryIO) -> None:
     """Copy the engine into `sink` while hashing it; a sha256 other than the manifest's is refused."""
     digest, written = hashlib.sha256(), 0
     with _open_engine(package, engine) as source:
@@ -414,7 +421,7 @@ def provision(package: Package, device: Device, dest: Path, keep: int = 2) -> di
             raise BadPackage(f"{package.path}: {field} {value!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
     record = _record(package, device, chosen, others)
     installed = install(dest, recipe, chosen.engine.sha256, chosen.engine.size,
-                        lambda sink: _copy_verified(package, chosen.engine, sink), record, keep)
+                        lambda sink: copy_verified(package, chosen.engine, sink), record, keep)
     written = {"engine": str(installed.current / installed.engine.name), "version": str(installed.engine.parent),
                "record": str(installed.record), "sha256": chosen.engine.sha256}
     transfer = None if package.remote is None else {"from": package.remote.shown, "bytes": package.remote.transfer.total,

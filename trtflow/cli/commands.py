@@ -206,11 +206,10 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
 
     From a URL only manifest.json and the chosen engine are fetched; the engine's sha256 is checked while it streams."""
     from trtflow import provision as prov
-    from trtflow.util.fsurl import is_url
 
     if require_signature and not trust:
         raise prov.BadRequest("--require-signature needs at least one --trust KEY.pub")
-    loaded = prov.load_remote_package(package) if is_url(package) else prov.load_package(Path(package))
+    loaded = prov.open_package(package)
     if require_signature:
         from trtflow.signing import trusted_keys
 
@@ -225,7 +224,7 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
 
 
 @cli.command()
-@click.argument("package", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("package", type=click.Path(path_type=Path))
 @click.argument("url")
 @click.option("--json", "as_json", is_flag=True, help="Print what was sent as JSON.")
 def publish(package: Path, url: str, as_json: bool) -> None:
@@ -240,6 +239,53 @@ def publish(package: Path, url: str, as_json: bool) -> None:
     unchanged = f", {len(summary['engines_unchanged'])} unchanged" if summary["engines_unchanged"] else ""
     click.echo(f"published {summary['recipe']} to {summary['url']}: {len(summary['engines_sent'])} engine(s) sent{unchanged}, "
                f"{summary['files_sent']} file(s), {summary['bytes_sent']} bytes")
+
+
+@cli.group()
+def export() -> None:
+    """Turn packages into what a serving runtime loads: ONNX Runtime EP-context models, a Triton model repository."""
+
+
+@export.command("ort-context")
+@click.argument("package", metavar="PACKAGE|URL")
+@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for <recipe>-<target>-<precision>_ctx.onnx and its engine.")
+@click.option("--embed", is_flag=True, help="Put the engine bytes inside the model (embed_mode 1) instead of beside it.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def export_ort_context(package: str, dest: Path, embed: bool, as_json: bool) -> None:
+    """Write one ONNX model per engine whose EPContext node ONNX Runtime's TensorRT(-RTX) provider loads without compiling."""
+    from trtflow.deploy.ort_context import export_ort_context as write
+    from trtflow.provision import open_package
+
+    written = write(open_package(package), dest, embed)
+    if as_json:
+        click.echo(json.dumps(written, indent=2))
+        return
+    for item in written:
+        beside = f" + {Path(item['engine']).name}" if item["engine"] else " (engine embedded)"
+        click.echo(f"wrote {item['model']}{beside}: {item['precision']} for {item['target']}, {item['source']}")
+
+
+@export.command("triton")
+@click.argument("packages", nargs=-1, required=True, metavar="PACKAGE|URL...")
+@click.option("--repo", required=True, type=click.Path(file_okay=False, path_type=Path), help="The Triton model repository folder.")
+@click.option("--model-name", help="The Triton model's name (default: the recipe).")
+@click.option("--version", "version", type=click.IntRange(min=1), default=1, show_default=True, help="The model version folder to write.")
+@click.option("--precision", help="The precision to serve, when the packages hold several.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def export_triton(packages: tuple[str, ...], repo: Path, model_name: Optional[str], version: int, precision: Optional[str], as_json: bool) -> None:
+    """Write a Triton model (config.pbtxt + <version>/<target>.plan) serving full TensorRT engines on every GPU they were built for."""
+    from trtflow.deploy.triton import export_triton as write
+    from trtflow.provision import open_package
+
+    written = write([open_package(p) for p in packages], repo, model_name, version, precision)
+    if as_json:
+        click.echo(json.dumps(written, indent=2))
+        return
+    for note in written["notes"]:
+        click.echo(f"note: {note}", err=True)
+    ccs = ", ".join(f"{cc} -> {file}" for cc, file in written["cc_model_filenames"].items())
+    click.echo(f"wrote {written['config']} and version {written['version']}: max_batch_size {written['max_batch_size']}, "
+               f"cc_model_filenames {ccs or 'none'}, default {written['default_model_filename']}")
 
 
 @cli.command()

@@ -1,0 +1,68 @@
+"""A real S3-compatible server (moto) on 127.0.0.1 that counts the bytes it serves, per object path."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections import Counter
+from typing import Any, Iterable, Iterator
+
+
+class CountingS3:
+    """moto's S3 in a thread of this process, behind a WSGI layer that adds up GET response bodies by path."""
+
+    def __init__(self) -> None:
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+        from moto.server import MotoRequestHandler
+        from werkzeug.serving import make_server
+
+        self.served: Counter[str] = Counter()  # path -> body bytes sent for GET requests
+        self.requests: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        app = DomainDispatcherApplication(create_backend_app)
+        self._server = make_server("127.0.0.1", 0, self._counting(app), threaded=True, request_handler=MotoRequestHandler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _counting(self, app: Any) -> Any:
+        def wrapped(environ: dict, start_response: Any) -> Iterator[bytes]:
+            method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+            with self._lock:
+                self.requests.append((method, path))
+            body: Iterable[bytes] = app(environ, start_response)
+            try:
+                for chunk in body:
+                    if method == "GET":
+                        with self._lock:
+                            self.served[path] += len(chunk)
+                    yield chunk
+            finally:
+                close = getattr(body, "close", None)
+                if close:
+                    close()
+        return wrapped
+
+    def reset(self) -> None:
+        with self._lock:
+            self.served.clear()
+            self.requests.clear()
+
+    def bucket(self) -> str:
+        """A new empty bucket's name."""
+        import boto3
+
+        name = f"fleet-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                     region_name="us-east-1").create_bucket(Bucket=name)
+        return name
+
+    def env(self) -> dict[str, str]:
+        """The environment a trtflow process needs to reach this server (as a fleet agent's would hold)."""
+        return {**os.environ, "AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join(timeout=10)
