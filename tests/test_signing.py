@@ -216,6 +216,25 @@ def test_provision_refuses_what_the_signature_does_not_cover(signed_package: Pat
     assert not (signed_package.parent / "dest").exists()
 
 
+def test_a_published_package_is_checked_against_its_signed_provenance_at_the_url(signed_package: Path, keys: dict[str, Path], tmp_path: Path) -> None:
+    url = (tmp_path / "share" / "tiny").as_uri()
+    assert trtflow(signed_package, "publish", str(signed_package / "tiny"), url).code == 0
+    trust = ("--require-signature", "--trust", str(keys["ci"].with_suffix(".pub")))
+    accepted = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json", *trust)
+    assert accepted.code == 0, accepted.err
+    record = json.loads(accepted.out)
+    assert record["signed_by"] == signer(keys["ci"]).keyid and set(record["transfer"]["files"]) == {
+        "manifest.json", "provenance.intoto.jsonl", record["chosen"]["file"]}
+    remote_manifest = tmp_path / "share" / "tiny" / "manifest.json"
+    remote_manifest.write_text(remote_manifest.read_text().replace('"passed": true', '"passed": false', 1))
+    changed = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "d2"), *trust)
+    assert changed.code == 3 and f"{url}/provenance.intoto.jsonl: the signed provenance does not cover this manifest.json" in changed.err
+    (tmp_path / "share" / "tiny" / "provenance.intoto.jsonl").unlink()
+    missing = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "d2"), *trust)
+    assert missing.code == 3 and "provenance.intoto.jsonl: not found (--require-signature)" in missing.err
+    assert not (tmp_path / "d2").exists()
+
+
 def test_an_unsigned_run_writes_unsigned_provenance(built_project: Path, keys: dict[str, Path]) -> None:
     packages = built_project / "artifacts" / "packages"
     envelope = json.loads((packages / "tiny.intoto.jsonl").read_text())
