@@ -20,8 +20,12 @@ class CountingS3:
         self.served: Counter[str] = Counter()  # path -> body bytes sent for GET requests
         self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
+        class QuietHandler(MotoRequestHandler):
+            def log_request(self, *args: Any) -> None:  # one line per request on stderr otherwise
+                pass
+
         app = DomainDispatcherApplication(create_backend_app)
-        self._server = make_server("127.0.0.1", 0, self._counting(app), threaded=True, request_handler=MotoRequestHandler)
+        self._server = make_server("127.0.0.1", 0, self._counting(app), threaded=True, request_handler=QuietHandler)
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

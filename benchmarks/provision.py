@@ -1,0 +1,89 @@
+"""Bytes a device fetches to provision one engine from a published package, against the engine and the package.
+
+    python benchmarks/provision.py [--models resnet mobilenet encoder] [--precisions fp32 fp16]
+
+What is measured, in one run: the real-model corpus (tests/zoo.py) built for rtx-turing/ampere/ada, each package
+published to a moto S3 server on 127.0.0.1 that counts the bytes it serves; then for every model and GPU:
+  1. `trtflow provision s3://... --gpu sm_XY` as its own process: bytes served (at the server), wall seconds;
+  2. the same again (already installed): bytes and seconds of the no-op;
+  3. the baseline, measured the same way: fetching the package's .tar.gz (what a device had to do before, to then
+     provision from the archive).
+Printed per provision: engine bytes, fetched bytes, fetched / engine (goal: the manifest only on top), the
+archive's bytes / fetched (how much less than the baseline), and seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from fleet import MODELS, PRECISIONS, TARGETS, write_fleet_project  # noqa: E402
+from s3server import CountingS3  # noqa: E402
+from zoo import ZOO  # noqa: E402
+
+
+def trtflow(env: dict, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "trtflow", *args], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.exit(f"trtflow {' '.join(args)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return time.perf_counter() - started, done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet", "mobilenet", "encoder"], choices=ZOO)
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16"], choices=PRECISIONS)
+    options = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="trtflow-provision-bench-"))
+    server = CountingS3()
+    try:
+        root = write_fleet_project(work / "fleet", tuple(m for m in options.models if m in MODELS), tuple(options.precisions))
+        print(f"building {len(options.models)} models x {options.precisions} x {len(TARGETS)} targets ...", flush=True)
+        trtflow(server.env(), "-C", str(root), "run", "-j", "2")
+        bucket, rows = server.bucket(), []
+        for package in sorted(p for p in (root / "artifacts" / "packages").iterdir() if p.is_dir()):
+            url = f"s3://{bucket}/{package.name}"
+            trtflow(server.env(), "publish", str(package), url)
+            server.reset()
+            import boto3
+
+            boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                         region_name="us-east-1").upload_file(str(package.with_suffix(".tar.gz")), bucket, f"{package.name}.tar.gz")
+            for gpu in TARGETS.values():
+                dest = work / "devices" / gpu
+                server.reset()
+                seconds, done = trtflow(server.env(), "provision", url, "--gpu", gpu, "--dest", str(dest), "--json")
+                fetched, engine = sum(server.served.values()), json.loads(done.stdout)["chosen"]["manifest_entry"]["size"]
+                server.reset()
+                again, _ = trtflow(server.env(), "provision", url, "--gpu", gpu, "--dest", str(dest), "--json")
+                noop_bytes = sum(server.served.values())
+                server.reset()
+                started = time.perf_counter()
+                boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                             region_name="us-east-1").download_file(bucket, f"{package.name}.tar.gz", str(work / "archive.tar.gz"))
+                archive_seconds, archive = time.perf_counter() - started, sum(server.served.values())
+                rows.append((package.name, gpu, engine, fetched, noop_bytes, archive, seconds, again, archive_seconds))
+        print(f"\n{'model':<12} {'gpu':<6} {'engine':>10} {'fetched':>10} {'fetched/engine':>15} {'archive/fetched':>16} "
+              f"{'no-op bytes':>12} {'provision s':>12} {'no-op s':>8}")
+        for name, gpu, engine, fetched, noop_bytes, archive, seconds, again, _ in rows:
+            print(f"{name:<12} {gpu:<6} {engine:>10} {fetched:>10} {fetched / engine:>15.4f} {archive / fetched:>16.2f} "
+                  f"{noop_bytes:>12} {seconds:>12.2f} {again:>8.2f}")
+        print(f"\nmedian fetched / engine: {statistics.median(r[3] / r[2] for r in rows):.4f} (1.0 + the manifest); "
+              f"median archive / fetched: {statistics.median(r[5] / r[3] for r in rows):.2f}x less than fetching the package")
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
