@@ -1,6 +1,7 @@
 """Check a recipe against its ONNX model before any work: parseable, and profiles that fit its inputs.
 
-For a torch source: the factory's module parses and defines the callable (its code is not run here).
+For a torch source: the factory's module parses and defines the callable (its code is not run here). A TensorFlow
+or Keras source is checked for its files when the recipe loads; its inputs only the export stage can read.
 
 Runs in `trtflow validate` and before `trtflow run` touches the store, so a bad model or a profile
 naming a missing input is one clear error naming the recipe field, with nothing written.
@@ -28,6 +29,8 @@ def check_recipe_model(item: RecipeFile, root: Path, pipeline: Pipeline) -> None
     cannot compile its fp32 graph (an exported or reduced-precision graph is checked by the build stage)."""
     if item.recipe.source.torch is not None:
         check_torch_factory(item, root)
+        return
+    if item.recipe.source.exported:  # a SavedModel or Keras file: only TensorFlow can read it, in the export stage
         return
     model = _load(item, item.source_path(root))
     _check_backend_limits(item, model, pipeline)

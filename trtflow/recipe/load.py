@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from trtflow.signing import TrustedKeys
 
 PIPELINE_FILE = "pipeline.yaml"
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 
 @dataclass(frozen=True)
@@ -259,12 +261,42 @@ def _capability_problem(recipe: Recipe, precision: str, target: str, spec: Targe
 
 
 def _check_source_exists(item: RecipeFile, root: Path) -> None:
-    if item.recipe.source.torch is not None:
+    source = item.recipe.source
+    if source.torch is not None:
         _check_torch_source(item, root)
+        return
+    if source.tensorflow is not None:
+        _check_saved_model(item, root)
+        return
+    if source.keras is not None:
+        _check_keras_file(item, root)
         return
     path = item.source_path(root)
     if not path.is_file():
         raise ProjectError(f"{item.where('source', 'onnx')}: model file not found: {item.recipe.source.onnx}")
+
+
+def _check_saved_model(item: RecipeFile, root: Path) -> None:
+    """source.tensorflow.saved_model is a SavedModel directory (saved_model.pb or .pbtxt inside)."""
+    given = item.recipe.source.tensorflow.saved_model
+    folder, where = root / given, item.where("source", "tensorflow", "saved_model")
+    if not folder.is_dir():
+        raise ProjectError(f"{where}: {'is a file, not a SavedModel directory' if folder.exists() else 'no such directory'}: {given}")
+    if not any((folder / name).is_file() for name in SAVED_MODEL_FILES):
+        raise ProjectError(f"{where}: {given} is not a SavedModel directory (no saved_model.pb in it); save the model with "
+                           "tf.saved_model.save(model, dir) or Keras' model.export(dir)")
+
+
+def _check_keras_file(item: RecipeFile, root: Path) -> None:
+    """source.keras is a Keras 3 .keras archive (a zip) or a legacy .h5 file."""
+    given, where = item.recipe.source.keras, item.where("source", "keras")
+    path = root / given
+    if not path.is_file():
+        raise ProjectError(f"{where}: model file not found: {given}")
+    if path.suffix not in (".keras", ".h5"):
+        raise ProjectError(f"{where}: {given} is not a .keras or .h5 file (for a SavedModel directory use source.tensorflow.saved_model)")
+    if path.suffix == ".keras" and not zipfile.is_zipfile(path):
+        raise ProjectError(f"{where}: {given} is not a Keras 3 .keras archive (not a zip file); save it with model.save('{path.name}')")
 
 
 def _check_torch_source(item: RecipeFile, root: Path) -> None:

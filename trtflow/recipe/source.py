@@ -1,8 +1,10 @@
-"""The `source:` and `cleanup:` blocks of a recipe: an ONNX file or a PyTorch model, and the cleanup passes.
+"""The `source:` and `cleanup:` blocks of a recipe: an ONNX file, a PyTorch, TensorFlow or Keras model, and cleanup.
 
     source: {onnx: models/resnet.onnx}
     source: {torch: {factory: "models.net:make", kwargs: {width: 64}, weights: models/net.pt,
                      inputs: [{name: image}], opset: 18}}
+    source: {tensorflow: {saved_model: models/net, signature: serving_default, tag: serve, opset: 17}}
+    source: {keras: models/net.keras}
     cleanup: {fold_constants: true, fold_size_limit_mib: 16, simplify: true}
 
 A torch input's shape defaults to the first profile's opt shape; an axis whose sizes differ between the
@@ -73,19 +75,41 @@ class TorchSource(StrictModel):
         return value
 
 
+# tf2onnx 1.17 writes opsets up to 18 ("Opset 19 is not supported yet"); 17 is what TensorRT parsers read best.
+TF_OPSET, TF_MAX_OPSET = 17, 18
+
+
+class TensorFlowSource(StrictModel):
+    """A TensorFlow SavedModel directory: one signature of one MetaGraph, converted to ONNX by tf2onnx."""
+
+    saved_model: str = Field(min_length=1)  # the directory holding saved_model.pb and variables/
+    signature: str = Field(default="serving_default", min_length=1)
+    tag: str = Field(default="serve", min_length=1)
+    opset: int = Field(default=TF_OPSET, ge=9, le=TF_MAX_OPSET)
+
+
 class Source(StrictModel):
-    """Exactly one of an ONNX file or a PyTorch model."""
+    """Exactly one of an ONNX file, a PyTorch model, a TensorFlow SavedModel, or a Keras model file."""
 
     onnx: Optional[str] = None
     torch: Optional[TorchSource] = None
+    tensorflow: Optional[TensorFlowSource] = None
+    keras: Optional[str] = Field(default=None, min_length=1)  # a Keras 3 .keras file (or a legacy .h5)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "Source":
-        if self.onnx is None and self.torch is None:
-            raise FieldError("onnx", "required field is missing: give onnx: <file> or torch: {factory: ..., inputs: [...]}")
-        if self.onnx is not None and self.torch is not None:
-            raise FieldError("torch", "give either onnx: or torch:, not both")
+        given = [name for name in ("onnx", "torch", "tensorflow", "keras") if getattr(self, name) is not None]
+        if not given:
+            raise FieldError("onnx", "required field is missing: give onnx: <file>, torch: {factory: ..., inputs: [...]}, "
+                                     "tensorflow: {saved_model: <dir>} or keras: <file>")
+        if len(given) > 1:
+            raise FieldError(given[1], f"give one source, not {' and '.join(given)}")
         return self
+
+    @property
+    def exported(self) -> bool:
+        """True when the source is not ONNX: an export stage turns it into ONNX first."""
+        return self.onnx is None
 
 
 class CleanupOptions(StrictModel):

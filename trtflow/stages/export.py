@@ -27,7 +27,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -78,11 +78,13 @@ class Params(StageParams):
 
 
 def node(ctx: RecipeContext) -> Optional[Node]:
-    """PyTorch -> ONNX, for torch sources only. Its inputs are the factory's module file, the weights and the listed
+    """PyTorch -> ONNX for torch sources (TensorFlow and Keras sources: stages.tfexport), None for ONNX. Its inputs are the factory's module file, the weights and the listed
     `files`, not the whole project: editing an unrelated file re-exports nothing."""
     spec = ctx.recipe.source.torch
     if spec is None:
-        return None
+        from trtflow.stages import tfexport
+
+        return tfexport.node(ctx)
     sources = [("factory", ctx.item.factory_file(ctx.root))]
     sources += [("weights", (ctx.root / spec.weights).resolve())] if spec.weights else []
     sources += [(f"files[{index}]", (ctx.root / path).resolve()) for index, path in enumerate(spec.files)]
@@ -95,26 +97,34 @@ def node(ctx: RecipeContext) -> Optional[Node]:
 
 
 def export_dims(ctx: RecipeContext) -> tuple[list[ExampleInput], dict[str, dict[str, list[int]]]]:
-    """The example inputs (shape: given, else the first profile's opt) and the dynamic axes with their ranges.
+    """The example inputs (shape: given, else the first profile's opt) and the dynamic axes with their ranges."""
+    profiles, specs = ctx.profiles, ctx.recipe.source.torch.inputs
+    inputs = [ExampleInput(name=spec.name, dtype=spec.dtype, shape=spec.shape or profiles[0][spec.name]["opt"]) for spec in specs]
+    dynamic = dynamic_axes(profiles)
+    return inputs, {spec.name: dynamic[spec.name] for spec in specs if spec.name in dynamic}
 
-    An axis is dynamic when any profile's min, opt or max differs on it; its range spans every profile:
 
-        profiles [{x: min [1,3] opt [4,3] max [8,3]}, {x: shape [32,3]}] -> x axis 0 in [1, 32], axis 1 static
+def dynamic_axes(profiles: list[dict[str, dict[str, list[int]]]]) -> dict[str, dict[str, list[int]]]:
+    """Per input, the axes any profile's min, opt or max differs on, each with the range it spans over every profile:
+
+        profiles [{x: min [1,3] opt [4,3] max [8,3]}, {x: shape [32,3]}] -> {x: {"0": [1, 32]}} (axis 1 static)
     """
-    profiles = ctx.profiles
-    inputs, dynamic = [], {}
-    for spec in ctx.recipe.source.torch.inputs:
-        shapes = [shape for profile in profiles if spec.name in profile for shape in profile[spec.name].values()]
-        inputs.append(ExampleInput(name=spec.name, dtype=spec.dtype, shape=spec.shape or profiles[0][spec.name]["opt"]))
+    dynamic = {}
+    for name in dict.fromkeys(name for profile in profiles for name in profile):
+        shapes = [shape for profile in profiles if name in profile for shape in profile[name].values()]
         axes = {str(axis): [min(s[axis] for s in shapes), max(s[axis] for s in shapes)]
-                for axis in range(len(shapes[0]) if shapes else 0) if len({s[axis] for s in shapes}) > 1}
+                for axis in range(len(shapes[0])) if len({s[axis] for s in shapes}) > 1}
         if axes:
-            dynamic[spec.name] = axes
-    return inputs, dynamic
+            dynamic[name] = axes
+    return dynamic
 
 
-def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+def run(params: StageParams, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     """Import and call the factory, export with the dynamo exporter, check the ONNX against torch on ONNX Runtime."""
+    if not isinstance(params, Params):
+        from trtflow.stages import tfexport
+
+        return tfexport.run(params, inputs, workdir)  # type: ignore[arg-type]
     torch = import_or_explain("torch", "torch")
     import_or_explain("onnxscript", "torch", "torch's dynamo exporter writes ONNX with it")
     with _user_code(params.factory, inputs["factory"].files["factory"]):
@@ -136,6 +146,10 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
+    if not isinstance(node.params, Params):
+        from trtflow.stages import tfexport
+
+        return tfexport.finish(node, record, place)
     enforce_proof(node.params.on_fail, record["record"]["torch_equality"], PROOF_FAILED, CACHED_UNDER_WARN)
     return None
 
@@ -280,6 +294,26 @@ def _check_against_torch(path: Path, params: Params, examples: list[Any], expect
     got = compare.run_all(session, [feed])[0]
     rows = compare.compare_outputs(got, dict(zip(names, expected)), check.rtol, check.atol)
     return {"runtime": compare.RUNTIME, "samples": 1, "rtol": check.rtol, "atol": check.atol, "outputs": rows,
+            "passed": all(row["passed"] for row in rows)}
+
+
+def check_against_reference(path: Path, check: ProofSettings, samples: int, profiles: list[dict],
+                            reference: Callable[[dict[str, "np.ndarray"]], dict[str, "np.ndarray"]]) -> dict:
+    """ONNX Runtime on the exported model vs `reference` (the source framework) on the same seeded inputs at the
+    profiles' shapes, output by output name, within the recipe's fp32 tolerances: the worst over `samples`."""
+    from trtflow.stages import compare
+
+    session = compare.session(path)
+    names = compare.output_names(session)
+    feeds = compare.sample_feeds(session, profiles, samples, check.seed)
+    per_sample = []
+    for feed, got in zip(feeds, compare.run_all(session, feeds)):
+        expected = reference(feed)
+        if set(expected) != set(names):
+            raise StageError(f"the exported ONNX's outputs ({', '.join(names)}) are not the model's ({', '.join(expected)})")
+        per_sample.append(compare.compare_outputs(got, expected, check.rtol, check.atol))
+    rows = compare.worst(per_sample)
+    return {"runtime": compare.RUNTIME, "samples": len(feeds), "rtol": check.rtol, "atol": check.atol, "outputs": rows,
             "passed": all(row["passed"] for row in rows)}
 
 
