@@ -1,6 +1,6 @@
 """Keras models for the TensorFlow-source tests, generated at test time (run as a script: TensorFlow stays out of pytest).
 
-    python tests/tfmodels.py OUT_DIR
+    python tests/tfmodels.py OUT_DIR [--seed N] [--only cnn]
 
 writes, seeded, under OUT_DIR:
   cnn/            SavedModel (Keras model.export): Conv-BatchNorm-ReLU, DepthwiseConv-BatchNorm-ReLU6, GAP, Dense;
@@ -15,21 +15,20 @@ writes, seeded, under OUT_DIR:
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def main(out: Path) -> None:
+def main(out: Path, seed: int = 0, only: str | None = None) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
 
-    keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(seed)
 
-    def cnn(batch=None):
-        image = keras.Input((32, 32, 3), batch_size=batch, name="image")
+    def cnn():
+        image = keras.Input((32, 32, 3), name="image")
         x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(image)
         x = keras.layers.BatchNormalization()(x)
         x = keras.layers.ReLU()(x)
@@ -38,7 +37,7 @@ def main(out: Path) -> None:
         x = keras.layers.ReLU(6.0)(x)
         x = keras.layers.GlobalAveragePooling2D()(x)
         model = keras.Model(image, keras.layers.Dense(10, name="logits")(x))
-        rng = np.random.default_rng(0)
+        rng = np.random.default_rng(seed)
         for layer in model.layers:  # statistics as training would leave them: the fold into the Conv is really tested
             if isinstance(layer, keras.layers.BatchNormalization):
                 channels = layer.moving_mean.shape[0]
@@ -54,10 +53,26 @@ def main(out: Path) -> None:
         x = keras.layers.LSTM(32)(x)
         return keras.Model(sequence, keras.layers.Dense(4, name="scores")(x))
 
-    for name, model in (("cnn", cnn()), ("lstm", lstm())):
-        model.export(str(out / name), verbose=False)
-        model.save(str(out / f"{name}.keras"))
-    cnn(batch=1).export(str(out / "fixed"), verbose=False)
+    for name, make in (("cnn", cnn), ("lstm", lstm)):
+        if only in (None, name):
+            model = make()
+            model.export(str(out / name), verbose=False)
+            model.save(str(out / f"{name}.keras"))
+    if only is not None:
+        return
+    fixed = cnn()  # Keras' export relaxes the batch axis to None: a signature of its own fixes it to 1
+
+    class Fixed(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = fixed
+
+        @tf.function(input_signature=[tf.TensorSpec([1, 32, 32, 3], tf.float32, name="image")])
+        def __call__(self, image):
+            return {"output_0": self.model(image, training=False)}
+
+    module_fixed = Fixed()
+    tf.saved_model.save(module_fixed, str(out / "fixed"), signatures={"serving_default": module_fixed.__call__})
 
     class Lgamma(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
@@ -69,4 +84,11 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=["cnn", "lstm"])
+    options = parser.parse_args()
+    main(options.out, options.seed, options.only)

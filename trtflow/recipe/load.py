@@ -291,6 +291,9 @@ def _check_keras_file(item: RecipeFile, root: Path) -> None:
     """source.keras is a Keras 3 .keras archive (a zip) or a legacy .h5 file."""
     given, where = item.recipe.source.keras, item.where("source", "keras")
     path = root / given
+    if path.is_dir():
+        raise ProjectError(f"{where}: {given} is a directory, not a .keras or .h5 file (for a SavedModel directory use "
+                           "source.tensorflow.saved_model)")
     if not path.is_file():
         raise ProjectError(f"{where}: model file not found: {given}")
     if path.suffix not in (".keras", ".h5"):

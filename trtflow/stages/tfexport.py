@@ -49,7 +49,7 @@ class Params(StageParams):
     FINGERPRINT = ("tensorflow", "keras", "tf2onnx", "onnx")
     POLICY = ("on_fail",)
     format: Literal["saved_model", "keras"]
-    files: list[str]  # SavedModel: every file's path inside the directory, in the order of the inputs `saved_model[i]`
+    files: list[str]  # SavedModel: every file's path inside the directory (each the input `saved_model/<path>`); Keras: its name
     signature: Optional[str] = None
     tag: Optional[str] = None
     opset: int
@@ -88,7 +88,7 @@ def node(ctx: RecipeContext) -> Optional[Node]:
     files = saved_model_files(folder)
     params = Params(format="saved_model", files=[f.relative_to(folder).as_posix() for f in files], signature=spec.signature,
                     tag=spec.tag, opset=spec.opset, **common)
-    sources = tuple((f"saved_model[{index}]", path) for index, path in enumerate(files))
+    sources = tuple((f"saved_model/{relative}", path) for relative, path in zip(params.files, files))
     return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=sources, info=info)
 
 
@@ -141,8 +141,9 @@ def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
 def _rebuilt_folder(params: Params, inputs: dict[str, Upstream], workdir: Path) -> Path:
     """The SavedModel directory as the inputs hold it (linked, or copied where links cannot be made), under workdir."""
     folder = workdir / "saved_model"
-    for index, relative in enumerate(params.files):
-        _link_or_copy(inputs[f"saved_model[{index}]"].files[f"saved_model[{index}]"], folder / relative)
+    for relative in params.files:
+        role = f"saved_model/{relative}"
+        _link_or_copy(inputs[role].files[role], folder / relative)
     return folder
 
 
