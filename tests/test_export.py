@@ -213,7 +213,7 @@ TORCH_RECIPE_CASES = [
                  "[16, 3, 32, 32] is outside the profiles' range for 'image': [1, 3, 32, 32]..[8, 3, 32, 32]", id="shape-outside-profiles"),
     pytest.param(torch_recipe(inputs="[{name: image}, {name: mask}]"), "recipes/bad.yaml:4: source.torch.inputs[1]", "input 'mask' needs a shape", id="input-without-shape"),
     pytest.param(torch_recipe(extra="    onnx: models/tiny_cnn.onnx\n").replace("  torch:\n", "  onnx: models/tiny_cnn.onnx\n  torch:\n").replace("    onnx: models/tiny_cnn.onnx\n", ""),
-                 "recipes/bad.yaml:3: source.torch", "give either onnx: or torch:, not both", id="onnx-and-torch"),
+                 "recipes/bad.yaml:3: source.torch", "give one source, not onnx and torch", id="onnx-and-torch"),
 ]
 
 

@@ -13,9 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from conftest import PIPELINE, trtflow
+from conftest import PIPELINE, stage_record, trtflow
 
 pytestmark = pytest.mark.skipif(not (importlib.util.find_spec("tensorflow") and importlib.util.find_spec("tf2onnx")),
                                 reason="TensorFlow sources need tensorflow and tf2onnx: pip install 'trtflow[tensorflow]'")
@@ -53,20 +54,21 @@ def nodes(result) -> dict[str, tuple[str, str]]:
     return {n["id"]: (n["status"], n["reason"] or "") for n in json.loads(result.out)["nodes"]}
 
 
-def stage_record(root: Path, node_id: str) -> dict:
-    lock = json.loads((root / "trtflow.lock").read_text())["nodes"][node_id]
-    return json.loads((root / "artifacts" / "store" / "records" / lock["key"][:2] / f"{lock['key']}.json").read_text())["record"]
-
-
 @pytest.mark.slow
 def test_keras_cnn_and_lstm_savedmodels_build_fp32_and_fp16_into_verified_packages(tf_models: Path, tmp_path: Path) -> None:
     root = project(tmp_path / "p", tf_models, {
         "cnn": recipe("tensorflow: {saved_model: models/cnn, signature: serving_default, tag: serve}", IMAGE, "[fp32, fp16]"),
         "lstm": recipe("tensorflow: {saved_model: models/lstm}", SEQUENCE, "[fp32, fp16]"),
-        "cnn_keras": recipe("keras: models/cnn.keras", IMAGE)})
+        "cnn_keras": recipe("keras: models/cnn.keras", IMAGE),
+        # the README's TF-TRT migration example: int8 calibrated on .npy batches, a workspace limit
+        "cnn_int8": recipe("tensorflow: {saved_model: models/cnn}", IMAGE, "[int8]") + "calibration:\n  data: calib/*.npy\nbuild:\n  workspace_mib: 1024\n"})
+    rng = np.random.default_rng(0)
+    (root / "calib").mkdir()
+    for index in range(3):
+        np.save(root / "calib" / f"b{index}.npy", rng.standard_normal((4, 32, 32, 3)).astype(np.float32))
     result = trtflow(root, "run", "-j", "2", "--json")
     assert result.code == 0, [item for item in nodes(result).items() if item[1][0] == "failed"] if result.out else result.err
-    for name, precisions in (("cnn", {"fp32", "fp16"}), ("lstm", {"fp32", "fp16"}), ("cnn_keras", {"fp32"})):
+    for name, precisions in (("cnn", {"fp32", "fp16"}), ("lstm", {"fp32", "fp16"}), ("cnn_keras", {"fp32"}), ("cnn_int8", {"int8"})):
         manifest = json.loads((root / "artifacts" / "packages" / name / "manifest.json").read_text())
         assert manifest["complete"] and {e["precision"] for e in manifest["engines"]} == precisions, name
         for engine in manifest["engines"]:
@@ -76,12 +78,14 @@ def test_keras_cnn_and_lstm_savedmodels_build_fp32_and_fp16_into_verified_packag
         export = stage_record(root, f"export:{name}")
         assert export["tensorflow_equality"]["passed"] and export["tensorflow_equality"]["samples"] >= 1, export["tensorflow_equality"]
         assert export["exporter"].startswith("tf2onnx ") and export["dynamic"] == {export["inputs"][0]["name"]: {"0": [1, 8 if "cnn" in name else 4]}}
+        assert all(e["calibration"]["source"] == "arrays" and not e["calibration"]["random"] for e in manifest["engines"] if e["precision"] == "int8")
         assert export["inputs"][0]["shape"][0] == f"{export['inputs'][0]['name']}_dim0"  # a stable name, not tf2onnx's counter
     cnn = stage_record(root, "export:cnn")
     assert [i["name"] for i in cnn["inputs"]] == ["image"] and [o["name"] for o in cnn["outputs"]] == ["output_0"]
     assert [o["name"] for o in stage_record(root, "export:cnn_keras")["outputs"]] == ["logits"]  # Keras: the output layer's name
     assert any(n.startswith("LSTM") or n == "LSTM" for n in _op_types(root, "lstm")), "the LSTM should stay an ONNX LSTM op"
 
+    keys_before = _lock_keys(root)
     generate(root / "models", "--seed", "1", "--only", "cnn")  # new weights: the SavedModel's variable files (and cnn.keras) change
     plan = trtflow(root, "plan", "--explain")
     assert "export:cnn" in plan.out and "input saved_model/variables/variables.data-00000-of-00001 changed" in plan.out
@@ -89,7 +93,13 @@ def test_keras_cnn_and_lstm_savedmodels_build_fp32_and_fp16_into_verified_packag
     assert again.code == 0
     states = nodes(again)
     assert (states["export:cnn"][0], states["export:cnn_keras"][0], states["export:lstm"][0]) == ("built", "built", "cached")
+    keys = _lock_keys(root)  # export:cnn_int8 reads the same SavedModel with the same parameters: one new key for both
+    assert keys["export:cnn_int8"] == keys["export:cnn"] != keys_before["export:cnn_int8"]
     assert stage_record(root, "export:cnn")["tensorflow_equality"]["passed"]
+
+
+def _lock_keys(root: Path) -> dict[str, str]:
+    return {node: entry["key"] for node, entry in json.loads((root / "trtflow.lock").read_text())["nodes"].items()}
 
 
 def _op_types(root: Path, recipe_name: str) -> set[str]:
