@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
+from zoo import zoo_model
 
-from trtflow.stages import accuracy
+from trtflow.stages import accuracy, compare
 
 
 def _scale_chain(dtype: int) -> onnx.ModelProto:
@@ -36,3 +38,21 @@ def test_fp16_underflow_shows_in_the_accuracy_report(tmp_path: Path) -> None:
     [output] = result["outputs"]
     assert output["max_abs_error"] > 0.99 and not result["passed"]  # ONNX Runtime alone would say 0 and pass
     assert "fp16 emulated" in result["runtime"]
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenet", "efficientnet", "lstm", "encoder"])
+def test_comparison_sessions_compute_as_the_unrewritten_graph_does(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Reports follow the model, not the machine: the sessions trtflow measures with give bit for bit what the graph
+    gives with no rewrite at all, so neither a layout that follows the CPU's vector width (NCHWc: every CNN here
+    differs under ONNX Runtime's default level) nor a fused kernel (the LSTM and the encoder differ at level 2) takes part."""
+    model = zoo_model(name, tmp_path_factory.getbasetemp() / "zoo")
+    ort = compare.onnxruntime()
+    plain_options = ort.SessionOptions()
+    plain_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    plain_options.intra_op_num_threads = 1
+    plain = ort.InferenceSession(str(model.path), plain_options, providers=["CPUExecutionProvider"])
+    measuring = compare.session(model.path)
+    feeds = compare.sample_feeds(measuring, [model.recipe_profile()["inputs"]], 3, seed=1)
+    for got, want in zip(compare.run_all(measuring, feeds), compare.run_all(plain, feeds)):
+        for output, expected in want.items():
+            assert np.array_equal(got[output], expected), (name, output, float(np.abs(got[output] - expected).max()))

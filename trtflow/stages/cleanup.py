@@ -39,7 +39,7 @@ from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
 PROOF_FAILED = "the cleaned model differs from the source: onnx_compare"
-KIND, VERSION = "cleanup", 4  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes
+KIND, VERSION = "cleanup", 5  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes; 5: CPU-independent sessions
 # IR 3 lists every initializer as a graph input too; from IR 4 on initializers are constants of their own.
 MIN_IR_VERSION = 4
 # The newest IR version ONNX Runtime and the TensorRT parsers read; a model needing more keeps its own.

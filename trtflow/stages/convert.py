@@ -221,7 +221,4 @@ def _session_with_outputs(path: Path, tensors: list[str]) -> Any:
     if missing:
         raise StageError(f"calibration.method percentile: tensor {missing[0]!r} of the quantized model is not in the fp32 model")
     model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors if t not in known)
-    ort = compare.onnxruntime()
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return compare.session(model.SerializeToString(), threads=0)  # 0: ONNX Runtime's default, every core

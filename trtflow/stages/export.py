@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 PROOF_FAILED = "source.torch: the exported ONNX differs from torch"
-KIND, VERSION = "export", 1
+KIND, VERSION = "export", 2  # 2: CPU-independent sessions (compare.session)
 EXPORTER = "torch.onnx.export(dynamo=True)"
 STRIPPED_METADATA = ("pkg.torch.onnx.stack_trace",)
 

@@ -25,7 +25,7 @@ from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, place_side_b
 from trtflow.util.onnxio import composition
 from trtflow.util.versions import ort_version, tool_version
 
-KIND, VERSION = "precision", 3  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data
+KIND, VERSION = "precision", 4  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions
 
 
 class Accuracy(BaseModel):

@@ -36,7 +36,7 @@ from trtflow.stages.capture import captured_output
 from trtflow.stages.modelfile import FILE_NAMES, MODEL
 from trtflow.util.versions import tool_version
 
-KIND, VERSION = "export", 1
+KIND, VERSION = "export", 2  # as export.py's: one kind, one version
 PROOF_FAILED = {"saved_model": "source.tensorflow: the exported ONNX differs from TensorFlow",
                 "keras": "source.keras: the exported ONNX differs from Keras"}
 FIELD = {"saved_model": "source.tensorflow", "keras": "source.keras"}

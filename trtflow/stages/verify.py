@@ -23,7 +23,7 @@ from trtflow.stages.base import Dep, Node, RecipeContext, StageOutput, StagePara
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.versions import ort_version
 
-KIND, VERSION = "verify", 3  # 3: carries the precision model's composition
+KIND, VERSION = "verify", 4  # 3: carries the precision model's composition; 4: CPU-independent sessions
 
 # Elementwise engine-vs-fp32 tolerances for reduced precision; the ONNX-level accuracy report is the real gate.
 REDUCED_PRECISION_ENGINE_TOLERANCE = {
