@@ -46,8 +46,8 @@ def _cpu_options(threads: int = 1) -> Any:
     (8 channels with AVX2, 16 with AVX-512), and its level-2 fusions swap LayerNorm, Gelu and MatMul+Add for
     kernels of their own: the sums, and every number a report derives from them, then follow the machine (measured:
     the example's fp16 max abs error 4.6855e-4 with the default, 4.6870e-4 without; the zoo's LSTM and encoder
-    differ by 1e-8 and 1e-7 with the fusions). No rewrite at all, as ModelOpt's calibration sessions run, cost
-    nothing measurable on the zoo models. Kernels ONNX Runtime itself picks by CPU (Softmax, Tanh, Erf) remain.
+    differ by 1e-8 and 1e-7 with the fusions). No rewrite at all, as ModelOpt's calibration sessions run, costs
+    little (6 samples of the zoo's ResNet: 0.12 s against 0.09 s). Kernels ONNX Runtime itself picks by CPU (Softmax, Tanh, Erf) remain.
     """
     ort = onnxruntime()
     options = ort.SessionOptions()
