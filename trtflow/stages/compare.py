@@ -36,10 +36,10 @@ def onnxruntime() -> Any:
 def session(model: Path | bytes, threads: int = 1) -> Any:
     """A CPU session (on one core by default: comparisons run beside parallel builds), from a file or a serialized model."""
     ort = onnxruntime()
-    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), _cpu_options(threads), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), _cpu_options(ort, threads), providers=["CPUExecutionProvider"])
 
 
-def _cpu_options(threads: int = 1) -> Any:
+def _cpu_options(ort: Any, threads: int) -> Any:
     """Session options that run the graph as written, so a report varies as little as possible between CPUs.
 
     ONNX Runtime's default (ORT_ENABLE_ALL) rewrites convolutions into the NCHWc layout, blocked by the vector width
@@ -47,9 +47,9 @@ def _cpu_options(threads: int = 1) -> Any:
     kernels of their own: the sums, and every number a report derives from them, then follow the machine (measured:
     the example's fp16 max abs error 4.6855e-4 with the default, 4.6870e-4 without; the zoo's LSTM and encoder
     differ by 1e-8 and 1e-7 with the fusions). No rewrite at all, as ModelOpt's calibration sessions run, costs
-    little (6 samples of the zoo's ResNet: 0.12 s against 0.09 s). Kernels ONNX Runtime itself picks by CPU (Softmax, Tanh, Erf) remain.
+    little (6 samples of the zoo's ResNet: 0.12 s against 0.09 s). Kernels ONNX Runtime itself picks by CPU
+    (Softmax, Tanh, Erf) remain.
     """
-    ort = onnxruntime()
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads

@@ -33,10 +33,10 @@ from trtflow.runmemo import note_glob
 from trtflow.stages.base import (CACHED_UNDER_WARN, Node, NodeId, Placement, ProofSettings, RecipeContext, StageOutput,
                                    StageParams, Upstream, enforce_proof)
 from trtflow.stages.capture import captured_output
+from trtflow.stages.export import KIND, VERSION, check_against_reference, dynamic_axes
 from trtflow.stages.modelfile import FILE_NAMES, MODEL
 from trtflow.util.versions import tool_version
 
-KIND, VERSION = "export", 2  # as export.py's: one kind, one version
 PROOF_FAILED = {"saved_model": "source.tensorflow: the exported ONNX differs from TensorFlow",
                 "keras": "source.keras: the exported ONNX differs from Keras"}
 FIELD = {"saved_model": "source.tensorflow", "keras": "source.keras"}
@@ -68,7 +68,6 @@ def node(ctx: RecipeContext) -> Optional[Node]:
     """TensorFlow/Keras -> ONNX. Its inputs are every file of the SavedModel directory (or the Keras file): editing a
     variables file re-exports."""
     from trtflow.recipe.source import TF_OPSET
-    from trtflow.stages.export import dynamic_axes
 
     source = ctx.recipe.source
     if source.tensorflow is None and source.keras is None:
@@ -106,8 +105,6 @@ def tensorflow_version() -> Optional[str]:
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     """Load the model with TensorFlow, convert it with tf2onnx, check the ONNX against TensorFlow on ONNX Runtime."""
-    from trtflow.stages.export import check_against_reference
-
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     tf = import_or_explain("tensorflow", "tensorflow", "TensorFlow and Keras sources are loaded with it")
     tf2onnx = import_or_explain("tf2onnx", "tensorflow", "it converts TensorFlow models to ONNX")
