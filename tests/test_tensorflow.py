@@ -60,6 +60,7 @@ def test_keras_cnn_and_lstm_savedmodels_build_fp32_and_fp16_into_verified_packag
         "cnn": recipe("tensorflow: {saved_model: models/cnn, signature: serving_default, tag: serve}", IMAGE, "[fp32, fp16]"),
         "lstm": recipe("tensorflow: {saved_model: models/lstm}", SEQUENCE, "[fp32, fp16]"),
         "cnn_keras": recipe("keras: models/cnn.keras", IMAGE),
+        "cnn_h5": recipe("keras: models/cnn.h5", IMAGE),
         # the README's TF-TRT migration example: int8 calibrated on .npy batches, a workspace limit
         "cnn_int8": recipe("tensorflow: {saved_model: models/cnn}", IMAGE, "[int8]") + "calibration:\n  data: calib/*.npy\nbuild:\n  workspace_mib: 1024\n"})
     rng = np.random.default_rng(0)
@@ -68,7 +69,7 @@ def test_keras_cnn_and_lstm_savedmodels_build_fp32_and_fp16_into_verified_packag
         np.save(root / "calib" / f"b{index}.npy", rng.standard_normal((4, 32, 32, 3)).astype(np.float32))
     result = trtflow(root, "run", "-j", "2", "--json")
     assert result.code == 0, [item for item in nodes(result).items() if item[1][0] == "failed"] if result.out else result.err
-    for name, precisions in (("cnn", {"fp32", "fp16"}), ("lstm", {"fp32", "fp16"}), ("cnn_keras", {"fp32"}), ("cnn_int8", {"int8"})):
+    for name, precisions in (("cnn", {"fp32", "fp16"}), ("lstm", {"fp32", "fp16"}), ("cnn_keras", {"fp32"}), ("cnn_h5", {"fp32"}), ("cnn_int8", {"int8"})):
         manifest = json.loads((root / "artifacts" / "packages" / name / "manifest.json").read_text())
         assert manifest["complete"] and {e["precision"] for e in manifest["engines"]} == precisions, name
         for engine in manifest["engines"]:

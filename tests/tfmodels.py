@@ -6,6 +6,7 @@ writes, seeded, under OUT_DIR:
   cnn/            SavedModel (Keras model.export): Conv-BatchNorm-ReLU, DepthwiseConv-BatchNorm-ReLU6, GAP, Dense;
                   input `image` [None, 32, 32, 3] -> `output_0` [None, 10]; BatchNorm statistics as a trained model's
   cnn.keras       the same model as a Keras 3 file (input `image`, output layer `logits`)
+  cnn.h5          the same model as a legacy HDF5 Keras file
   lstm/           SavedModel: a 2-layer LSTM over a fixed 50-step sequence, `sequence` [None, 50, 8] -> [None, 4]
   lstm.keras
   fixed/          SavedModel whose input has a fixed batch of 1 ([1, 32, 32, 3]): profiles cannot make it dynamic
@@ -58,6 +59,8 @@ def main(out: Path, seed: int = 0, only: str | None = None) -> None:
             model = make()
             model.export(str(out / name), verbose=False)
             model.save(str(out / f"{name}.keras"))
+            if name == "cnn":
+                model.save(str(out / "cnn.h5"))
     if only is not None:
         return
     fixed = cnn()  # Keras' export relaxes the batch axis to None: a signature of its own fixes it to 1
