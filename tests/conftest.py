@@ -86,6 +86,12 @@ def write_project(root: Path, recipes: dict[str, str] | None = None, pipeline: s
     return root
 
 
+@pytest.fixture(scope="session")
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder the zoo (tests/zoo.py) generates its models into, once per test session."""
+    return tmp_path_factory.mktemp("zoo")
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A fresh project: one recipe (tiny_cnn, fp32) and two TensorRT-RTX targets (sm_86, sm_89)."""

@@ -41,11 +41,11 @@ def test_fp16_underflow_shows_in_the_accuracy_report(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["resnet", "mobilenet", "efficientnet", "lstm", "encoder"])
-def test_comparison_sessions_compute_as_the_unrewritten_graph_does(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_comparison_sessions_compute_as_the_unrewritten_graph_does(name: str, zoo_dir: Path) -> None:
     """Reports follow the model, not the machine: the sessions trtflow measures with give bit for bit what the graph
     gives with no rewrite at all, so neither a layout that follows the CPU's vector width (NCHWc: every CNN here
     differs under ONNX Runtime's default level) nor a fused kernel (the LSTM and the encoder differ at level 2) takes part."""
-    model = zoo_model(name, tmp_path_factory.getbasetemp() / "zoo")
+    model = zoo_model(name, zoo_dir)
     ort = compare.onnxruntime()
     plain_options = ort.SessionOptions()
     plain_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -17,11 +17,6 @@ from zoo import zoo_model
 TURING_PIPELINE = PIPELINE + "  rtx-turing:\n    backend: tensorrt-rtx\n    compute_capabilities: [sm_75]\n"
 
 
-@pytest.fixture(scope="module")
-def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("zoo")
-
-
 def _project(root: Path, zoo_dir: Path, name: str, **recipe: object) -> Path:
     """A project with one zoo model as an ONNX source, its suggested profile, and a Turing target."""
     model = zoo_model(name, zoo_dir)

@@ -28,8 +28,8 @@ get_backend("tensorrt-rtx").engine_from_onnx(BuildRequest(onnx_path=Path(onnx_pa
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory):
-    return zoo_model("efficientnet", tmp_path_factory.mktemp("zoo"))
+def model(zoo_dir: Path):
+    return zoo_model("efficientnet", zoo_dir)
 
 
 def _profile(model, max_batch: int = 8) -> dict:

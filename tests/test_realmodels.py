@@ -20,12 +20,6 @@ from zoo import ZooModel, zoo_model  # noqa: E402  (imports torch)
 FOLD_LIMIT = 16 << 20  # cleanup's default fold_size_limit_mib, in bytes
 
 
-@pytest.fixture(scope="session")
-def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder the zoo generates its models into, once per test session."""
-    return tmp_path_factory.mktemp("zoo")
-
-
 def onnx_recipe(model: ZooModel, extra: str = "") -> str:
     """A recipe building the zoo model (copied to models/<name>.onnx) with its suggested profile."""
     return yaml.safe_dump({"source": {"onnx": f"models/{model.name}.onnx"}, "profiles": [model.recipe_profile()]}) + extra
