@@ -45,8 +45,8 @@ def test_validate_names_the_recipe_precision_target_and_nodes_before_any_work(tm
         result = trtflow(root, command)
         assert result.code == 3, result.err
         assert result.err == ("error: recipes/resnet.yaml:4: precisions[0]: fp32 cannot build for target rtx-turing (sm_75) with "
-                              "tensorrt-rtx: FP32 GEMM is not supported on Turing (sm_75): node_linear; drop the pair with "
-                              "exclude: [{precision: fp32, target: rtx-turing}], or build fp16 for it\n")
+                              "tensorrt-rtx: FP32 GEMM is not supported on Turing (sm_75): node_linear (build fp16 for it, or "
+                              "exclude the pair); to drop it: exclude: [{precision: fp32, target: rtx-turing}]\n")
     assert not (root / "artifacts").exists()
 
 

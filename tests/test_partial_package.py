@@ -49,6 +49,7 @@ def test_a_failed_engine_leaves_an_incomplete_package_that_says_why(tmp_path: Pa
     refused = trtflow(root, "provision", str(root / "artifacts" / "packages" / "mlp"), "--gpu", "sm_75", "--dest", str(dest))
     assert refused.code == 5
 
-    again = trtflow(root, "run")  # the failure is not cached: tried again, said as it happens, same package
-    assert again.code == 1 and "cached   package:mlp" not in again.err
-    assert re.search(r"^failed   build:mlp/fp32/rtx-turing in [0-9.]+ s: fp32 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM", again.err, re.M)
+    again = trtflow(root, "run")  # the failure is recorded: reported, not redone, the same package
+    assert again.code == 1 and "built" not in again.err
+    assert re.search(r"^failed \(cached\) build:mlp/fp32/rtx-turing: fp32 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM", again.err, re.M)
+    assert "drop the pair with exclude: [{precision: fp32, target: rtx-turing}]" in again.err

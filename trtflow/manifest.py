@@ -15,7 +15,7 @@ from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's 
 
 SCHEMA_VERSION = 4  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
 # 4: complete/missing (a package holds the engines that built; the others are listed with why), precision_composition,
-# canonical_sha256 and reproducible per engine
+# canonical_sha256 and reproducible per engine; missing engines name their target's compute capabilities
 MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 
@@ -179,6 +179,7 @@ class MissingEngine(_Model):
     target: str
     stage: str
     reason: str
+    compute_capabilities: list[str] = []  # the target's: `provision` names these failures to a GPU they were for
 
 
 class Manifest(_Model):

@@ -17,29 +17,36 @@ from trtflow.errors import ProjectError
 from trtflow.recipe.pymodule import top_level_names
 from trtflow.backends.limits import describe, unsupported_nodes
 from trtflow.recipe.load import RecipeFile
+from trtflow.recipe.precision import QUANTIZED_PRECISIONS
+from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import Pipeline
 from trtflow.stages.modelfile import external_locations
 from trtflow.util.onnxio import model_io
 
 Dims = list[Optional[int]]  # None marks a dynamic dimension
+# What ModelOpt's ONNX PTQ places Q/DQ on (int8's and fp8's compute ops; the rest only follows them): a graph with
+# none of these comes out with nothing quantized (measured: a 2-layer LSTM, ModelOpt 0.47).
+PTQ_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
-def check_recipe_model(item: RecipeFile, root: Path, pipeline: Pipeline) -> None:
-    """Raise ProjectError if the model does not parse, the profiles do not fit its inputs, or a target's backend
-    cannot compile its fp32 graph (an exported or reduced-precision graph is checked by the build stage)."""
+def check_recipe_model(item: RecipeFile, root: Path, pipeline: Pipeline) -> list[Refusal]:
+    """Raise ProjectError if the model does not parse or the profiles do not fit its inputs; return the pairs that
+    cannot be built, known from the graph (a target's backend cannot compile its fp32 graph; int8/fp8 of a graph
+    with no node ModelOpt quantizes). An exported or reduced-precision graph is checked by the build stage."""
     if item.recipe.source.torch is not None:
         check_torch_factory(item, root)
-        return
+        return []
     if item.recipe.source.exported:  # a SavedModel or Keras file: only TensorFlow can read it, in the export stage
-        return
+        return []
     model = _load(item, item.source_path(root))
-    _check_backend_limits(item, model, pipeline)
+    refusals = _backend_limit_refusals(item, model, pipeline) + _quantizable_refusals(item, model, pipeline)
     inputs = {t.name: t.static_dims for t in model_io(model).inputs}
     _check_profile_names(item, inputs)
     _check_dynamic_inputs_covered(item, inputs)
     for index, profile in enumerate(item.recipe.profiles):
         for name, shape in profile.inputs.items():
             _check_shape(item, ("profiles", index, "inputs", name), inputs[name], shape.triple())
+    return refusals
 
 
 def check_torch_factory(item: RecipeFile, root: Path) -> None:
@@ -99,17 +106,31 @@ def _check_acyclic(item: RecipeFile, model: Any) -> None:
                            f"({len(waiting)} node(s) depend on their own outputs): not a valid ONNX model")
 
 
-def _check_backend_limits(item: RecipeFile, model: Any, pipeline: Pipeline) -> None:
-    """An fp32 pair whose target cannot compile some node of the graph: name the nodes and how to drop the pair."""
+def _backend_limit_refusals(item: RecipeFile, model: Any, pipeline: Pipeline) -> list[Refusal]:
+    """Each fp32 pair whose target cannot compile some node of the graph, naming the nodes."""
+    refusals = []
     for precision, target in item.pairs(pipeline):
         spec = pipeline.targets[target]
         found = {cc: unsupported_nodes(spec.backend, cc, model) for cc in spec.compute_capabilities} if precision == "fp32" else {}
-        for cc, nodes in found.items():
-            if nodes:
-                index = item.recipe.precisions.index(precision)
-                raise ProjectError(f"{item.where('precisions', index)}: {precision} cannot build for target {target} ({cc}) with "
-                                   f"{spec.backend}: {describe(nodes)}; drop the pair with "
-                                   f"exclude: [{{precision: {precision}, target: {target}}}], or build fp16 for it")
+        problem = next((f"{precision} cannot build for target {target} ({cc}) with {spec.backend}: {describe(nodes)} "
+                        "(build fp16 for it, or exclude the pair)" for cc, nodes in found.items() if nodes), None)
+        if problem:
+            where = item.where("precisions", item.recipe.precisions.index(precision))
+            refusals.append(Refusal(item.display, where, precision, target, problem))
+    return refusals
+
+
+def _quantizable_refusals(item: RecipeFile, model: Any, pipeline: Pipeline) -> list[Refusal]:
+    """int8/fp8 of a graph with no node of the kinds ModelOpt's PTQ quantizes (an LSTM-only model): refused before
+    calibration is run for nothing."""
+    ops = {node.op_type for node in model.graph.node}
+    if ops & set(PTQ_OP_TYPES):
+        return []
+    built = {precision for precision, _ in item.pairs(pipeline)}
+    shown = ", ".join(sorted(ops)[:6]) + (" ..." if len(ops) > 6 else "")
+    return [Refusal(item.display, item.where("precisions", index), precision, None,
+                    f"{precision}: ModelOpt PTQ quantizes {', '.join(PTQ_OP_TYPES)} nodes and this model has none (its ops: {shown})")
+            for index, precision in enumerate(item.recipe.precisions) if precision in QUANTIZED_PRECISIONS and precision in built]
 
 
 def _check_external_data(item: RecipeFile, model: Any, path: Path) -> None:

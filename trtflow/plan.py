@@ -25,11 +25,13 @@ from typing import Any, Optional
 from trtflow.dag import Dag, Node
 from trtflow.errors import ProjectError
 from trtflow.hashing import FileDigests, stage_key
+from trtflow.stages import stage_module
 from trtflow.stages.base import NodeId
 from trtflow.stages.modelfile import MODEL, companions, external_data_locations
+from trtflow.store.lockfile import LockEntry
 from trtflow.store.objects import Store
 
-from trtflow.states import CACHED, NEW, STALE, NodeState
+from trtflow.states import CACHED, FAILED, NEW, SKIPPED, STALE, NodeState, recorded_failure
 
 
 @dataclass
@@ -49,9 +51,18 @@ class Resolution:
     @functools.cached_property
     def state(self) -> NodeState:
         """`cached`, or `new` / `stale: <first change>` with every change listed, computed once."""
+        failure = recorded_failure(self.record)
+        if failure is not None:
+            return NodeState(self.node, FAILED, failure_shown(self.node, failure), key=self.key, components=self.components, record=self.record,
+                             exit_code=1, recorded=True, from_cache=True)
         if self.record is not None:
             return NodeState(self.node, CACHED, key=self.key, components=self.components, record=self.record)
         return self.resolver.stale_state(self)
+
+    @property
+    def output(self) -> Optional[dict]:
+        """The record of the node's outputs when it is cached with some (not a recorded failure), else None."""
+        return self.record if self.record is not None and recorded_failure(self.record) is None else None
 
     def lock_differences(self, locked_key: str, locked_components: dict) -> list[str]:
         """How this resolution differs from a lock entry, one line each; empty when the keys agree."""
@@ -63,9 +74,10 @@ class Resolution:
 class Resolver:
     """Resolves nodes against the store: keys from input digests, cached records, explanations (memoized)."""
 
-    def __init__(self, store: Optional[Store], digests: FileDigests):
+    def __init__(self, store: Optional[Store], digests: FileDigests, retry_failed: bool = False):
         self.store = store
         self.digests = digests
+        self.retry_failed = retry_failed  # a recorded failure counts as no record: the stage runs again
         self._memo: dict[tuple, Resolution] = {}
         # node -> (identities of the upstream records it was resolved from, its Resolution): a run finishing a node
         # with the records planning found resolves it without re-hashing its sources. The records stay referenced
@@ -90,6 +102,7 @@ class Resolver:
             components = {**node.known_parts, "inputs": inputs} if inputs is not None else None
             key = stage_key(components) if components is not None else None
             record = self.store.stage_record(key, components) if key and self.store and not force else None
+            record = None if self.retry_failed and recorded_failure(record) is not None else record
             waiting = tuple(dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished))  # one upstream, several roles: once
             found = self._memo[memo_key] = Resolution(node, components, key, record, waiting, force, self, dict(missing or {}))
         if not missing:
@@ -162,15 +175,50 @@ def _source_problem(exc: Exception, model: Path) -> str:
     return f"external data file {os.path.relpath(exc.filename, model.parent)} not found beside {model.name}"
 
 
+def failure_shown(node: Node, reason: str) -> str:
+    """A stage's failure as the user reads it: with what its stage knows to add about the node (an exclude hint)."""
+    hint = getattr(stage_module(node.kind), "failure_hint", None)
+    return hint(node, reason) if hint is not None else reason
+
+
+def upstream_outcome(node: Node, ended: dict[str, str]) -> tuple[Optional[str], Optional[str], dict[str, str]]:
+    """What the upstreams that ended without output mean for a node: (why it is skipped, the root failure behind
+    that), or (None, None, {upstream id: root failure}) for the inputs it goes on without (a package of the engines
+    that built). `ended`: node id -> `<id of the failed node>: <its reason>` of every node that ended without output.
+
+        >>> upstream_outcome(package_node, {"build:m/fp32/t": "build:m/fp32/t: FP32 GEMM is not supported"})
+        (None, None, {"build:m/fp32/t": "build:m/fp32/t: FP32 GEMM is not supported"})
+    """
+    failed = [dep for dep in node.deps if dep.node in ended]
+    if not failed:
+        return None, None, {}
+    required = getattr(stage_module(node.kind), "REQUIRED_ROLES", None)
+    blocking = [dep.node for dep in failed if required is None or dep.role in required]
+    if blocking:
+        return f"upstream {blocking[0]} failed or was skipped", ended[blocking[0]], {}
+    optional = [dep for dep in node.deps if dep.role not in required]
+    if all(dep.node in ended for dep in optional):
+        return f"every upstream it could use failed (first: {failed[0].node})", ended[failed[0].node], {}
+    return None, None, {dep.node: ended[dep.node] for dep in failed}
+
+
 def plan(dag: Dag, resolver: Resolver, force: bool = False) -> dict[str, NodeState]:
-    """The state of every node as of now, resolving keys as far as cached upstreams allow."""
+    """The state of every node as of now, resolving keys as far as cached upstreams allow; below a recorded
+    failure, what the run would skip is shown skipped."""
     finished: dict[str, dict] = {}
+    ended: dict[str, str] = {}
     states: dict[str, NodeState] = {}
     for node in dag:
-        resolution = resolver.resolve(node, finished, force)
-        if resolution.record is not None:
-            finished[node.id] = resolution.record
+        skip, root, missing = upstream_outcome(node, ended)
+        if skip is not None:
+            states[node.id], ended[node.id] = NodeState(node, SKIPPED, skip), root
+            continue
+        resolution = resolver.resolve(node, finished, force, missing)
         states[node.id] = resolution.state
+        if resolution.output is not None:
+            finished[node.id] = resolution.output
+        elif resolution.state.status == FAILED:
+            ended[node.id] = f"{node.id}: {resolution.state.reason}"
     return states
 
 
@@ -223,19 +271,27 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def frozen_differences(dag: Dag, resolver: Resolver, lock: dict, all_node_ids: set[str]) -> list[str]:
+def frozen_differences(dag: Dag, resolver: Resolver, lock: dict[str, LockEntry], all_node_ids: set[str]) -> list[str]:
     """Every way the plan differs from the lock, one line each; empty when they agree.
 
-    Upstream outputs are taken from the lock, so this works on an empty store, before anything runs.
+    Upstream outputs are taken from the lock, so this works on an empty store, before anything runs. A stage the lock
+    records as failed must still have its key (it is expected to fail again, the same way); one it records as skipped
+    must still be below a failure of the lock.
     """
-    locked = {node_id: {"outputs": entry.outputs} for node_id, entry in lock.items()}
+    locked = {node_id: {"outputs": entry.outputs} for node_id, entry in lock.items() if entry.built}
+    ended = {node_id: f"{node_id}: {entry.failed}" for node_id, entry in lock.items() if entry.failed is not None}
     lines = []
     for node in dag:
         entry = lock.get(node.id)
         if entry is None:
             lines.append(f"{node.id}: not in the lock (a new stage)")
             continue
-        resolution = resolver.resolve(node, locked)
+        skip, root, missing = upstream_outcome(node, ended)
+        if skip is not None or entry.skipped is not None:
+            lines += [] if skip is not None and entry.skipped is not None else [f"{node.id}: {_skip_difference(entry, skip)}"]
+            ended[node.id] = root or f"{node.id}: skipped"
+            continue
+        resolution = resolver.resolve(node, locked, missing=missing)
         if resolution.components is None:
             lines.append(f"{node.id}: an upstream stage is missing from the lock")
         else:
@@ -243,3 +299,10 @@ def frozen_differences(dag: Dag, resolver: Resolver, lock: dict, all_node_ids: s
     recipes = {node.recipe for node in dag}
     gone = [node_id for node_id in lock if node_id not in all_node_ids and NodeId(node_id).recipe in recipes | {None}]
     return lines + [f"{node_id}: in the lock but no longer in the project" for node_id in sorted(gone)]
+
+
+def _skip_difference(entry: LockEntry, skip: Optional[str]) -> str:
+    """Why a node's skip in the lock and in the plan disagree."""
+    if skip is None:
+        return f"trtflow.lock has it skipped ({entry.skipped}), but its upstreams no longer fail there"
+    return f"would be skipped ({skip}), but trtflow.lock has it {'failed' if entry.failed else 'built'}"

@@ -39,7 +39,7 @@ from trtflow.util.archive import UnsafeArchive, read_member
 from trtflow.device import no_gpu_reason, query_compute_capabilities
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.hashing import sha256_file
-from trtflow.manifest import MANIFEST_FILE, Engine, Manifest
+from trtflow.manifest import MANIFEST_FILE, Engine, Manifest, MissingEngine
 from trtflow.util.cc import ComputeCapability
 
 if TYPE_CHECKING:
@@ -223,8 +223,23 @@ def _no_fit_message(manifest: Manifest, device: Device, verdicts: list[Verdict])
     runtime = f"runtime {device.runtime_version}" if device.runtime_version else "runtime version not checked"
     lines = [f"no engine in package {manifest.recipe} fits {device.label} ({runtime}):"]
     lines += [f"  {_describe(v.engine)}: {v.refusal}" for v in verdicts] or ["  the package holds no engines"]
-    lines.append(f"add a pipeline target that fits {device.label} and run `trtflow run`, or provision for another --gpu / --runtime-version")
+    failed = failed_for(manifest, device)
+    lines += [f"  {m.target} {m.precision} ({', '.join(m.compute_capabilities)}): not built, {m.stage} failed: {m.reason}" for m in failed]
+    if failed:
+        targets = ", ".join(dict.fromkeys(m.target for m in failed))
+        lines.append(f"the engines for {device.label} (target {targets}) failed to build: fix the cause above and run `trtflow run`, "
+                     "or provision for another --gpu")
+    else:
+        lines.append(f"add a pipeline target that fits {device.label} and run `trtflow run`, or provision for another --gpu / --runtime-version")
     return "\n".join(lines)
+
+
+def failed_for(manifest: Manifest, device: Device) -> list[MissingEngine]:
+    """The engines the recipe asked for the device's GPU that failed to build (left out of the package), by the
+    compute capabilities of their target; those of another precision or backend than asked for are not named."""
+    wanted = set(device.compute_capabilities)
+    return [m for m in manifest.missing if wanted & set(m.compute_capabilities)
+            and device.precision in (None, m.precision)]
 
 
 def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[str] = None, backend: Optional[str] = None,

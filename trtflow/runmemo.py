@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional
 
-from trtflow.states import CACHED, NodeState
+from trtflow.states import CACHED, FAILED, SKIPPED, NodeState
 
 MEMO_DIR = ".trtflow"
 MEMO_FILE = "last-run.json"
@@ -144,8 +144,14 @@ class RememberedNode(NamedTuple):
 
 
 def remembered_state(entry: dict) -> NodeState:
-    """A remembered `--json` node entry as the cached NodeState the summary prints."""
-    return NodeState(RememberedNode(entry["id"], entry["kind"], entry["recipe"]), CACHED, key=entry["key"])
+    """A remembered `--json` node entry as the NodeState the summary prints: cached, a recorded failure found again
+    (exit 1 as before), or skipped below one."""
+    node = RememberedNode(entry["id"], entry["kind"], entry["recipe"])
+    if entry.get("status") == FAILED:
+        return NodeState(node, FAILED, str(entry.get("reason") or ""), key=entry["key"], exit_code=1, recorded=True, from_cache=True)
+    if entry.get("status") == SKIPPED:
+        return NodeState(node, SKIPPED, str(entry.get("reason") or ""))
+    return NodeState(node, CACHED, key=entry["key"])
 
 
 def memo_path(project_dir: Path) -> Path:

@@ -13,6 +13,7 @@ run (or the remote cache) made meanwhile. The lock is released once the record i
 from __future__ import annotations
 
 import concurrent.futures as futures
+import dataclasses
 import errno
 import os
 import shutil
@@ -25,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from trtflow.dag import Dag, Node
 from trtflow.errors import TrtflowError
 from trtflow.executors import Executor, StageResult, StageTask
-from trtflow.plan import Resolution, Resolver
-from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState
+from trtflow.plan import Resolution, Resolver, failure_shown, upstream_outcome
+from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, recorded_failure
 from trtflow.stages import stage_module
 from trtflow.stages.base import Placement, Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side
@@ -66,6 +67,7 @@ class RunOptions:
 
     jobs: int = 1
     force: bool = False
+    retry_failed: bool = False  # run again the stages whose own failure is recorded under their key
     frozen: bool = False
     remote_required: bool = False
     check_repro: int = 0  # after the run, rebuild every selected engine this many times in hermetic workers (repro.py)
@@ -94,6 +96,7 @@ class Runner:
         self.listener = listener or (lambda event, state: None)
         self.finished: dict[str, dict] = {}
         self.states: dict[str, NodeState] = {}
+        self.ended: dict[str, str] = {}  # node id -> `<failed node id>: <reason>` behind each node that ended without output
         self.remote = remote
         self._workroot = workroot or (lambda: store.tmp)  # the run lease's tmp dir (taken on first use): swept if this process dies
         self.keys = KeyLocks(store.locks)
@@ -136,37 +139,20 @@ class Runner:
         still: list[Node] = []
         self._lock_waits = 0
         for node in waiting:
-            failed = [d for d in node.deps if self._failed(d.node)]
-            required = getattr(stage_module(node.kind), "REQUIRED_ROLES", None)
-            blocking = [d.node for d in failed if required is None or d.role in required]
-            optional = [d for d in node.deps if required is not None and d.role not in required]
-            if blocking:
-                self._settle(NodeState(node, SKIPPED, f"upstream {blocking[0]} failed or was skipped"))
-            elif failed and all(self._failed(d.node) for d in optional):
-                self._settle(NodeState(node, SKIPPED, f"every upstream it could use failed (first: {failed[0].node})"))
-            elif any(d.node not in self.finished and not self._failed(d.node) for d in node.deps) or len(running) >= self.options.jobs:
+            skip, root, missing = upstream_outcome(node, self.ended)
+            if skip is not None:
+                self._settle(NodeState(node, SKIPPED, skip), root)
+            elif any(d.node not in self.finished and d.node not in self.ended for d in node.deps) or len(running) >= self.options.jobs:
                 still.append(node)
-            elif not self._resolved(node, running, {d.node: self._root_failure(d.node) for d in failed}):
+            elif not self._resolved(node, running, missing):
                 still.append(node)
         still.extend(self._reopened)
         self._reopened = []
         return still
 
-    def _failed(self, node_id: str) -> bool:
-        """Whether an upstream node ended without output (failed, or skipped because its own upstream failed)."""
-        state = self.states.get(node_id)
-        return state is not None and state.status in (FAILED, SKIPPED)
-
-    def _root_failure(self, node_id: str) -> str:
-        """`<node id>: <reason>` of the failure behind a failed or skipped node (a skip names its upstream)."""
-        state = self.states[node_id]
-        while state.status == SKIPPED:
-            state = self.states[next(d.node for d in state.node.deps if self._failed(d.node))]
-        return f"{state.node.id}: {state.reason}"
-
     def _resolved(self, node: Node, running: dict, missing: dict[str, str]) -> bool:
-        """Key the node now that its upstreams are done: fail it off the lock, use a cached record, or claim and
-        start it; False: wait (key busy, input corrupt)."""
+        """Key the node now that its upstreams are done: fail it off the lock, use a cached record (a recorded failure
+        included), or claim and start it; False: wait (key busy, input corrupt)."""
         resolution = self.resolver.resolve(node, self.finished, self.options.force, missing)
         if self._off_lock(resolution):
             return True
@@ -179,11 +165,12 @@ class Runner:
         """Under --frozen, fail a node whose key left the lock (an upstream made different bytes)."""
         if self.expected_keys is None:
             return False
-        locked = self.expected_keys[resolution.node.id].key
-        if resolution.key == locked or self._locked_key_through_equivalent(resolution.node) == locked:
+        entry = self.expected_keys[resolution.node.id]
+        if resolution.key == entry.key or self._locked_key_through_equivalent(resolution.node) == entry.key:
             return False
-        self._settle(NodeState(resolution.node, FAILED, "key differs from trtflow.lock: an upstream stage produced different bytes",
-                               key=resolution.key, exit_code=1))
+        why = f"trtflow.lock has it {entry.status}, but its upstreams built now" if entry.skipped is not None else \
+            "key differs from trtflow.lock: an upstream stage produced different bytes"
+        self._settle(NodeState(resolution.node, FAILED, why + ": refused under --frozen", key=resolution.key, exit_code=1))
         return True
 
     def _locked_key_through_equivalent(self, node: Node) -> Optional[str]:
@@ -203,6 +190,9 @@ class Runner:
         """Under --frozen, a node whose outputs differ from the lock's: an equivalent engine (said in its state), a stage
         made from one (held to the lock through its key), or refused: nothing else may differ from what was locked."""
         entry = (self.expected_keys or {}).get(state.node.id)
+        if entry is not None and entry.failed is not None:
+            return NodeState(state.node, FAILED, f"builds now, but trtflow.lock records it as failed ({entry.failed}): refused under --frozen",
+                             key=state.key, exit_code=1)
         if entry is None or record["outputs"] == entry.outputs:
             return state
         if state.node.kind != "build":
@@ -300,8 +290,9 @@ class Runner:
         try:
             if result.error is not None:
                 self._raise_if_store_full(job, result.errno)
-                self._settle(NodeState(job.node, FAILED, result.error, key=job.key, seconds=seconds, detail=result.detail,
-                                       exit_code=result.exit_code, where=result.node))
+                recorded = result.deterministic and self._record_failure(job, result, seconds)
+                self._settle(NodeState(job.node, FAILED, result.error, key=job.key, components=job.components, seconds=seconds,
+                                       detail=result.detail, exit_code=result.exit_code, where=result.node, recorded=recorded))
                 return
             outputs = {name: self.store.add_object(Path(path)) for name, path in result.files.items()}
             record = {"key": job.key, "node": job.node.id, "outputs": outputs, "record": result.record, "components": job.components,
@@ -315,6 +306,16 @@ class Runner:
             self.keys.release(job.key)
             shutil.rmtree(job.workdir, ignore_errors=True)
 
+    def _record_failure(self, job: _Running, result: StageResult, seconds: float) -> bool:
+        """Record a stage's own failure under its key: the same key fails the same way, so the next run reports it
+        instead of doing the work again (until the key changes or --retry-failed). Never pushed to a remote cache."""
+        failure = {"reason": result.error, "exit_code": result.exit_code, "log": result.detail[-4000:]}
+        record = {"key": job.key, "node": job.node.id, "outputs": {}, "record": {}, "failure": failure, "components": job.components,
+                  "seconds": seconds, "built_by": {"run": self.run_id, "pid": os.getpid()}}
+        self._built_here[job.key] = self.store.put_stage_record(job.key, record)
+        self.store.set_last_run(job.node.id, {"key": job.key, "components": job.components})
+        return True
+
     def _raise_if_store_full(self, job: _Running, code: Optional[int]) -> None:
         """A stage that could not write its output fails the run with one line, not every stage after it."""
         if code in STORE_FULL_ERRNOS:
@@ -322,7 +323,14 @@ class Runner:
 
     def _finish(self, state: NodeState, record: dict) -> None:
         """A node is done (built or cached): its stage's finish hook places what it made (or refuses a cached result
-        the recipe's policy no longer accepts: the node fails), then it is remembered and reported."""
+        the recipe's policy no longer accepts: the node fails), then it is remembered and reported. A recorded failure
+        (found in the store, or made meanwhile by another run) settles the node as failed."""
+        failure = recorded_failure(record)
+        if failure is not None:
+            self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
+            self._settle(NodeState(state.node, FAILED, failure, key=state.key, components=state.components, exit_code=1,
+                                   detail=record["failure"].get("log") or "", recorded=True, from_cache=True))
+            return
         finish = getattr(stage_module(state.node.kind), "finish", None)
         try:
             repaired = finish(state.node, record, self.placement) if finish is not None else None
@@ -339,9 +347,27 @@ class Runner:
         self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
         self._settle(state)
 
-    def _settle(self, state: NodeState) -> None:
+    def _settle(self, state: NodeState, root: Optional[str] = None) -> None:
+        """A node's final state; a node without output is remembered with the failure behind it (`root`, for a skip)."""
+        if state.status == FAILED:
+            state = dataclasses.replace(state, reason=failure_shown(state.node, state.reason))
+        if state.status in (FAILED, SKIPPED):
+            self.ended[state.node.id] = root or f"{state.node.id}: {state.reason}"
+            state = self._as_locked(state)
         self.states[state.node.id] = state
         self.listener("done", state)
+
+    def _as_locked(self, state: NodeState) -> NodeState:
+        """Under --frozen, a failure or skip as trtflow.lock records it is expected (the run may still pass); a failure
+        the lock does not record says what the lock has instead."""
+        entry = (self.expected_keys or {}).get(state.node.id)
+        if entry is None:
+            return state
+        if state.status == SKIPPED or (state.recorded and entry.failed == state.reason and entry.key == state.key):
+            return dataclasses.replace(state, expected=state.status == SKIPPED and entry.skipped is not None or state.status == FAILED)
+        if state.status == FAILED and "trtflow.lock" not in state.reason:
+            return dataclasses.replace(state, reason=f"{state.reason} (trtflow.lock has it {entry.status})")
+        return state
 
 
 def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store, workdir: Path) -> dict[str, Upstream]:

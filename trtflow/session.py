@@ -20,8 +20,9 @@ from trtflow.hashing import FileDigests
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, read_lock, write_lock
 from trtflow.modelcheck import check_recipe_model
 from trtflow.plan import Resolver, frozen_differences, plan
-from trtflow.states import CACHED, FAILED, PULLED, NodeState
+from trtflow.states import FAILED, PULLED, SKIPPED, NodeState
 from trtflow.recipe.load import Project, load_project
+from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import RaySpec
 from trtflow.runmemo import note_path, signature
 from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
@@ -52,29 +53,38 @@ class Session:
         self.resolver = Resolver(self.store, digests)
         self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
         self.repro: list = []  # --check-repro: one repro.EngineRepro per engine
+        self.repro_skipped: dict[str, str] = {}  # --check-repro: engines not rebuilt (their build failed or was skipped) and why
         self.signer: Optional[Signer] = None  # the environment's signing key, read when a run starts
 
     @classmethod
-    def open(cls, root: Path, recipes: Iterable[str] = ()) -> "Session":
-        """Load the project at `root` (ProjectError naming file and line on any problem)."""
-        return cls(load_project(root), recipes)
+    def open(cls, root: Path, recipes: Iterable[str] = (), keep_refusals: bool = False) -> "Session":
+        """Load the project at `root` (ProjectError naming file and line on any problem; pairs that cannot be built
+        are kept for `validate` to list with the ones the models show, if `keep_refusals`)."""
+        return cls(load_project(root, keep_refusals), recipes)
 
     def plan(self, force: bool = False) -> dict[str, NodeState]:
         """Every selected node's state, without writing anything."""
         return plan(self.dag, self.resolver, force)
 
-    def check_models(self, states: Optional[dict[str, NodeState]] = None) -> None:
-        """Parse every model that will be used (all of them if `states` is None) against its recipe."""
+    def _new_resolver(self, retry_failed: bool) -> None:
+        """Plan afresh (a gc may have run since the last plan), with recorded failures run again if asked."""
+        self.resolver = Resolver(self.store, self.resolver.digests, retry_failed)
+
+    def check_models(self, states: Optional[dict[str, NodeState]] = None) -> list[Refusal]:
+        """Parse every model that will be used (all of them if `states` is None) against its recipe; the pairs
+        the graphs show cannot be built, of every recipe (`validate` lists them, `run` refuses them all at once)."""
+        refusals = []
         for item in self.project.recipes:
             node = self.dag.nodes.get(f"cleanup:{item.recipe.name}")
-            if node is not None and (states is None or states[node.id].status != CACHED):
-                check_recipe_model(item, self.project.root, self.project.pipeline)
+            if node is not None and (states is None or not states[node.id].settled):
+                refusals += check_recipe_model(item, self.project.root, self.project.pipeline)
             reduced = [f"precision:{item.recipe.name}/{p}" for p in item.recipe.precisions if p != "fp32"]
             if item.recipe.calibration is not None and any(self._will_run(n, states) for n in reduced):
                 check_calibration_data(item, self.project.root)
+        return refusals
 
     def _will_run(self, node_id: str, states: Optional[dict[str, NodeState]]) -> bool:
-        return node_id in self.dag.nodes and (states is None or states[node_id].status != CACHED)
+        return node_id in self.dag.nodes and (states is None or not states[node_id].settled)
 
     @property
     def lock_path(self) -> Path:
@@ -99,16 +109,19 @@ class Session:
         lease = LazyLease(self.store.root) if self.store is not None else None
         executor: Optional["Executor"] = None
         try:
+            if options.retry_failed:
+                self._new_resolver(True)
             planned = self.plan(options.force)
-            if lease is not None and (options.check_repro or any(s.status != CACHED for s in planned.values())):
+            if lease is not None and (options.check_repro or not all(s.settled for s in planned.values())):
                 # Work ahead: gc must not delete what the plan uses, so lease first, then plan again from scratch (a gc
-                # may have run since). A run that finds everything cached takes no lease and writes nothing.
+                # may have run since). A run that finds everything cached (or failed before, the same way) takes no
+                # lease and writes nothing.
                 lease.tmp()
-                self.resolver = Resolver(self.store, self.resolver.digests)
+                self._new_resolver(options.retry_failed)
                 planned = self.plan(options.force)
             executor = self._executor(options, planned)
-            executor.prepare({s.node.kind for s in planned.values() if s.status != CACHED})  # workers start while models are checked
-            self.check_models(planned)
+            executor.prepare({s.node.kind for s in planned.values() if not s.settled})  # workers start while models are checked
+            self.project.refuse(self.check_models(planned))
             check_backends(planned)
             if self.store is not None:  # what a killed run left beside the packages and the lock
                 from trtflow.store.housekeeping import sweep_leftovers
@@ -125,10 +138,12 @@ class Session:
             states = runner.run()
             self.warnings = runner.warnings
             if not options.frozen:
-                self._update_lock(runner.finished)
-            self.store.record_run([record["key"] for record in runner.finished.values()])
-            if options.check_repro and not any(state.status == FAILED for state in states.values()):
+                self._update_lock(runner.finished, states)
+            self.store.record_run([record["key"] for record in runner.finished.values()] +
+                                  [state.key for state in states.values() if state.recorded and state.key])
+            if options.check_repro:
                 self.repro = self._check_repro(runner.finished, options, listener)
+                self.repro_skipped = {n: states[n].label for n in states if self.dag.nodes[n].kind == "build" and n not in runner.finished}
         finally:
             if executor is not None:
                 executor.shutdown()  # already done by the runner, unless a check refused the run first
@@ -161,10 +176,13 @@ class Session:
         return Remote(url, self.project.pipeline.cache.options, required=options.remote_required,
                       signer=self.signer, trust=self.project.trusted_keys())
 
-    def _update_lock(self, finished: dict[str, dict]) -> None:
-        """Entries of this run's finished nodes replace old ones; nodes gone from the project are dropped."""
+    def _update_lock(self, finished: dict[str, dict], states: dict[str, NodeState]) -> None:
+        """Entries of this run's nodes replace old ones (a recorded failure and what it skipped included: the lock
+        holds every stage); nodes gone from the project are dropped. A node that failed for a reason of the machine
+        (killed, a missing package) keeps its old entry."""
         ours = {node_id: LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"],
                                    canonical=canonical_outputs(record)) for node_id, record in finished.items()}
+        ours.update(_failure_entries(states, ours))
         note_path(self.lock_path)
         with holding(self.store.locks / "trtflow-lock.lock"):  # concurrent runs of one project merge, not overwrite
             if self.all_node_ids <= ours.keys() and self._lock_holds(entries_digest({k: ours[k] for k in self.all_node_ids})):
@@ -188,7 +206,7 @@ class Session:
         """The local process pool, or a Ray executor (--executor ray, or executor.ray in pipeline.yaml) checked to
         have a node for every label set the stages to run need."""
         spec = self.project.pipeline.executor.ray
-        stale = {s.node.id for s in planned.values() if s.status != CACHED}
+        stale = {s.node.id for s in planned.values() if not s.settled}
         if (options.executor or ("ray" if spec is not None else "local")) == "local" or not stale:
             return LocalExecutor(options.jobs)  # nothing to run: no cluster to join (a stage found corrupt runs here)
         from trtflow.executors.ray import RayExecutor
@@ -208,9 +226,10 @@ class Session:
 
     def remembers_no_op(self, states: list[NodeState]) -> bool:
         """Whether this finished run may be remembered as the project's no-op (runmemo): every stage found cached
-        locally, no warning, and no remote cache (a run with one talks to it)."""
+        locally (or its recorded failure found, or skipped below one), no warning, and no remote cache (a run with
+        one talks to it)."""
         return (self.store is not None and self.project.pipeline.cache.remote is None and not self.warnings
-                and all(s.status == CACHED and s.reason != PULLED for s in states))
+                and all(s.settled and s.reason != PULLED for s in states))
 
     def store_notes(self) -> list[str]:
         """What the store did on its own while planning (a cache started anew, a malformed record set aside)."""
@@ -222,10 +241,28 @@ class Session:
             self.store.close()
 
 
+def _failure_entries(states: dict[str, NodeState], built: dict[str, LockEntry]) -> dict[str, LockEntry]:
+    """Lock entries of the recorded failures of a run and of what was skipped below them (only below them: what an
+    environment failure skipped keeps its old entry)."""
+    entries: dict[str, LockEntry] = {}
+    for node_id, state in states.items():
+        if state.status == FAILED and state.recorded and node_id not in built:
+            entries[node_id] = LockEntry(key=state.key, components=state.components or {}, outputs={}, failed=state.reason)
+        elif state.status == SKIPPED and _below_recorded(state, states, entries):
+            entries[node_id] = LockEntry(key=None, components={}, outputs={}, skipped=state.reason)
+    return entries
+
+
+def _below_recorded(state: NodeState, states: dict[str, NodeState], entries: dict[str, LockEntry]) -> bool:
+    """Whether every upstream a skipped node lost has a failure or skip entry already (nodes come in DAG order)."""
+    lost = [dep.node for dep in state.node.deps if states.get(dep.node) is not None and states[dep.node].status in (FAILED, SKIPPED)]
+    return bool(lost) and all(node_id in entries for node_id in lost)
+
+
 def check_backends(states: dict[str, NodeState]) -> None:
     """Before any work: every build that will run has its target's backend installed (else exit 4, one line)."""
     for state in states.values():
         params = state.node.params
-        if state.node.kind == "build" and state.status != CACHED and params.backend_version is None:
+        if state.node.kind == "build" and not state.settled and params.backend_version is None:
             raise EnvironmentProblem(f"target {state.node.info['target']} of recipe {state.node.recipe}: its backend {params.backend} is not "
                                      f"installed here: pip install 'trtflow[{BACKENDS[params.backend].extra}]'")

@@ -24,15 +24,33 @@ class NodeState:
     detail: str = ""
     record: Optional[dict] = field(default=None, repr=False)  # the store record of a cached node
     exit_code: int = 0
-    where: Optional[dict] = None  # the node a distributed executor ran it on: {"id": ..., "labels": {...}}  # of a failed node: the exit code of the error class that failed it (4: environment)
+    where: Optional[dict] = None  # the node a distributed executor ran it on: {"id": ..., "labels": {...}}
+    recorded: bool = False  # a failure of the stage's own (deterministic): recorded under its key, kept in trtflow.lock
+    from_cache: bool = False  # a recorded failure found in the store: reported, not redone (--retry-failed redoes it)
+    expected: bool = False  # --frozen: a failure (or skip) exactly as trtflow.lock records it: no reason to fail the run
 
     @property
     def label(self) -> str:
-        """`cached`, `new`, `stale: profile max changed`, `failed: ...`: what the user reads."""
-        return f"{self.status}: {self.reason}" if self.reason else self.status
+        """`cached`, `new`, `stale: profile max changed`, `failed (cached): ...`: what the user reads."""
+        status = f"{self.status} (cached)" if self.from_cache else self.status
+        return f"{status}: {self.reason}" if self.reason else status
+
+    @property
+    def settled(self) -> bool:
+        """Nothing to run: cached, a recorded failure found in the store, or skipped below one."""
+        return self.status in (CACHED, SKIPPED) or self.from_cache
 
     def to_json(self) -> dict:
         """The node's entry in `--json` output."""
         entry = {"id": self.node.id, "kind": self.node.kind, "recipe": self.node.recipe, "status": self.status,
                  "reason": self.reason or None, "key": self.key, "changes": self.changes, "seconds": self.seconds}
+        if self.status == FAILED:
+            entry.update(failure_cached=self.from_cache, failure_recorded=self.recorded, failure_expected=self.expected)
         return {**entry, "node": self.where} if self.where is not None else entry
+
+
+def recorded_failure(record: Optional[dict]) -> Optional[str]:
+    """The one-line reason of a store record that records a stage's failure, or None for an ordinary record."""
+    failure = record.get("failure") if isinstance(record, dict) else None
+    return failure["reason"] if isinstance(failure, dict) and isinstance(failure.get("reason"), str) else None
+

@@ -29,11 +29,11 @@ class Context:
         self.project_dir = project_dir
         self.verbose = verbose
 
-    def session(self, recipes: tuple[str, ...] = ()):
+    def session(self, recipes: tuple[str, ...] = (), keep_refusals: bool = False):
         """The project as a Session (plan and run), limited to `recipes` when given."""
         from trtflow.session import Session
 
-        return Session.open(self.project_dir, recipes)
+        return Session.open(self.project_dir, recipes, keep_refusals)
 
     def store(self):
         """(project, its store or None if nothing has run yet), for the cache commands."""
@@ -61,9 +61,9 @@ def cli(ctx: click.Context, project_dir: Path, verbose: bool) -> None:
 @pass_context
 def validate(ctx: Context) -> None:
     """Check pipeline.yaml, every recipe, and that each model parses and fits its profiles."""
-    session = ctx.session()
-    session.check_models()
+    session = ctx.session(keep_refusals=True)
     project = session.project
+    project.refuse([refusal for item in project.recipes for refusal in item.refusals] + session.check_models())
     click.echo(f"ok: {len(project.recipes)} recipe(s), {len(project.pipeline.targets)} target(s), {len(session.dag)} stage(s)")
 
 
@@ -95,6 +95,7 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
 @click.argument("recipes", nargs=-1)
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Stages to run at once (TensorRT-RTX builds use one core each).")
 @click.option("--force", is_flag=True, help="Run every selected stage even if cached.")
+@click.option("--retry-failed", is_flag=True, help="Run again the stages whose own failure is recorded (default: report it, exit 1).")
 @click.option("--dry-run", is_flag=True, help="Show what would run, run nothing.")
 @click.option("--frozen", is_flag=True, help="Fail before building anything if the plan differs from trtflow.lock (for CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (no progress display).")
@@ -104,21 +105,23 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
 @click.option("--executor", type=click.Choice(["local", "ray"]), help="Where stages run (default: executor: in pipeline.yaml, else local processes).")
 @click.option("--ray-address", metavar="HOST:PORT|auto", help="The Ray cluster to run on (default: executor.ray.address, else a local Ray instance).")
 @pass_context
-def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run: bool, frozen: bool, as_json: bool, remote_required: bool,
-        check_repro: Optional[int], executor: Optional[str], ray_address: Optional[str]) -> None:
+def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_failed: bool, dry_run: bool, frozen: bool, as_json: bool,
+        remote_required: bool, check_repro: Optional[int], executor: Optional[str], ray_address: Optional[str]) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow import runmemo
 
     started, started_ns = time.perf_counter(), time.time_ns()
-    whole_project = not (recipes or force or dry_run or frozen or remote_required or check_repro)
+    whole_project = not (recipes or force or retry_failed or dry_run or frozen or remote_required or check_repro)
     remembered = runmemo.remembered_nodes(ctx.project_dir.resolve()) if whole_project else None
     if remembered is not None:  # nothing the last no-op read has changed: that no-op's answer
-        output.print_summary([runmemo.remembered_state(entry) for entry in remembered], as_json, time.perf_counter() - started)
+        states = [runmemo.remembered_state(entry) for entry in remembered]
+        output.print_summary(states, as_json, time.perf_counter() - started)
+        _exit_if_failed(states)
         return
     from trtflow.runner import RunOptions
 
     with runmemo.recording() as reads:
-        options = RunOptions(jobs=jobs, force=force, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0,
+        options = RunOptions(jobs=jobs, force=force, retry_failed=retry_failed, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0,
                              executor="ray" if ray_address and executor is None else executor, ray_address=ray_address)
         states, session = _run_session(ctx, recipes, options, dry_run, as_json)
     if states is None:
@@ -127,12 +130,19 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, dry_run:
         runmemo.remember(session.project.root, reads, [s.to_json() for s in states], started_ns)
     elif any(s.status != CACHED for s in states):
         runmemo.forget(session.project.root)
-    output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings, repro=session.repro)
-    failed = [s.exit_code or 1 for s in states if s.status == FAILED]
-    if failed:
-        sys.exit(max(failed))  # 4 when a stage found something missing from this machine, else 1
+    output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings, repro=session.repro,
+                         repro_skipped=session.repro_skipped)
+    _exit_if_failed(states)
     if any(check.verdict == "different" for check in session.repro):
         sys.exit(1)
+
+
+def _exit_if_failed(states: list) -> None:
+    """Exit 1 when a stage failed (4 when it found something missing from this machine); under --frozen, a failure
+    exactly as trtflow.lock records it is a known one and does not fail the run."""
+    failed = [s.exit_code or 1 for s in states if s.status == FAILED and not s.expected]
+    if failed:
+        sys.exit(max(failed))
 
 
 def _run_session(ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: bool, as_json: bool) -> tuple[Optional[list], Any]:
@@ -207,20 +217,31 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
     From a URL only manifest.json and the chosen engine are fetched; the engine's sha256 is checked while it streams."""
     from trtflow import provision as prov
 
-    if require_signature and not trust:
-        raise prov.BadRequest("--require-signature needs at least one --trust KEY.pub")
-    loaded = prov.open_package(package)
-    if require_signature:
-        from trtflow.signing import trusted_keys
+    failed: list[dict] = []  # for --json: the engines for this GPU that failed to build
 
-        keys = trusted_keys(((path, f"--trust {path}") for path in trust), prov.BadRequest)
-        loaded = prov.require_signature(loaded, keys, provenance_file)
-    device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision, prefer, allow_failed)
-    record = prov.provision(loaded, device, dest, keep)
-    if as_json:
-        click.echo(json.dumps(record, indent=2))
+    def install() -> dict:
+        if require_signature and not trust:
+            raise prov.BadRequest("--require-signature needs at least one --trust KEY.pub")
+        loaded = prov.open_package(package)
+        if require_signature:
+            from trtflow.signing import trusted_keys
+
+            keys = trusted_keys(((path, f"--trust {path}") for path in trust), prov.BadRequest)
+            loaded = prov.require_signature(loaded, keys, provenance_file)
+        device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision, prefer, allow_failed)
+        failed.extend(m.model_dump() for m in prov.failed_for(loaded.manifest, device))
+        return prov.provision(loaded, device, dest, keep)
+
+    if not as_json:
+        output.print_provision(install())
         return
-    output.print_provision(record)
+    try:
+        record = install()
+    except TrtflowError as exc:  # --json: one JSON object on stdout on failure too; the one line still goes to stderr
+        click.echo(json.dumps({"action": "failed", "exit_code": exc.exit_code, "error": str(exc),
+                               "failed_engines": failed}, indent=2))
+        raise
+    click.echo(json.dumps({**record, "exit_code": 0}, indent=2))
 
 
 @cli.command()

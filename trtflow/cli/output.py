@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import click
 
@@ -20,36 +20,68 @@ def counts(states: list[NodeState]) -> str:
 
 
 def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = (),
-                  repro: list = ()) -> None:
+                  repro: list = (), repro_skipped: Optional[dict[str, str]] = None) -> None:
     """Print the end of `trtflow run`: failures and totals, the would-run table of --dry-run, or JSON."""
     if as_json:
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
         counts = {status: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
-        checks = {"reproducibility": [check.to_json() for check in repro]} if repro else {}
+        counts["failed_cached"] = sum(s.status == FAILED and s.from_cache for s in states)
+        checks = {"reproducibility": [check.to_json() for check in repro]} if repro or repro_skipped else {}
+        if repro_skipped:
+            checks["reproducibility_not_checked"] = [{"id": node_id, "why": why} for node_id, why in repro_skipped.items()]
         click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "warnings": list(warnings),
                                "nodes": [s.to_json() for s in states], **checks}, indent=2))
         return
     if dry_run:
         for state in states:
-            click.echo(f"{'would run' if state.status != CACHED else 'cached':<10} {state.node.id:<48} {state.label}")
-        click.echo(f"dry run: {sum(s.status != CACHED for s in states)} stage(s) would run, {sum(s.status == CACHED for s in states)} cached")
+            click.echo(f"{'would run' if not state.settled else state.status:<10} {state.node.id:<48} {state.label}")
+        click.echo(f"dry run: {sum(not s.settled for s in states)} stage(s) would run, {sum(s.status == CACHED for s in states)} cached"
+                   + _failed_before(states))
         return
     for state in states:
         if state.status in (FAILED, SKIPPED):
-            click.echo(f"{state.status:<8} {state.node.id}: {state.reason}", err=True)
-    built = [s for s in states if s.status == BUILT]
-    line = f"{len(built)} built, {sum(s.status == CACHED for s in states)} cached, {sum(s.status == FAILED for s in states)} failed, {sum(s.status == SKIPPED for s in states)} skipped in {seconds:.2f} s"
+            click.echo(f"{state.label.split(':')[0]:<8} {state.node.id}: {state.reason}", err=True)
+    click.echo(_totals(states, seconds))
+    _print_repro(repro, repro_skipped or {})
+
+
+def _failed_before(states: list[NodeState]) -> str:
+    """`, 2 failed before (recorded: --retry-failed runs them again)` when recorded failures were found."""
+    found = sum(s.status == FAILED and s.from_cache for s in states)
+    return f", {found} failed before (recorded: --retry-failed runs them again)" if found else ""
+
+
+def _totals(states: list[NodeState], seconds: float) -> str:
+    """`3 built, 4 cached, 1 failed (1 cached), 2 skipped in 2.31 s` and what that means."""
+    built = sum(s.status == BUILT for s in states)
+    failed = [s for s in states if s.status == FAILED]
+    cached_failures = sum(s.from_cache for s in failed)
+    shown = f"{len(failed)} failed" + (f" ({cached_failures} cached)" if cached_failures else "")
+    line = f"{built} built, {sum(s.status == CACHED for s in states)} cached, {shown}, {sum(s.status == SKIPPED for s in states)} skipped in {seconds:.2f} s"
     pulled = sum(s.status == CACHED and s.reason == PULLED for s in states)
+    expected = sum(s.expected for s in failed)
     if pulled:
         line += f" ({pulled} pulled from the remote cache)"
     elif not built and all(s.status == CACHED for s in states):
         line += " (all stages cached, nothing to do)"
-    click.echo(line)
+    elif not built and all(s.settled for s in states):
+        line += " (nothing to do: the failures are recorded; --retry-failed runs them again)"
+    if failed and expected == len(failed):
+        line += f"; the {expected} failure(s) are the ones trtflow.lock records"
+    return line
+
+
+def _print_repro(repro: list, skipped: dict[str, str]) -> None:
+    """The --check-repro verdict per engine rebuilt, then the engines it could not rebuild and why."""
     if repro:
         click.echo(f"reproducibility ({repro[0].rebuilds} hermetic rebuild(s) per engine):")
         for check in repro:
             click.echo(f"  {repro_line(check)}")
+    if skipped:
+        click.echo(f"reproducibility not checked for {len(skipped)} engine(s) that did not build:")
+        for node_id, why in skipped.items():
+            click.echo(f"  {node_id}: {why}")
 
 
 def repro_line(check: Any) -> str:
@@ -155,7 +187,7 @@ class PlainView:
         if state.status == CACHED and not (self.verbose or state.reason):
             return
         timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
-        click.echo(f"{state.status:<8} {state.node.id}{timing}{outcome(state)}", err=True)
+        click.echo(f"{state.label.split(':')[0]:<8} {state.node.id}{timing}{outcome(state)}", err=True)
         if self.verbose and state.detail:
             click.echo(state.detail, err=True)
 
@@ -186,7 +218,7 @@ class RichView(PlainView):
             return
         if state.status != CACHED:
             timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
-            self.progress.console.print(f"{state.status:<8} {state.node.id}{timing}{outcome(state)}", markup=False, highlight=False)
+            self.progress.console.print(f"{state.label.split(':')[0]:<8} {state.node.id}{timing}{outcome(state)}", markup=False, highlight=False)
         self.progress.advance(self.task)
 
     def close(self) -> None:

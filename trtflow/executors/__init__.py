@@ -9,6 +9,7 @@ The local process pool (executors.local) is the default; a distributed executor 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import os
 import re
 import traceback
 from dataclasses import dataclass
@@ -42,12 +43,17 @@ class StageResult:
     errno: Optional[int] = None  # the OS error behind a failure: a full disk stops the run
     detail: str = ""
     node: Optional[dict] = None  # where a distributed executor ran it: {"id": ..., "labels": {...}}
+    deterministic: bool = False  # the stage's own failure (same inputs, same failure): recorded under its key
 
     @classmethod
     def failure(cls, message: str, exit_code: int = StageError.exit_code, detail: str = "", errno: Optional[int] = None,
-                node: Optional[dict] = None) -> "StageResult":
-        """A failed stage: what the user reads, the exit code its error class carries, the traceback for -v."""
-        return cls(error=message, exit_code=exit_code, detail=detail, errno=errno, node=node)
+                node: Optional[dict] = None, deterministic: bool = False) -> "StageResult":
+        """A failed stage: what the user reads, the exit code its error class carries, the traceback for -v.
+
+        Only a stage's own failure is `deterministic`; a worker that died, was killed or ran out of memory, a
+        timeout, a missing package or a full disk say nothing about the stage's inputs and are never recorded.
+        """
+        return cls(error=message, exit_code=exit_code, detail=detail, errno=errno, node=node, deterministic=deterministic)
 
 
 class Executor(Protocol):
@@ -85,10 +91,27 @@ def run_task(task: StageTask) -> StageResult:
     try:
         output = stage_module(task.kind).run(task.params, task.inputs, task.workdir)
     except TrtflowError as exc:
-        return StageResult.failure(str(exc), exc.exit_code, traceback.format_exc())
+        own = isinstance(exc, StageError) and exc.exit_code == StageError.exit_code
+        return StageResult.failure(stable_reason(str(exc), task.workdir), exc.exit_code, traceback.format_exc(), deterministic=own)
     except Exception as exc:  # a library failed inside the stage: report it as the stage's failure
-        return StageResult.failure(library_failure(exc), StageError.exit_code, traceback.format_exc(), _errno(exc))
+        code = _errno(exc)
+        own = code is None and not isinstance(exc, ENVIRONMENT_EXCEPTIONS)
+        return StageResult.failure(stable_reason(library_failure(exc), task.workdir), StageError.exit_code, traceback.format_exc(),
+                                   code, deterministic=own)
     return StageResult(files={name: str(path) for name, path in output.files.items()}, record=output.record)
+
+
+# Failures that say something about the machine, not the stage's inputs: never recorded as the stage's result.
+ENVIRONMENT_EXCEPTIONS = (MemoryError, OSError, TimeoutError, ImportError)
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
+
+
+def stable_reason(message: str, workdir: Path) -> str:
+    """A failure's line without what differs from run to run (its work directory, memory addresses): a recorded
+    failure is compared with trtflow.lock's word for word."""
+    for shown in {str(workdir), os.path.realpath(workdir)}:
+        message = message.replace(shown, "<workdir>")
+    return _ADDRESS.sub("0x...", message)
 
 
 _ORT_LOAD = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : Load model from .*? failed:\s*")

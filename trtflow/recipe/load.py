@@ -7,6 +7,7 @@ Paths in recipes are relative to the project root (the folder holding pipeline.y
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import zipfile
@@ -21,6 +22,7 @@ from trtflow.errors import ProjectError
 from trtflow.recipe.base import FieldError
 from trtflow.recipe.precision import PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED_PRECISIONS
 from trtflow.recipe.pymodule import ModuleNotFound, module_file
+from trtflow.recipe.refusals import Refusal, exclude_entries, refusal_report
 from trtflow.recipe.schema import InputShape, Pipeline, Recipe, TargetSpec
 from trtflow.recipe.source import TorchInput
 from trtflow.recipe.yamlfile import YamlDocument, load_yaml
@@ -42,6 +44,7 @@ class RecipeFile:
     path: Path
     display: str
     document: YamlDocument
+    refusals: tuple[Refusal, ...] = ()  # pairs the recipe asks for that cannot be built (see recipe.refusals)
 
     def where(self, *loc: Any) -> str:
         """`recipes/x.yaml:7: source.onnx` for error messages."""
@@ -98,6 +101,23 @@ class Project:
 
         return trusted_keys((self.root / path, f"{PIPELINE_FILE}: cache.trust[{index}]") for index, path in enumerate(trust))
 
+    def refusal_blocks(self, refusals: list[Refusal]) -> dict[str, list[str]]:
+        """Per recipe file with refusals: the `exclude:` entries that keep its own and drop the refused pairs."""
+        blocks = {}
+        for item in self.recipes:
+            mine = [r for r in refusals if r.recipe == item.display]
+            if mine:
+                existing = [(rule.precision, rule.target) for rule in item.recipe.exclude]
+                blocks[item.display] = exclude_entries(mine, existing, item.target_names(self.pipeline))
+        return blocks
+
+    def refuse(self, refusals: list[Refusal]) -> None:
+        """Raise one ProjectError listing every refusal and the `exclude:` block of each recipe (nothing if none)."""
+        order = {item.display: index for index, item in enumerate(self.recipes)}
+        if refusals:
+            refusals = sorted(refusals, key=lambda r: order.get(r.recipe, len(order)))  # stable: each recipe's in file order
+            raise ProjectError(refusal_report(refusals, self.refusal_blocks(refusals)))
+
     def recipe(self, name: str) -> RecipeFile:
         """The recipe named `name`; ProjectError listing the known names if there is none."""
         for item in self.recipes:
@@ -146,8 +166,9 @@ def _validate(model: type[BaseModel], document: YamlDocument, display: str, extr
         raise ProjectError("\n".join(_error_lines(document, display, exc))) from None
 
 
-def load_project(root: Path) -> Project:
-    """Load and cross-check pipeline.yaml and every recipe it names; raises ProjectError on any problem."""
+def load_project(root: Path, keep_refusals: bool = False) -> Project:
+    """Load and cross-check pipeline.yaml and every recipe it names; raises ProjectError on any problem. Pairs that
+    cannot be built are listed all at once (every recipe's), or kept in `RecipeFile.refusals` for `validate`."""
     root = root.resolve()
     if not os.path.lexists(root / PIPELINE_FILE):
         raise ProjectError(f"{PIPELINE_FILE}: not found in {root} (run trtflow in the project folder or pass -C DIR)")
@@ -158,6 +179,8 @@ def load_project(root: Path) -> Project:
     _check_unique_names(recipes)
     project = Project(root=root, pipeline=pipeline, recipes=recipes)
     project.trusted_keys()  # a missing or malformed key is a project error now, not in the middle of a run
+    if not keep_refusals:
+        project.refuse([refusal for item in recipes for refusal in item.refusals])
     return project
 
 
@@ -209,8 +232,8 @@ def _load_recipe(root: Path, path: Path, pipeline: Pipeline) -> RecipeFile:
     _check_targets(item, pipeline)
     _check_excludes(item, pipeline)
     _check_source_exists(item, root)
-    _check_precisions(item, pipeline)
-    return item
+    _check_calibration_declared(item)
+    return dataclasses.replace(item, refusals=tuple(_capability_refusals(item, pipeline)))
 
 
 def _check_targets(item: RecipeFile, pipeline: Pipeline) -> None:
@@ -229,19 +252,24 @@ def _check_excludes(item: RecipeFile, pipeline: Pipeline) -> None:
                                f"(precisions: {', '.join(recipe.precisions)}; targets: {', '.join(targets)})")
 
 
-def _check_precisions(item: RecipeFile, pipeline: Pipeline) -> None:
-    """Before any work: int8/fp8 have calibration data, and every target's GPUs run each precision."""
-    recipe = item.recipe
-    for index, precision in enumerate(recipe.precisions):
-        if precision in QUANTIZED_PRECISIONS and recipe.calibration is None:
+def _check_calibration_declared(item: RecipeFile) -> None:
+    """Before any work: int8/fp8 have calibration data."""
+    for index, precision in enumerate(item.recipe.precisions):
+        if precision in QUANTIZED_PRECISIONS and item.recipe.calibration is None:
             raise ProjectError(f"{item.where('precisions', index)}: {precision} needs calibration data: add calibration: {{data: ...}} "
                                "(or calibration: {random: true} to calibrate on random inputs, recorded in the manifest)")
+
+
+def _capability_refusals(item: RecipeFile, pipeline: Pipeline) -> list[Refusal]:
+    """Every (precision, target) pair not excluded whose target has a GPU too old for the precision."""
+    refusals = []
+    for index, precision in enumerate(item.recipe.precisions):
         for name in item.target_names(pipeline):
-            if recipe.excluded(precision, name):
-                continue
-            problem = _capability_problem(recipe, precision, name, pipeline.targets[name])
+            problem = None if item.recipe.excluded(precision, name) else \
+                _capability_problem(item.recipe, precision, name, pipeline.targets[name])
             if problem:
-                raise ProjectError(f"{item.where('precisions', index)}: {problem}")
+                refusals.append(Refusal(item.display, item.where("precisions", index), precision, name, problem))
+    return refusals
 
 
 def _capability_problem(recipe: Recipe, precision: str, target: str, spec: TargetSpec) -> Optional[str]:

@@ -85,5 +85,12 @@ def _check_limits(params: Params, onnx_path: Path) -> None:
     for cc in params.compute_capabilities:
         found = unsupported_nodes(params.backend, cc, model)
         if found:
-            raise StageError(f"{params.precision} cannot build for {cc} with {params.backend}: {describe(found)}; drop the pair "
-                             f"with the recipe's exclude: [{{precision: {params.precision}, target: ...}}]")
+            raise StageError(f"{params.precision} cannot build for {cc} with {params.backend}: {describe(found)}")
+
+
+def failure_hint(node: Node, reason: str) -> str:
+    """A build its target's architecture cannot take, with the `exclude:` entry that drops exactly this pair (the
+    target's name is no part of the stage's key, so the stage itself cannot say it)."""
+    if " cannot build for " not in reason or "exclude:" in reason:
+        return reason
+    return f"{reason}; drop the pair with exclude: [{{precision: {node.params.precision}, target: {node.info['target']}}}]"

@@ -187,14 +187,20 @@ def weight_bytes(model: Any) -> int:
     return sum(len(t.raw_data) for t in model.graph.initializer)
 
 
-def place_side_by_side(files: dict[str, Path], output: str, folder: Path) -> dict[str, Path]:
+def place_side_by_side(files: dict[str, Path], output: str, folder: Path, copy: tuple[str, ...] = ()) -> dict[str, Path]:
     """Hard-link an output and its companions (a model's external data) into one folder under the names the graph
-    expects; a link costs nothing for a multi-GB model (the store is one filesystem), a copy is the fallback."""
+    expects; a link costs nothing for a multi-GB model (the store is one filesystem), a copy is the fallback.
+
+    `copy`: names to copy even so, for a tool that writes into its input (a link would let it rewrite the store's
+    object in place, under the feet of every other stage reading it).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     placed = {}
     for name in (output, *companions(files, output)):
         placed[name] = folder / FILE_NAMES.get(name, name)
         try:
+            if name in copy:
+                raise OSError("copied on purpose")
             os.link(files[name], placed[name])
         except OSError:  # another filesystem: slower but correct
             shutil.copyfile(files[name], placed[name])

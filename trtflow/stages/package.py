@@ -21,7 +21,8 @@ from trtflow.runmemo import note_path
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Engine, MissingEngine, Tensor
 
-KIND, VERSION = "package", 6  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored)
+KIND, VERSION = "package", 7  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
+# 7: a missing engine names its target's compute capabilities
 VERIFY_INPUTS = True  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
 REQUIRED_ROLES = ("model",)  # engines whose build or verify failed are left out and listed as missing
 
@@ -93,7 +94,8 @@ def _missing(spec: PackagedEngine, inputs: dict[str, Upstream]) -> Optional[Miss
     if cause is None:
         return None
     stage, _, reason = cause.partition(": ")
-    return MissingEngine(precision=spec.precision, target=spec.target, stage=stage, reason=reason)
+    return MissingEngine(precision=spec.precision, target=spec.target, stage=stage, reason=reason,
+                         compute_capabilities=list(spec.compute_capabilities))
 
 
 def _calibration(inputs: dict[str, Upstream], precision: str) -> Optional[dict]:

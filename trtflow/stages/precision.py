@@ -108,7 +108,9 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
     from trtflow.stages import compare
 
-    source = _pass_through(inputs["model"], workdir / "source")["model"]
+    # a copy: ModelOpt's PTQ rewrites its input in place (onnx.shape_inference.infer_shapes_path(onnx_path)), which through
+    # a hard link rewrote the store's object while the other precisions of the recipe read it ("Unable to parse proto")
+    source = place_side_by_side(inputs["model"].files, MODEL, workdir / "source", copy=(MODEL,))["model"]
     model_inputs = calibration.model_input_types(source)
     held_out, calibrating = _declared_samples(params, inputs, model_inputs)
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it

@@ -97,7 +97,7 @@ def _users(store: Store) -> dict[str, list[dict]]:
 # gc ------------------------------------------------------------------------------------------
 def lock_keys(project_root: Path) -> set[str]:
     """The stage keys trtflow.lock names (none without a lock)."""
-    return {entry.key for entry in (read_lock(project_root / LOCK_FILE) or {}).values()}
+    return {entry.key for entry in (read_lock(project_root / LOCK_FILE) or {}).values() if entry.key is not None}
 
 
 def live_keys(store: Store, project_root: Path, packages_dir: Path, keep_last: int = 0) -> set[str]:

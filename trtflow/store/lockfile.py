@@ -26,22 +26,53 @@ NOTE = "Written by `trtflow run`: every stage's key, key components and output d
 
 @dataclass(frozen=True)
 class LockEntry:
-    """One node of trtflow.lock: its stage key, the components that key hashes, and its output digests."""
+    """One node of trtflow.lock: its stage key, the components that key hashes, and its output digests; or the
+    one-line reason it failed (a failure of the stage's own, recorded under its key), or why it was skipped.
 
-    key: str
+        {"key": ..., "kind": "build", ..., "outputs": {"engine": ...}}       built (or cached)
+        {"key": ..., "kind": "precision", ..., "outputs": {}, "failed": "int8: ModelOpt quantized no node ..."}
+        {"skipped": "upstream precision:lstm/int8 failed or was skipped"}
+    """
+
+    key: Optional[str]
     components: dict
     outputs: dict[str, str]
     canonical: Optional[dict[str, str]] = None  # an engine's canonical digest (backends.engine_identity), if it has one
+    failed: Optional[str] = None
+    skipped: Optional[str] = None
+
+    @property
+    def built(self) -> bool:
+        """Whether the node has outputs in the lock (neither failed nor skipped)."""
+        return self.failed is None and self.skipped is None
+
+    @property
+    def status(self) -> str:
+        """`built`, `failed: <reason>` or `skipped: <reason>`, as messages name it."""
+        return f"failed ({self.failed})" if self.failed is not None else f"skipped ({self.skipped})" if self.skipped is not None else "built"
 
     def to_json(self) -> dict:
         """The node's entry in the lock file: the key, the components beside it, the outputs (and canonical digests)."""
-        return {"key": self.key, **self.components, "outputs": self.outputs, **({"canonical": self.canonical} if self.canonical else {})}
+        if self.skipped is not None:
+            return {"skipped": self.skipped}
+        extra = {"canonical": self.canonical} if self.canonical else {}
+        extra.update({"failed": self.failed} if self.failed is not None else {})
+        return {"key": self.key, **self.components, "outputs": self.outputs, **extra}
 
     @classmethod
     def from_json(cls, data: dict) -> "LockEntry":
-        """Read an entry written by to_json (KeyError if a component is missing)."""
+        """Read an entry written by to_json (KeyError if a component is missing, TypeError if a reason is not text)."""
+        if "skipped" in data:
+            return cls(key=None, components={}, outputs={}, skipped=_text(data["skipped"]))
         components = {k: data[k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
-        return cls(key=data["key"], components=components, outputs=data["outputs"], canonical=data.get("canonical"))
+        failed = _text(data["failed"]) if "failed" in data else None
+        return cls(key=data["key"], components=components, outputs=data["outputs"], canonical=data.get("canonical"), failed=failed)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"a failure or skip reason must be text, not {type(value).__name__}")
+    return value
 
 
 def read_lock(path: Path) -> Optional[dict[str, LockEntry]]:
@@ -71,6 +102,7 @@ def entries_digest(entries: dict[str, LockEntry]) -> str:
     digest = hashlib.sha256()
     for node in sorted(entries):
         entry = entries[node]
-        digest.update(f"{node}\0{entry.key}\0{sorted(entry.outputs.items())}\0{sorted((entry.canonical or {}).items())}\n".encode())
+        status = "" if entry.built else f"\0{entry.status}"
+        digest.update(f"{node}\0{entry.key}\0{sorted(entry.outputs.items())}\0{sorted((entry.canonical or {}).items())}{status}\n".encode())
     return digest.hexdigest()
 
