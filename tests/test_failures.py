@@ -112,7 +112,10 @@ def test_the_first_run_fails_the_real_pairs_and_builds_the_rest(fleet: tuple[Pat
 
 
 def test_the_next_run_reports_the_recorded_failures_without_redoing_or_writing_anything(built_fleet: Path) -> None:
+    """The copy gave every file a new inode, so the first run re-hashes them and remembers that (as for an all-green
+    project: tests/test_run.py); the next one is the no-op."""
     settle()
+    assert trtflow(built_fleet, "run").code == 1
     before = files_and_times(built_fleet)
     started = time.perf_counter()
     run = trtflow_process(built_fleet, "run", "--json")
@@ -146,19 +149,29 @@ def test_frozen_in_a_clean_clone_passes_when_the_same_pairs_fail_the_same_way(bu
     assert (clone / "trtflow.lock").read_bytes() == lock
 
 
-def test_frozen_fails_naming_a_pair_that_newly_fails_or_newly_builds(built_fleet: Path, tmp_path: Path) -> None:
+def test_frozen_fails_naming_a_pair_that_fails_another_way(built_fleet: Path, tmp_path: Path) -> None:
+    """A failure's reason is part of what the package records (its missing engines): another reason is a change."""
     clone = clean_clone(built_fleet, tmp_path / "clone")
     lock = json.loads((clone / "trtflow.lock").read_text())
-    lock["nodes"]["precision:lstm/int8"].pop("failed")  # as if it had built when the lock was written
-    lock["nodes"]["precision:resnet/fp32"]["failed"] = "an old failure"  # as if it had failed then
-    lock["nodes"]["precision:resnet/fp32"]["outputs"] = {}
+    lock["nodes"]["precision:lstm/int8"]["failed"] = "an old failure"
     (clone / "trtflow.lock").write_text(json.dumps(lock))
-    code, frozen = summary(clone, "--frozen")
-    reasons = {node["id"]: node["reason"] for node in frozen["nodes"] if node["status"] == "failed" and not node["failure_expected"]}
-    assert code == 1
-    assert "(trtflow.lock has it built)" in reasons["precision:lstm/int8"]
-    assert "builds now, but trtflow.lock records it as failed (an old failure)" in reasons["precision:resnet/fp32"]
-    assert "precision:resnet/fp16" not in reasons  # still failing as locked
+    result = trtflow(clone, "run", "--frozen")
+    assert result.code == 3 and not (clone / "artifacts").exists()
+    assert "package:lstm: input precision:int8 changed (missing: precision:lstm/int8: int8: ModelOpt quantized no node" in result.err
+    assert "-> missing: precision:lstm/int8: an old failure)" in result.err
+
+
+def test_frozen_refuses_a_lock_whose_failures_and_skips_disagree(built_fleet: Path, tmp_path: Path) -> None:
+    """A lock saying a failed pair built (its builds still skipped) is named before anything runs."""
+    clone = clean_clone(built_fleet, tmp_path / "clone")
+    lock = json.loads((clone / "trtflow.lock").read_text())
+    lock["nodes"]["precision:resnet/fp16"].pop("failed")
+    lock["nodes"]["precision:resnet/fp16"]["outputs"] = {"model": "0" * 64}
+    (clone / "trtflow.lock").write_text(json.dumps(lock))
+    result = trtflow(clone, "run", "--frozen")
+    assert result.code == 3 and not (clone / "artifacts").exists()
+    assert "build:resnet/fp16/rtx-ampere: trtflow.lock has it skipped (upstream precision:resnet/fp16 failed or was skipped), " \
+           "but its upstreams no longer fail there" in result.err
 
 
 def test_editing_the_impossible_limit_reruns_exactly_that_precision_and_its_builds(built_fleet: Path) -> None:
@@ -287,14 +300,14 @@ def test_validate_lists_every_refusal_at_once_with_blocks_that_settle_them(tmp_p
     assert result.code == 3
     lines = [line.removeprefix("error: ") for line in result.err.splitlines()]
     refusals = [line for line in lines if re.match(r"  recipes/\w+\.yaml:\d+: precisions\[\d\]: ", line)]
-    assert len(refusals) == 8 * 5 + 2 + 2  # speech: int8 and fp8 (nothing to quantize), fp8 on ampere-dc/ampere too
+    assert len(refusals) == 8 * 5 + 2 + 3  # speech: int8 and fp8 (nothing to quantize), fp8 on the three older GPUs too
     assert lines[0] == f"{len(refusals)} pair(s) cannot be built; nothing was run:"
     assert any("int8: ModelOpt PTQ quantizes Conv, ConvTranspose, Gemm, MatMul nodes and this model has none (its ops: LSTM, Squeeze)"
                in line for line in refusals)
     assert not any("..." in line for line in lines)
     blocks = _exclude_blocks(lines)
     assert set(blocks) == set(f"recipes/{name}.yaml" for name in recipes)
-    assert blocks["recipes/speech.yaml"] == ["{precision: fp16, target: turing}", "{precision: int8}", "{precision: fp8}"]
+    assert sorted(blocks["recipes/speech.yaml"]) == ["{precision: fp16, target: turing}", "{precision: fp8}", "{precision: int8}"]
     for recipe, entries in blocks.items():
         text = re.sub(r"(?m)^exclude:.*\n", "", (root / recipe).read_text())
         (root / recipe).write_text(text + "exclude:\n" + "".join(f"  - {entry}\n" for entry in entries))
@@ -326,15 +339,15 @@ def test_run_refuses_every_unbuildable_pair_before_any_work(tmp_path: Path) -> N
 
 
 def test_a_build_refused_for_its_architecture_names_the_real_target(tmp_path: Path) -> None:
-    """fp16 AutoCast keeps the LSTM's GEMMs in fp32 here; TensorRT-RTX cannot build those for Turing."""
+    """An fp16 model whose GEMMs AutoCast keeps in fp32 (told to, here): TensorRT-RTX cannot build those for Turing."""
     root = write_project(tmp_path / "p", {"speech": "source: {onnx: models/seq_lstm.onnx}\nprecisions: [fp16]\n"
-                                                    "targets: [turing]\n"}, pipeline=WIDE_FLEET)
+                                                    "targets: [turing]\nautocast: {keep_op_types: [MatMul, LSTM]}\n"},
+                         pipeline=WIDE_FLEET)
     shutil.copyfile(Path(__file__).parent.parent / "models" / "seq_lstm.onnx", root / "models" / "seq_lstm.onnx")
     code, first = summary(root)
     failed = {node["id"]: node["reason"] for node in first["nodes"] if node["status"] == "failed"}
-    if not failed:
-        pytest.skip("AutoCast made every GEMM fp16 here: nothing for Turing to refuse")
-    assert code == 1
+    assert code == 1 and set(failed) == {"build:speech/fp16/turing"}
+    assert failed["build:speech/fp16/turing"].startswith("fp16 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM is not supported")
     assert failed["build:speech/fp16/turing"].endswith("drop the pair with exclude: [{precision: fp16, target: turing}]")
 
 

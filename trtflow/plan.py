@@ -249,6 +249,9 @@ def _describe(path: str, old: Any, new: Any) -> str:
 
 
 def _short(digest: Any) -> str:
+    """A digest's first 12 digits; a missing input's reason (`missing: <failed node>: <why>`) up to 100 characters."""
+    if isinstance(digest, str) and digest.startswith("missing: "):
+        return digest[:100] + ("..." if len(digest) > 100 else "")
     return digest[:12] if isinstance(digest, str) else str(digest)
 
 

@@ -243,11 +243,11 @@ class Runner:
         if self.options.force:
             return None, ""
         record = self.store.stage_record(key)
-        if record is not None:
+        if record is not None and not (self.options.retry_failed and recorded_failure(record) is not None):
             return record, "built by another run meanwhile"
         if self.remote is not None:
-            record = self.remote.pull(key, node.id, self.store, self._workroot())
-        return record, PULLED
+            return self.remote.pull(key, node.id, self.store, self._workroot()), PULLED
+        return None, ""
 
     def _reopen_corrupt_inputs(self, node: Node) -> bool:
         """Re-hash the node's inputs; a corrupt object is quarantined and its producer (and what follows) runs again."""
