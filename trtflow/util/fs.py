@@ -171,3 +171,36 @@ def remove_under(root: Path, relative: str) -> None:
         remove_in(fd, name)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def private_dir(prefix: str) -> Iterator[Path]:
+    """A new 0700 folder of this user's in the system temp folder, removed afterwards: a channel between this process
+    and a child it starts that no other user (nor a writer of the store) can write."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def check_private(path: Path) -> None:
+    """NotRegular unless `path` is a real folder of this user's that nobody else can write (0700 or stricter)."""
+    seen = os.lstat(path)
+    if not stat.S_ISDIR(seen.st_mode) or seen.st_uid != os.getuid() or seen.st_mode & 0o077:
+        raise NotRegular(errno.EPERM, "not a private folder of this user's (a 0700 folder)", str(path))
+
+
+def read_private(path: Path, limit: int) -> bytes:
+    """Up to `limit` bytes of a regular file (no-follow) in a private folder (check_private)."""
+    check_private(path.parent)
+    return read_regular(path, limit)
+
+
+def first_link(paths: "list[Path]") -> Optional[Path]:
+    """The first of `paths` that is a symlink (None if none is): a destination's outputs are never written through
+    one, and a link where an output goes is refused rather than silently replaced."""
+    for path in paths:
+        if os.path.islink(path):
+            return path
+    return None
