@@ -42,6 +42,7 @@ from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
 from trtflow.util.faults import crash_point
 from trtflow.store.layout import SUBFOLDERS, entry_is_regular, folder, real_folder, set_aside
+from trtflow.util.jsondata import BoundExceeded, loads_bounded
 from trtflow.util.fs import NotRegular, atomic_write, fsync_dir, fsync_file, open_regular, read_regular
 from trtflow.runmemo import note_path
 
@@ -484,9 +485,9 @@ def checked_record(text: bytes, key: str, known: Optional[dict] = None) -> tuple
     `known`: components the caller already hashed to `key`; a record holding exactly those needs no hashing.
     """
     try:
-        record = json.loads(text)
-    except (ValueError, RecursionError):
-        return {}, "it is not JSON"
+        record = loads_bounded(text, RECORD_MAX_BYTES)
+    except ValueError as exc:
+        return {}, str(exc) if isinstance(exc, BoundExceeded) else "it is not JSON"
     if not isinstance(record, dict) or record.get("key") != key:
         return {}, "it names another key"
     outputs = record.get("outputs")
