@@ -23,7 +23,7 @@ from trtflow.hashing import sha256_handle
 from trtflow.store.layout import entry_is_regular
 from trtflow.store.lockfile import LOCK_FILE, read_lock
 from trtflow.store.objects import DIGEST, Store
-from trtflow.store.locks import exclusive_store, file_lock, holding, remove_free_lock_files, run_is_live
+from trtflow.store.locks import exclusive_store, file_lock, holding, remove_free_lock_files, run_is_live, sweep_dead_runs
 from trtflow.util.fs import NotRegular, open_regular, remove_nofollow, remove_under
 
 # ls ------------------------------------------------------------------------------------------
@@ -177,13 +177,14 @@ def _recipe_of_leftover(name: str) -> Optional[str]:
 def _sweep_store_strays(store: Store, own_run: Optional[str]) -> list[Path]:
     """Temp files of killed writers under objects/, records/ and runs/, when no run but `own_run` is live."""
     with holding(store.locks / "gc.lock"):  # a run starting now waits: it cannot begin a write we would take for a stray
+        swept = sweep_dead_runs(store.root)  # a run that took no lease (a no-op) sweeps dead runs' folders too
         others = [p.name for p in _children(store.tmp) if p.name != own_run and run_is_live(store.root, p.name)]
         if others:
-            return []
+            return swept
         strays = list(_leftovers(store))
         for path in strays:
             _remove(store, path)
-    return strays
+    return strays + swept
 
 
 # sizes ---------------------------------------------------------------------------------------

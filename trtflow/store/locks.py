@@ -169,6 +169,12 @@ def sweep_dead_runs(root: Path) -> list[Path]:
     return removed
 
 
+def sweep_dead_runs_locked(root: Path) -> list[Path]:
+    """sweep_dead_runs with gc's lock held (no run starts meanwhile): what a run that did no work of its own calls."""
+    with holding(root / "locks" / "gc.lock"):
+        return sweep_dead_runs(root)
+
+
 def _unlink_and_release(lock: Any) -> None:
     """Unlink while still holding: a waiter that opened the old file finds it unlinked and starts over."""
     with contextlib.suppress(OSError):
