@@ -53,8 +53,7 @@ def verify(store: Store, threads: Optional[int] = None) -> dict:
     """Re-hash every object whatever its remembered signature (bit rot keeps mtime); quarantine corrupt ones."""
     started = time.perf_counter()
     list(store.stage_records())  # sets malformed records aside (store.set_aside names them)
-    files = [p for p in store.object_files() if DIGEST.match(p.name) and p.parent.name == p.name[:2]
-             and entry_is_regular(store.root, p, store.notes)]  # a link or a FIFO is set aside, never read
+    files = _regular_objects(store)
     with futures.ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:  # hashlib releases the GIL
         checked = list(pool.map(_hash_with_inode, files))
     corrupt = _quarantine_corrupt(store, checked)
@@ -64,6 +63,19 @@ def verify(store: Store, threads: Optional[int] = None) -> dict:
     return {"store": str(store.root), "objects": len(files), "bytes": sum(size for _, _, size, _ in checked),
             "corrupt": corrupt, "missing": missing, "set_aside": list(store.set_aside), "leftovers": [str(p) for p in _leftovers(store)],
             "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _regular_objects(store: Store) -> list[Path]:
+    """The object files that are regular files; a link or a FIFO in an object's place is set aside, never read, and
+    counted with the malformed entries (verify then exits 1)."""
+    files = []
+    for path in store.object_files():
+        if DIGEST.match(path.name) and path.parent.name == path.name[:2]:
+            if entry_is_regular(store.root, path, store.notes):
+                files.append(path)
+            elif not path.exists():
+                store.set_aside.append(path.name)
+    return files
 
 
 def _quarantine_corrupt(store: Store, checked: list[tuple[Path, int, int, Optional[str]]]) -> list[dict]:

@@ -99,11 +99,12 @@ class KeyLocks:
 class RunLease:
     """One run's claim on the store: a private tmp dir, and a lock that tells gc and sweepers it is alive."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, notes: Optional[list[str]] = None):
         self.root = root
         self.id = f"{os.getpid()}-{time.time_ns()}"
-        locks = root / "locks"
         try:
+            locks = folder(root, "locks", notes)  # a link in its place is set aside (and said) before any lock is taken
+            folder(root, "tmp", notes)
             with holding(locks / "gc.lock"):  # waits while a gc is deleting
                 self._lock = file_lock(locks / f"run-{self.id}.lock")
                 self._lock.acquire()
@@ -124,8 +125,8 @@ class RunLease:
 class LazyLease:
     """A RunLease taken on first use: a run that finds everything cached writes nothing under the store."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: Path, notes: Optional[list[str]] = None):
+        self.root, self.notes = root, notes
         self._lease: Optional[RunLease] = None
 
     @property
@@ -141,7 +142,7 @@ class LazyLease:
     def tmp(self) -> Path:
         """The lease's tmp dir, taking the lease now if it was not taken yet."""
         if self._lease is None:
-            self._lease = RunLease(self.root)
+            self._lease = RunLease(self.root, self.notes)
         return self._lease.tmp
 
     def close(self) -> None:

@@ -118,7 +118,7 @@ class Store:
         self.exchange = root / EXCHANGE_DIR
         self.quarantined: list[str] = []  # digests moved to corrupt/ by this instance, for the run to report
         self.notes: list[str] = []  # records moved aside, legacy index imported: for the run to report
-        self.set_aside: list[str] = []  # file names of malformed records moved to corrupt/ by this instance
+        self.set_aside: list[str] = []  # malformed records, linked objects and folders moved to corrupt/ by this instance
         self._cache = Cache(root / CACHE_FILE)
         self._stat = _MemoryView(self._cache, "stat:")
 
@@ -144,7 +144,8 @@ class Store:
         if not (os.path.lexists(root / "records") or (root / LEGACY_INDEX).is_dir()):
             return None
         store = cls(root)
-        real_folder(root, "records", store.notes)  # a symlink in its place is set aside, never read through
+        for sub in SUBFOLDERS:  # a link in a folder's place is set aside now, so the run's warnings name it
+            real_folder(root, sub, store.notes)
         with contextlib.suppress(StoreWriteError):  # a read-only old store: planning goes on without its records
             import_legacy_index(store)
         return store
@@ -297,6 +298,8 @@ class Store:
             for sub in sorted(self.objects.iterdir()):
                 if real_folder(self.root, f"objects/{sub.name}", self.notes):
                     yield from sorted(sub.iterdir())
+                else:
+                    self.set_aside.append(f"objects/{sub.name}")
 
     def stray_files(self) -> Iterator[Path]:
         """Entries under records/ and runs/ that are neither a record nor a run: temp files of a killed writer, strays."""
