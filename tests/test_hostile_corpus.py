@@ -582,6 +582,200 @@ for command, code in [(("plan",), 0), (("cache", "verify"), 1), (("cache", "gc")
     add(f"cache-not-a-database-under-{name}", "built", command, 0, CACHE_RESET if uses_cache else "", _cache(_flip_header))
 
 
+# issue 23: links, FIFOs and crafted JSON where a writer of the store, the remote, a package or a destination puts them.
+# Every case runs beside a decoy folder (DECOY, outside the project) that must come out unchanged and unread.
+
+DECOY_NAME = "decoy"
+DECOY_BYTES = b"DECOY-SECRET-" * 100  # never to be found in a package
+
+
+def _decoy(root: Path) -> Path:
+    return root.parent / DECOY_NAME
+
+
+def _store_link(sub: str) -> Callable[[Path], None]:
+    """Replace the store's `sub` (a folder path such as tmp or objects/ab) by a symlink to the decoy folder."""
+    def edit(root: Path) -> None:
+        path = root / STORE / sub
+        if path.is_dir():
+            shutil.rmtree(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(_decoy(root), target_is_directory=True)
+    return edit
+
+
+def _first_object_folder(root: Path) -> str:
+    return "objects/" + sorted(p.name for p in (root / STORE / "objects").iterdir())[0]
+
+
+def _object_folder_link(root: Path) -> None:
+    _store_link(_first_object_folder(root))(root)
+
+
+def _engine_record_names_decoy(kind: str) -> Callable[[Path], None]:
+    """objects/<aa>/<S> made a symlink (or FIFO) to an outside file whose sha256 is S, and the fp32 rtx-ada engine's record
+    naming S: the bytes must never be read, let alone shipped."""
+    def edit(root: Path) -> None:
+        import hashlib
+
+        digest = hashlib.sha256(DECOY_BYTES).hexdigest()
+        path = root / STORE / "objects" / digest[:2] / digest
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "link":
+            path.symlink_to(_decoy(root) / "engine.bin")
+        else:
+            os.mkfifo(path)
+        key = json.loads((root / "trtflow.lock").read_text())["nodes"]["build:tiny/fp32/rtx-ada"]["key"]
+        record_path = root / STORE / "records" / key[:2] / f"{key}.json"
+        record = json.loads(record_path.read_text())
+        record["outputs"] = {name: digest for name in record["outputs"]}
+        record_path.unlink()
+        record_path.write_text(json.dumps(record))
+        shutil.rmtree(root / "artifacts" / "packages")
+        (root / "trtflow.lock").unlink()
+        shutil.rmtree(root / ".trtflow", ignore_errors=True)
+    return edit
+
+
+NOT_FOLLOWED = "never followed it"
+GC = ("cache", "gc", "--yes")
+for name, edit, args, code, fragment in [
+    ("store-corrupt-symlink-to-outside-under-gc", _store_link("corrupt"), GC, 0, NOT_FOLLOWED),
+    ("store-tmp-symlink-to-outside-under-gc", _store_link("tmp"), GC, 0, NOT_FOLLOWED),
+    ("store-exchange-symlink-to-outside-under-gc", _store_link("exchange"), GC, 0, NOT_FOLLOWED),
+    ("store-locks-symlink-to-outside-under-gc", _store_link("locks"), GC, 0, ""),
+    ("store-object-folder-symlink-under-verify", _object_folder_link, ("cache", "verify"), 1, NOT_FOLLOWED),
+    ("store-object-folder-symlink-under-gc", _object_folder_link, GC, 0, NOT_FOLLOWED),
+    ("store-records-symlink-to-outside-under-run", _store_link("records"), RUN, 0, NOT_FOLLOWED),
+    ("store-locks-symlink-to-outside-under-run", _store_link("locks"), ("run", "--force"), 0, NOT_FOLLOWED),
+    ("object-symlink-to-outside-file-with-its-digest", _engine_record_names_decoy("link"), RUN, 0, NOT_FOLLOWED),
+    ("object-symlink-to-outside-file-under-verify", _engine_record_names_decoy("link"), ("cache", "verify"), 1, NOT_FOLLOWED),
+    ("object-fifo-under-run", _engine_record_names_decoy("fifo"), RUN, 0, NOT_FOLLOWED),
+    ("object-fifo-under-verify", _engine_record_names_decoy("fifo"), ("cache", "verify"), 1, NOT_FOLLOWED),
+]:
+    add(name, "built", args, code, fragment, edit)
+
+
+def _trusting(edit: Callable[[Path], None]) -> Callable[[Path], None]:
+    """The remote project with `cache.trust` set to a fresh key, then `edit`."""
+    def apply(root: Path) -> None:
+        from trtflow.signing import generate_key_pair
+
+        (root / "keys").mkdir()
+        generate_key_pair(root / "keys" / "ci")
+        text = (root / "pipeline.yaml").read_text().replace("cache: {remote: ", "cache: {trust: [keys/ci.pub], remote: ")
+        (root / "pipeline.yaml").write_text(text)
+        edit(root)
+    return apply
+
+
+DEEP = b"[" * 200000 + b"]" * 200000
+for name, edit, fragment in [
+    ("remote-record-keyid-a-list", _trusting(_remote_record(_envelope(lambda e: e.update(signatures=[{"keyid": ["a"], "sig": ""}])))),
+     "signed by no trusted key"),
+    ("remote-record-keyid-an-object", _trusting(_remote_record(_envelope(lambda e: e.update(signatures=[{"keyid": {"a": 1}}])))),
+     "signed by no trusted key"),
+    ("remote-record-deep-json", _remote_record(_replace_with(DEEP)), "nested deeper than 64 levels"),
+    ("remote-record-deep-json-trusted", _trusting(_remote_record(_replace_with(DEEP))), "nested deeper than 64 levels"),
+]:
+    add(name, "remote", RUN, 0, fragment, edit)
+
+
+PROVENANCE = "artifacts/packages/tiny.intoto.jsonl"
+SIGNED_PROVISION = PROVISION + ("--require-signature", "--trust", "{root}/keys/ci.pub")
+
+
+def _with_key(edit: Callable[[Path], None]) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        from trtflow.signing import generate_key_pair
+
+        (root / "keys").mkdir()
+        generate_key_pair(root / "keys" / "ci")
+        edit(root)
+    return apply
+
+
+def _provenance_envelope(signatures: list) -> Callable[[Path], None]:
+    envelope = {"payloadType": "application/vnd.in-toto+json", "payload": base64.b64encode(b"{}").decode(), "signatures": signatures}
+    return write(PROVENANCE, json.dumps(envelope) + "\n")
+
+
+for name, edit, fragment in [
+    ("provenance-deep-json", _with_key(write(PROVENANCE, DEEP + b"\n")), "nested deeper than 64 levels"),
+    ("provenance-keyid-an-object", _with_key(_provenance_envelope([{"keyid": {"a": 1}, "sig": ""}])), "signed by no trusted key"),
+    ("provenance-keyid-a-list", _with_key(_provenance_envelope([{"keyid": ["a"], "sig": ""}])), "signed by no trusted key"),
+]:
+    add(name, "built", SIGNED_PROVISION, 3, fragment, edit)
+
+
+def _dims(value: int) -> Callable[[dict], None]:
+    def edit(manifest: dict) -> None:
+        for engine in manifest["engines"]:
+            engine["backend"] = "tensorrt"  # Triton refuses TensorRT-RTX engines before it reads their shapes
+            engine["tensors"][0]["shape"][0] = value
+    return edit
+
+
+TRITON = ("export", "triton", "{root}/" + PACKAGE, "--repo", "{root}/triton")
+ORT = ("export", "ort-context", "{root}/" + PACKAGE, "--dest", "{root}/ort")
+NOT_MANIFEST = "not a trtflow manifest"
+for name, edit, args, fragment in [
+    ("export-triton-dimension-beyond-int64", _manifest(_dims(10 ** 30)), TRITON, NOT_MANIFEST),
+    ("export-ort-context-dimension-beyond-int64", _manifest(_dims(10 ** 30)), ORT, NOT_MANIFEST),
+    ("export-triton-compute-capability-sm_9x", _manifest(_engine_field("compute_capabilities", ["sm_9x"])), TRITON, NOT_MANIFEST),
+    ("export-ort-context-compute-capability-sm_9x", _manifest(_engine_field("compute_capabilities", ["sm_9x"])), ORT, NOT_MANIFEST),
+    ("export-triton-target-traversal", _manifest(_engine_field("target", "../../../../../decoy/evil")), TRITON, NOT_MANIFEST),
+    ("export-ort-context-target-traversal", _manifest(_engine_field("target", "../../../../../decoy/evil")), ORT, NOT_MANIFEST),
+    ("provision-target-traversal", _manifest(_engine_field("target", "../../../../../decoy/evil")), PROVISION, NOT_MANIFEST),
+]:
+    add(name, "built", args, 3, fragment, edit)
+
+
+def _destination_link(relative: str) -> Callable[[Path], None]:
+    """A symlink to the decoy (folder, or its file) where an export, publish or provision writes."""
+    def edit(root: Path) -> None:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = _decoy(root) / "engine.bin" if relative.endswith((".engine", ".json", ".plan", ".onnx", ".pbtxt")) else _decoy(root)
+        path.symlink_to(target)
+    return edit
+
+
+def _version_folder_link(root: Path) -> None:
+    sha = json.loads((root / PACKAGE / "manifest.json").read_text())["engines"][1]["sha256"]
+    _destination_link(f"dest/tiny/{sha}")(root)
+
+
+PUBLISH = ("publish", "{root}/" + PACKAGE, "file://{root}/published")
+LINKED = "is a symlink; refusing to write through it"
+for name, edit, args, code, fragment in [
+    ("publish-engine-name-is-a-symlink", _destination_link("published/engines/rtx-ada/tiny-fp32.engine"), PUBLISH, 3, LINKED),
+    ("publish-engines-folder-is-a-symlink", _destination_link("published/engines"), PUBLISH, 3, LINKED),
+    ("publish-manifest-is-a-symlink", _destination_link("published/manifest.json"), PUBLISH, 3, LINKED),
+    ("export-ort-context-output-is-a-symlink", _destination_link("ort/tiny-rtx-ada-fp32_ctx.onnx"), ORT, 3, LINKED),
+    ("export-ort-context-engine-is-a-symlink", _destination_link("ort/tiny-rtx-ada-fp32.engine"), ORT, 3, LINKED),
+    ("provision-recipe-folder-is-a-symlink", _destination_link("dest/tiny"), PROVISION, 3, "refusing to install through it"),
+    ("provision-version-folder-is-a-symlink", _version_folder_link, PROVISION, 0, "installed"),
+]:
+    add(name, "built", args, code, fragment, edit)
+
+
+def _triton_link(relative: str) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        _manifest(lambda m: [e.update(backend="tensorrt") for e in m["engines"]])(root)
+        _destination_link(relative)(root)
+    return apply
+
+
+for name, relative in [("export-triton-model-folder-is-a-symlink", "triton/tiny"),
+                       ("export-triton-version-folder-is-a-symlink", "triton/tiny/1"),
+                       ("export-triton-config-is-a-symlink", "triton/tiny/config.pbtxt")]:
+    add(name, "built", TRITON, 3, LINKED, _triton_link(relative))
+
+add("pipeline-endpoint-url-with-credentials", "fresh", VALIDATE, 3, "options.endpoint_url: credentials do not belong",
+    write("pipeline.yaml", PIPELINE + "cache: {remote: 's3://b/p', options: {endpoint_url: 'https://user:pw@minio:9000'}}\n"))
+
+
 # the runner --------------------------------------------------------------------------------------------------------
 
 SENTINEL_NAME = "sentinel.txt"
@@ -625,6 +819,7 @@ def test_hostile_input(name: str, bases: dict[str, Path], tmp_path: Path) -> Non
     root = project_for(spec.base, bases, tmp_path)
     sentinel = tmp_path / "case" / SENTINEL_NAME
     sentinel.write_text("must survive")
+    decoy = make_decoy(tmp_path / "case" / DECOY_NAME)
     spec.edit(root)
     result = trtflow(root, *(arg.format(root=root) for arg in spec.args))
     shown = f"{name}: exit {result.code}\nstdout: {result.out[-2000:]}\nstderr: {result.err[-2000:]}"
@@ -637,4 +832,24 @@ def test_hostile_input(name: str, bases: dict[str, Path], tmp_path: Path) -> Non
         assert spec.fragment in result.out + result.err, shown
     assert sentinel.read_text() == "must survive", shown
     assert not list(tmp_path.glob("case/pwned*")) and not (root / "pwned").exists()
+    assert tree(decoy) == DECOY_TREE, shown  # nothing outside changed, moved or was added
+    shipped = [p for p in (root / "artifacts").rglob("*") if p.is_file() and not p.is_symlink() and DECOY_BYTES in p.read_bytes()]
+    assert not [p for p in shipped if "store" not in p.relative_to(root).parts[:2]], shown  # no outside bytes were packaged
+
+
+DECOY_TREE = {"engine.bin": DECOY_BYTES, "notes.txt": b"must survive", "nested/deeper/file.txt": b"must survive too",
+              ".hidden": b"hidden"}
+
+
+def make_decoy(folder: Path) -> Path:
+    """A folder outside the project holding DECOY_TREE (a file whose sha256 a hostile record names, nested folders)."""
+    for relative, data in DECOY_TREE.items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_bytes(data)
+    return folder
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every regular file under `folder` by relative path, with its bytes (links are not followed)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
 

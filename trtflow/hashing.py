@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, MutableMapping, Optional
+from typing import Any, BinaryIO, Callable, MutableMapping, Optional
 
 from trtflow.runmemo import note_path
 
@@ -47,6 +47,14 @@ def sha256_file(path: Path) -> str:
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(CHUNK), b""):
             digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_handle(handle: BinaryIO) -> str:
+    """sha256 of what is left to read of an open binary file (opened no-follow by the caller, see util.fs)."""
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: handle.read(CHUNK), b""):
+        digest.update(chunk)
     return digest.hexdigest()
 
 

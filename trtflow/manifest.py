@@ -7,9 +7,10 @@ the same inputs must give a byte-identical manifest (and package).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
+
 
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
 
@@ -20,6 +21,13 @@ MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 
 
+# Names that become file names (a target's plan file, an engine's folder) and numbers that become shapes are bounded
+# by the schema, so an edited manifest is refused in one line before any of it is used.
+TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
+ComputeCapabilityName = Annotated[str, Field(pattern=r"^sm_[0-9]{2,3}$")]
+Dimension = Annotated[int, Field(ge=-1, le=(1 << 63) - 1)]  # -1: dynamic; beyond int64 no runtime has a shape
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -27,9 +35,9 @@ class _Model(BaseModel):
 class ProfileShape(_Model):
     """A tensor's min, opt and max shape in one optimization profile."""
 
-    min: list[int]
-    opt: list[int]
-    max: list[int]
+    min: list[Dimension]
+    opt: list[Dimension]
+    max: list[Dimension]
 
 
 class Tensor(_Model):
@@ -38,7 +46,7 @@ class Tensor(_Model):
     name: str
     mode: Literal["input", "output"]
     dtype: str
-    shape: list[int]
+    shape: list[Dimension]
     profiles: list[ProfileShape] = []
 
 
@@ -147,8 +155,8 @@ class Engine(_Model):
     size: int = Field(ge=0)
     precision: str
     calibration: Optional[Calibration] = None  # int8/fp8 only
-    target: str
-    compute_capabilities: list[str]
+    target: TargetName
+    compute_capabilities: list[ComputeCapabilityName]
     backend: str
     backend_version: str
     hardware_compatibility: str

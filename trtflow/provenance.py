@@ -19,6 +19,8 @@ from trtflow import __version__
 from trtflow.errors import TrtflowError
 from trtflow.manifest import MANIFEST_FILE
 from trtflow.signing import STATEMENT_TYPE, SignatureRejected, Signer, TrustedKeys, envelope_of
+from trtflow.util.fs import read_regular
+from trtflow.util.jsondata import BoundExceeded, loads_bounded
 
 STATEMENT = "https://in-toto.io/Statement/v1"
 PREDICATE = "https://slsa.dev/provenance/v1"
@@ -76,7 +78,9 @@ def envelope_line(statement_: dict, signer: Optional[Signer]) -> bytes:
 def check(path: Path, trust: TrustedKeys, recipe: str, manifest_sha256: str, archive_sha256: Optional[str]) -> tuple[dict, str]:
     """(the verified statement of a package, the id of the key that signed it), or UntrustedPackage naming what is wrong."""
     statement_, keyid = _open(path, trust)
-    digests = {s.get("name"): (s.get("digest") or {}).get("sha256") for s in statement_.get("subject", []) if isinstance(s, dict)}
+    subjects = statement_.get("subject") if isinstance(statement_.get("subject"), list) else []
+    digests = {s["name"]: s["digest"].get("sha256") for s in subjects
+               if isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("digest"), dict)}
     if digests.get(f"{recipe}/{MANIFEST_FILE}") != manifest_sha256:
         raise UntrustedPackage(f"{path}: the signed provenance does not cover this {MANIFEST_FILE} (it was changed or "
                                "belongs to another package)")
@@ -92,11 +96,12 @@ def _open(path: Path, trust: TrustedKeys) -> tuple[dict, str]:
             raise UntrustedPackage(f"{path}: no provenance beside the package (--require-signature); fetch {path.name} with it")
         if path.stat().st_size > MAX_BYTES:
             raise UntrustedPackage(f"{path}: over {MAX_BYTES >> 20} MiB: not a provenance file")
-        envelope = json.loads(path.read_bytes().splitlines()[0])
+        envelope = loads_bounded(read_regular(path, MAX_BYTES + 1).splitlines()[0], MAX_BYTES)
         body, keyid = trust.open(envelope, STATEMENT_TYPE)
-        statement_: Any = json.loads(body)
+        statement_: Any = loads_bounded(body, MAX_BYTES)
     except (OSError, ValueError, IndexError) as exc:
-        raise UntrustedPackage(f"{path}: not a provenance file ({type(exc).__name__})") from None
+        why = str(exc) if isinstance(exc, BoundExceeded) else type(exc).__name__
+        raise UntrustedPackage(f"{path}: not a provenance file ({why})") from None
     except SignatureRejected as exc:
         raise UntrustedPackage(f"{path}: the provenance is refused: {exc}") from None
     if not isinstance(statement_, dict) or statement_.get("_type") != STATEMENT or statement_.get("predicateType") != PREDICATE:

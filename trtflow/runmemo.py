@@ -160,7 +160,9 @@ def memo_path(project_dir: Path) -> Path:
 
 
 def remembered_nodes(project_dir: Path) -> Optional[list[dict]]:
-    """The `--json` node entries of the last no-op, if nothing it read has changed since; None otherwise."""
+    """The `--json` node entries of the last no-op, if nothing it read has changed since; None otherwise.
+
+    A remembered no-op still removes the work folders of dead runs (runs_died_in), as any run does."""
     try:
         with open(memo_path(project_dir), "rb") as stream:
             memo = json.loads(stream.read(MEMO_MAX_BYTES))
@@ -172,13 +174,26 @@ def remembered_nodes(project_dir: Path) -> Optional[list[dict]]:
     nodes = memo["nodes"]
     if now is None or now != memo.get("fingerprint") or not all(isinstance(n, dict) and _NODE_FIELDS <= n.keys() for n in nodes):
         return None
+    if isinstance(memo.get("store"), str) and runs_died_in(Path(memo["store"])):
+        from trtflow.store.locks import sweep_dead_runs_locked  # only then: the store's modules cost a no-op 10 ms
+
+        sweep_dead_runs_locked(Path(memo["store"]))
     return nodes
+
+
+def runs_died_in(store: Path) -> bool:
+    """Whether the store's tmp/ holds a run's work folder at all (one listing; which are dead is for the store)."""
+    try:
+        with os.scandir(store / "tmp") as entries:
+            return any(entry.name.startswith("run-") for entry in entries)
+    except OSError:
+        return False
 
 
 _NODE_FIELDS = {"id", "kind", "recipe", "key"}
 
 
-def remember(project_dir: Path, reads: Reads, nodes: list[dict], started_ns: int) -> None:
+def remember(project_dir: Path, reads: Reads, nodes: list[dict], started_ns: int, store: Optional[Path] = None) -> None:
     """Write the memo of a no-op run that started at `started_ns` (not when something it read was touched since
     shortly before then: the run may have read an older version). Never fails the run."""
     paths = sorted(reads.paths | set(own_code()))
@@ -189,7 +204,8 @@ def remember(project_dir: Path, reads: Reads, nodes: list[dict], started_ns: int
     if now is None:
         forget(project_dir)
         return
-    memo = {"format": FORMAT, "fingerprint": now, "paths": paths, "globs": reads.globs, "versions": reads.versions, "nodes": nodes}
+    memo = {"format": FORMAT, "fingerprint": now, "paths": paths, "globs": reads.globs, "versions": reads.versions, "nodes": nodes,
+            "store": str(store) if store is not None else None}
     text = json.dumps(memo, sort_keys=True)
     path = memo_path(project_dir)
     with contextlib.suppress(OSError):

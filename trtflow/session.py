@@ -106,7 +106,7 @@ class Session:
         expected = self.frozen_keys() if options.frozen else None
         self.signer = signer_from_environment()
         remote = self._remote(options)
-        lease = LazyLease(self.store.root) if self.store is not None else None
+        lease = LazyLease(self.store.root, self.store.notes) if self.store is not None else None
         executor: Optional["Executor"] = None
         try:
             if options.retry_failed:
@@ -130,7 +130,7 @@ class Session:
                                 runs_died=True if lease.swept else None)
             if self.store is None:
                 self._create_store()
-                lease = LazyLease(self.store.root)
+                lease = LazyLease(self.store.root, self.store.notes)
                 lease.tmp()
             placement = Placement(self.store, self.project.packages_dir, self.resolver.digests, self.signer)
             runner = Runner(self.dag, self.store, self.resolver, placement, options, executor, listener, expected,

@@ -88,7 +88,7 @@ class TrustedKeys:
         for entry in signatures:
             keyid = entry.get("keyid") if isinstance(entry, dict) else None
             named.append(str(keyid)[:16])
-            if keyid not in self.keys:
+            if not isinstance(keyid, str) or keyid not in self.keys:  # a list or an object is no key id
                 continue
             try:
                 self.keys[keyid].verify(_b64(entry.get("sig")), pae(payload_type, body))

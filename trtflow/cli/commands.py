@@ -127,7 +127,7 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_fa
     if states is None:
         return  # a dry run: printed already
     if whole_project and session.remembers_no_op(states):
-        runmemo.remember(session.project.root, reads, [s.to_json() for s in states], started_ns)
+        runmemo.remember(session.project.root, reads, [s.to_json() for s in states], started_ns, session.project.store_dir)
     elif any(s.status != CACHED for s in states):
         runmemo.forget(session.project.root)
     output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings, repro=session.repro,

@@ -25,7 +25,7 @@ from typing import BinaryIO, Callable
 from filelock import FileLock
 
 from trtflow.errors import TrtflowError
-from trtflow.util.fs import fsync_dir
+from trtflow.util.fs import fsync_dir, real_dir, remove_nofollow
 
 CURRENT = "current"
 RECORD = "provision.json"
@@ -53,7 +53,8 @@ def install(dest: Path, recipe: str, sha256: str, size: int, copy: Callable[[Bin
     folder = dest / recipe
     created = _make_folder(dest, folder)
     try:
-        with FileLock(str(folder / ".lock")):
+        with FileLock(str(_lock_file(folder))):
+            _sweep_incoming(folder)  # provisions of a recipe take turns: what a killed one left is nobody's now
             action = "unchanged" if _current(folder) == sha256 and _complete(folder / sha256, recipe, size) else None
             if action is None and _complete(folder / sha256, recipe, size):
                 action = "switched"
@@ -72,7 +73,9 @@ def install(dest: Path, recipe: str, sha256: str, size: int, copy: Callable[[Bin
 
 
 def _make_folder(dest: Path, folder: Path) -> list[Path]:
-    """mkdir -p the recipe's folder; the folders it made (to take back if nothing lands)."""
+    """mkdir -p the recipe's folder; the folders it made (to take back if nothing lands). A link there is refused."""
+    if folder.is_symlink():
+        raise BadDestination(f"--dest {dest}: {folder} is a symlink; refusing to install through it (remove it)")
     made = [p for p in (folder, dest) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +105,7 @@ def _current(folder: Path) -> str | None:
 def _complete(version: Path, recipe: str, size: int) -> bool:
     """The version folder holds the engine at its recorded size and its record (it was renamed into place whole)."""
     engine = version / f"{recipe}.engine"
-    return engine.is_file() and not engine.is_symlink() and engine.stat().st_size == size and (version / RECORD).is_file()
+    return real_dir(version) and engine.is_file() and not engine.is_symlink() and engine.stat().st_size == size and (version / RECORD).is_file()
 
 
 def _fill(folder: Path, recipe: str, sha256: str, copy: Callable[[BinaryIO], None], record: dict) -> None:
@@ -120,12 +123,27 @@ def _fill(folder: Path, recipe: str, sha256: str, copy: Callable[[BinaryIO], Non
             os.fsync(sink.fileno())
         fsync_dir(incoming)
         target = folder / sha256
-        if target.exists():  # an incomplete leftover of an interrupted install: replace it
-            shutil.rmtree(target)
+        if os.path.lexists(target):  # an incomplete leftover of an interrupted install, or a link: replace it
+            remove_nofollow(target)
         os.rename(incoming, target)
         fsync_dir(folder)
     finally:
         shutil.rmtree(incoming, ignore_errors=True)
+
+
+def _lock_file(folder: Path) -> Path:
+    """The recipe's lock file; a link or anything but a regular file in its place is removed (never written through)."""
+    path = folder / ".lock"
+    if os.path.lexists(path) and not path.is_file() or path.is_symlink():
+        remove_nofollow(path)
+    return path
+
+
+def _sweep_incoming(folder: Path) -> None:
+    """Remove the `.incoming-*` folders and `.current-*` links of provisions that were killed (call with the lock)."""
+    for path in folder.iterdir():
+        if path.name.startswith((".incoming-", ".current-")):
+            remove_nofollow(path)
 
 
 def _point_current(folder: Path, sha256: str) -> None:

@@ -27,7 +27,7 @@ from trtflow.deploy.triton import CannotExport
 from trtflow.manifest import Engine, Tensor
 from trtflow.provision import SAFE_NAME, Package, copy_verified
 from trtflow.util.cc import ComputeCapability
-from trtflow.util.fs import atomic_write, atomic_writer
+from trtflow.util.fs import atomic_write, atomic_writer, first_link
 
 SOURCES = {"tensorrt-rtx": "NvTensorRTRTXExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 ONNX_TYPES = {"float32": "FLOAT", "float16": "FLOAT16", "bfloat16": "BFLOAT16", "int8": "INT8", "int32": "INT32", "int64": "INT64",
@@ -91,6 +91,10 @@ def export_ort_context(package: Package, dest: Path, embed: bool = False) -> lis
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CannotExport(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from None
+    outputs = [dest / f"{_stem(package, e)}{suffix}" for e in package.manifest.engines for suffix in (".engine", "_ctx.onnx")]
+    link = first_link(outputs)
+    if link is not None:
+        raise CannotExport(f"--dest {dest}: {link} is a symlink; refusing to write through it (remove it)")
     return [_export_one(package, engine, dest, embed) for engine in package.manifest.engines]
 
 

@@ -114,6 +114,7 @@ class RemoteFolder:
     def put(self, source: Path | bytes, relative: str) -> int:
         """Write one file at the URL (a single PUT on object stores); its size."""
         target = f"{self._base}/{relative}"
+        self._refuse_links(relative)
         try:
             parent = target.rsplit("/", 1)[0]
             if "file" in protocols(self._fs):
@@ -125,6 +126,18 @@ class RemoteFolder:
             return source.stat().st_size
         except Exception as exc:
             raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None
+
+
+    def _refuse_links(self, relative: str) -> None:
+        """In a local folder, a symlink on the way to a file to write (`engines` -> elsewhere, a link named like an
+        engine) is refused: publishing never writes through one."""
+        if "file" not in protocols(self._fs):
+            return
+        path = Path(self._base)
+        for part in PurePosixPath(relative).parts:
+            path = path / part
+            if path.is_symlink():
+                raise NotPublishable(f"{self.where(relative)}: {path} is a symlink; refusing to write through it (remove it)")
 
 
 class _Counted:

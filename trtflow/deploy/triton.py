@@ -31,7 +31,7 @@ from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.manifest import Engine, Tensor
 from trtflow.provision import SAFE_NAME, Package, copy_verified
 from trtflow.util.cc import ComputeCapability
-from trtflow.util.fs import atomic_write, fsync_dir
+from trtflow.util.fs import atomic_write, first_link, fsync_dir
 
 TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "int8": "TYPE_INT8", "int32": "TYPE_INT32",
                 "int64": "TYPE_INT64", "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8"}
@@ -177,6 +177,9 @@ def export_triton(packages: list[Package], repo: Path, name: Optional[str], vers
     if text_format.Parse(text, type(config)()) != config:  # Triton's schema must read back exactly what was written
         raise CannotExport(f"model {name}: the written config.pbtxt does not read back as the same configuration")
     model = repo / name
+    link = first_link([model, model / str(version), model / "config.pbtxt"])
+    if link is not None:
+        raise CannotExport(f"--repo {repo}: {link} is a symlink; refusing to write through it (remove it)")
     _write_version(model, version, plans)
     atomic_write(model / "config.pbtxt", text)
     return {"model": str(model), "version": version, "config": str(model / "config.pbtxt"), "max_batch_size": config.max_batch_size,

@@ -9,12 +9,13 @@ The local process pool (executors.local) is the default; a distributed executor 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import dataclasses
 import os
 import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from trtflow.errors import StageError, TrtflowError
 from trtflow.stages import stage_module
@@ -54,6 +55,27 @@ class StageResult:
         timeout, a missing package or a full disk say nothing about the stage's inputs and are never recorded.
         """
         return cls(error=message, exit_code=exit_code, detail=detail, errno=errno, node=node, deterministic=deterministic)
+
+    def to_json(self) -> dict:
+        """The result as JSON-ready data: how it travels back from a worker process (never pickled)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional["StageResult"]:
+        """The result a worker wrote as JSON, or None if it is not one (every field's type checked)."""
+        if not isinstance(data, dict) or set(data) - RESULT_TYPES.keys():
+            return None
+        if not all(isinstance(data.get(name), types) for name, types in RESULT_TYPES.items()):
+            return None
+        files = data.get("files")
+        if files is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            return None
+        return cls(**data)
+
+
+RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "files": (dict, type(None)), "record": (dict, type(None)), "error": (str, type(None)), "exit_code": (int,),
+    "errno": (int, type(None)), "detail": (str,), "node": (dict, type(None)), "deterministic": (bool,)}
 
 
 class Executor(Protocol):

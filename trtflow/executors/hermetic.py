@@ -18,6 +18,7 @@ import ctypes
 import dataclasses
 import itertools
 import os
+import json
 import pickle
 import shutil
 import signal
@@ -30,11 +31,15 @@ from typing import Any, Iterator, NamedTuple, Optional
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
 from trtflow.stages.modelfile import FILE_NAMES
+from trtflow.util.fs import NotRegular, check_private, private_dir, read_private
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 ADDR_NO_RANDOMIZE = 0x0040000
-TASK_FILE, RESULT_FILE = ".hermetic-task.pickle", ".hermetic-result.pickle"
+# The task travels to the child pickled (the parent wrote it, in a 0700 folder of its own: the slot, or a private
+# folder for isolated workers); the result comes back as JSON, never unpickled, through the same private folder.
+TASK_FILE, RESULT_FILE = ".hermetic-task.pickle", ".hermetic-result.json"
+RESULT_MAX_BYTES = 64 << 20
 
 
 def unavailable_reason() -> Optional[str]:
@@ -155,8 +160,11 @@ def _free_slot() -> Iterator[Path]:
 
     root = Path("/tmp") / f"trtflow-hermetic-{os.getuid()}"
     root.mkdir(mode=0o700, exist_ok=True)
-    if root.is_symlink() or root.stat().st_uid != os.getuid():
-        raise EnvironmentProblem(f"{root} is not a folder of this user's: remove it (hermetic build workers run there)")
+    try:
+        check_private(root)
+    except NotRegular:
+        raise EnvironmentProblem(f"{root} is not a private (0700) folder of this user's: remove it (hermetic build "
+                                 "workers run there)") from None
     for number in itertools.count():
         lock = FileLock(str(root / f"{number}.lock"))
         try:
@@ -166,7 +174,7 @@ def _free_slot() -> Iterator[Path]:
         slot = root / str(number)
         try:
             shutil.rmtree(slot, ignore_errors=True)
-            slot.mkdir()
+            slot.mkdir(mode=0o700)
             yield slot
         finally:
             shutil.rmtree(slot, ignore_errors=True)
@@ -194,7 +202,7 @@ def _task_in_slot(task: StageTask, slot: Path) -> StageTask:
 
 def _go(task: StageTask, slot: Path, process: subprocess.Popen) -> StageResult:
     """Hand the task to a warm worker waiting in `slot` and read back its result."""
-    (slot / TASK_FILE).write_bytes(pickle.dumps(task))
+    _write_task(slot / TASK_FILE, task)
     _, stderr = process.communicate("go\n")
     return _worker_result(task, slot, process.returncode, stderr)
 
@@ -202,25 +210,42 @@ def _go(task: StageTask, slot: Path, process: subprocess.Popen) -> StageResult:
 def run_isolated(task: StageTask) -> StageResult:
     """Run one task in a fresh ordinary process (the user's environment, its own work dir): a stage that runs user
     code (a torch factory) cannot take the run down, and when it dies, the message says how and in what."""
-    return _run_worker(task, task.workdir, None, die_with_parent)
+    with private_dir("trtflow-worker-") as channel:  # not the work dir: the store's tmp/ is writable by others
+        return _run_worker(task, task.workdir, None, die_with_parent, channel)
 
 
-def _run_worker(task: StageTask, folder: Path, env: Optional[dict], prepare) -> StageResult:
-    """`python -m trtflow.executors.worker` on the pickled task in `folder`; its death becomes a one-line failure."""
-    (folder / TASK_FILE).write_bytes(pickle.dumps(task))
-    command = [sys.executable, "-m", "trtflow.executors.worker", TASK_FILE, RESULT_FILE]
+def _run_worker(task: StageTask, folder: Path, env: Optional[dict], prepare, channel: Optional[Path] = None) -> StageResult:
+    """`python -m trtflow.executors.worker` in `folder` on the task pickled in the private folder `channel` (the slot
+    itself if None); its death becomes a one-line failure."""
+    channel = channel or folder
+    _write_task(channel / TASK_FILE, task)
+    files = [TASK_FILE, RESULT_FILE] if channel == folder else [str(channel / TASK_FILE), str(channel / RESULT_FILE)]
+    command = [sys.executable, "-m", "trtflow.executors.worker", *files]
     done = subprocess.run(command, env=env, cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True, preexec_fn=prepare)
-    return _worker_result(task, folder, done.returncode, done.stderr)
+    return _worker_result(task, channel, done.returncode, done.stderr)
 
 
-def _worker_result(task: StageTask, folder: Path, code: int, stderr: str) -> StageResult:
-    """The pickled result a worker left in `folder`, or its death as a one-line failure."""
-    if code != 0 or not (folder / RESULT_FILE).is_file():
+def _write_task(path: Path, task: StageTask) -> None:
+    """Pickle the task for the child into a private folder this process made (checked: 0700, this user's, real)."""
+    check_private(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as sink:
+        sink.write(pickle.dumps(task))
+
+
+def _worker_result(task: StageTask, channel: Path, code: int, stderr: str) -> StageResult:
+    """The JSON result a worker left in the private folder `channel`, or its death as a one-line failure."""
+    try:
+        data = json.loads(read_private(channel / RESULT_FILE, RESULT_MAX_BYTES)) if code == 0 else None
+    except (OSError, ValueError, RecursionError):
+        data = None
+    result = StageResult.from_json(data) if data is not None else None
+    if result is None:
         factory = getattr(task.params, "factory", None)
         inside = f" in source.torch.factory {factory} or the exporter" if factory else ""
         return StageResult.failure(f"the worker process of {task.node_id} died{inside}: {_exit_description(code)}: "
                                    f"{_last_line(stderr)}", detail=stderr[-4000:])
-    return pickle.loads((folder / RESULT_FILE).read_bytes())
+    return result
 
 
 def _description(reason: Optional[str], settings: Settings) -> str:

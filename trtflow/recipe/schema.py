@@ -75,7 +75,8 @@ def _credential_keys(value: Any, path: str = "options") -> list[str]:
         return []
     found = []
     for key, item in value.items():
-        found += [f"{path}.{key}"] if CREDENTIAL_KEY.search(str(key)) else _credential_keys(item, f"{path}.{key}")
+        in_url = isinstance(item, str) and URL_USERINFO.match(item)  # endpoint_url: https://user:pass@host
+        found += [f"{path}.{key}"] if CREDENTIAL_KEY.search(str(key)) or in_url else _credential_keys(item, f"{path}.{key}")
     return found
 
 

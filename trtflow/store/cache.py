@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import stat
 import sqlite3
 import threading
 from pathlib import Path
@@ -93,6 +95,8 @@ class Cache:
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
+            if os.path.lexists(self.path) and not stat.S_ISREG(os.lstat(self.path).st_mode):
+                raise sqlite3.DatabaseError("it is not a regular file")  # a link is never opened: thrown away, anew
             db = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
             self._db = db
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "delete":  # a rollback journal: reading writes nothing

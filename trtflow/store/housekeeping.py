@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-from trtflow.hashing import sha256_file
-from trtflow.store.cache import remove_entry
+from trtflow.hashing import sha256_handle
+from trtflow.store.layout import entry_is_regular
 from trtflow.store.lockfile import LOCK_FILE, read_lock
 from trtflow.store.objects import DIGEST, Store
-from trtflow.store.locks import exclusive_store, holding, remove_free_lock_files, run_is_live
+from trtflow.store.locks import exclusive_store, file_lock, holding, remove_free_lock_files, run_is_live, sweep_dead_runs
+from trtflow.util.fs import NotRegular, open_regular, remove_nofollow, remove_under
 
 # ls ------------------------------------------------------------------------------------------
 def usage(store: Store, lock_keys: set[str]) -> dict:
@@ -52,7 +53,7 @@ def verify(store: Store, threads: Optional[int] = None) -> dict:
     """Re-hash every object whatever its remembered signature (bit rot keeps mtime); quarantine corrupt ones."""
     started = time.perf_counter()
     list(store.stage_records())  # sets malformed records aside (store.set_aside names them)
-    files = [p for p in store.object_files() if DIGEST.match(p.name) and p.parent.name == p.name[:2]]
+    files = _regular_objects(store)
     with futures.ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:  # hashlib releases the GIL
         checked = list(pool.map(_hash_with_inode, files))
     corrupt = _quarantine_corrupt(store, checked)
@@ -62,6 +63,19 @@ def verify(store: Store, threads: Optional[int] = None) -> dict:
     return {"store": str(store.root), "objects": len(files), "bytes": sum(size for _, _, size, _ in checked),
             "corrupt": corrupt, "missing": missing, "set_aside": list(store.set_aside), "leftovers": [str(p) for p in _leftovers(store)],
             "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _regular_objects(store: Store) -> list[Path]:
+    """The object files that are regular files; a link or a FIFO in an object's place is set aside, never read, and
+    counted with the malformed entries (verify then exits 1)."""
+    files = []
+    for path in store.object_files():
+        if DIGEST.match(path.name) and path.parent.name == path.name[:2]:
+            if entry_is_regular(store.root, path, store.notes):
+                files.append(path)
+            elif not path.exists():
+                store.set_aside.append(path.name)
+    return files
 
 
 def _quarantine_corrupt(store: Store, checked: list[tuple[Path, int, int, Optional[str]]]) -> list[dict]:
@@ -79,9 +93,10 @@ def _quarantine_corrupt(store: Store, checked: list[tuple[Path, int, int, Option
 def _hash_with_inode(path: Path) -> tuple[Path, int, int, Optional[str]]:
     """(path, inode, size, sha256); sha256 None if the file went away meanwhile."""
     try:
-        stat = path.stat()
-        return path, stat.st_ino, stat.st_size, sha256_file(path)
-    except FileNotFoundError:
+        with open_regular(path) as handle:  # no-follow, non-blocking: a link or FIFO swapped in is never read
+            stat = os.fstat(handle.fileno())
+            return path, stat.st_ino, stat.st_size, sha256_handle(handle)
+    except (FileNotFoundError, NotRegular):
         return path, 0, 0, None
 
 
@@ -118,9 +133,9 @@ def garbage(store: Store, keep: set[str]) -> dict:
     live = keep & set(records)
     kept_digests = {digest for key in live for digest in _objects_of(records[key]) if store.has_object(digest)}
     objects = [p for p in store.object_files() if p.name not in kept_digests]
-    tmp = [p for p in _children(store.tmp) if not run_is_live(store.root, p.name)] + list(store.stray_files())
-    corrupt = list(_children(store.corrupt))
-    tmp += list(_children(store.exchange))  # what distributed runs shipped: needed by no run once none is live
+    tmp = [p for p in store.entries("tmp") if not run_is_live(store.root, p.name)] + list(store.stray_files())
+    corrupt = list(store.entries("corrupt"))
+    tmp += list(store.entries("exchange"))  # what distributed runs shipped: needed by no run once none is live
     freed = {"objects": _sizes(objects), "corrupt": _sizes(corrupt), "tmp": _sizes(tmp)}
     return {"store": str(store.root), "records": sorted(set(records) - live), "kept_records": len(live),
             "kept_objects": len(kept_digests), "kept_bytes": sum(_file_size(store.object_path(d)) for d in kept_digests),
@@ -135,10 +150,10 @@ def collect_garbage(store: Store, keep: set[str]) -> dict:
         for key in plan["records"]:
             store.delete_stage_record(key)
         for path in map(Path, plan["objects"]):
-            path.unlink(missing_ok=True)
+            _remove(store, path)
             store.forget_object(path.name)
         for path in map(Path, plan["corrupt"] + plan["tmp"]):
-            remove_entry(path)
+            _remove(store, path)
         plan["lock_files"] = len(remove_free_lock_files(store.root))
         plan["stat_entries"] = store.forget_missing_files()
     return plan
@@ -174,13 +189,14 @@ def _recipe_of_leftover(name: str) -> Optional[str]:
 def _sweep_store_strays(store: Store, own_run: Optional[str]) -> list[Path]:
     """Temp files of killed writers under objects/, records/ and runs/, when no run but `own_run` is live."""
     with holding(store.locks / "gc.lock"):  # a run starting now waits: it cannot begin a write we would take for a stray
+        swept = sweep_dead_runs(store.root)  # a run that took no lease (a no-op) sweeps dead runs' folders too
         others = [p.name for p in _children(store.tmp) if p.name != own_run and run_is_live(store.root, p.name)]
         if others:
-            return []
+            return swept
         strays = list(_leftovers(store))
         for path in strays:
-            remove_entry(path)
-    return strays
+            _remove(store, path)
+    return strays + swept
 
 
 # sizes ---------------------------------------------------------------------------------------
@@ -194,19 +210,30 @@ def _leftovers(store: Store) -> Iterator[Path]:
     yield from store.stray_files()
 
 
+def _remove(store: Store, path: Path) -> None:
+    """Delete an entry gc reached in the store: by a dirfd walk from the store's root, links unlinked, never followed."""
+    remove_under(store.root, str(path.relative_to(store.root)))
+
+
 def _children(folder: Path) -> Iterator[Path]:
-    return iter(sorted(folder.iterdir())) if folder.is_dir() else iter(())
+    return iter(sorted(folder.iterdir())) if folder.is_dir() and not folder.is_symlink() else iter(())
 
 
 def _file_size(path: Path) -> int:
     try:
-        return path.stat().st_size
+        return path.lstat().st_size
     except FileNotFoundError:
         return 0
 
 
 def _tree_size(folder: Path) -> int:
-    return sum(_file_size(p) for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+    """Bytes of the regular files under a real folder (links are not followed, nor counted)."""
+    if not folder.is_dir() or folder.is_symlink():
+        return 0
+    total = 0
+    for top, _, names in os.walk(folder):  # os.walk does not descend into linked folders
+        total += sum(_file_size(Path(top, name)) for name in names if not os.path.islink(os.path.join(top, name)))
+    return total
 
 
 def _sizes(paths: Iterable[Path]) -> int:
@@ -221,20 +248,21 @@ def sweep_leftovers(store: Store, packages_dir: Path, project_root: Path, own_ru
     new runs wait meanwhile). `own_run`: the calling run's tmp dir name. Only a killed run leaves half-written files
     in the store, so they are looked for only if `runs_died` (None: if a dead run's tmp dir is there; listing every
     object on every no-op would cost 0.1 ms a stage). Returns what was removed."""
-    died = runs_died if runs_died is not None else any(not run_is_live(store.root, p.name) for p in store.tmp.glob("run-*"))
+    died = runs_died if runs_died is not None else any(p.name.startswith("run-") and not run_is_live(store.root, p.name)
+                                                                for p in store.entries("tmp"))
     removed = _sweep_store_strays(store, own_run) if died else []
-    from filelock import FileLock, Timeout
+    from filelock import Timeout
 
     candidates = [(p, _recipe_of_leftover(p.name)) for p in _children(packages_dir) if _recipe_of_leftover(p.name)]
     candidates += [(p, None) for p in project_root.glob(".trtflow.lock.*.tmp")]
     for path, recipe in candidates:
-        lock = FileLock(str(store.locks / (f"package-{recipe}.lock" if recipe else "trtflow-lock.lock")))
+        lock = file_lock(store.locks / (f"package-{recipe}.lock" if recipe else "trtflow-lock.lock"))
         try:
             lock.acquire(timeout=0)
         except Timeout:
             continue  # a live run is placing it now
         try:
-            remove_entry(path)
+            remove_nofollow(path)
             removed.append(path)
         finally:
             lock.release()

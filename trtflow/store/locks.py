@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from trtflow.errors import TrtflowError
+from trtflow.store.layout import folder, real_folder
 from trtflow.store.objects import WRITE_ERRNOS, write_failure
+from trtflow.util.fs import remove_under
 
 
 class StoreBusy(TrtflowError):
@@ -30,9 +32,15 @@ class StoreBusy(TrtflowError):
     exit_code = 6
 
 
-def _file_lock(path: Path) -> Any:
+def file_lock(path: Path) -> Any:
+    """A FileLock on `path` in a real locks folder; a symlink or a FIFO in the lock file's place is unlinked first
+    (the lock opens its file with O_CREAT and would write through a link)."""
     from filelock import FileLock
 
+    folder(path.parent.parent, path.parent.name)
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
     return FileLock(str(path), thread_local=False)
 
 
@@ -50,8 +58,7 @@ def _try_acquire(lock: Any) -> bool:
 @contextlib.contextmanager
 def holding(path: Path) -> Iterator[None]:
     """Hold the lock at `path` (waiting for it) for the duration of a short read-modify-write."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = _file_lock(path)
+    lock = file_lock(path)
     lock.acquire()
     try:
         yield
@@ -65,13 +72,13 @@ class KeyLocks:
     def __init__(self, locks_dir: Path):
         self.dir = locks_dir
         self.held: dict[str, Any] = {}
-        locks_dir.mkdir(parents=True, exist_ok=True)
+        folder(locks_dir.parent, locks_dir.name)
 
     def claim(self, key: str) -> bool:
         """True if this run now holds `key`'s lock; False if anyone holds it (this run included)."""
         if key in self.held:
             return False
-        lock = _file_lock(self.dir / f"{key}.lock")
+        lock = file_lock(self.dir / f"{key}.lock")
         if not _try_acquire(lock):
             return False
         self.held[key] = lock
@@ -92,17 +99,17 @@ class KeyLocks:
 class RunLease:
     """One run's claim on the store: a private tmp dir, and a lock that tells gc and sweepers it is alive."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, notes: Optional[list[str]] = None):
         self.root = root
         self.id = f"{os.getpid()}-{time.time_ns()}"
-        locks = root / "locks"
         try:
-            locks.mkdir(parents=True, exist_ok=True)
+            locks = folder(root, "locks", notes)  # a link in its place is set aside (and said) before any lock is taken
+            folder(root, "tmp", notes)
             with holding(locks / "gc.lock"):  # waits while a gc is deleting
-                self._lock = _file_lock(locks / f"run-{self.id}.lock")
+                self._lock = file_lock(locks / f"run-{self.id}.lock")
                 self._lock.acquire()
-                self.tmp = root / "tmp" / f"run-{self.id}"
-                self.tmp.mkdir(parents=True)
+                self.tmp = folder(root, "tmp") / f"run-{self.id}"
+                self.tmp.mkdir()
         except OSError as exc:
             if exc.errno not in WRITE_ERRNOS:
                 raise
@@ -111,15 +118,15 @@ class RunLease:
 
     def close(self) -> None:
         """Remove the work dirs, then the lock file."""
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_under(self.root, f"tmp/{self.tmp.name}")
         _unlink_and_release(self._lock)
 
 
 class LazyLease:
     """A RunLease taken on first use: a run that finds everything cached writes nothing under the store."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: Path, notes: Optional[list[str]] = None):
+        self.root, self.notes = root, notes
         self._lease: Optional[RunLease] = None
 
     @property
@@ -135,7 +142,7 @@ class LazyLease:
     def tmp(self) -> Path:
         """The lease's tmp dir, taking the lease now if it was not taken yet."""
         if self._lease is None:
-            self._lease = RunLease(self.root)
+            self._lease = RunLease(self.root, self.notes)
         return self._lease.tmp
 
     def close(self) -> None:
@@ -146,7 +153,7 @@ class LazyLease:
 
 def _dead(lock_path: Path) -> Optional[Any]:
     """The acquired lock if nobody holds `lock_path` (its run is dead or finished), else None."""
-    lock = _file_lock(lock_path)
+    lock = file_lock(lock_path)
     return lock if _try_acquire(lock) else None
 
 
@@ -154,13 +161,19 @@ def sweep_dead_runs(root: Path) -> list[Path]:
     """Remove tmp/run-<id>/ of every run whose lock is free (a crashed run); returns what was removed."""
     removed = []
     tmp = root / "tmp"
-    for folder in sorted(tmp.glob("run-*")) if tmp.is_dir() else []:
-        lock = _dead(root / "locks" / f"{folder.name}.lock")
+    for work in sorted(tmp.glob("run-*")) if real_folder(root, "tmp") else []:
+        lock = _dead(root / "locks" / f"{work.name}.lock")
         if lock is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_under(root, f"tmp/{work.name}")  # a dirfd walk: a link in tmp/ is unlinked, never followed
             _unlink_and_release(lock)
-            removed.append(folder)
+            removed.append(work)
     return removed
+
+
+def sweep_dead_runs_locked(root: Path) -> list[Path]:
+    """sweep_dead_runs with gc's lock held (no run starts meanwhile): what a run that did no work of its own calls."""
+    with holding(root / "locks" / "gc.lock"):
+        return sweep_dead_runs(root)
 
 
 def _unlink_and_release(lock: Any) -> None:
@@ -173,9 +186,8 @@ def _unlink_and_release(lock: Any) -> None:
 @contextlib.contextmanager
 def exclusive_store(root: Path) -> Iterator[None]:
     """For gc: while held no run can start, and it is refused (StoreBusy) while any run is alive."""
-    locks = root / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    gate = _file_lock(locks / "gc.lock")
+    locks = folder(root, "locks")
+    gate = file_lock(locks / "gc.lock")
     if not _try_acquire(gate):
         raise StoreBusy(f"another `trtflow cache gc` is using the store {root}; try again when it finishes")
     try:
@@ -199,7 +211,7 @@ def remove_free_lock_files(root: Path) -> list[Path]:
     """Delete the key lock files nobody holds (gc, under `exclusive_store` only); returns them."""
     locks = root / "locks"
     found = []
-    for path in sorted(locks.glob("*.lock")) if locks.is_dir() else []:
+    for path in sorted(locks.glob("*.lock")) if real_folder(root, "locks") else []:
         if path.name != "gc.lock" and not path.name.startswith("run-") and _release_if_dead(path):
             found.append(path)
     return found

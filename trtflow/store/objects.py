@@ -37,11 +37,13 @@ from pathlib import Path
 from typing import Any, Iterator, MutableMapping, Optional
 
 from trtflow.errors import EnvironmentProblem, InternalError, TrtflowError
-from trtflow.hashing import FileDigests, file_signature, sha256_file, stage_key
+from trtflow.hashing import FileDigests, file_signature, sha256_handle, stage_key
 from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
 from trtflow.util.faults import crash_point
-from trtflow.util.fs import atomic_write, fsync_dir, fsync_file
+from trtflow.store.layout import SUBFOLDERS, entry_is_regular, folder, real_folder, set_aside
+from trtflow.util.jsondata import BoundExceeded, loads_bounded
+from trtflow.util.fs import NotRegular, atomic_write, fsync_dir, fsync_file, open_regular, read_regular
 from trtflow.runmemo import note_path
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
@@ -116,19 +118,21 @@ class Store:
         self.exchange = root / EXCHANGE_DIR
         self.quarantined: list[str] = []  # digests moved to corrupt/ by this instance, for the run to report
         self.notes: list[str] = []  # records moved aside, legacy index imported: for the run to report
-        self.set_aside: list[str] = []  # file names of malformed records moved to corrupt/ by this instance
+        self.set_aside: list[str] = []  # malformed records, linked objects and folders moved to corrupt/ by this instance
         self._cache = Cache(root / CACHE_FILE)
         self._stat = _MemoryView(self._cache, "stat:")
 
     @classmethod
     def create(cls, root: Path) -> "Store":
         """Open the store at `root` for a run, creating its folders first (StoreWriteError if it cannot)."""
-        notes = []
+        notes: list[str] = []
         with cls._writing_to(root, ""):
-            for sub in ("objects", "records", "runs", "tmp", "locks"):
-                if os.path.lexists(root / sub) and not (root / sub).is_dir() or (root / sub).is_symlink():
-                    notes.append(_move_aside(root, sub))
-                (root / sub).mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True)
+            for sub in SUBFOLDERS:  # each checked on every use too; here, so the run's first warning names them
+                if sub in ("corrupt", "exchange"):
+                    real_folder(root, sub, notes)
+                else:
+                    folder(root, sub, notes)
         store = cls(root)
         store.notes += notes
         import_legacy_index(store)
@@ -137,9 +141,11 @@ class Store:
     @classmethod
     def existing(cls, root: Path) -> Optional["Store"]:
         """The store if one was ever created at `root`, else None (planning must not create one)."""
-        if not ((root / "records").is_dir() or (root / LEGACY_INDEX).is_dir()):
+        if not (os.path.lexists(root / "records") or (root / LEGACY_INDEX).is_dir()):
             return None
         store = cls(root)
+        for sub in SUBFOLDERS:  # a link in a folder's place is set aside now, so the run's warnings name it
+            real_folder(root, sub, store.notes)
         with contextlib.suppress(StoreWriteError):  # a read-only old store: planning goes on without its records
             import_legacy_index(store)
         return store
@@ -174,8 +180,11 @@ class Store:
         return self.objects / digest[:2] / digest
 
     def has_object(self, digest: str) -> bool:
-        """True if the object's file exists; its bytes are not checked (object_intact does)."""
-        return self.object_path(digest).is_file()
+        """True if the object is a regular file in a real folder; its bytes are not checked (object_intact does).
+
+        A symlink or anything else in its place (or in place of a folder above it) is set aside, never followed."""
+        return real_folder(self.root, f"objects/{digest[:2]}", self.notes) and \
+            entry_is_regular(self.root, self.object_path(digest), self.notes)
 
     def object_intact(self, digest: str) -> bool:
         """True if the object is present with its bytes; re-hashes only when its signature changed.
@@ -184,8 +193,10 @@ class Store:
         """
         path = self.object_path(digest)
         note_path(path)
+        if not self.has_object(digest):
+            return False
         try:
-            seen = os.stat(path)
+            seen = os.lstat(path)
         except FileNotFoundError:
             return False
         if self._cache.get("obj:" + digest) == _signature(seen):
@@ -195,15 +206,21 @@ class Store:
     def verify_object(self, digest: str) -> bool:
         """Re-hash the object whatever its signature says (for what is about to ship); quarantine a bad one."""
         path = self.object_path(digest)
+        if not self.has_object(digest):
+            return False
         try:
-            seen = os.stat(path)
-            actual = sha256_file(path)
+            with open_regular(path) as handle:  # no-follow: a link swapped in meanwhile is never read
+                seen = os.fstat(handle.fileno())
+                actual = sha256_handle(handle)
         except FileNotFoundError:
+            return False
+        except NotRegular:
+            set_aside(self.root, path, "is not a regular file", self.notes)
             return False
         if actual != digest:
             self.quarantine(digest, seen.st_ino)
             return False
-        if file_signature(os.stat(path)) == file_signature(seen):  # not replaced while it was read
+        if file_signature(os.lstat(path)) == file_signature(seen):  # not replaced while it was read
             self._remember(digest, seen)
         return True
 
@@ -220,11 +237,11 @@ class Store:
         path = self.object_path(digest)
         target = self.corrupt / f"{digest}.{time.time_ns()}"
         try:
-            self.corrupt.mkdir(exist_ok=True)
+            folder(self.root, "corrupt", self.notes)
             os.replace(path, target)
         except OSError:
             return None  # already gone, or a read-only store: still treated as missing
-        if target.stat().st_ino != inode:
+        if target.lstat().st_ino != inode:
             with contextlib.suppress(OSError):
                 os.link(target, path)
                 target.unlink()
@@ -237,7 +254,12 @@ class Store:
 
         `expected`: the digest the bytes must have (a download); anything else raises ObjectMismatch.
         """
-        digest = sha256_file(source)
+        try:
+            with open_regular(source) as handle:  # an output that is a link is refused, never read through
+                inode = os.fstat(handle.fileno()).st_ino
+                digest = sha256_handle(handle)
+        except NotRegular:
+            raise StoreWriteError(f"{source} is not a regular file: a stage output must be one (not added)") from None
         if expected is not None and digest != expected:
             source.unlink(missing_ok=True)
             raise ObjectMismatch(expected, digest)
@@ -246,17 +268,21 @@ class Store:
             source.unlink()
             return digest
         with self.writing(f"(adding object {digest[:16]})"):
-            final.parent.mkdir(parents=True, exist_ok=True)
-            self._place(source, final)
-            self._remember(digest, final.stat())
+            folder(self.root, f"objects/{digest[:2]}", self.notes)
+            self._place(source, final, inode)
+            self._remember(digest, final.lstat())
         return digest
 
     @staticmethod
-    def _place(source: Path, final: Path) -> None:
-        """Stage next to the final name, fsync, make read-only, rename; never a half object under a real name."""
+    def _place(source: Path, final: Path, inode: int) -> None:
+        """Stage next to the final name, fsync, make read-only, rename; never a half object under a real name.
+
+        `inode`: the file that was hashed; anything else found in its place after the move is refused."""
         staged = Path(tempfile.mkstemp(dir=final.parent, prefix=".incoming-")[1])
         try:
             shutil.move(str(source), staged)
+            if os.lstat(staged).st_ino != inode or not stat.S_ISREG(os.lstat(staged).st_mode):
+                raise StoreWriteError(f"{source} was replaced while it was added to the store (not added)")
             fsync_file(staged)
             os.chmod(staged, 0o444)
             crash_point("object-placed")
@@ -266,22 +292,25 @@ class Store:
         fsync_dir(final.parent)
 
     def object_files(self) -> Iterator[Path]:
-        """Every file under objects/, including leftovers that are not objects (`.incoming-*`)."""
-        if self.objects.is_dir():
-            for folder in sorted(self.objects.iterdir()):
-                if folder.is_dir():
-                    yield from sorted(folder.iterdir())
+        """Every entry of the real folders under objects/, including leftovers that are not objects (`.incoming-*`);
+        a link or a file where a folder belongs is set aside, never listed through."""
+        if real_folder(self.root, "objects", self.notes):
+            for sub in sorted(self.objects.iterdir()):
+                if real_folder(self.root, f"objects/{sub.name}", self.notes):
+                    yield from sorted(sub.iterdir())
+                else:
+                    self.set_aside.append(f"objects/{sub.name}")
 
     def stray_files(self) -> Iterator[Path]:
         """Entries under records/ and runs/ that are neither a record nor a run: temp files of a killed writer, strays."""
-        records = set(_record_files(self.records))
-        for sub in _children(self.records):
-            if sub.is_dir() and not sub.is_symlink():
-                yield from (p for p in _children(sub) if p not in records)
+        records = set(self._record_files())
+        for sub in self.entries("records"):
+            if stat.S_ISDIR(sub.lstat().st_mode):
+                yield from (p for p in self.entries(f"records/{sub.name}") if p not in records)
             else:
                 yield sub
         runs = set(self._run_files())
-        yield from (p for p in _children(self.runs) if p not in runs)
+        yield from (p for p in self.entries("runs") if p not in runs)
 
     def forget_object(self, digest: str) -> None:
         """Drop the remembered signature of an object gc deleted."""
@@ -313,13 +342,13 @@ class Store:
         text = json.dumps(record, sort_keys=True)
         path = self.record_path(key)
         with self.writing("(writing a stage record)"):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            folder(self.root, f"records/{key[:2]}", self.notes)
             atomic_write(path, text)
         return json.loads(text)
 
     def stage_records(self) -> Iterator[tuple[str, dict]]:
         """Every well-formed (key, record) in the store, whether or not its objects are present."""
-        for path in _record_files(self.records):
+        for path in self._record_files():
             key = path.name.removesuffix(".json")
             record = self._read_record(path, key)
             if record is not None:
@@ -333,8 +362,10 @@ class Store:
     def _read_record(self, path: Path, key: str, components: Optional[dict] = None) -> Optional[dict]:
         """The record at `path` if it is well formed and hashes to `key`; a bad one is moved to corrupt/."""
         note_path(path)
+        if not real_folder(self.root, f"records/{path.parent.name}", self.notes):
+            return None
         try:
-            text = _read_regular(path, RECORD_MAX_BYTES + 1)
+            text = read_regular(path, RECORD_MAX_BYTES + 1)
         except FileNotFoundError:
             return None
         except OSError as exc:  # a symlink, a folder, a FIFO: a record is a regular file or nothing
@@ -348,7 +379,7 @@ class Store:
         """Move a bad record to corrupt/ (its stage is built again) and say so once."""
         target = self.corrupt / f"record-{path.name}.{time.time_ns()}"
         try:
-            self.corrupt.mkdir(exist_ok=True)
+            folder(self.root, "corrupt", self.notes)
             os.replace(path, target)
         except OSError:
             pass  # a read-only store: the record is still ignored
@@ -411,7 +442,7 @@ class Store:
         if history and self._read_run(history[-1]) == keys:
             return
         with self.writing("(recording the run)"):
-            self.runs.mkdir(exist_ok=True)
+            folder(self.root, "runs", self.notes)
             atomic_write(self.runs / f"{time.time_ns()}-{os.getpid()}.json", json.dumps(keys))
             for old in self._run_files()[:-RUN_HISTORY]:
                 old.unlink(missing_ok=True)
@@ -422,17 +453,31 @@ class Store:
 
     def _run_files(self) -> list[Path]:
         """Run files oldest first (their names start with the time in ns)."""
-        if not self.runs.is_dir():
+        if not real_folder(self.root, "runs", self.notes):
             return []
         named = [p for p in self.runs.iterdir() if p.suffix == ".json" and RUN_ID.match(p.stem)]
         return sorted(named, key=lambda p: tuple(int(part) for part in p.stem.split("-")))
+
+    def entries(self, sub: str) -> Iterator[Path]:
+        """A real store folder's entries, sorted (nothing for a missing folder; a link in its place is set aside)."""
+        return iter(sorted((self.root / sub).iterdir())) if real_folder(self.root, sub, self.notes) else iter(())
+
+    def _record_files(self) -> Iterator[Path]:
+        """records/<kk>/<key>.json regular files whose names are digests (temp files and strays are not records)."""
+        for sub in self.entries("records"):
+            if re.fullmatch(r"[0-9a-f]{2}", sub.name) and real_folder(self.root, f"records/{sub.name}", self.notes):
+                for path in sorted(sub.iterdir()):
+                    key = path.name.removesuffix(".json")
+                    if path.name.endswith(".json") and DIGEST.match(key) and key[:2] == sub.name and \
+                            stat.S_ISREG(path.lstat().st_mode):
+                        yield path
 
     @staticmethod
     def _read_run(path: Path) -> list[str]:
         """A run's keys; an unreadable or malformed file counts as a run that kept nothing."""
         try:
-            keys = json.loads(path.read_bytes()[:RECORD_MAX_BYTES])
-        except (OSError, ValueError):
+            keys = json.loads(read_regular(path, RECORD_MAX_BYTES))
+        except (OSError, ValueError, RecursionError):
             return []
         return [k for k in keys if isinstance(k, str) and DIGEST.match(k)] if isinstance(keys, list) else []
 
@@ -443,9 +488,9 @@ def checked_record(text: bytes, key: str, known: Optional[dict] = None) -> tuple
     `known`: components the caller already hashed to `key`; a record holding exactly those needs no hashing.
     """
     try:
-        record = json.loads(text)
-    except (ValueError, RecursionError):
-        return {}, "it is not JSON"
+        record = loads_bounded(text, RECORD_MAX_BYTES)
+    except ValueError as exc:
+        return {}, str(exc) if isinstance(exc, BoundExceeded) else "it is not JSON"
     if not isinstance(record, dict) or record.get("key") != key:
         return {}, "it names another key"
     outputs = record.get("outputs")
@@ -455,26 +500,6 @@ def checked_record(text: bytes, key: str, known: Optional[dict] = None) -> tuple
     if not isinstance(components, dict) or (components != known and stage_key(components) != key):
         return {}, "its key components do not hash to its key"
     return record, ""
-
-
-def _move_aside(root: Path, sub: str) -> str:
-    """Move a store entry that should be a folder (and is a file or a symlink) to corrupt/; say so."""
-    target = root / "corrupt" / f"{sub}.{time.time_ns()}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(root / sub, target)
-    return f"the store's {sub}/ was not a folder; moved it to {target} and started {sub}/ anew"
-
-
-def _read_regular(path: Path, limit: int) -> bytes:
-    """Up to `limit` bytes of a regular file, never through a symlink and never blocking on a FIFO."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(limit)
-    finally:
-        os.close(fd)
 
 
 def import_legacy_index(store: Store) -> None:
@@ -508,23 +533,6 @@ def _legacy_rows(database: Path) -> list[tuple[str, str]]:
     except sqlite3.Error:
         return []
     return [(str(key), str(value)) for key, value in rows]
-
-
-def _children(folder: Path) -> Iterator[Path]:
-    """A real folder's entries, sorted (nothing for a missing folder or a symlink to one)."""
-    return iter(sorted(folder.iterdir())) if folder.is_dir() and not folder.is_symlink() else iter(())
-
-
-def _record_files(folder: Path) -> Iterator[Path]:
-    """records/<kk>/<key>.json files whose names are digests (temp files and strays are not records)."""
-    if not folder.is_dir():
-        return
-    for sub in sorted(folder.iterdir()):
-        if sub.is_dir() and not sub.is_symlink() and re.fullmatch(r"[0-9a-f]{2}", sub.name):
-            for path in sorted(sub.iterdir()):
-                key = path.name.removesuffix(".json")
-                if path.name.endswith(".json") and DIGEST.match(key) and key[:2] == sub.name and path.is_file():
-                    yield path
 
 
 def _signature(stat: os.stat_result) -> str:

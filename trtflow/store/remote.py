@@ -31,7 +31,8 @@ from typing import Any, Optional
 
 from trtflow.errors import EnvironmentProblem
 from trtflow.signing import KEY_FILE_ENV, KEY_TEXT_ENV, RECORD_TYPE, SignatureRejected, Signer, TrustedKeys, envelope_body, envelope_of
-from trtflow.store.objects import ObjectMismatch, Store, checked_record
+from trtflow.store.objects import RECORD_MAX_BYTES, ObjectMismatch, Store, checked_record
+from trtflow.util.jsondata import BoundExceeded, loads_bounded
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 
 CHUNK = 1 << 20
@@ -86,9 +87,9 @@ class Remote:
     def _opened_record(self, text: bytes, key: str) -> tuple[dict, str]:
         """(record, "") if the envelope is signed as `cache.trust` demands and the record checks out, else ({}, why not)."""
         try:
-            document = json.loads(text)
-        except ValueError:
-            return {}, "it is not JSON"
+            document = loads_bounded(text, RECORD_MAX_BYTES)
+        except ValueError as exc:
+            return {}, str(exc) if isinstance(exc, BoundExceeded) else "it is not JSON"
         enveloped = isinstance(document, dict) and "payloadType" in document
         try:
             if self.trust is not None:

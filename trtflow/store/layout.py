@@ -1,0 +1,85 @@
+"""The store's folders are checked to be real folders on every use, not only when the store is created.
+
+A writer of the store can put a symlink where a folder belongs (`tmp -> /home/you`): whatever trtflow then wrote,
+read or deleted "in the store" would happen outside it. So each folder of the store is lstat-ed, component by
+component, before it is used (a stat or two per use), and whatever stands where a folder belongs and is not one is
+renamed to corrupt/ (a rename moves the link itself, never what it points to) with a warning. Deletions walk
+folders by descriptor (util.fs.remove_under); files are opened with O_NOFOLLOW and must be regular.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Optional
+
+from trtflow.util.fs import NotRegular
+
+SUBFOLDERS = ("objects", "records", "runs", "tmp", "locks", "corrupt", "exchange")
+CORRUPT = "corrupt"
+
+
+def real_folder(root: Path, relative: str, notes: Optional[list[str]] = None) -> bool:
+    """True if every component of `root/relative` is a real folder; False if one is missing, and the first that
+    is a symlink or a file is set aside (see set_aside)."""
+    path = root
+    for part in Path(relative).parts:
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(mode):
+            set_aside(root, path, "is not a real folder", notes)
+            return False
+    return True
+
+
+def folder(root: Path, relative: str, notes: Optional[list[str]] = None) -> Path:
+    """`root/relative` as a real folder, created where missing (whatever stood in its place set aside first)."""
+    if real_folder(root, relative, notes):
+        return root / relative
+    path = root
+    for part in Path(relative).parts:
+        path = path / part
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+    if not real_folder(root, relative, notes):  # replaced by a link between the two checks: refuse
+        raise NotRegular(0, "not a real folder", str(root / relative))
+    return root / relative
+
+
+def set_aside(root: Path, path: Path, why: str, notes: Optional[list[str]] = None) -> Optional[Path]:
+    """Rename the entry `path` of the store (a symlink, a FIFO, a file where a folder belongs) to corrupt/, never
+    following or deleting through it; `corrupt` itself goes beside it. Returns where it went (None if it is gone)."""
+    relative = path.relative_to(root)
+    stamp = time.time_ns()
+    if relative == Path(CORRUPT):
+        target = root / f"{CORRUPT}.{stamp}.set-aside"
+    else:
+        target = folder(root, CORRUPT, notes) / f"{'-'.join(relative.parts)}.{stamp}"
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        target = None  # a read-only store: still never used
+    if notes is not None:
+        notes.append(f"the store's {relative} {why} (a symlink, a FIFO or a file); never followed it: moved it to "
+                     f"{target.relative_to(root) if target else 'nowhere (read-only store)'}")
+    return target
+
+
+def entry_is_regular(root: Path, path: Path, notes: Optional[list[str]] = None) -> bool:
+    """True if `path` (in a folder already checked) is a regular file; False if missing; anything else is set aside."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(mode):
+        return True
+    set_aside(root, path, "is not a regular file", notes)
+    return False
