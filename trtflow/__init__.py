@@ -1,3 +1,3 @@
 """trtflow: a declarative, content-hashed build pipeline for NVIDIA TensorRT engines."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

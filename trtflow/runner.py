@@ -104,6 +104,7 @@ class Runner:
         self.warnings: list[str] = []
         self._built_here: dict[str, dict] = {}  # key -> record built by this run (two nodes, one key)
         self.equivalent: dict[str, dict] = {}  # --frozen: nodes whose engine is equivalent to the lock's, not identical
+        self.identical: set[str] = set()  # --frozen: nodes whose outputs are the lock's, byte for byte
         self._reopened: list[Node] = []  # finished nodes whose output turned out corrupt: to run again
         self._lock_waits = 0
         self._waited: set[str] = set()
@@ -194,6 +195,8 @@ class Runner:
             return NodeState(state.node, FAILED, f"builds now, but trtflow.lock records it as failed ({entry.failed}): refused under --frozen",
                              key=state.key, exit_code=1)
         if entry is None or record["outputs"] == entry.outputs:
+            if entry is not None:
+                self.identical.add(state.node.id)
             return state
         if state.node.kind != "build":
             if any(d.node in self.equivalent for d in state.node.deps):

@@ -17,6 +17,7 @@ from trtflow.dag import Dag, dag_from_project
 from trtflow.errors import EnvironmentProblem, ProjectError
 from trtflow.executors.local import LocalExecutor
 from trtflow.hashing import FileDigests
+from trtflow.toolchain import check_installed
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, read_lock, write_lock
 from trtflow.modelcheck import check_recipe_model
 from trtflow.plan import Resolver, frozen_differences, plan
@@ -53,7 +54,8 @@ class Session:
         self.resolver = Resolver(self.store, digests)
         self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
         self.repro: list = []  # --check-repro: one repro.EngineRepro per engine
-        self.repro_skipped: dict[str, str] = {}  # --check-repro: engines not rebuilt (their build failed or was skipped) and why
+        self.repro_skipped: dict[str, str] = {}
+        self.frozen: Optional[dict] = None  # --frozen: how the run's outputs compare with trtflow.lock (identical, equivalent)  # --check-repro: engines not rebuilt (their build failed or was skipped) and why
         self.signer: Optional[Signer] = None  # the environment's signing key, read when a run starts
 
     @classmethod
@@ -96,6 +98,7 @@ class Session:
         lock = read_lock(self.lock_path)
         if lock is None:
             raise ProjectError(f"{LOCK_FILE}: not found; --frozen needs one: run `trtflow run` once and commit {LOCK_FILE}")
+        check_installed({node.id: lock[node.id] for node in self.dag if node.id in lock})  # each tool named, not each stage
         changes = frozen_differences(self.dag, self.resolver, lock, self.all_node_ids)
         if changes:
             raise ProjectError(f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n" + "\n".join(f"  {line}" for line in changes))
@@ -137,6 +140,8 @@ class Session:
                             remote=remote, workroot=lease.tmp)
             states = runner.run()
             self.warnings = runner.warnings
+            if options.frozen:
+                self.frozen = {"identical": len(runner.identical), "equivalent": sorted(runner.equivalent)}
             if not options.frozen:
                 self._update_lock(runner.finished, states)
             self.store.record_run([record["key"] for record in runner.finished.values()] +

@@ -131,7 +131,7 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_fa
     elif any(s.status != CACHED for s in states):
         runmemo.forget(session.project.root)
     output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings, repro=session.repro,
-                         repro_skipped=session.repro_skipped)
+                         repro_skipped=session.repro_skipped, frozen=session.frozen)
     _exit_if_failed(states)
     if any(check.verdict == "different" for check in session.repro):
         sys.exit(1)
@@ -318,6 +318,36 @@ def keygen(stem: Path) -> None:
     private, public, keyid = generate_key_pair(stem)
     click.echo(f"wrote {private} (private: keep it out of the repository; sign with {KEY_FILE_ENV}={private})")
     click.echo(f"wrote {public} (public, key id {keyid[:16]}: list it under cache.trust, pass it to provision --trust)")
+
+
+@cli.command()
+@pass_context
+def toolchain(ctx: Context) -> None:
+    """Print the exact tool versions trtflow.lock's stage keys name, as a pip requirements file.
+
+    A release build from an old tag installs them so `run --frozen` rebuilds what was locked:
+    `trtflow toolchain > toolchain.txt && pip install -r toolchain.txt`."""
+    from trtflow.toolchain import read_tools, requirements
+
+    click.echo(requirements(read_tools(ctx.project_dir.resolve())), nl=False)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def doctor(ctx: Context, as_json: bool) -> None:
+    """Hold the installed tools to the ones trtflow.lock was made with; exit 1 naming each that differs."""
+    from trtflow.toolchain import INSTALL_HINT, read_tools
+
+    tools = read_tools(ctx.project_dir.resolve())
+    rows = [{"tool": t.name, "locked": t.version, "installed": t.installed(), "stages": len(t.named_by)} for t in tools]
+    differ = [row for row in rows if row["installed"] != row["locked"]]
+    if as_json:
+        click.echo(json.dumps({"trtflow": __version__, "python": sys.version.split()[0], "tools": rows, "ok": not differ}, indent=2))
+    else:
+        output.print_doctor(rows, __version__, INSTALL_HINT if differ else None)
+    if differ:
+        sys.exit(1)
 
 
 @cli.group()

@@ -20,7 +20,7 @@ def counts(states: list[NodeState]) -> str:
 
 
 def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = (),
-                  repro: list = (), repro_skipped: Optional[dict[str, str]] = None) -> None:
+                  repro: list = (), repro_skipped: Optional[dict[str, str]] = None, frozen: Optional[dict] = None) -> None:
     """Print the end of `trtflow run`: failures and totals, the would-run table of --dry-run, or JSON."""
     if as_json:
         for warning in warnings:
@@ -30,6 +30,7 @@ def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_ru
         checks = {"reproducibility": [check.to_json() for check in repro]} if repro or repro_skipped else {}
         if repro_skipped:
             checks["reproducibility_not_checked"] = [{"id": node_id, "why": why} for node_id, why in repro_skipped.items()]
+        checks.update({"frozen": frozen} if frozen is not None else {})
         click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "warnings": list(warnings),
                                "nodes": [s.to_json() for s in states], **checks}, indent=2))
         return
@@ -43,6 +44,9 @@ def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_ru
         if state.status in (FAILED, SKIPPED):
             click.echo(f"{state.label.split(':')[0]:<8} {state.node.id}: {state.reason}", err=True)
     click.echo(_totals(states, seconds))
+    if frozen is not None:
+        click.echo(f"frozen: {frozen['identical']} stage(s) identical to trtflow.lock, {len(frozen['equivalent'])} engine(s) equivalent "
+                   "(only the backend's generated numbering differs: same canonical digest)")
     _print_repro(repro, repro_skipped or {})
 
 
@@ -277,3 +281,15 @@ def print_provision(record: dict) -> None:
         click.echo(f"  fetched {transfer['bytes']} bytes from {transfer['from']} ({', '.join(transfer['files'])})")
 
 
+
+
+def print_doctor(rows: list[dict], version: str, hint: Optional[str]) -> None:
+    """`trtflow doctor`: each tool the lock names, its locked and installed version, and what to do if they differ."""
+    click.echo(f"trtflow {version}, python {sys.version.split()[0]}")
+    width = max([len(row["tool"]) for row in rows] + [4])
+    click.echo(f"{'tool':<{width}}  {'trtflow.lock':<14} {'installed':<14}")
+    for row in rows:
+        state = "ok" if row["installed"] == row["locked"] else "DIFFERS"
+        click.echo(f"{row['tool']:<{width}}  {row['locked']:<14} {str(row['installed'] or 'not installed'):<14} {state}")
+    if hint:
+        click.echo(f"install the locked tools: {hint}")

@@ -64,8 +64,13 @@ class StageParams(BaseModel):
     """A stage's parameters: everything its `run` needs besides input files, and all of it part of the key.
 
     The key keeps two groups apart so explanations can say which changed: fields named in FINGERPRINT (tool
-    versions, target hardware) and the rest (the recipe's settings). A top-level field left unset is not in
-    the key (fp32's precision node has no accuracy settings at all); nested models are always dumped whole.
+    versions, target hardware) and the rest (the recipe's settings). A field at its default is never in the key,
+    at any depth, whether it was left unset or written out: adding an option with a default leaves every existing
+    key as it was, so a new trtflow rebuilds nothing that would come out the same. (A default that changes what a
+    stage makes is a change of that stage: bump its VERSION and say so in CHANGELOG.md.)
+
+        >>> BuildParams(precision="fp32", optimization_level=3, workspace_mib=None, ...).key_parts()[0]
+        {"precision": "fp32", "profiles": [...]}            # 3 and None are the defaults
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -74,8 +79,7 @@ class StageParams(BaseModel):
 
     def key_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(params, fingerprint) as plain JSON values, the way the stage key and the lock hold them."""
-        data = {name: value for name, value in self.model_dump(mode="json").items()
-                if name in self.model_fields_set and name not in self.POLICY}
+        data = self.model_dump(mode="json", exclude_defaults=True, exclude=set(self.POLICY))
         params = {name: value for name, value in data.items() if name not in self.FINGERPRINT}
         return params, {name: data[name] for name in self.FINGERPRINT if name in data}
 

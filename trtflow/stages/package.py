@@ -37,10 +37,14 @@ class PackagedEngine(build_stage.Params):
 
 
 class Params(StageParams):
-    """The recipe's name and, per engine, everything the manifest records about how it was built."""
+    """The recipe's name and, per engine, everything the manifest records about how it was built; the trtflow
+    version the manifest names (a fingerprint: a new trtflow repacks, cheaply, and says so, instead of a frozen
+    run finding its package bytes differ from the lock's)."""
 
+    FINGERPRINT = ("trtflow",)
     recipe: str
     engines: list[PackagedEngine]
+    trtflow: str
 
 
 def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: Node) -> Node:
@@ -51,7 +55,7 @@ def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: 
     deps += [Dep(e.verify_role, v.id, "report") for e, v in zip(engines, verifies)]
     quantized = sorted({b.info["precision"] for b in builds} & set(QUANTIZED_PRECISIONS))
     deps += [dep for p in quantized for dep in precision_stage.report_dep(ctx, p, f"precision:{p}")]
-    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=Params(recipe=ctx.name, engines=engines),
+    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=Params(recipe=ctx.name, engines=engines, trtflow=__version__),
                 deps=(Dep("model", cleanup.id, "model"), *deps))
 
 
@@ -71,7 +75,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
                for spec in present]
     model = inputs["model"]
     source = Source(sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"])
-    manifest = Manifest(recipe=recipe, trtflow_version=__version__, source=source, engines=engines, complete=not missing, missing=missing)
+    manifest = Manifest(recipe=recipe, trtflow_version=params.trtflow, source=source, engines=engines, complete=not missing, missing=missing)
     manifest_bytes = (manifest.model_dump_json(indent=2) + "\n").encode()
     digests = {e.file: e.sha256 for e in engines}
     members: dict[str, Path | bytes] = {e.file: inputs[spec.role].files["engine"] for e, spec in zip(engines, present)}
@@ -154,10 +158,11 @@ def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
                 _checkout(place, digest, recipe)
             if _provenance_differs(place, recipe, record):
                 _write_provenance(place, recipe, record)
-    return None if difference in (None, NOT_PLACED) else f"{place.packages_dir / recipe}: {difference}; restored it from the store"
+    return None if difference in (None, NOT_PLACED, UPDATED) else f"{place.packages_dir / recipe}: {difference}; restored it from the store"
 
 
 NOT_PLACED = "not placed yet"
+UPDATED = "an earlier package of the recipe, as placed"  # an ordinary update: replaced without a warning
 
 
 def _difference(digest: str, place: Placement, recipe: str) -> Optional[str]:
@@ -169,13 +174,21 @@ def _difference(digest: str, place: Placement, recipe: str) -> Optional[str]:
     archive, folder = place.packages_dir / f"{recipe}.tar.gz", place.packages_dir / recipe
     if not archive.exists() and not folder.exists():
         return NOT_PLACED
-    if not archive.is_file() or place.digests.digest(archive) != digest:
-        return f"{archive.name} differs from the package built"
-    if folder.is_symlink() or not folder.is_dir():
-        return "its folder is a symlink" if folder.is_symlink() else "its folder is missing"
+    placed = place.digests.digest(archive) if archive.is_file() else None
+    if placed != digest:
+        earlier = place.store.package_listing(placed) if placed else None  # trtflow placed it: is it still as placed?
+        return UPDATED if earlier is not None and _folder_difference(folder, earlier, place) is None else \
+            f"{archive.name} differs from the package built"
     listing = place.store.package_listing(digest)
     if listing is None:
         return "its folder was never checked"
+    return _folder_difference(folder, listing, place)
+
+
+def _folder_difference(folder: Path, listing: dict[str, str], place: Placement) -> Optional[str]:
+    """What differs between a package folder and the listing of the package it was extracted from (None: nothing)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return "its folder is a symlink" if folder.is_symlink() else "its folder is missing"
     present = _files_under(folder)
     if set(present) != set(listing):
         changed = sorted(set(present) ^ set(listing))
