@@ -225,7 +225,7 @@ def test_a_builder_option_reaches_the_engine_the_key_and_the_manifest(built_proj
     recipe = built_project / "recipes" / "tiny.yaml"
     before = {e["target"]: e["sha256"] for e in manifest(built_project)["engines"]}
     recipe.write_text(recipe.read_text() + "build: {profiling_verbosity: detailed}\n")
-    assert "profiling_verbosity: null -> detailed" in trtflow(built_project, "plan", "--explain").out
+    assert "profiling_verbosity: default -> detailed" in trtflow(built_project, "plan", "--explain").out
     assert built(run_json(built_project)) == {f"{kind}:tiny/fp32/{target}" for kind in ("build", "verify") for target in ("rtx-ampere", "rtx-ada")} | {"package:tiny"}
     engines = manifest(built_project)["engines"]
     assert all(e["builder"]["profiling_verbosity"] == "detailed" for e in engines)

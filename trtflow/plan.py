@@ -229,9 +229,12 @@ def diff_components(old: dict, new: dict) -> list[str]:
     for path in sorted(set(before) | set(after), key=_component_order):
         if path.startswith("inputs.") and path not in after:
             continue  # not resolved yet: said separately
-        if before.get(path, "<none>") != after.get(path, "<none>"):
-            lines.append(_describe(path, before.get(path, "<none>"), after.get(path, "<none>")))
+        if before.get(path, ABSENT) != after.get(path, ABSENT):
+            lines.append(_describe(path, before.get(path, ABSENT), after.get(path, ABSENT)))
     return lines
+
+
+ABSENT = "default"  # a setting at its default is not in a key (StageParams.key_parts): shown as `default -> 5`
 
 
 def _component_order(path: str) -> tuple:
