@@ -147,6 +147,24 @@ class Verification(_Model):
     engine_run: EngineRun
 
 
+class NetworkLayer(_Model):
+    """One layer of the network TensorRT compiled (before its fusions): name, layer type, its output's element type."""
+
+    name: str
+    type: str
+    dtype: str
+
+
+class NetworkFacts(_Model):
+    """What the builder's network said of itself at build time (no GPU needed): every layer, counted by type and by
+    output type; `device_memory` says why the engine's own figures (fused layers, memory) are not known."""
+
+    layers: list[NetworkLayer]
+    by_type: dict[str, int]
+    by_output_dtype: dict[str, int]
+    device_memory: str
+
+
 class Engine(_Model):
     """One engine file of the package: digest, precision, target GPUs, exact backend, build settings, tensors, proofs."""
 
@@ -169,6 +187,7 @@ class Engine(_Model):
     # rebuild from the same inputs is held to: the same canonical digest (`equivalent`; the bytes may differ in that
     # numbering), or the same bytes (`bytes`: an engine with no canonical form).
     canonical_sha256: Optional[str] = None
+    network: Optional[NetworkFacts] = None  # absent in packages made before trtflow 0.2.0
     reproducible: Optional[Literal["bytes", "equivalent"]] = None
 
 

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from trtflow.errors import ProjectError
 from trtflow.recipe.pymodule import top_level_names
+from trtflow.backends.base import backend_version, get_backend
 from trtflow.backends.limits import describe, unsupported_nodes
 from trtflow.recipe.load import RecipeFile
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
@@ -47,6 +48,19 @@ def check_recipe_model(item: RecipeFile, root: Path, pipeline: Pipeline) -> list
         for name, shape in profile.inputs.items():
             _check_shape(item, ("profiles", index, "inputs", name), inputs[name], shape.triple())
     return refusals
+
+
+def check_builder_options(item: RecipeFile, pipeline: Pipeline) -> None:
+    """Every `build:` option the recipe sets exists in the installed backend of each of its targets (a one-line
+    error naming the option, the backend and its version; the backend is imported only when an option is set)."""
+    names = set(item.recipe.build.model_dump(exclude_defaults=True))
+    for target in item.target_names(pipeline) if names else []:
+        backend = pipeline.targets[target].backend
+        version = backend_version(backend)
+        missing = get_backend(backend).unsupported_options(names) if version is not None else []  # absent: check_backends
+        if missing:
+            raise ProjectError(f"{item.where('build', missing[0])}: {backend} {version} (target {target}) has no {missing[0]} "
+                               f"setting; remove it, or use a {backend} release that has it (see docs: builder options)")
 
 
 def check_torch_factory(item: RecipeFile, root: Path) -> None:

@@ -19,7 +19,7 @@ from trtflow.executors.local import LocalExecutor
 from trtflow.hashing import FileDigests
 from trtflow.toolchain import check_installed
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, read_lock, write_lock
-from trtflow.modelcheck import check_recipe_model
+from trtflow.modelcheck import check_builder_options, check_recipe_model
 from trtflow.plan import Resolver, frozen_differences, plan
 from trtflow.states import FAILED, PULLED, SKIPPED, NodeState
 from trtflow.recipe.load import Project, load_project
@@ -80,6 +80,9 @@ class Session:
             node = self.dag.nodes.get(f"cleanup:{item.recipe.name}")
             if node is not None and (states is None or not states[node.id].settled):
                 refusals += check_recipe_model(item, self.project.root, self.project.pipeline)
+            builds = [n for n in self.dag if n.kind == "build" and n.recipe == item.recipe.name]
+            if any(states is None or not states[n.id].settled for n in builds):
+                check_builder_options(item, self.project.pipeline)
             reduced = [f"precision:{item.recipe.name}/{p}" for p in item.recipe.precisions if p != "fp32"]
             if item.recipe.calibration is not None and any(self._will_run(n, states) for n in reduced):
                 check_calibration_data(item, self.project.root)

@@ -50,6 +50,7 @@ class BuildResult:
     tensors: list[TensorSpec]
     engine_bytes: int
     log: list[str] = field(default_factory=list)
+    network: dict = field(default_factory=dict)  # what the builder's network says of its layers (trt_common.network_facts)
 
     def to_record(self) -> dict:
         """The result as plain JSON-ready values (tensors included), for the build stage's record."""
@@ -68,6 +69,9 @@ class Backend(Protocol):
 
     def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
         """Run the engine once on the local GPU with `feeds` (input name -> array); its outputs by name."""
+
+    def unsupported_options(self, names: set[str]) -> list[str]:
+        """The recipe `build:` options among `names` this backend's installed version has no API for."""
 
 
 @dataclass(frozen=True)

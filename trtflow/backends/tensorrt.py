@@ -12,7 +12,7 @@ from typing import Any
 
 from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
 from trtflow.device import no_gpu_reason, query_compute_capabilities
-from trtflow.backends.trt_common import build_engine, outputs_from_engine
+from trtflow.backends.trt_common import build_engine, outputs_from_engine, unsupported_options
 from trtflow.errors import EnvironmentProblem, StageError
 from trtflow.util.cc import ComputeCapability
 
@@ -49,6 +49,11 @@ class TensorRTBackend:
                 config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
 
         return build_engine(trt, request, configure, self.name)
+
+    def unsupported_options(self, names: set[str]) -> list[str]:
+        """The recipe `build:` options among `names` this installed version has no API for."""
+        self.load()
+        return unsupported_options(self._trt, names)
 
     def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
         """Execute the engine on the local GPU (verify calls this only where one exists)."""

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
-from trtflow.backends.trt_common import build_engine, outputs_from_engine
+from trtflow.backends.trt_common import build_engine, outputs_from_engine, unsupported_options
 from trtflow.errors import StageError
 
 
@@ -38,6 +38,11 @@ class TensorRTRTXBackend:
                 config.set_compute_capability(capability, index)
 
         return build_engine(trt, request, configure, self.name)
+
+    def unsupported_options(self, names: set[str]) -> list[str]:
+        """The recipe `build:` options among `names` this installed version has no API for."""
+        self.load()
+        return unsupported_options(self._trt, names)
 
     def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
         """Execute the engine on the local GPU (verify calls this only where one exists)."""

@@ -6,6 +6,7 @@ serves both backends; the backend modules only add what differs (targets, compat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from trtflow.backends.base import BuildRequest, BuildResult, TensorSpec
@@ -41,12 +42,40 @@ def network_from_onnx(trt: Any, builder: Any, logger: Any, onnx_path: str) -> tu
     Returns (network, parser): the parser owns the weights the network points at, so the caller
     keeps it alive until the engine is built.
     """
-    network = builder.create_network(0)
+    network = builder.create_network(network_flags(trt))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(onnx_path):
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise StageError("the ONNX parser rejected the model: " + "; ".join(errors or logger.lines))
     return network, parser
+
+
+def network_flags(trt: Any) -> int:
+    """STRONGLY_TYPED where the API has the flag (TensorRT 10, TensorRT-RTX): the ONNX's types decide each layer's
+    precision, as ModelOpt wrote them (fp16 from AutoCast, Q/DQ from PTQ); TensorRT 11 builds nothing else."""
+    flag = getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "STRONGLY_TYPED", None)
+    return 1 << int(flag) if flag is not None else 0
+
+
+def network_facts(network: Any) -> dict:
+    """What the network the builder compiled says of itself, without a GPU: its layers (name, type, output type),
+    counted by type and by output type. The engine's fused layers and its device memory need the engine inspector
+    on a deserialized engine, which only a GPU can give (said in `device_memory`)."""
+    layers = []
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        dtype = layer.get_output(0).dtype.name if layer.num_outputs else "none"
+        layers.append({"name": layer.name, "type": layer.type.name.lower(), "dtype": DTYPE_NAMES.get(dtype, dtype.lower())})
+    return {"layers": layers, "by_type": _counted(layer["type"] for layer in layers),
+            "by_output_dtype": _counted(layer["dtype"] for layer in layers),
+            "device_memory": "not known: the engine inspector needs a GPU to deserialize the engine"}
+
+
+def _counted(values: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def config_from_request(trt: Any, builder: Any, request: BuildRequest) -> Any:
@@ -59,7 +88,7 @@ def config_from_request(trt: Any, builder: Any, request: BuildRequest) -> Any:
         config.add_optimization_profile(profile)
     for name, value in request.options.items():
         if value is not None:
-            BUILDER_OPTIONS[name](trt, config, value)
+            BUILDER_OPTIONS[name].apply(trt, config, value)
     return config
 
 
@@ -67,20 +96,59 @@ def _workspace(trt: Any, config: Any, mib: int) -> None:
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, mib << 20)
 
 
-def _optimization_level(trt: Any, config: Any, level: int) -> None:
-    config.builder_optimization_level = level
+def _enum_setting(attribute: str, enum: str) -> Callable[[Any, Any, str], None]:
+    """Set a config attribute to a member of one of TensorRT's enums, named in lower case in the recipe."""
+    return lambda trt, config, value: setattr(config, attribute, getattr(getattr(trt, enum), value.upper()))
 
 
-def _profiling_verbosity(trt: Any, config: Any, verbosity: str) -> None:
-    config.profiling_verbosity = getattr(trt.ProfilingVerbosity, verbosity.upper())
+def _setting(attribute: str) -> Callable[[Any, Any, Any], None]:
+    """Set a plain config attribute."""
+    return lambda trt, config, value: setattr(config, attribute, value)
+
+
+def _flag(name: str) -> Callable[[Any, Any, bool], None]:
+    """Set (true) or clear (false) one BuilderFlag."""
+    def apply(trt: Any, config: Any, on: bool) -> None:
+        (config.set_flag if on else config.clear_flag)(getattr(trt.BuilderFlag, name))
+    return apply
+
+
+@dataclass(frozen=True)
+class BuilderOption:
+    """How a recipe's `build:` option is set on a builder config, and the API it needs (to refuse it by name where the
+    installed backend lacks that API: a config attribute, a BuilderFlag member or an enum)."""
+
+    apply: Callable[[Any, Any, Any], None]
+    needs: str  # "config.<attribute>", "flag.<BuilderFlag member>" or "enum.<TensorRT enum>"
+
+    def supported(self, trt: Any) -> bool:
+        """Whether the imported TensorRT module has the API this option sets."""
+        kind, name = self.needs.split(".")
+        owner = {"config": getattr(trt, "IBuilderConfig", None), "flag": getattr(trt, "BuilderFlag", None), "enum": trt}[kind]
+        return owner is not None and hasattr(owner, name)
 
 
 # The recipe's `build:` options (trtflow.recipe.build.BuildOptions) by name -> how each is set on a builder config.
-BUILDER_OPTIONS: dict[str, Callable[[Any, Any, Any], None]] = {
-    "workspace_mib": _workspace,
-    "optimization_level": _optimization_level,
-    "profiling_verbosity": _profiling_verbosity,
+BUILDER_OPTIONS: dict[str, BuilderOption] = {
+    "workspace_mib": BuilderOption(_workspace, "config.set_memory_pool_limit"),
+    "optimization_level": BuilderOption(_setting("builder_optimization_level"), "config.builder_optimization_level"),
+    "profiling_verbosity": BuilderOption(_enum_setting("profiling_verbosity", "ProfilingVerbosity"), "config.profiling_verbosity"),
+    "tiling_optimization_level": BuilderOption(_enum_setting("tiling_optimization_level", "TilingOptimizationLevel"),
+                                               "enum.TilingOptimizationLevel"),
+    "l2_limit_for_tiling": BuilderOption(_setting("l2_limit_for_tiling"), "config.l2_limit_for_tiling"),
+    "max_aux_streams": BuilderOption(_setting("max_aux_streams"), "config.max_aux_streams"),
+    "max_num_tactics": BuilderOption(_setting("max_num_tactics"), "config.max_num_tactics"),
+    "sparse_weights": BuilderOption(_flag("SPARSE_WEIGHTS"), "flag.SPARSE_WEIGHTS"),
+    "tf32": BuilderOption(_flag("TF32"), "flag.TF32"),
+    "direct_io": BuilderOption(_flag("DIRECT_IO"), "flag.DIRECT_IO"),
+    "strict_nans": BuilderOption(_flag("STRICT_NANS"), "flag.STRICT_NANS"),
+    "weight_streaming": BuilderOption(_flag("WEIGHT_STREAMING"), "flag.WEIGHT_STREAMING"),
 }
+
+
+def unsupported_options(trt: Any, names: set[str]) -> list[str]:
+    """The options among `names` the imported TensorRT module has no API for, in name order."""
+    return sorted(name for name in names if name in BUILDER_OPTIONS and not BUILDER_OPTIONS[name].supported(trt))
 
 
 def tensors_from_network(network: Any) -> list[TensorSpec]:
@@ -112,6 +180,7 @@ def build_engine(trt: Any, request: BuildRequest, configure: Callable[[Any, Any]
         tensors=tensors_from_network(network),
         engine_bytes=data.nbytes,
         log=logger.lines[-50:],
+        network=network_facts(network),
     )
 
 

@@ -167,7 +167,8 @@ def _run_session(ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def inspect(path: Path, as_json: bool) -> None:
+@click.option("--layers", is_flag=True, help="Also list every layer of each engine's network (name, type, output type).")
+def inspect(path: Path, as_json: bool, layers: bool) -> None:
     """Show a package (folder or .tar.gz), a manifest.json, or an engine file."""
     from trtflow.inspection import inspect_path
 
@@ -177,7 +178,7 @@ def inspect(path: Path, as_json: bool) -> None:
     elif info["kind"] == "engine":
         output.print_engine(info)
     else:
-        output.print_manifest(info["path"], info["manifest"])
+        output.print_manifest(info["path"], info["manifest"], layers)
 
 
 @cli.command()

@@ -96,7 +96,7 @@ def repro_line(check: Any) -> str:
     return f"{check.verdict:<11} {check.node_id}: {detail}"
 
 
-def print_manifest(path: str, manifest: dict) -> None:
+def print_manifest(path: str, manifest: dict, layers: bool = False) -> None:
     """Print a package manifest for `trtflow inspect`: each engine's target, backend, tensors and evidence."""
     click.echo(f"package {manifest['recipe']}  ({path})")
     click.echo(f"  trtflow {manifest['trtflow_version']}, manifest schema {manifest['schema_version']}, source sha256 {manifest['source']['sha256'][:16]}")
@@ -111,6 +111,18 @@ def print_manifest(path: str, manifest: dict) -> None:
             click.echo(f"    {tensor['mode']:<6} {tensor['name']} {tensor['dtype']} {tensor['shape']}" + (f"  profiles: {ranges}" if ranges else ""))
         for line in evidence_lines(engine):
             click.echo(f"    {line}")
+        for line in network_lines(engine.get("network"), layers):
+            click.echo(f"    {line}")
+
+
+def network_lines(network: Any, layers: bool) -> list[str]:
+    """`network: 18 layers (convolution 2, ...); output types float32 18` and, with `layers`, one line per layer."""
+    if not network:
+        return []
+    counted = ", ".join(f"{kind} {n}" for kind, n in network["by_type"].items())
+    types = ", ".join(f"{dtype} {n}" for dtype, n in network["by_output_dtype"].items())
+    lines = [f"network: {len(network['layers'])} layers ({counted}); output types {types}; device memory {network['device_memory']}"]
+    return lines + ([f"  {layer['type']:<16} {layer['dtype']:<10} {layer['name']}" for layer in network["layers"]] if layers else [])
 
 
 def missing_lines(manifest: dict) -> list[str]:

@@ -20,7 +20,8 @@ from trtflow.recipe.schema import TargetSpec
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
 from trtflow.util.cc import ComputeCapability
 
-KIND, VERSION = "build", 3  # 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM)
+KIND, VERSION = "build", 4  # 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM);
+# 4: the record holds the network's layers (BuildResult.network)
 Profiles = list[dict[str, dict[str, list[int]]]]
 
 

@@ -21,8 +21,8 @@ from trtflow.runmemo import note_path
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Engine, MissingEngine, Tensor
 
-KIND, VERSION = "package", 7  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
-# 7: a missing engine names its target's compute capabilities
+KIND, VERSION = "package", 8  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
+# 7: a missing engine names its target's compute capabilities; 8: each engine's network facts (layers)
 VERIFY_INPUTS = True  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
 REQUIRED_ROLES = ("model",)  # engines whose build or verify failed are left out and listed as missing
 
@@ -132,6 +132,7 @@ def _describe_engine(recipe: str, spec: PackagedEngine, build: Upstream, verify:
         stage_key=build.key,
         canonical_sha256=(build.record.get("canonical_sha256") or {}).get("engine"),
         reproducible="equivalent" if build.record.get("canonical_sha256") else "bytes",
+        network=build.record.get("network") or None,
     )
 
 
