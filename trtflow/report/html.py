@@ -103,9 +103,9 @@ def _accuracy(record: dict) -> str:
             error.append((label, out.get("max_abs_error"), limits.get("max_abs_error"), out["passed"]))
         table.append(_accuracy_row(row))
     head = ["recipe", "precision", "verdict", "min cosine", "max abs error", "top-1 agreement", "limits", "weights by type", "nodes by type"]
-    return (f'<section id="accuracy"><h2>Accuracy vs fp32 and composition</h2>{_table(head, table)}'
-            f'<h3>1 - cosine similarity (log; red tick: the limit)</h3>{svg.log_bars_svg(cosine, "1 - cosine")}'
-            f'<h3>max abs error (log; red tick: the limit)</h3>{svg.log_bars_svg(error, "max abs error", floor=1e-7)}</section>')
+    charts = (f'<h3>1 - cosine similarity (log; red tick: the limit)</h3>{svg.log_bars_svg(cosine, "1 - cosine")}'
+              f'<h3>max abs error (log; red tick: the limit)</h3>{svg.log_bars_svg(error, "max abs error", floor=1e-7)}') if cosine else ""
+    return f'<section id="accuracy"><h2>Accuracy vs fp32 and composition</h2>{_table(head, table)}{charts}</section>'
 
 
 def _one_minus(value: Optional[float]) -> Optional[float]:

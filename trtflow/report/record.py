@@ -85,7 +85,7 @@ def _provision_choice(data: dict, cc: str) -> dict:
     try:
         chosen, others = choose(manifest, device)
     except NoEngineFits as exc:
-        return {"error": str(exc).splitlines()[0], "refused": [], "failed": failed}
+        return {"error": str(exc).splitlines()[0].rstrip(":"), "refused": [], "failed": failed}
     return {"chosen": chosen.engine.file, "precision": chosen.engine.precision, "target": chosen.engine.target, "reason": chosen.fit,
             "refused": [{"file": v.engine.file, "why": why} for v, why in others], "failed": failed}
 
