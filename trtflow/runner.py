@@ -82,6 +82,7 @@ class _Running:
     components: dict
     workdir: Path
     started: float
+    slot: int = 0  # which of the -j job slots it ran in (the report's timeline rows)
 
 
 class Runner:
@@ -109,11 +110,15 @@ class Runner:
         self._lock_waits = 0
         self._waited: set[str] = set()
         self._reported = 0
+        self._running_jobs: list[_Running] = []
+        self.t0 = time.perf_counter()
+        self.timeline: dict[str, dict] = {}  # node id -> {start, end (s from the run's start), slot, peak_rss}: for the report
 
     def run(self) -> dict[str, NodeState]:
         """Dispatch every node as its upstreams finish, until all are settled; returns each node's final state."""
         waiting = list(self.dag)
         running: dict[futures.Future, _Running] = {}
+        self.t0 = time.perf_counter()
         try:
             while waiting or running:
                 waiting = self._dispatch(waiting, running)
@@ -285,11 +290,17 @@ class Runner:
         self.listener("start", resolution.state)
         workdir = Path(tempfile.mkdtemp(dir=self._workroot(), prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
         task = StageTask(node.id, node.kind, node.params, task_inputs(resolution, self.finished, self.store, workdir), workdir)
-        return self.executor.submit(task), _Running(node, resolution.key, resolution.components, workdir, time.perf_counter())
+        busy = {job.slot for job in self._running_jobs}
+        job = _Running(node, resolution.key, resolution.components, workdir, time.perf_counter(), min(set(range(len(busy) + 1)) - busy))
+        self._running_jobs.append(job)
+        return self.executor.submit(task), job
 
     def _collect(self, job: _Running, result: StageResult) -> None:
         """Store a finished stage's outputs and record, or settle its failure; always release its key and work dir."""
         seconds = round(time.perf_counter() - job.started, 3)
+        self._running_jobs.remove(job)
+        self.timeline[job.node.id] = {"start": round(job.started - self.t0, 3), "end": round(job.started - self.t0 + seconds, 3),
+                                      "slot": job.slot, "peak_rss": result.peak_rss}
         try:
             if result.error is not None:
                 self._raise_if_store_full(job, result.errno)

@@ -54,9 +54,12 @@ class Session:
         self.resolver = Resolver(self.store, digests)
         self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
         self.repro: list = []  # --check-repro: one repro.EngineRepro per engine
-        self.repro_skipped: dict[str, str] = {}
-        self.frozen: Optional[dict] = None  # --frozen: how the run's outputs compare with trtflow.lock (identical, equivalent)  # --check-repro: engines not rebuilt (their build failed or was skipped) and why
+        self.repro_skipped: dict[str, str] = {}  # --check-repro: engines not rebuilt (their build failed or was skipped) and why
+        self.frozen: Optional[dict] = None  # --frozen: how the run's outputs compare with trtflow.lock (identical, equivalent)
         self.signer: Optional[Signer] = None  # the environment's signing key, read when a run starts
+        self.timeline: dict[str, dict] = {}  # the last run's node id -> {start, end, slot, peak_rss} (runner.Runner.timeline)
+        self.finished: dict[str, dict] = {}  # the last run's store record per node that built or was found cached
+        self.planned: dict[str, NodeState] = {}  # the last run's plan: why each stage ran (`plan --explain`), for the report
 
     @classmethod
     def open(cls, root: Path, recipes: Iterable[str] = (), keep_refusals: bool = False) -> "Session":
@@ -141,8 +144,11 @@ class Session:
             placement = Placement(self.store, self.project.packages_dir, self.resolver.digests, self.signer)
             runner = Runner(self.dag, self.store, self.resolver, placement, options, executor, listener, expected,
                             remote=remote, workroot=lease.tmp)
+            self.planned = planned
+            if listener is not None:
+                listener("plan", self.estimates(planned))
             states = runner.run()
-            self.warnings = runner.warnings
+            self.warnings, self.timeline, self.finished = runner.warnings, runner.timeline, runner.finished
             if options.frozen:
                 self.frozen = {"identical": len(runner.identical), "equivalent": sorted(runner.equivalent)}
             if not options.frozen:
@@ -158,6 +164,17 @@ class Session:
             if lease is not None:
                 lease.close()
         return states
+
+    def estimates(self, planned: dict[str, NodeState]) -> dict[str, Optional[float]]:
+        """Seconds each node that will run took the last time it ran (from the store's records; None: never ran), for an ETA."""
+        guesses: dict[str, Optional[float]] = {}
+        for node_id, state in planned.items():
+            if state.settled:
+                continue
+            last = self.store.last_run(node_id) if self.store is not None else None
+            record = self.store.stage_record(last["key"]) if last and isinstance(last.get("key"), str) else None
+            guesses[node_id] = record.get("seconds") if isinstance(record, dict) else None
+        return guesses
 
     def _check_repro(self, finished: dict[str, dict], options: RunOptions, listener: Optional[Listener]) -> list:
         """Rebuild every engine of the run `options.check_repro` times in hermetic workers (the release gate)."""

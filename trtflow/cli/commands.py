@@ -104,9 +104,10 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
               help="Release gate: then rebuild every selected engine N times in hermetic workers; exit 1 if one is not equivalent.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), help="Where stages run (default: executor: in pipeline.yaml, else local processes).")
 @click.option("--ray-address", metavar="HOST:PORT|auto", help="The Ray cluster to run on (default: executor.ray.address, else a local Ray instance).")
+@click.option("--no-report", is_flag=True, help="Do not write run.json and report.html beside the packages (written after a run that did something).")
 @pass_context
 def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_failed: bool, dry_run: bool, frozen: bool, as_json: bool,
-        remote_required: bool, check_repro: Optional[int], executor: Optional[str], ray_address: Optional[str]) -> None:
+        remote_required: bool, check_repro: Optional[int], executor: Optional[str], ray_address: Optional[str], no_report: bool) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow import runmemo
 
@@ -130,11 +131,58 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_fa
         runmemo.remember(session.project.root, reads, [s.to_json() for s in states], started_ns, session.project.store_dir)
     elif any(s.status != CACHED for s in states):
         runmemo.forget(session.project.root)
+    if not no_report and any(not s.settled for s in states):  # a run that did nothing writes nothing (runmemo)
+        _write_report(session, states, time.perf_counter() - started, jobs)
     output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings, repro=session.repro,
                          repro_skipped=session.repro_skipped, frozen=session.frozen)
     _exit_if_failed(states)
     if any(check.verdict == "different" for check in session.repro):
         sys.exit(1)
+
+
+def _write_report(session: Any, states: list, seconds: float, jobs: int) -> None:
+    """run.json and report.html beside the packages; a report that cannot be written is a warning, not a failed run."""
+    from trtflow.report import REPORT_FILE
+    from trtflow.report.html import render
+    from trtflow.report.record import run_record, write_record
+    from trtflow.util.fs import atomic_write
+
+    folder = session.project.packages_dir.parent
+    try:
+        record = run_record(session, states, seconds, jobs)
+        write_record(folder, record)
+        atomic_write(folder / REPORT_FILE, render(record))
+    except OSError as exc:
+        output.print_warnings([f"could not write the run report in {folder}: {exc}"])
+        return
+    click.echo(f"report: {folder / REPORT_FILE}", err=True)
+
+
+@cli.command()
+@click.option("--from", "source", type=click.Path(dir_okay=False, path_type=Path), help="The run record (default: run.json beside the project's packages).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write (default: report.html beside run.json; md: stdout).")
+@click.option("--format", "fmt", type=click.Choice(["html", "md"]), default="html", show_default=True,
+              help="html: the self-contained report; md: a compact summary for $GITHUB_STEP_SUMMARY.")
+@pass_context
+def report(ctx: Context, source: Optional[Path], out: Optional[Path], fmt: str) -> None:
+    """Draw the last run: DAG by status, timeline per job slot, accuracy and composition, engines, what each GPU gets."""
+    from trtflow.report import REPORT_FILE, RUN_FILE, html, markdown
+    from trtflow.report.record import read_record
+    from trtflow.util.fs import atomic_write
+
+    if source is None:
+        from trtflow.recipe import load_project
+
+        source = load_project(ctx.project_dir).packages_dir.parent / RUN_FILE
+    record = read_record(source)
+    text = markdown.render(record) if fmt == "md" else html.render(record)
+    if out is None and fmt == "md":
+        click.echo(text, nl=False)
+        return
+    target = out or source.parent / REPORT_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, text)
+    click.echo(f"wrote {target}", err=True)
 
 
 def _exit_if_failed(states: list) -> None:
@@ -154,7 +202,7 @@ def _run_session(ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: 
                 session.frozen_keys()  # the same check a frozen run makes before building anything
             output.print_summary(list(session.plan(options.force).values()), as_json, 0.0, dry_run=True)
             return None, session
-        view = None if as_json else output.progress_view(ctx.verbose)
+        view = None if as_json else output.progress_view(ctx.verbose, options.jobs)
         try:
             return list(session.run(options, view).values()), session
         finally:

@@ -45,6 +45,7 @@ class StageResult:
     detail: str = ""
     node: Optional[dict] = None  # where a distributed executor ran it: {"id": ..., "labels": {...}}
     deterministic: bool = False  # the stage's own failure (same inputs, same failure): recorded under its key
+    peak_rss: Optional[int] = None  # bytes: the high-water mark of the worker process that ran it (the report shows it)
 
     @classmethod
     def failure(cls, message: str, exit_code: int = StageError.exit_code, detail: str = "", errno: Optional[int] = None,
@@ -75,7 +76,8 @@ class StageResult:
 
 RESULT_TYPES: dict[str, tuple[type, ...]] = {
     "files": (dict, type(None)), "record": (dict, type(None)), "error": (str, type(None)), "exit_code": (int,),
-    "errno": (int, type(None)), "detail": (str,), "node": (dict, type(None)), "deterministic": (bool,)}
+    "errno": (int, type(None)), "detail": (str,), "node": (dict, type(None)), "deterministic": (bool,),
+    "peak_rss": (int, type(None))}
 
 
 class Executor(Protocol):
@@ -109,7 +111,20 @@ def warm_up(kinds: list[str]) -> None:
 
 
 def run_task(task: StageTask) -> StageResult:
-    """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult."""
+    """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult, with the worker's peak RSS."""
+    return dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
+
+
+def peak_rss() -> Optional[int]:
+    """This process's peak resident set size in bytes (one getrusage call: free), None where it is not known."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+def _run_stage(task: StageTask) -> StageResult:
     try:
         output = stage_module(task.kind).run(task.params, task.inputs, task.workdir)
     except TrtflowError as exc:

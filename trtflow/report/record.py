@@ -1,0 +1,142 @@
+"""The run record (`artifacts/run.json`): a finished run as plain JSON, everything the report draws.
+
+Written only by a run that did something (a no-op writes nothing: runmemo); it is not an input of any stage key
+and never in trtflow.lock. Times are seconds from the run's start; everything else is sorted so two runs that did
+the same thing differ only in their times. Example node entry:
+`{"id": "build:tiny/fp32/rtx-ada", "status": "built", "start": 1.92, "end": 2.41, "slot": 1, "peak_rss": 181403648,
+"reason": "new", "recorded_seconds": 0.49, ...}`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from trtflow import __version__
+from trtflow.report import FORMAT, RUN_FILE, NoRunRecord
+from trtflow.states import CACHED, FAILED, NodeState
+
+MAX_RECORD_BYTES = 256 << 20
+
+
+def run_record(session: Any, states: list[NodeState], seconds: float, jobs: int) -> dict:
+    """The record of a finished run of `session` (a trtflow.session.Session): nodes, timing, packages, fleet."""
+    nodes = [_node_entry(session, state) for state in states]
+    manifests = _manifests(session.project.packages_dir, sorted({n["recipe"] for n in nodes}))
+    targets = {name: [str(cc) for cc in target.compute_capabilities] for name, target in session.project.pipeline.targets.items()}
+    return {"format": FORMAT, "trtflow_version": __version__, "project": session.project.root.name,
+            "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(seconds, 3), "jobs": jobs, "nodes": nodes, "packages": manifests, "targets": targets,
+            "fleet": fleet(targets, manifests), "accuracy": accuracy(manifests, nodes)}
+
+
+def _node_entry(session: Any, state: NodeState) -> dict:
+    """One node: status, reason (the plan's, for a stage that ran), timing, and the seconds its record took to make."""
+    node, planned = state.node, session.planned.get(state.node.id)
+    reason = state.reason or (planned.label if planned is not None and not planned.settled else "")
+    changes = state.changes or (planned.changes if planned is not None else [])
+    record = session.finished.get(node.id) or state.record or {}
+    timing = session.timeline.get(node.id, {})
+    return {"id": node.id, "kind": node.kind, "recipe": node.recipe, "deps": sorted(d.node for d in getattr(node, "deps", ())),
+            "target": (getattr(node, "info", None) or {}).get("target"), "status": state.status, "failure_cached": state.from_cache,
+            "reason": reason, "changes": list(changes), "seconds": state.seconds, "recorded_seconds": _seconds(record),
+            "start": timing.get("start"), "end": timing.get("end"), "slot": timing.get("slot"), "peak_rss": timing.get("peak_rss")}
+
+
+def _seconds(record: dict) -> Optional[float]:
+    value = record.get("seconds") if isinstance(record, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _manifests(packages: Path, recipes: list[str]) -> dict[str, dict]:
+    """Each recipe's package manifest as the run left it (a recipe whose package failed has none)."""
+    found = {}
+    for recipe in recipes:
+        try:
+            found[recipe] = json.loads((packages / recipe / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def fleet(targets: dict[str, list[str]], manifests: dict[str, dict]) -> list[dict]:
+    """For each compute capability of the pipeline's targets: the engine `trtflow provision --gpu <cc>` would choose
+    from each package (the same rules: provision.choose), why every other was refused, and which failed to build."""
+    ccs = sorted({cc for listed in targets.values() for cc in listed}, key=lambda cc: (len(cc), cc))
+    return [{"compute_capability": cc, "targets": sorted(t for t, listed in targets.items() if cc in listed),
+             "recipes": {recipe: _provision_choice(manifest, cc) for recipe, manifest in sorted(manifests.items())}} for cc in ccs]
+
+
+def _provision_choice(data: dict, cc: str) -> dict:
+    """{chosen, reason, refused: [{file, why}], failed: [..]} or {error} for one package and one GPU."""
+    from pydantic import ValidationError
+
+    from trtflow.manifest import Manifest
+    from trtflow.provision import Device, NoEngineFits, choose, failed_for
+
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as exc:
+        return {"error": f"manifest.json does not validate: {exc.error_count()} error(s)"}
+    device = Device((cc,), cc, "report")
+    failed = [f"{m.target} {m.precision}: {m.stage} failed: {m.reason}" for m in failed_for(manifest, device)]
+    try:
+        chosen, others = choose(manifest, device)
+    except NoEngineFits as exc:
+        return {"error": str(exc).splitlines()[0].rstrip(":"), "refused": [], "failed": failed}
+    return {"chosen": chosen.engine.file, "precision": chosen.engine.precision, "target": chosen.engine.target, "reason": chosen.fit,
+            "refused": [{"file": v.engine.file, "why": why} for v, why in others], "failed": failed}
+
+
+def accuracy(manifests: dict[str, dict], nodes: list[dict]) -> list[dict]:
+    """Per recipe and reduced precision: the accuracy against fp32 and the limits it was held to, the composition
+    (share of weight bytes and nodes per type), or the failure of its precision stage."""
+    rows: dict[tuple[str, str], dict] = {}
+    for recipe, manifest in manifests.items():
+        for engine in manifest.get("engines", []):
+            proofs = engine.get("verification") or {}
+            if proofs.get("precision_accuracy") and (recipe, engine["precision"]) not in rows:
+                rows[(recipe, engine["precision"])] = {"recipe": recipe, "precision": engine["precision"], "passed": proofs["precision_accuracy"]["passed"],
+                                                       "accuracy": proofs["precision_accuracy"], "composition": proofs.get("precision_composition")}
+    for node in nodes:
+        if node["kind"] == "precision" and node["status"] == FAILED:
+            precision = node["id"].rsplit("/", 1)[-1]
+            rows[(node["recipe"], precision)] = {"recipe": node["recipe"], "precision": precision, "passed": False, "failure": node["reason"]}
+    return [rows[key] for key in sorted(rows)]
+
+
+def totals(record: dict) -> dict:
+    """Counts per status, and the seconds the cache saved: what the cached stages took when they were made."""
+    nodes = record["nodes"]
+    counts = {status: sum(n["status"] == status for n in nodes) for status in ("built", "cached", "failed", "skipped")}
+    counts["failed_cached"] = sum(n["status"] == FAILED and n["failure_cached"] for n in nodes)
+    saved = sum(n["recorded_seconds"] or 0.0 for n in nodes if n["status"] == CACHED)
+    ran = sum(n["seconds"] or 0.0 for n in nodes if n["status"] != CACHED and not n["failure_cached"])
+    return {**counts, "stages": len(nodes), "stage_seconds": round(ran, 3), "cache_saved_seconds": round(saved, 3),
+            "cold_seconds": round(ran + saved, 3)}
+
+
+def write_record(directory: Path, record: dict) -> Path:
+    """Write run.json into `directory` (atomically, sorted keys)."""
+    from trtflow.util.fs import atomic_write
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RUN_FILE
+    atomic_write(path, json.dumps(record, sort_keys=True, indent=1))
+    return path
+
+
+def read_record(path: Path) -> dict:
+    """A run record written by `trtflow run`; NoRunRecord (one line) if it is missing or not one."""
+    try:
+        with open(path, "rb") as stream:
+            record = json.loads(stream.read(MAX_RECORD_BYTES))
+    except FileNotFoundError:
+        raise NoRunRecord(f"{path}: no run record: run `trtflow run` first (it writes one after every run that did something)") from None
+    except (OSError, ValueError) as exc:
+        raise NoRunRecord(f"{path}: not a run record ({exc})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("nodes"), list):
+        raise NoRunRecord(f"{path}: not a run record of format {FORMAT}: run `trtflow run` again to write one")
+    return record
