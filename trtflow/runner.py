@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from trtflow.dag import Dag, Node
-from trtflow.errors import TrtflowError
+from trtflow.admission import MemoryAdmission
+from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.plan import Resolution, Resolver, failure_shown, upstream_outcome
 from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, recorded_failure
@@ -34,6 +35,7 @@ from trtflow.stages.modelfile import companions, place_side_by_side
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.locks import KeyLocks
 from trtflow.store.objects import Store, write_failure
+from trtflow.util.memory import oom_kills, shown
 
 if TYPE_CHECKING:
     from trtflow.store.remote import Remote
@@ -68,6 +70,7 @@ class RunOptions:
     jobs: int = 1
     force: bool = False
     retry_failed: bool = False  # run again the stages whose own failure is recorded under their key
+    memory: Optional[int] = None  # bytes the stages running at once may take together (None: no limit)
     frozen: bool = False
     remote_required: bool = False
     check_repro: int = 0  # after the run, rebuild every selected engine this many times in hermetic workers (repro.py)
@@ -83,6 +86,8 @@ class _Running:
     workdir: Path
     started: float
     slot: int = 0  # which of the -j job slots it ran in (the report's timeline rows)
+    expected: int = 0  # the peak memory it was admitted with (admission.MemoryAdmission)
+    oom_kills: Optional[int] = None  # the cgroup's OOM kill count when it started: a kill since then is a lack of memory
 
 
 class Runner:
@@ -103,6 +108,8 @@ class Runner:
         self.keys = KeyLocks(store.locks)
         self.run_id = f"{os.getpid()}-{time.time_ns()}"
         self.warnings: list[str] = []
+        self.memory = MemoryAdmission(options.memory, store)
+        self._memory_noted: set[str] = set()
         self._built_here: dict[str, dict] = {}  # key -> record built by this run (two nodes, one key)
         self.equivalent: dict[str, dict] = {}  # --frozen: nodes whose engine is equivalent to the lock's, not identical
         self.identical: set[str] = set()  # --frozen: nodes whose outputs are the lock's, byte for byte
@@ -240,9 +247,21 @@ class Runner:
             self.keys.release(key)
             self._finish(NodeState(node, CACHED, reason, key=key, components=resolution.components), record)
             return True
-        future, job = self._start(resolution)
+        expected = self.memory.expected(resolution)
+        if not self.memory.admits(expected, [job.expected for job in self._running_jobs]):
+            self.keys.release(key)  # another stage finishing makes room: the dispatcher comes back to it then
+            return False
+        self._note_alone(node, expected)
+        future, job = self._start(resolution, expected)
         running[future] = job
         return True
+
+    def _note_alone(self, node: Node, expected: int) -> None:
+        """Warn, once, that a stage alone exceeds the run's memory budget (it runs with nothing beside it)."""
+        warning = self.memory.alone_over(expected)
+        if warning and node.id not in self._memory_noted:
+            self._memory_noted.add(node.id)
+            self._warn(f"{node.id} {warning}")
 
     def _made_meanwhile(self, node: Node, key: str) -> tuple[Optional[dict], str]:
         """With the key's lock held: the record this run, another run or the remote cache has for it."""
@@ -284,14 +303,15 @@ class Runner:
         self.warnings.append(message)
         self.listener("warning", message)
 
-    def _start(self, resolution: Resolution) -> tuple[futures.Future, _Running]:
+    def _start(self, resolution: Resolution, expected: int = 0) -> tuple[futures.Future, _Running]:
         """Hand the node to the executor with its inputs placed, in a fresh work directory of its own."""
         node = resolution.node
         self.listener("start", resolution.state)
         workdir = Path(tempfile.mkdtemp(dir=self._workroot(), prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
         task = StageTask(node.id, node.kind, node.params, task_inputs(resolution, self.finished, self.store, workdir), workdir)
         busy = {job.slot for job in self._running_jobs}
-        job = _Running(node, resolution.key, resolution.components, workdir, time.perf_counter(), min(set(range(len(busy) + 1)) - busy))
+        job = _Running(node, resolution.key, resolution.components, workdir, time.perf_counter(), min(set(range(len(busy) + 1)) - busy),
+                       expected, oom_kills())
         self._running_jobs.append(job)
         return self.executor.submit(task), job
 
@@ -300,7 +320,9 @@ class Runner:
         seconds = round(time.perf_counter() - job.started, 3)
         self._running_jobs.remove(job)
         self.timeline[job.node.id] = {"start": round(job.started - self.t0, 3), "end": round(job.started - self.t0 + seconds, 3),
-                                      "slot": job.slot, "peak_rss": result.peak_rss}
+                                      "slot": job.slot, "peak_rss": result.peak_rss, "expected_rss": job.expected}
+        self.store.remember_peak(job.node.id, result.peak_rss)
+        result = self._as_lack_of_memory(job, result)
         try:
             if result.error is not None:
                 self._raise_if_store_full(job, result.errno)
@@ -310,7 +332,7 @@ class Runner:
                 return
             outputs = {name: self.store.add_object(Path(path)) for name, path in result.files.items()}
             record = {"key": job.key, "node": job.node.id, "outputs": outputs, "record": result.record, "components": job.components,
-                      "seconds": seconds, "built_by": {"run": self.run_id, "pid": os.getpid()}}
+                      "seconds": seconds, "peak_rss": result.peak_rss, "built_by": {"run": self.run_id, "pid": os.getpid()}}
             record = self.store.put_stage_record(job.key, record)
             self._built_here[job.key] = record
             self._finish(NodeState(job.node, BUILT, key=job.key, components=job.components, seconds=seconds, where=result.node), record)
@@ -319,6 +341,16 @@ class Runner:
         finally:
             self.keys.release(job.key)
             shutil.rmtree(job.workdir, ignore_errors=True)
+
+    def _as_lack_of_memory(self, job: _Running, result: StageResult) -> StageResult:
+        """A worker the kernel's OOM killer killed (its cgroup counted a kill while the stage ran) fails for lack of
+        memory, exit 4, never recorded: said as such, not as a bare signal."""
+        now = oom_kills()
+        if result.error is None or job.oom_kills is None or now is None or now <= job.oom_kills:
+            return result
+        return StageResult.failure(f"{job.node.id} was killed for lack of memory (the kernel's OOM killer; it was expected to need "
+                                   f"{shown(job.expected)}): run fewer stages at once (-j, --memory) or on a machine with more memory",
+                                   EnvironmentProblem.exit_code, result.detail, node=result.node)
 
     def _record_failure(self, job: _Running, result: StageResult, seconds: float) -> bool:
         """Record a stage's own failure under its key: the same key fails the same way, so the next run reports it

@@ -8,9 +8,12 @@ again, so gc cannot have deleted what it finds). A run that finds everything cac
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
+from trtflow.admission import default_budget
 from trtflow.calibration import check_calibration_data
 from trtflow.backends.base import BACKENDS
 from trtflow.dag import Dag, dag_from_project
@@ -142,8 +145,8 @@ class Session:
                 lease = LazyLease(self.store.root, self.store.notes)
                 lease.tmp()
             placement = Placement(self.store, self.project.packages_dir, self.resolver.digests, self.signer)
-            runner = Runner(self.dag, self.store, self.resolver, placement, options, executor, listener, expected,
-                            remote=remote, workroot=lease.tmp)
+            runner = Runner(self.dag, self.store, self.resolver, placement, _with_memory_budget(options, executor), executor, listener,
+                            expected, remote=remote, workroot=lease.tmp)
             self.planned = planned
             if listener is not None:
                 listener("plan", self.estimates(planned))
@@ -264,6 +267,14 @@ class Session:
         """Close the store's cache."""
         if self.store is not None:
             self.store.close()
+
+
+def _with_memory_budget(options: RunOptions, executor: "Executor") -> RunOptions:
+    """Local stages share this machine's memory: without --memory, a share of what is available now. A Ray cluster
+    schedules by its own resources (None: no budget here)."""
+    if options.memory is not None or not isinstance(executor, LocalExecutor):
+        return options
+    return dataclasses.replace(options, memory=default_budget())
 
 
 def _failure_entries(states: dict[str, NodeState], built: dict[str, LockEntry]) -> dict[str, LockEntry]:

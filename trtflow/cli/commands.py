@@ -104,10 +104,12 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
               help="Release gate: then rebuild every selected engine N times in hermetic workers; exit 1 if one is not equivalent.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), help="Where stages run (default: executor: in pipeline.yaml, else local processes).")
 @click.option("--ray-address", metavar="HOST:PORT|auto", help="The Ray cluster to run on (default: executor.ray.address, else a local Ray instance).")
+@click.option("--memory", metavar="SIZE", callback=lambda ctx, param, value: _size_option(value),
+              help="Memory the stages running at once may take together, e.g. 16G (default: 90% of what is available at the start).")
 @click.option("--no-report", is_flag=True, help="Do not write run.json and report.html beside the packages (written after a run that did something).")
 @pass_context
 def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_failed: bool, dry_run: bool, frozen: bool, as_json: bool,
-        remote_required: bool, check_repro: Optional[int], executor: Optional[str], ray_address: Optional[str], no_report: bool) -> None:
+        remote_required: bool, check_repro: Optional[int], executor: Optional[str], ray_address: Optional[str], memory: Optional[int], no_report: bool) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow import runmemo
 
@@ -123,7 +125,8 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_fa
 
     with runmemo.recording() as reads:
         options = RunOptions(jobs=jobs, force=force, retry_failed=retry_failed, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0,
-                             executor="ray" if ray_address and executor is None else executor, ray_address=ray_address)
+                             executor="ray" if ray_address and executor is None else executor, ray_address=ray_address,
+                             memory=memory)
         states, session = _run_session(ctx, recipes, options, dry_run, as_json)
     if states is None:
         return  # a dry run: printed already
@@ -183,6 +186,18 @@ def report(ctx: Context, source: Optional[Path], out: Optional[Path], fmt: str) 
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(target, text)
     click.echo(f"wrote {target}", err=True)
+
+
+def _size_option(value: Optional[str]) -> Optional[int]:
+    """--memory 16G -> bytes; a bad size is a usage error (exit 2) naming it."""
+    if value is None:
+        return None
+    from trtflow.util.memory import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory") from None
 
 
 def _exit_if_failed(states: list) -> None:

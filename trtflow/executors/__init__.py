@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from trtflow.errors import StageError, TrtflowError
+from trtflow.errors import EnvironmentProblem, StageError, TrtflowError
+from trtflow.util.memory import peak_rss, reset_peak, shown
 from trtflow.stages import stage_module
 from trtflow.stages.base import StageParams, Upstream
 
@@ -111,22 +112,19 @@ def warm_up(kinds: list[str]) -> None:
 
 
 def run_task(task: StageTask) -> StageResult:
-    """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult, with the worker's peak RSS."""
+    """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult, with the peak RSS the
+    worker reached while it ran (the peak is reset first: a pool worker's earlier stages do not count)."""
+    reset_peak()
     return dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
-
-
-def peak_rss() -> Optional[int]:
-    """This process's peak resident set size in bytes (one getrusage call: free), None where it is not known."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
 def _run_stage(task: StageTask) -> StageResult:
     try:
         output = stage_module(task.kind).run(task.params, task.inputs, task.workdir)
+    except MemoryError:
+        return StageResult.failure(f"{task.node_id} ran out of memory (MemoryError at {shown(peak_rss())}): run fewer stages at once "
+                                   "(-j, --memory) or on a machine with more memory", EnvironmentProblem.exit_code,
+                                   traceback.format_exc())
     except TrtflowError as exc:
         own = isinstance(exc, StageError) and exc.exit_code == StageError.exit_code
         return StageResult.failure(stable_reason(str(exc), task.workdir), exc.exit_code, traceback.format_exc(), deterministic=own)

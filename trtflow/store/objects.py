@@ -398,6 +398,16 @@ class Store:
         if self.last_run(node_id) != value:
             self._cache.set("node:" + node_id, value)
 
+    def remembered_peak(self, node_id: str) -> Optional[int]:
+        """The peak RSS (bytes) the node's stage reached the last time it ran, if known (the memory-aware scheduler)."""
+        value = self._cache.get("peak:" + node_id)
+        return value if isinstance(value, int) and value > 0 else None
+
+    def remember_peak(self, node_id: str, peak: Optional[int]) -> None:
+        """Remember the node's measured peak RSS for the next run's scheduling (writes only on change)."""
+        if peak and self.remembered_peak(node_id) != peak:
+            self._cache.set("peak:" + node_id, int(peak))
+
     def remembered_lock(self, path: str) -> Optional[list]:
         """[file signature, entries digest] of the lock at `path` as this store last wrote or read it; None if unknown."""
         value = self._cache.get("lock:" + path)

@@ -1,0 +1,101 @@
+"""The memory-aware scheduler: `-j N` never starts a stage whose expected peak does not fit beside the running ones
+(`--memory`, default 90% of what is available); peaks are measured per stage (a pool worker's earlier stages do not
+count) and remembered for the next run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_RECIPE, trtflow, write_project
+from trtflow.util.memory import DECLARED, MIB, expected_peak, parse_size
+
+FP16 = TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp16]") + "accuracy: {fp16: {min_top1: 0.0}}\n"
+
+
+def timeline(root: Path) -> dict[str, dict]:
+    """node id -> {start, end, slot, peak_rss, ...} of the last run (artifacts/run.json, which the report reads)."""
+    return {node["id"]: node for node in json.loads((root / "artifacts" / "run.json").read_text())["nodes"]}
+
+
+def overlap(a: dict, b: dict) -> bool:
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+def two_precisions(root: Path) -> Path:
+    """Two recipes whose fp16 stages differ (another accuracy seed), so neither is the other's cached twin."""
+    return write_project(root, {"a": FP16, "b": FP16.replace("{fp16: {min_top1: 0.0}}", "{seed: 2, fp16: {min_top1: 0.0}}")})
+
+
+def test_two_precision_stages_beyond_the_budget_run_one_after_the_other(tmp_path: Path) -> None:
+    root = two_precisions(tmp_path / "p")
+    declared = expected_peak("precision", 0, None)
+    budget = int(declared * 1.5)  # room for one precision stage, not two
+    result = trtflow(root, "run", "-j", "2", "--memory", f"{budget // MIB}M", "--json")
+    assert result.code == 0, result.err
+    runs = timeline(root)
+    assert not overlap(runs["precision:a/fp16"], runs["precision:b/fp16"])
+
+
+def test_with_room_for_both_they_run_side_by_side(tmp_path: Path) -> None:
+    root = two_precisions(tmp_path / "p")
+    assert trtflow(root, "run", "-j", "2", "--memory", "64G").code == 0
+    runs = timeline(root)
+    assert overlap(runs["precision:a/fp16"], runs["precision:b/fp16"])
+
+
+def test_a_stage_over_the_budget_runs_alone_and_says_so(tmp_path: Path) -> None:
+    root = two_precisions(tmp_path / "p")
+    result = trtflow(root, "run", "-j", "2", "--memory", "50M", "--json")
+    assert result.code == 0, result.err
+    warnings = json.loads(result.out)["warnings"]
+    assert any(w.startswith("precision:a/fp16 expects ") and w.endswith("more than the 52 MB this run may use (--memory): it runs alone")
+               for w in warnings)
+    runs = list(timeline(root).values())
+    ran = [r for r in runs if r.get("start") is not None]
+    assert not any(overlap(x, y) for i, x in enumerate(ran) for y in ran[i + 1:])
+
+
+def test_peaks_are_measured_per_stage_and_remembered(tmp_path: Path) -> None:
+    from trtflow.store import Store
+
+    root = two_precisions(tmp_path / "p")
+    assert trtflow(root, "run", "-j", "1").code == 0
+    runs = timeline(root)
+    store = Store(root / "artifacts" / "store")
+    try:
+        for node_id, run in runs.items():
+            if run.get("start") is not None:
+                assert run["peak_rss"] and store.remembered_peak(node_id) == run["peak_rss"], node_id
+    finally:
+        store.close()
+
+
+def test_a_workers_peak_is_reset_for_each_stage() -> None:
+    """What a pool worker peaked at for an earlier stage is not charged to the next one (Linux clear_refs)."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np\nfrom trtflow.util.memory import peak_rss, reset_peak\n"
+            "big = np.ones(400 << 20 >> 3); big[::512] = 2; del big\nbefore = peak_rss(); reset_peak()\n"
+            "small = np.ones(8 << 20 >> 3); small[::512] = 2\nprint(before, peak_rss())")
+    before, after = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert before > 400 << 20 and after < before - (300 << 20)
+
+
+@pytest.mark.parametrize("text,expected", [("8G", 8 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("1000", 1000), ("2k", 2048)])
+def test_sizes(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_a_bad_size_is_a_usage_error(tmp_path: Path) -> None:
+    result = trtflow(two_precisions(tmp_path / "p"), "run", "--memory", "lots")
+    assert result.code == 2 and "'lots' is not a size" in result.err
+
+
+def test_expectations_learn_from_the_last_peak_and_scale_with_the_model() -> None:
+    base, per_byte = DECLARED["precision"]
+    assert expected_peak("precision", 548 << 20, None) == int(base + per_byte * (548 << 20))
+    assert expected_peak("precision", 548 << 20, 123) == 123

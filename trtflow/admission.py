@@ -1,0 +1,63 @@
+"""Memory-aware admission: `-j N` starts a stage only when the expected peaks of the running stages plus its own
+fit in what the run may use (`--memory`, default 90% of the memory available when the run starts).
+
+A stage's expectation is its own last measured peak (remembered in the store), else its kind's declaration for the
+size of its largest input (trtflow.util.memory.DECLARED). A stage that alone exceeds the budget still runs, alone,
+with a warning: waiting could not make room, and refusing would leave the project unbuildable.
+
+    budget 8 GB, running: precision:a/fp16 (expected 5 GB)
+    precision:b/fp16 expects 5 GB   -> waits until a finishes
+    build:a/fp32/t  expects 0.6 GB  -> starts (5.6 GB of 8)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from trtflow.plan import Resolution
+from trtflow.store.objects import Store
+from trtflow.util.memory import available_bytes, expected_peak, SHARE_OF_AVAILABLE, shown
+
+
+def default_budget() -> Optional[int]:
+    """What a run may use when --memory is not given: a share of the memory available now (None if unknown)."""
+    available = available_bytes()
+    return int(available * SHARE_OF_AVAILABLE) if available else None
+
+
+class MemoryAdmission:
+    """Decides whether a stage may start now, from the expected peaks of the stages already running."""
+
+    def __init__(self, budget: Optional[int], store: Store):
+        self.budget, self.store = budget, store
+
+    def expected(self, resolution: Resolution) -> int:
+        """The node's expected peak: its last measured one, else its kind's declaration for its largest input."""
+        node = resolution.node
+        return expected_peak(node.kind, self._largest_input(resolution), self.store.remembered_peak(node.id))
+
+    def admits(self, expected: int, running: list[int]) -> bool:
+        """Whether a stage expected to peak at `expected` may start beside stages expected to peak at `running`."""
+        return self.budget is None or not running or sum(running) + expected <= self.budget
+
+    def alone_over(self, expected: int) -> Optional[str]:
+        """The warning for a stage that alone exceeds the budget (it runs with nothing beside it), else None."""
+        if self.budget is None or expected <= self.budget:
+            return None
+        return f"expects {shown(expected)}, more than the {shown(self.budget)} this run may use (--memory): it runs alone"
+
+    def _largest_input(self, resolution: Resolution) -> int:
+        """Bytes of the node's largest input file: a store object by its digest, or a source file outside the store."""
+        sizes = [_size(path) for _, path in resolution.node.sources]
+        for digest in (resolution.components or {}).get("inputs", {}).values():
+            if isinstance(digest, str) and len(digest) == 64:
+                sizes.append(_size(self.store.object_path(digest)))
+        return max(sizes, default=0)
+
+
+def _size(path: "os.PathLike[str]") -> int:
+    try:
+        return os.stat(path).st_size
+    except (OSError, ValueError):
+        return 0

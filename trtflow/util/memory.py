@@ -1,0 +1,110 @@
+"""Memory a run may use and memory a stage is expected to need, so `-j N` never starts what the machine cannot hold.
+
+Precision stages dominate: AutoCast of ONNX's legacy VGG-19 peaked at 17.7 GB (a 548 MB model: about 32 bytes per
+byte of model), while a build of the same model takes a few hundred MB. A stage's expectation is what it peaked at
+the last time it ran (remembered in the store), else what its kind declares for the size of its model:
+
+    >>> expected_peak("precision", model_bytes=548 << 20, learned=None) / 2**30
+    17.6...
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+GIB, MIB = 1 << 30, 1 << 20
+# Per stage kind: (base bytes, bytes per byte of its input model). Declared from measurements on the real-model
+# corpus (README: peak memory per stage kind); replaced by the stage's own last peak once it has run.
+DECLARED: dict[str, tuple[int, float]] = {
+    "export": (1 * GIB, 4.0), "cleanup": (400 * MIB, 4.0), "precision": (600 * MIB, 32.0), "build": (500 * MIB, 3.0),
+    "verify": (300 * MIB, 2.0), "package": (200 * MIB, 1.0),
+}
+SHARE_OF_AVAILABLE = 0.9  # of the memory available when a run starts, what its stages may take together
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """`8G`, `512M`, `1.5GiB`, `1000000` -> bytes (ValueError naming the text when it is not a size)."""
+    found = _SIZE.match(text)
+    if not found:
+        raise ValueError(f"{text!r} is not a size: write it like 8G, 512M or 1.5GiB")
+    return int(float(found.group(1)) * 1024 ** "bkmgt".index((found.group(2) or "b").lower()))
+
+
+def expected_peak(kind: str, model_bytes: int, learned: Optional[int]) -> int:
+    """What a stage is expected to peak at: its last measured peak, else its kind's declaration for its model's size."""
+    if learned:
+        return learned
+    base, per_byte = DECLARED.get(kind, (500 * MIB, 2.0))
+    return int(base + per_byte * model_bytes)
+
+
+def available_bytes() -> Optional[int]:
+    """Memory this process may still use: the smaller of MemAvailable and the cgroup's limit less its usage."""
+    found = [value for value in (_meminfo_available(), _cgroup_room()) if value is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> Optional[int]:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> Optional[int]:
+    """memory.max - memory.current of this process's cgroup (v2), None when unlimited or unknown."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def oom_kills() -> Optional[int]:
+    """How many processes the kernel's OOM killer has killed in this cgroup (v2), None where it cannot be read."""
+    try:
+        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def reset_peak() -> None:
+    """Start this process's peak RSS afresh (Linux: 5 > /proc/self/clear_refs), so a pool worker's next stage is
+    measured alone, not with the largest stage the worker ran before."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss() -> Optional[int]:
+    """This process's peak resident set size in bytes since its start or the last reset_peak (VmHWM)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def shown(count: Optional[int]) -> str:
+    """`17.7 GB`, `512 MB`: a byte count as the user reads it (decimal units, like `free -h` and the README)."""
+    if count is None:
+        return "unknown"
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.0f} MB"
