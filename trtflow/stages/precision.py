@@ -21,11 +21,12 @@ from trtflow import calibration
 from trtflow.errors import StageError, TrtflowError
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
-from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, place_side_by_side, save_model
+from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
 from trtflow.util.onnxio import composition
 from trtflow.util.versions import ort_version, tool_version
 
-KIND, VERSION = "precision", 4  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions
+KIND, VERSION = "precision", 5  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions;
+# 5: value_info in canonical order
 
 
 class Accuracy(BaseModel):
@@ -115,7 +116,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     held_out, calibrating = _declared_samples(params, inputs, model_inputs)
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
     model, details = _convert(params, source, calibrating, workdir)
-    files = save_model(onnx, model, workdir)
+    files = save_model(onnx, canonical_order(model), workdir)
     accuracy = _accuracy(params, model, source, held_out, calibrating)
     if not accuracy["passed"] and params.on_fail == "fail":
         raise StageError(_failure_message(precision, accuracy))
