@@ -84,7 +84,7 @@ def test_changing_a_cleanup_option_is_explained_and_reruns_cleanup(tmp_path: Pat
     assert trtflow(root, "run").code == 0
     recipe = root / "recipes" / "slim.yaml"
     recipe.write_text(recipe.read_text() + "cleanup: {tie_weights: false}\n")
-    assert "options.tie_weights: True -> False" in trtflow(root, "plan", "--explain").out
+    assert "options.tie_weights: default -> False" in trtflow(root, "plan", "--explain").out
 
 
 def break_cleanup(monkeypatch: pytest.MonkeyPatch, root: Path, tmp_path: Path):

@@ -78,6 +78,7 @@ class Tolerance(_Model):
     min_top1: Optional[float] = None
     max_abs_error: Optional[float] = None
     max_mean_rel_error: Optional[float] = None
+    min_share: Optional[float] = None  # of weights and of MACs in the precision (composition)
 
 
 class OutputAccuracy(_Model):
@@ -89,6 +90,7 @@ class OutputAccuracy(_Model):
     cosine_similarity: Optional[float]  # the lowest over the samples
     top1_agreement: Optional[float]  # share of rows whose argmax agrees, for [rows, classes] outputs
     non_finite: int = 0
+    reference_abs_max: Optional[float] = None  # the fp32 output's largest |value| (range diagnosis)
     problems: list[str] = []
     passed: bool
 
@@ -103,6 +105,7 @@ class PrecisionAccuracy(_Model):
     samples: int
     tolerance: Tolerance
     outputs: list[OutputAccuracy]
+    problems: list[str] = []  # beyond the outputs: a composition below min_share
     passed: bool
 
 
@@ -129,12 +132,27 @@ class EngineRun(_Model):
     passed: Optional[bool] = None
 
 
+class KeptNode(_Model):
+    """A node a reduced-precision model kept in higher precision, and the reason the tool gave."""
+
+    name: str
+    op: str
+    weights: int  # elements
+    macs: int
+    reason: str
+
+
 class Composition(_Model):
     """What the reduced-precision ONNX is made of: how much of an "fp16" or "int8" model still computes in fp32."""
 
     nodes_by_dtype: dict[str, int]  # by the element type of each node's first output; Q/DQ nodes as "q/dq"
     initializer_bytes_by_dtype: dict[str, int]
     qdq_covered_ops: dict[str, int]  # ops fed by a DequantizeLinear (int8/fp8), by op type
+    precision: Optional[str] = None
+    weight_share: Optional[float] = None  # of weight elements in nodes that run in `precision`
+    mac_share: Optional[float] = None  # of multiply-accumulates in such nodes
+    kept_nodes: Optional[int] = None  # nodes with weights or MACs kept in higher precision
+    kept: list[KeptNode] = []  # the top ones, by weights then MACs
 
 
 class Verification(_Model):

@@ -152,6 +152,7 @@ def evidence_lines(engine: dict) -> list[str]:
         lines.append(f"{engine['precision']} vs fp32: {'passed' if accuracy.get('passed') else 'FAILED'} (min cosine {cosine:.8f}, {accuracy.get('samples')} samples)")
     if check.get("precision_composition"):
         lines.append(composition_line(check["precision_composition"]))
+        lines += kept_lines(check["precision_composition"])
     if check.get("engine_run"):
         lines.append(f"engine run: {check['engine_run']['status']}")
     return lines
@@ -163,6 +164,16 @@ def composition_line(parts: dict) -> str:
     weights = ", ".join(f"{k} {size(v)}" for k, v in parts["initializer_bytes_by_dtype"].items())
     covered = ", ".join(f"{k} {v}" for k, v in parts["qdq_covered_ops"].items())
     return f"made of: nodes {nodes}; weights {weights}" + (f"; Q/DQ-fed {covered}" if covered else "")
+
+
+def kept_lines(parts: dict, top: int = 5) -> list[str]:
+    """`fp16 share: weights 12.0%, MACs 30.1%; 40 node(s) kept higher, the largest:` then one line per kept node."""
+    if parts.get("weight_share") is None:
+        return []
+    lines = [f"{parts['precision']} share: weights {parts['weight_share']:.1%}, MACs {parts['mac_share']:.1%}; "
+             f"{parts['kept_nodes']} node(s) kept in higher precision" + (", the largest:" if parts["kept"] else "")]
+    lines += [f"  {k['name']} ({k['op']}, {k['weights']} weights, {k['macs']} MACs): {k['reason']}" for k in parts["kept"][:top]]
+    return lines
 
 
 def print_engine(info: dict) -> None:

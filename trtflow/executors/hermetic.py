@@ -211,7 +211,7 @@ def run_isolated(task: StageTask) -> StageResult:
     """Run one task in a fresh ordinary process (the user's environment, its own work dir): a stage that runs user
     code (a torch factory) cannot take the run down, and when it dies, the message says how and in what."""
     with private_dir("trtflow-worker-") as channel:  # not the work dir: the store's tmp/ is writable by others
-        return _run_worker(task, task.workdir, None, die_with_parent, channel)
+        return _run_worker(task, task.workdir, Settings.pinned_env(), die_with_parent, channel)
 
 
 def _run_worker(task: StageTask, folder: Path, env: Optional[dict], prepare, channel: Optional[Path] = None) -> StageResult:

@@ -4,7 +4,9 @@ Processes, not threads: TensorRT-RTX builds are single-threaded and hold the GIL
 `-j 2` use both cores, and a crash inside a native library fails one node instead of the whole run (the
 pool is then replaced). Workers are spawned, never forked: the runner holds SQLite handles. Stages of the
 `hermetic` kinds (builds, by default) run each in a fresh hermetic process instead (executors.hermetic): their
-output must not depend on what the process did before. The runner keeps at most -j tasks running in all.
+output must not depend on what the process did before. Every worker, pooled or not, starts with the hash seed and
+locale pinned (util.settings.PINNED): AutoCast's value_info followed string hashing. The runner keeps at most -j
+tasks running in all.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Optional
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
 from trtflow.executors.hermetic import WarmWorkers, run_hermetic, run_isolated
 from trtflow.util.proc import die_with_parent
-from trtflow.util.settings import Settings
+from trtflow.util.settings import Settings, pinned_environ
 
 HERMETIC_KINDS = frozenset({"build"})
 ISOLATED_KINDS = frozenset({"export"})  # run user code: a fresh process each, so a crash names itself
@@ -72,8 +74,11 @@ class LocalExecutor:
         if self._broken:
             self._drop()
         if self._pool is None:
-            self._pool = futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                                     initializer=die_with_parent)
+            with pinned_environ():  # a spawned worker inherits the environment as it is when it starts: all start now
+                self._pool = futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                         initializer=die_with_parent)
+                for _ in range(self.jobs):  # each submit starts one more worker while none is idle (every start method but fork)
+                    self._pool.submit(warm_up, [])
         return self._pool
 
     def _drop(self) -> None:

@@ -115,6 +115,7 @@ class Tolerance(StrictModel):
     min_top1: Optional[float] = Field(default=None, ge=0, le=1)  # outputs of shape [rows, classes]
     max_abs_error: Optional[float] = Field(default=None, ge=0)
     max_mean_rel_error: Optional[float] = Field(default=None, ge=0)
+    min_share: Optional[float] = Field(default=None, ge=0, le=1)  # of weights and of MACs that run in this precision
 
 
 # Measured on the example and test models (README: Precision and calibration); fp16 keeps 10 mantissa bits, bf16 7,

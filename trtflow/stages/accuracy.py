@@ -21,6 +21,9 @@ import numpy as np
 
 from trtflow.stages import compare
 
+# The magnitudes each reduced type holds: (smallest subnormal, largest finite); int8/fp8 hold what calibration scaled.
+RANGES = {"fp16": (5.96e-08, 65504.0), "bf16": (9.18e-41, 3.39e38)}
+
 def emulation_note(types: list[str]) -> str:
     """` (fp16 emulated: fp16 values after every op, fp32 arithmetic)` for the reduced types a model was run as."""
     return "".join(f" ({name} emulated: {name} values after every op, fp32 arithmetic)" for name in types)
@@ -45,7 +48,23 @@ def failure_message(precision: str, accuracy: dict) -> str:
         return f"{precision} accuracy: no output was compared"
     numbers = ", ".join(f"{k.replace('_', ' ')} {_short(bad[k])}" for k in ("max_abs_error", "mean_rel_error", "cosine_similarity", "top1_agreement") if bad[k] is not None)
     return (f"{precision} accuracy out of tolerance: output {bad['name']} {'; '.join(bad['problems'])} ({numbers}) over "
-            f"{accuracy['samples']} samples of {accuracy['data']}; loosen accuracy.{precision} in the recipe or set verify: {{on_fail: warn}}")
+            f"{accuracy['samples']} samples of {accuracy['data']}{range_note(precision, bad)}; loosen accuracy.{precision} in the recipe "
+            "or set verify: {on_fail: warn}")
+
+
+def range_note(precision: str, output: dict) -> str:
+    """`; the fp32 reference's largest |value| is 1.2e-09, below fp16's smallest subnormal 5.96e-08 (it underflows to 0)`
+    when an output's reference lies outside what the precision holds; else empty."""
+    low, high = RANGES.get(precision, (None, None))
+    peak = output.get("reference_abs_max")
+    if low is None or peak is None:
+        return ""
+    if 0 < peak < low:
+        return (f"; the fp32 reference's largest |value| is {_short(peak)}, below {precision}'s smallest subnormal {low:g} "
+                "(every value underflows to 0): scale the output, or keep its producer in fp32 (autocast.keep_nodes)")
+    if peak > high:
+        return f"; the fp32 reference's largest |value| is {_short(peak)}, above {precision}'s largest {high:g} (it overflows)"
+    return ""
 
 
 def _short(value: float) -> str:
@@ -65,7 +84,7 @@ def _per_feed(got: dict, want: dict) -> dict:
         error = np.abs(np.where(finite, a, 0.0) - e)
         rows[name] = {"non_finite": int((~finite).sum()), "max_abs": float(error.max(initial=0.0)), "abs_sum": float(error.sum()),
                       "ref_sum": float(np.abs(e).sum()), "cosine": _cosine(np.where(finite, a, 0.0).ravel(), e.ravel()),
-                      "top1": _top1(a, e)}
+                      "top1": _top1(a, e), "ref_max": float(np.abs(e).max(initial=0.0))}
     return rows
 
 
@@ -94,7 +113,8 @@ def _fold(name: str, per_feed: list[dict]) -> dict:
             "mean_rel_error": _rounded(sum(r["abs_sum"] for r in per_feed) / ref_sum if ref_sum > 0 else 0.0),
             "cosine_similarity": _rounded(min(r["cosine"] for r in per_feed)),
             "top1_agreement": _rounded(sum(t[0] for t in tops) / sum(t[1] for t in tops)) if tops else None,
-            "non_finite": sum(r["non_finite"] for r in per_feed), "problems": []}
+            "non_finite": sum(r["non_finite"] for r in per_feed), "reference_abs_max": _rounded(max(r["ref_max"] for r in per_feed)),
+            "problems": []}
 
 
 def _rounded(value: float) -> float:

@@ -6,8 +6,10 @@ and weight tying, iterated to a fixed point with shape inference between rounds.
 onnx-graphsurgeon (folding evaluates on ONNX Runtime), maintained, and removed the most nodes of the three
 maintained tools on the test models (see README: Sources and cleanup); every pass has a recipe switch.
 
-Folding never makes a constant larger than `fold_size_limit_mib` (onnxslim's size threshold): weights a graph
-computes from small seeds stay computed, as TensorRT builds them, instead of bloating the model and its engines.
+Folding never inflates: a constant a node computes is folded only when it is no larger than the seeds it is computed
+from (+ 64 KiB for shapes and zero biases; stages.folding), and never larger than `fold_size_limit_mib` (onnxslim's
+size threshold): weights a graph computes from small seeds stay computed, as TensorRT builds them, instead of
+bloating the model and its engines.
 Before onnxslim, a CastLike whose target type is known becomes a Cast (exact): the dynamo exporter's zero conv
 biases, CastLike(0, input), otherwise hide every Conv+BatchNorm fusion from it.
 
@@ -33,13 +35,15 @@ from trtflow.errors import StageError
 from trtflow.recipe.schema import CleanupOptions
 from trtflow.stages.base import (ProofSettings, CACHED_UNDER_WARN, Dep, Node, NodeId, Placement, RecipeContext,
                                    StageOutput, StageParams, Upstream, enforce_proof)
+from trtflow.stages import folding
 from trtflow.stages.capture import captured_output
 from trtflow.stages.modelfile import load_graph, save_model
 from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
 PROOF_FAILED = "the cleaned model differs from the source: onnx_compare"
-KIND, VERSION = "cleanup", 5  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes; 5: CPU-independent sessions
+KIND, VERSION = "cleanup", 6  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes; 5: CPU-independent sessions
+# 6: no fold larger than its seeds (stages.folding)
 # IR 3 lists every initializer as a graph input too; from IR 4 on initializers are constants of their own.
 MIN_IR_VERSION = 4
 # The newest IR version ONNX Runtime and the TensorRT parsers read; a model needing more keeps its own.
@@ -127,7 +131,7 @@ def _clean(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list[st
     if options.simplify:
         resolved = _castlike_to_cast(onnx, model) if options.fold_constants else 0
         passes += [f"castlike_to_cast {resolved}"] if resolved else []
-        model, ran = _simplify(model, options)
+        model, ran = _simplify(onnx, model, options)
         passes += ran
     if options.opset is not None:
         model = _convert_opset(onnx, model, options.opset)
@@ -140,20 +144,25 @@ def _clean(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list[st
     return model, passes
 
 
-def _simplify(model: Any, options: CleanupOptions) -> tuple[Any, list[str]]:
+def _simplify(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list[str]]:
+    """onnxslim's passes, with the seeds of every fold that would inflate the model hidden from it (stages.folding)."""
     import onnxslim
 
     skipped = [name for switch, name in SLIM_PASSES.items() if not getattr(options, switch)]
     limit = options.fold_size_limit_mib
     threshold = None if limit is None else max(1, int(limit * MIB))  # bytes; onnxslim folds nothing larger
+    hidden, weighed = folding.inflating_seeds(onnx, model) if options.fold_constants and limit is not None else ([], None)
+    moved = folding.hide(onnx, model, hidden)
     try:
         slimmed = onnxslim.slim(model, no_shape_infer=not options.infer_shapes, skip_optimizations=skipped or None,
                                 size_threshold=threshold)
     except Exception as exc:
         raise StageError(f"cleanup.simplify: onnxslim failed: {type(exc).__name__}: {exc} "
                          "(switch the pass off in the recipe's cleanup: block, or simplify: false)") from None
+    folding.restore(slimmed, moved)
     ran = [switch for switch, name in SLIM_PASSES.items() if name not in skipped]
-    return slimmed, ran + (["symbolic_shapes"] if options.infer_shapes else [])
+    kept = [f"fold_kept_computed {weighed['seeds_hidden']} ({weighed['computed_bytes_kept']} bytes)"] if hidden else []
+    return slimmed, ran + kept + (["symbolic_shapes"] if options.infer_shapes else [])
 
 
 def _modernize(onnx: Any, model: Any) -> list[str]:

@@ -55,21 +55,50 @@ def modelopt_onnx() -> Any:
     return import_or_explain("modelopt.onnx", "quant")
 
 
-def autocast(model_path: Path, precision: str, options: dict, data: Optional[Path] = None) -> Any:
+def autocast(model_path: Path, precision: str, options: dict, data: Optional[Path] = None) -> tuple[Any, dict[str, str]]:
     """fp16/bf16 by AutoCast: nodes whose values exceed fp16's safe range on `data` (a folder of .npz feeds; without
-    one, polygraphy's seeded random inputs) stay fp32."""
+    one, polygraphy's seeded random inputs) stay fp32. Returns the model and why each node it kept stayed fp32."""
     modelopt_onnx()
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
-    return convert_to_mixed_precision(
-        onnx_path=str(model_path),
-        low_precision_type=precision,
-        keep_io_types=options["keep_io_types"],
-        op_types_to_exclude=list(options["keep_op_types"]),
-        nodes_to_exclude=list(options["keep_nodes"]),
-        calibration_data=str(data) if data is not None else None,
-        providers=["cpu"],
-    )
+    with _autocast_decisions() as reasons:
+        model = convert_to_mixed_precision(
+            onnx_path=str(model_path),
+            low_precision_type=precision,
+            keep_io_types=options["keep_io_types"],
+            op_types_to_exclude=list(options["keep_op_types"]),
+            nodes_to_exclude=list(options["keep_nodes"]),
+            calibration_data=str(data) if data is not None else None,
+            providers=["cpu"],
+        )
+    return model, reasons
+
+
+@contextlib.contextmanager
+def _autocast_decisions() -> Iterator[dict[str, str]]:
+    """AutoCast's `Skipping node <name>: <why>` log lines during the block, as node -> reason (stages.composition)."""
+    from trtflow.stages.composition import autocast_reason
+
+    reasons: dict[str, str] = {}
+
+    class Decisions(logging.Handler):
+        """Keeps the reason of each node AutoCast kept in high precision."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            """Parse one log record; other lines are ignored."""
+            found = autocast_reason(record.getMessage())
+            if found:
+                reasons.setdefault(*found)
+
+    logger = logging.getLogger("modelopt.onnx.autocast")
+    handler, level = Decisions(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield reasons
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def quantize(model_path: Path, output: Path, precision: str, feeds: list[dict], options: dict) -> Any:

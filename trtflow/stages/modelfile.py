@@ -182,6 +182,35 @@ def _graph_tensors(graph: Any) -> Iterator[Any]:
                 yield from _graph_tensors(sub)
 
 
+def canonical_order(model: Any) -> Any:
+    """Sort what a tool may list in hash or set order (value_info, metadata_props), in subgraphs too; node order is
+    left alone (it is topological and meaningful). AutoCast listed an LSTM's `*_cast_to_fp32` value_info entries in
+    another order in each process, so the same model came out as different bytes."""
+    _sort_by_name(model.metadata_props, key=lambda entry: entry.key)
+    for graph in _graphs(model.graph):
+        _sort_by_name(graph.value_info, key=lambda value: value.name)
+    return model
+
+
+def _sort_by_name(repeated: Any, key: Any) -> None:
+    ordered = sorted(repeated, key=key)
+    if [key(item) for item in ordered] != [key(item) for item in repeated]:
+        copies = [type(item)() for item in ordered]
+        for copy, item in zip(copies, ordered):
+            copy.CopyFrom(item)
+        del repeated[:]
+        repeated.extend(copies)
+
+
+def _graphs(graph: Any) -> Iterator[Any]:
+    """A graph and every subgraph of its nodes' attributes (If/Loop/Scan bodies)."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _graphs(sub)
+
+
 def weight_bytes(model: Any) -> int:
     """Bytes of initializer data held in the graph itself (external tensors count 0)."""
     return sum(len(t.raw_data) for t in model.graph.initializer)

@@ -21,11 +21,12 @@ from trtflow import calibration
 from trtflow.errors import StageError, TrtflowError
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
-from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, place_side_by_side, save_model
-from trtflow.util.onnxio import composition
+from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
+from trtflow.stages.composition import composition
 from trtflow.util.versions import ort_version, tool_version
 
-KIND, VERSION = "precision", 4  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions
+KIND, VERSION = "precision", 6  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions;
+# 5: value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis
 
 
 class Accuracy(BaseModel):
@@ -114,14 +115,28 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     model_inputs = calibration.model_input_types(source)
     held_out, calibrating = _declared_samples(params, inputs, model_inputs)
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
-    model, details = _convert(params, source, calibrating, workdir)
-    files = save_model(onnx, model, workdir)
-    accuracy = _accuracy(params, model, source, held_out, calibrating)
+    model, details, reasons = _convert(params, source, calibrating, workdir)
+    files = save_model(onnx, canonical_order(model), workdir)
+    excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
+    made_of = composition(model, precision, reasons, excluded)
+    accuracy = _share_checked(_accuracy(params, model, source, held_out, calibrating), made_of)
     if not accuracy["passed"] and params.on_fail == "fail":
         raise StageError(_failure_message(precision, accuracy))
     record = {"precision": precision, "tool": f"nvidia-modelopt {tool_version('nvidia-modelopt')}", **details, "accuracy": accuracy,
-              "composition": composition(model)}
+              "composition": made_of}
     return StageOutput(files={**files, "report": _report(record, workdir)}, record=record)
+
+
+def _share_checked(accuracy: dict, made_of: dict) -> dict:
+    """The accuracy report failed too when less than `min_share` of the weights or MACs runs in the precision."""
+    limit = accuracy["tolerance"].get("min_share")
+    share = min(made_of["weight_share"], made_of["mac_share"])
+    if limit is None or share >= limit:
+        return {**accuracy, "problems": []}
+    top = ", ".join(f"{k['name']} ({k['op']}, {k['weights']} weights: {k['reason']})" for k in made_of["kept"][:3])
+    problem = (f"only {made_of['weight_share']:.1%} of the weights and {made_of['mac_share']:.1%} of the MACs run in "
+               f"{made_of['precision']} (min_share {limit}); {made_of['kept_nodes']} node(s) kept higher, the largest: {top}")
+    return {**accuracy, "problems": [problem], "passed": False}
 
 
 def _report(record: dict, workdir: Path) -> Path:
@@ -132,8 +147,8 @@ def _report(record: dict, workdir: Path) -> Path:
     return path
 
 
-def _convert(params: Params, source: Path, calibrating: Optional[list], workdir: Path) -> tuple[Any, dict]:
-    """The reduced-precision model and what to record about how it was made."""
+def _convert(params: Params, source: Path, calibrating: Optional[list], workdir: Path) -> tuple[Any, dict, dict]:
+    """The reduced-precision model, what to record about how it was made, and why the tool kept nodes higher."""
     from trtflow.stages import convert
 
     precision, printed = params.precision, []
@@ -142,7 +157,8 @@ def _convert(params: Params, source: Path, calibrating: Optional[list], workdir:
             if precision in AUTOCAST_PRECISIONS:
                 autocast, data = params.autocast.model_dump(), _autocast_data(calibrating, workdir / "autocast-data")
                 details = {"autocast": autocast, "autocast_data": _autocast_data_record(calibrating), "calibration": None}
-                return convert.autocast(source, precision, autocast, data), details
+                model, reasons = convert.autocast(source, precision, autocast, data)
+                return model, details, reasons
             samples = calibrating if calibrating is not None else _random_samples(source, params)
             options = {**params.quantize.model_dump(), "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists()}
             model = convert.quantize(source, workdir / "quantized" / "model.onnx", precision, [s.feed for s in samples], options)
@@ -153,7 +169,7 @@ def _convert(params: Params, source: Path, calibrating: Optional[list], workdir:
         raise StageError(f"ModelOpt failed to make {precision}: {type(exc).__name__}: {first} [it printed: {' | '.join(printed[-3:])}]") from None
     summary = convert.qdq_summary(model)
     convert.check_quantized(summary, precision)
-    return model, {"quantize": params.quantize.model_dump(), "qdq": summary, "calibration": _calibration_record(params, samples, calibrating is None)}
+    return model, {"quantize": params.quantize.model_dump(), "qdq": summary, "calibration": _calibration_record(params, samples, calibrating is None)}, {}
 
 
 def _autocast_data(samples: Optional[list], folder: Path) -> Optional[Path]:
@@ -232,6 +248,8 @@ def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrat
 def _failure_message(precision: str, result: dict) -> str:
     from trtflow.stages import accuracy
 
+    if result.get("problems") and all(o["passed"] for o in result["outputs"]):
+        return f"{precision}: {result['problems'][0]}; lower accuracy.{precision}.min_share or keep fewer nodes (verify: {{on_fail: warn}} records it)"
     return accuracy.failure_message(precision, result)
 
 

@@ -7,12 +7,16 @@ variables a backend needs to find the GPU and its libraries are passed through (
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
-# Fixed for every hermetic worker: PATH for helper tools, a fixed hash seed, a fixed locale.
-HERMETIC_BASE = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+# Fixed for every worker that makes an output (pool, isolated and hermetic alike): string hashing, and so set and
+# dict-of-set order, and the locale do not follow the shell the run was started from.
+PINNED = {"PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+# Fixed for every hermetic worker: PATH for helper tools, plus the pinned variables.
+HERMETIC_BASE = {"PATH": "/usr/local/bin:/usr/bin:/bin", **PINNED}
 # Passed through when set: where the GPU driver's and CUDA's libraries are, which GPUs a process may use.
 PASSED_THROUGH = ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME")
 
@@ -32,3 +36,26 @@ class Settings:
     def hermetic_env(self) -> dict[str, str]:
         """The whole environment of a hermetic worker."""
         return {**HERMETIC_BASE, **self.passed_through}
+
+    @staticmethod
+    def pinned_env() -> dict[str, str]:
+        """The environment of an isolated worker (it runs user code, which may need the user's variables): this
+        process's, with the hash seed and locale pinned."""
+        return {**os.environ, **PINNED}
+
+
+@contextlib.contextmanager
+def pinned_environ() -> Iterator[None]:
+    """While worker processes are spawned (multiprocessing takes no environment of its own): this process's environment
+    with the hash seed and locale pinned, restored afterwards. Python reads PYTHONHASHSEED once, at start-up, so this
+    process's own hashing is unchanged; only children started inside see it."""
+    saved = {name: os.environ.get(name) for name in PINNED}
+    os.environ.update(PINNED)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
