@@ -110,12 +110,9 @@ def parse_channel(data: bytes, where: str, name: str) -> Channel:
 
 def parse_share(text: str) -> int:
     """'10%', '10' or '0.5%' -> basis points (1000, 1000, 50); BadRollout unless 0.01% to 100%."""
-    try:
-        percent = float(text.strip().removesuffix("%"))
-    except ValueError:
-        percent = -1.0
-    points = round(percent * 100)
-    if not 1 <= points <= FULL_SHARE or abs(points - percent * 100) > 1e-6:
+    match = re.fullmatch(r"(\d{1,3})(?:\.(\d{1,2}))?%?", text.strip())
+    points = int(match.group(1)) * 100 + int((match.group(2) or "0").ljust(2, "0")) if match else 0
+    if not 1 <= points <= FULL_SHARE:
         raise BadRollout(f"--share {text!r}: give a percentage from 0.01% to 100% (two decimals at most), e.g. 10%")
     return points
 
