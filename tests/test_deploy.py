@@ -180,11 +180,27 @@ def with_profiles(*batches: tuple[int, int, int]):
     return edit
 
 
+def covered_batches(manifest: dict) -> set[int]:
+    """The batch sizes some profile of every input accepts (per profile: the intersection over inputs)."""
+    inputs = [t for t in manifest["engines"][0]["tensors"] if t["mode"] == "input"]
+    return {b for i in range(len(inputs[0]["profiles"]))
+            for b in range(max(t["profiles"][i]["min"][0] for t in inputs), min(t["profiles"][i]["max"][0] for t in inputs) + 1)}
+
+
 def test_each_optimization_profile_gets_an_instance_group_and_batching_follows_the_profiles(built: Path, tmp_path: Path) -> None:
-    two = full_tensorrt_package(built / PACKAGE, tmp_path / "two" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (16, 32, 64)))
+    """(Issue 29: profiles 1-8 and 16-64 gave max_batch_size 64, though batches 9-15 fit no profile.)"""
+    two = full_tensorrt_package(built / PACKAGE, tmp_path / "two" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (9, 32, 64)))
     assert export_triton(built, str(two), "--repo", str(tmp_path / "repo"), "--model-name", "two").code == 0
     config, _ = triton_config(tmp_path / "repo" / "two" / "config.pbtxt")
     assert [list(g.profile) for g in config.instance_group] == [["0"], ["1"]] and config.max_batch_size == 64
+    assert covered_batches(manifest_of(two)) >= set(range(1, config.max_batch_size + 1))  # every batch Triton may send fits a profile
+
+    gap = full_tensorrt_package(built / PACKAGE, tmp_path / "gap" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (16, 32, 64)))
+    result = export_triton(built, str(gap), "--repo", str(tmp_path / "repo"), "--model-name", "gap")
+    assert result.code == 0 and "max_batch_size 0 (dims are full shapes): the profiles accept batches up to 64 but not 9" in result.err
+    config, _ = triton_config(tmp_path / "repo" / "gap" / "config.pbtxt")
+    assert config.max_batch_size == 0 and list(config.input[0].dims) == [-1, 3, 32, 32]
+    assert [list(g.profile) for g in config.instance_group] == [["0"], ["1"]]
 
     def static(engine: dict) -> dict:  # no dynamic batch dimension: Triton must not batch, dims are the full shapes
         for tensor in engine["tensors"]:
@@ -204,6 +220,16 @@ def test_an_ampere_plus_plan_is_the_default_for_gpus_without_their_own(built: Pa
     assert export_triton(built, str(portable), "--repo", str(tmp_path / "repo")).code == 0
     config, _ = triton_config(tmp_path / "repo" / "tiny" / "config.pbtxt")
     assert dict(config.cc_model_filenames) == {"7.5": "turing.plan"} and config.default_model_filename == "any-ampere.plan"
+
+
+def test_without_a_hardware_compatible_plan_there_is_no_default(built: Path, tmp_path: Path) -> None:
+    """(Issue 29: the default was an architecture-specific plan, loaded by a GPU missing from cc_model_filenames.)"""
+    exact = full_tensorrt_package(built / PACKAGE, tmp_path / "e" / "tiny", {"turing": "sm_75", "ampere": "sm_86"})
+    result = export_triton(built, str(exact), "--repo", str(tmp_path / "repo"))
+    assert result.code == 0 and "no default_model_filename" in result.err
+    config, _ = triton_config(tmp_path / "repo" / "tiny" / "config.pbtxt")
+    assert dict(config.cc_model_filenames) == {"7.5": "turing.plan", "8.6": "ampere.plan"} and config.default_model_filename == ""
+    assert "default_model_filename" not in (tmp_path / "repo" / "tiny" / "config.pbtxt").read_text()
 
 
 def test_tensorrt_rtx_engines_are_refused_for_triton_with_the_reason(built: Path, tmp_path: Path) -> None:
