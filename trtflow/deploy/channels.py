@@ -166,6 +166,7 @@ def publish_version(package: Path, url: str, provenance: Optional[Path], channel
     for path, name in small:
         remote.put_atomic(path.read_bytes(), version_file(version, name))
     remote.put_atomic(manifest_bytes, version_file(version))
+    remote.refuse_links(channel_file(channel))  # read before it is replaced: never through a link
     before = read_channel(remote, channel) or Channel(channel)
     history = (version,) + tuple(v for v in before.history if v != version)
     write_channel(remote, Channel(channel, history[:MAX_HISTORY]))

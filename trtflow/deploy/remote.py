@@ -161,7 +161,7 @@ class RemoteFolder:
 
     def remove(self, relative: str) -> None:
         """Delete a file or a folder (recursively) at the URL; nothing if it is gone."""
-        self._refuse_links(relative)
+        self.refuse_links(relative)
         try:
             self._fs.rm(f"{self._base}/{relative}", recursive=True)
         except FileNotFoundError:
@@ -182,7 +182,7 @@ class RemoteFolder:
     def put(self, source: Path | bytes, relative: str) -> int:
         """Write one file at the URL (a single PUT on object stores); its size."""
         target = f"{self._base}/{relative}"
-        self._refuse_links(relative)
+        self.refuse_links(relative)
         try:
             parent = target.rsplit("/", 1)[0]
             if "file" in protocols(self._fs):
@@ -204,14 +204,14 @@ class RemoteFolder:
         temporary = f"{folder + '/' if folder else ''}.{name}.{uuid.uuid4().hex}.tmp"
         self.put(data, temporary)
         try:
-            self._refuse_links(relative)
+            self.refuse_links(relative)
             Path(f"{self._base}/{temporary}").replace(f"{self._base}/{relative}")  # rename(2): replaces a link, never follows it
         except OSError as exc:
             Path(f"{self._base}/{temporary}").unlink(missing_ok=True)
             raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None
         return len(data)
 
-    def _refuse_links(self, relative: str) -> None:
+    def refuse_links(self, relative: str) -> None:
         """In a local folder, a symlink on the way to a file to write (`engines` -> elsewhere, a link named like an
         engine) is refused: publishing never writes through one."""
         if "file" not in protocols(self._fs):
