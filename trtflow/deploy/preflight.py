@@ -4,7 +4,7 @@
   release), then `Runtime.get_engine_validity(bytes)`, which reads the engine's header. It needs a GPU to answer:
   without one it says INVALID with no diagnostic (or CUDA_ERROR / OLD_CUDA_DRIVER: "CUDA driver version is
   insufficient", measured here), which means "cannot check here", not "invalid"; MALFORMED_ENGINE and
-  VERSION_MISMATCH are facts of the header and refuse everywhere.
+  VERSION_MISMATCH are facts of the header and refuse everywhere; with a GPU, any other named reason refuses.
 - Full TensorRT, or no runtime installed: the manifest's backend version against the installed runtime's, by the
   same rules `provision --runtime-version` applies. The manifest records no CUDA or driver requirement, so the
   driver (nvidia-smi) is recorded, not judged.
@@ -74,10 +74,13 @@ def _validity(trt, path: Path) -> str:
     shown = f"{validity.name} ({', '.join(names) or 'no diagnostic'})"
     if validity.name in ("VALID", "SUBOPTIMAL"):
         return f"passed: get_engine_validity {shown}"
+    reasons = [name for name in names if name != "CUDA_ERROR"]
     gpus = query_compute_capabilities()
-    if gpus or any(name in HEADER_FACTS for name in names):
+    if any(name in HEADER_FACTS for name in names) or (gpus and reasons):
         raise PreflightRefused(f"{path}: preflight: TensorRT-RTX's get_engine_validity says {shown}; `current` left as it was")
-    return f"not checked: no GPU here, and get_engine_validity needs one (it answered {shown})"
+    if not gpus:
+        return f"not checked: no GPU here, and get_engine_validity needs one (it answered {shown})"
+    return f"not checked: the runtime could not query the GPU (it answered {shown})"
 
 
 def driver_version() -> Optional[str]:
