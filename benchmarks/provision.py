@@ -5,7 +5,7 @@
 What is measured, in one run: the real-model corpus (tests/zoo.py) built for rtx-turing/ampere/ada, each package
 published to a moto S3 server on 127.0.0.1 that counts the bytes it serves; then for every model and GPU:
   1. `trtflow provision s3://... --gpu sm_XY` as its own process: bytes served (at the server), wall seconds;
-  2. the same again (already installed): bytes and seconds of the no-op;
+  2. the same again (already installed): bytes, requests and seconds of the no-op (a conditional GET of the channel);
   3. the baseline, measured the same way: fetching the package's .tar.gz (what a device had to do before, to then
      provision from the archive).
 Printed per provision: engine bytes, fetched bytes, fetched / engine (goal: the manifest only on top), the
@@ -66,19 +66,19 @@ def main() -> None:
                 fetched, engine = sum(server.served.values()), json.loads(done.stdout)["chosen"]["manifest_entry"]["size"]
                 server.reset()
                 again, _ = trtflow(server.env(), "provision", url, "--gpu", gpu, "--dest", str(dest), "--json")
-                noop_bytes = sum(server.served.values())
+                noop_bytes, noop_requests = sum(server.served.values()), len(server.requests)
                 server.reset()
                 started = time.perf_counter()
                 boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
                              region_name="us-east-1").download_file(bucket, f"{package.name}.tar.gz", str(work / "archive.tar.gz"))
                 archive_seconds, archive = time.perf_counter() - started, sum(server.served.values())
-                rows.append((package.name, gpu, engine, fetched, noop_bytes, archive, seconds, again, archive_seconds))
+                rows.append((package.name, gpu, engine, fetched, noop_bytes, archive, seconds, again, archive_seconds, noop_requests))
         print(f"\n{'model':<12} {'gpu':<6} {'engine':>10} {'fetched':>10} {'fetched/engine':>15} {'archive/fetched':>16} "
-              f"{'no-op bytes':>12} {'provision s':>12} {'no-op s':>8}")
-        for name, gpu, engine, fetched, noop_bytes, archive, seconds, again, _ in rows:
+              f"{'no-op bytes':>12} {'no-op reqs':>11} {'provision s':>12} {'no-op s':>8}")
+        for name, gpu, engine, fetched, noop_bytes, archive, seconds, again, _, noop_requests in rows:
             print(f"{name:<12} {gpu:<6} {engine:>10} {fetched:>10} {fetched / engine:>15.4f} {archive / fetched:>16.2f} "
-                  f"{noop_bytes:>12} {seconds:>12.2f} {again:>8.2f}")
-        print(f"\nmedian fetched / engine: {statistics.median(r[3] / r[2] for r in rows):.4f} (1.0 + the manifest); "
+                  f"{noop_bytes:>12} {noop_requests:>11} {seconds:>12.2f} {again:>8.2f}")
+        print(f"\nmedian fetched / engine: {statistics.median(r[3] / r[2] for r in rows):.4f} (1.0 + the channel file and the manifest); "
               f"median archive / fetched: {statistics.median(r[5] / r[3] for r in rows):.2f}x less than fetching the package")
     finally:
         server.stop()

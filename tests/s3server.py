@@ -1,4 +1,6 @@
-"""A real S3-compatible server (moto) on 127.0.0.1 that counts the bytes it serves, per object path."""
+"""A real S3-compatible server (moto) on 127.0.0.1 that counts the bytes it serves, per object path, and the size of
+every request's and response's HTTP head (request line + headers, status line + headers, as the WSGI layer sees them:
+the wire adds only the separators counted here)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class CountingS3:
 
         self.served: Counter[str] = Counter()  # path -> body bytes sent for GET requests
         self.requests: list[tuple[str, str]] = []
+        self.heads: list[tuple[int, int, int]] = []  # per request: (request head bytes, response head bytes, response status)
         self._lock = threading.Lock()
         class QuietHandler(MotoRequestHandler):
             def log_request(self, *args: Any) -> None:  # one line per request on stderr otherwise
@@ -35,7 +38,18 @@ class CountingS3:
             method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
             with self._lock:
                 self.requests.append((method, path))
-            body: Iterable[bytes] = app(environ, start_response)
+            request_head = len(f"{method} {environ.get('RAW_URI') or path} HTTP/1.1\r\n") + sum(
+                len(f"{key[5:].replace('_', '-')}: {value}\r\n") for key, value in environ.items() if key.startswith("HTTP_")) + sum(
+                len(f"{name}: {environ[key]}\r\n") for key, name in (("CONTENT_TYPE", "Content-Type"), ("CONTENT_LENGTH", "Content-Length"))
+                if environ.get(key)) + 2
+
+            def counted_start(status: str, headers: list, *rest: Any) -> Any:
+                head = len(f"HTTP/1.1 {status}\r\n") + sum(len(f"{k}: {v}\r\n") for k, v in headers) + 2
+                with self._lock:
+                    self.heads.append((request_head, head, int(status.split()[0])))
+                return start_response(status, headers, *rest)
+
+            body: Iterable[bytes] = app(environ, counted_start)
             try:
                 for chunk in body:
                     if method == "GET":
@@ -52,6 +66,7 @@ class CountingS3:
         with self._lock:
             self.served.clear()
             self.requests.clear()
+            self.heads.clear()
 
     def bucket(self) -> str:
         """A new empty bucket's name."""

@@ -180,11 +180,27 @@ def with_profiles(*batches: tuple[int, int, int]):
     return edit
 
 
+def covered_batches(manifest: dict) -> set[int]:
+    """The batch sizes some profile of every input accepts (per profile: the intersection over inputs)."""
+    inputs = [t for t in manifest["engines"][0]["tensors"] if t["mode"] == "input"]
+    return {b for i in range(len(inputs[0]["profiles"]))
+            for b in range(max(t["profiles"][i]["min"][0] for t in inputs), min(t["profiles"][i]["max"][0] for t in inputs) + 1)}
+
+
 def test_each_optimization_profile_gets_an_instance_group_and_batching_follows_the_profiles(built: Path, tmp_path: Path) -> None:
-    two = full_tensorrt_package(built / PACKAGE, tmp_path / "two" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (16, 32, 64)))
+    """(Issue 29: profiles 1-8 and 16-64 gave max_batch_size 64, though batches 9-15 fit no profile.)"""
+    two = full_tensorrt_package(built / PACKAGE, tmp_path / "two" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (9, 32, 64)))
     assert export_triton(built, str(two), "--repo", str(tmp_path / "repo"), "--model-name", "two").code == 0
     config, _ = triton_config(tmp_path / "repo" / "two" / "config.pbtxt")
     assert [list(g.profile) for g in config.instance_group] == [["0"], ["1"]] and config.max_batch_size == 64
+    assert covered_batches(manifest_of(two)) >= set(range(1, config.max_batch_size + 1))  # every batch Triton may send fits a profile
+
+    gap = full_tensorrt_package(built / PACKAGE, tmp_path / "gap" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (16, 32, 64)))
+    result = export_triton(built, str(gap), "--repo", str(tmp_path / "repo"), "--model-name", "gap")
+    assert result.code == 0 and "max_batch_size 0 (dims are full shapes): the profiles accept batches up to 64 but not 9" in result.err
+    config, _ = triton_config(tmp_path / "repo" / "gap" / "config.pbtxt")
+    assert config.max_batch_size == 0 and list(config.input[0].dims) == [-1, 3, 32, 32]
+    assert [list(g.profile) for g in config.instance_group] == [["0"], ["1"]]
 
     def static(engine: dict) -> dict:  # no dynamic batch dimension: Triton must not batch, dims are the full shapes
         for tensor in engine["tensors"]:
@@ -204,6 +220,16 @@ def test_an_ampere_plus_plan_is_the_default_for_gpus_without_their_own(built: Pa
     assert export_triton(built, str(portable), "--repo", str(tmp_path / "repo")).code == 0
     config, _ = triton_config(tmp_path / "repo" / "tiny" / "config.pbtxt")
     assert dict(config.cc_model_filenames) == {"7.5": "turing.plan"} and config.default_model_filename == "any-ampere.plan"
+
+
+def test_without_a_hardware_compatible_plan_there_is_no_default(built: Path, tmp_path: Path) -> None:
+    """(Issue 29: the default was an architecture-specific plan, loaded by a GPU missing from cc_model_filenames.)"""
+    exact = full_tensorrt_package(built / PACKAGE, tmp_path / "e" / "tiny", {"turing": "sm_75", "ampere": "sm_86"})
+    result = export_triton(built, str(exact), "--repo", str(tmp_path / "repo"))
+    assert result.code == 0 and "no default_model_filename" in result.err
+    config, _ = triton_config(tmp_path / "repo" / "tiny" / "config.pbtxt")
+    assert dict(config.cc_model_filenames) == {"7.5": "turing.plan", "8.6": "ampere.plan"} and config.default_model_filename == ""
+    assert "default_model_filename" not in (tmp_path / "repo" / "tiny" / "config.pbtxt").read_text()
 
 
 def test_tensorrt_rtx_engines_are_refused_for_triton_with_the_reason(built: Path, tmp_path: Path) -> None:
@@ -260,33 +286,40 @@ def s3():
     server.stop()
 
 
-def test_provision_from_s3_fetches_the_manifest_and_the_chosen_engine_only(built: Path, s3, tmp_path: Path) -> None:
+def test_provision_from_s3_fetches_the_channel_the_manifest_and_the_chosen_engine_only(built: Path, s3, tmp_path: Path) -> None:
+    """(Issue 29: the remote is content-addressed; before, the same test read manifest.json and engines/<target>/...)"""
     package, url = built / PACKAGE, f"s3://{s3.bucket()}/fleet/tiny"
     published = cli("publish", str(package), url, "--json", env=s3.env())
     assert published.returncode == 0, published.stderr
     manifest = manifest_of(package)
-    assert sorted(json.loads(published.stdout)["engines_sent"]) == sorted(e["file"] for e in manifest["engines"])
+    summary = json.loads(published.stdout)
+    assert sorted(summary["engines_sent"]) == sorted(e["file"] for e in manifest["engines"])
     ada = next(e for e in manifest["engines"] if e["target"] == "rtx-ada")
     manifest_size = (package / "manifest.json").stat().st_size
+    version = summary["version"]
+    assert version == hashlib.sha256((package / "manifest.json").read_bytes()).hexdigest()
 
     s3.reset()
     result = cli("provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json", env=s3.env())
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     prefix = f"/{url.removeprefix('s3://')}"
-    assert dict(s3.served) == {f"{prefix}/manifest.json": manifest_size, f"{prefix}/{ada['file']}": ada["size"]}  # nothing else
-    assert record["transfer"]["bytes"] == manifest_size + ada["size"] == sum(s3.served.values())
+    channel = s3.served[f"{prefix}/channels/stable.json"]
+    assert dict(s3.served) == {f"{prefix}/channels/stable.json": channel, f"{prefix}/versions/{version}/manifest.json": manifest_size,
+                               f"{prefix}/engines/{ada['sha256']}.engine": ada["size"]}  # nothing else
+    assert channel < 300 and record["transfer"]["bytes"] == channel + manifest_size + ada["size"] == sum(s3.served.values())
     installed = tmp_path / "dest" / "tiny" / "current" / "tiny.engine"
     assert hashlib.sha256(installed.read_bytes()).hexdigest() == ada["sha256"] and record["action"] == "installed"
+    assert record["version"] == version and record["channel"] == "stable"
 
     s3.reset()
     again = cli("provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json", env=s3.env())
     assert again.returncode == 0 and json.loads(again.stdout)["action"] == "unchanged"
-    assert dict(s3.served) == {f"{prefix}/manifest.json": manifest_size}  # a repeat costs the manifest only
+    assert dict(s3.served) == {} and s3.requests == [("GET", f"{prefix}/channels/stable.json")]  # one conditional GET, answered 304
 
     s3.reset()
     republished = cli("publish", str(package), url, "--json", env=s3.env())
-    assert json.loads(republished.stdout)["engines_sent"] == []  # the remote's SHA256SUMS already lists them
+    assert json.loads(republished.stdout)["engines_sent"] == []  # engines/<sha256>.engine are there already
     assert not [path for method, path in s3.requests if method == "PUT" and path.endswith(".engine")]
 
 
@@ -295,7 +328,7 @@ def test_a_file_remote_holding_only_the_needed_engine_is_enough(built: Path, tmp
     assert cli("publish", str(built / PACKAGE), remote.as_uri()).returncode == 0
     for engine in manifest_of(built / PACKAGE)["engines"]:
         if engine["target"] != "rtx-ampere":
-            (remote / engine["file"]).unlink()
+            (remote / "engines" / f"{engine['sha256']}.engine").unlink()
     result = cli("provision", remote.as_uri(), "--gpu", "sm_86", "--dest", str(tmp_path / "dest"))
     assert result.returncode == 0, result.stderr
     assert "fetched" in result.stdout and (tmp_path / "dest" / "tiny" / "current" / "tiny.engine").is_file()
@@ -306,10 +339,11 @@ def test_a_file_remote_holding_only_the_needed_engine_is_enough(built: Path, tmp
 def test_a_tampered_remote_engine_is_refused_and_nothing_is_installed(built: Path, tmp_path: Path) -> None:
     remote = tmp_path / "share" / "tiny"
     assert cli("publish", str(built / PACKAGE), remote.as_uri()).returncode == 0
-    engine = remote / next(e for e in manifest_of(built / PACKAGE)["engines"] if e["target"] == "rtx-ada")["file"]
+    sha = next(e for e in manifest_of(built / PACKAGE)["engines"] if e["target"] == "rtx-ada")["sha256"]
+    engine = remote / "engines" / f"{sha}.engine"
     engine.write_bytes(engine.read_bytes()[:-1] + b"\x01")
     result = cli("provision", remote.as_uri(), "--gpu", "sm_89", "--dest", str(tmp_path / "dest"))
-    assert result.returncode == 3 and f"{remote.as_uri()}/engines/rtx-ada/" in result.stderr and "does not match" in result.stderr
+    assert result.returncode == 3 and f"{remote.as_uri()}/engines/{sha}.engine" in result.stderr and "does not match" in result.stderr
     assert not (tmp_path / "dest").exists()
 
 
@@ -318,7 +352,7 @@ def test_remote_failures_are_one_line_with_the_right_exit_code(built: Path, tmp_
     assert nothing.returncode == 3 and nothing.stderr.count("\n") == 1 and "manifest.json: not found; publish the package" in nothing.stderr
     env = {**subprocess.os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
     down = cli("provision", "s3://bucket/tiny", "--gpu", "sm_89", "--dest", str(tmp_path / "d"), env=env)
-    assert down.returncode == 4 and down.stderr.count("\n") == 1 and "s3://bucket/tiny/manifest.json: cannot read" in down.stderr
+    assert down.returncode == 4 and down.stderr.count("\n") == 1 and "s3://bucket/tiny/channels/stable.json: cannot read" in down.stderr
     archive = cli("publish", str(built / "artifacts/packages/tiny.tar.gz"), (tmp_path / "r").as_uri())
     assert archive.returncode == 3 and "not its archive" in archive.stderr
     assert not (tmp_path / "d").exists() and not (tmp_path / "r").exists()

@@ -10,6 +10,7 @@ Exit codes: 0 recovered (a warning says what was set aside), 2 bad option, 3 inv
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -748,14 +749,104 @@ def _version_folder_link(root: Path) -> None:
 
 PUBLISH = ("publish", "{root}/" + PACKAGE, "file://{root}/published")
 LINKED = "is a symlink; refusing to write through it"
+
+
+def _published_engine_link(root: Path) -> None:
+    """(Issue 29: engines are published as engines/<sha256>.engine; the link sits where the first one goes.)"""
+    sha = json.loads((root / PACKAGE / "manifest.json").read_text())["engines"][0]["sha256"]
+    _destination_link(f"published/engines/{sha}.engine")(root)
+
+
 for name, edit, args, code, fragment in [
-    ("publish-engine-name-is-a-symlink", _destination_link("published/engines/rtx-ada/tiny-fp32.engine"), PUBLISH, 3, LINKED),
+    ("publish-engine-name-is-a-symlink", _published_engine_link, PUBLISH, 3, LINKED),
     ("publish-engines-folder-is-a-symlink", _destination_link("published/engines"), PUBLISH, 3, LINKED),
-    ("publish-manifest-is-a-symlink", _destination_link("published/manifest.json"), PUBLISH, 3, LINKED),
+    ("publish-channel-is-a-symlink", _destination_link("published/channels/stable.json"), PUBLISH, 3, LINKED),
+    ("publish-versions-folder-is-a-symlink", _destination_link("published/versions"), PUBLISH, 3, LINKED),
     ("export-ort-context-output-is-a-symlink", _destination_link("ort/tiny-rtx-ada-fp32_ctx.onnx"), ORT, 3, LINKED),
     ("export-ort-context-engine-is-a-symlink", _destination_link("ort/tiny-rtx-ada-fp32.engine"), ORT, 3, LINKED),
     ("provision-recipe-folder-is-a-symlink", _destination_link("dest/tiny"), PROVISION, 3, "refusing to install through it"),
     ("provision-version-folder-is-a-symlink", _version_folder_link, PROVISION, 0, "installed"),
+]:
+    add(name, "built", args, code, fragment, edit)
+
+
+# channels, versions and device reports of a published remote (issue 29) ------------------------------------------------
+
+REMOTE_PROVISION = ("provision", "file://{root}/published", "--gpu", "sm_89", "--dest", "{root}/dest")
+AGENT = ("agent", "file://{root}/published", "--once", "--gpu", "sm_89", "--dest", "{root}/dest", "--device-id", "cam-1")
+
+
+def _published(edit: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Publish the built package to {root}/published (channel stable), then `edit(published folder)`."""
+    def apply(root: Path) -> None:
+        from trtflow.deploy.channels import publish_version
+
+        publish_version(root / PACKAGE, (root / "published").as_uri(), None)
+        edit(root / "published")
+    return apply
+
+
+def _channel(**fields) -> Callable[[Path], None]:
+    def edit(published: Path) -> None:
+        path = published / "channels" / "stable.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return edit
+
+
+def _version_with_engine_sha(value: str) -> Callable[[Path], None]:
+    """A new, self-consistent version (its digest matches its bytes) whose engines' sha256 is `value`; the channel names it."""
+    def edit(published: Path) -> None:
+        (old,) = [p for p in (published / "versions").iterdir()]
+        manifest = json.loads((old / "manifest.json").read_text())
+        for engine in manifest["engines"]:
+            engine["sha256"] = value
+        data = json.dumps(manifest).encode()
+        version = hashlib.sha256(data).hexdigest()
+        (published / "versions" / version).mkdir()
+        (published / "versions" / version / "manifest.json").write_bytes(data)
+        _channel(history=[version])(published)
+    return edit
+
+
+def _replaced(relative: str, data: bytes) -> Callable[[Path], None]:
+    def edit(published: Path) -> None:
+        (published / relative).parent.mkdir(parents=True, exist_ok=True)
+        (published / relative).write_bytes(data)
+    return edit
+
+
+def _dest_file(relative: str, data: bytes | None) -> Callable[[Path], None]:
+    """A file (or, data None, a link to the decoy's file) planted in the destination before the command."""
+    def edit(root: Path) -> None:
+        path = root / "dest" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(_decoy(root) / "engine.bin") if data is None else path.write_bytes(data)
+    return edit
+
+
+def _both(*edits: Callable[[Path], None]) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        for edit in edits:
+            edit(root)
+    return apply
+
+
+for name, edit, args, code, fragment in [
+    ("channel-history-traversal", _published(_channel(history=["../.."])), REMOTE_PROVISION, 3, "sha256 digests"),
+    ("channel-history-a-path-to-the-decoy", _published(_channel(history=["../../../decoy"])), REMOTE_PROVISION, 3, "sha256 digests"),
+    ("channel-huge-share", _published(_channel(share_bp=10 ** 30)), REMOTE_PROVISION, 3, "share_bp"),
+    ("channel-share-a-string", _published(_channel(share_bp="100%")), REMOTE_PROVISION, 3, "share_bp"),
+    ("channel-deep-json", _published(_replaced("channels/stable.json", b"[" * 5000 + b"]" * 5000)), REMOTE_PROVISION, 3, "nested deeper"),
+    ("channel-huge", _published(_replaced("channels/stable.json", b" " * (1 << 20))), REMOTE_PROVISION, 4, "larger than"),
+    ("version-engine-sha-is-a-path", _published(_version_with_engine_sha("../../../../decoy/engine.bin")), REMOTE_PROVISION, 3,
+     "is not a sha256 digest"),
+    ("version-manifest-edited-in-place", _published(lambda p: [m.write_bytes(m.read_bytes() + b" ") for m in (p / "versions").glob("*/manifest.json")]),
+     REMOTE_PROVISION, 3, "its sha256 is not the version"),
+    ("agent-status-json-bomb", _both(_published(lambda p: None), _dest_file("status.json", b"[" * 30000 + b"]" * 30000)), AGENT, 0, "installed"),
+    ("agent-status-json-is-a-symlink", _both(_published(lambda p: None), _dest_file("status.json", None)), AGENT, 0, "installed"),
+    ("agent-lock-is-a-symlink", _both(_published(lambda p: None), _dest_file(".agent.lock", None)), AGENT, 3, "not a regular file"),
+    ("fleet-report-bomb", _published(_replaced("devices/cam-1.json", b"[" * 30000 + b"]" * 30000)),
+     ("fleet", "status", "file://{root}/published"), 0, "report set aside: cam-1.json: it is nested deeper"),
 ]:
     add(name, "built", args, code, fragment, edit)
 

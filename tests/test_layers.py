@@ -66,7 +66,8 @@ def test_planning_imports_no_heavy_library() -> None:
     assert out.strip() == "[]"
 
 
-COMMANDS = ["validate", "plan", "run", "report", "inspect", "schema", "provision", "keygen", "cache", "cache ls", "cache verify", "cache gc"]
+COMMANDS = ["validate", "plan", "run", "report", "inspect", "schema", "provision", "keygen", "cache", "cache ls", "cache verify",
+            "cache gc", "publish", "promote", "rollback", "agent", "fleet", "fleet status", "remote", "remote gc", "toolchain", "doctor"]
 
 
 @pytest.mark.parametrize("command", [[], *[c.split() for c in COMMANDS]])

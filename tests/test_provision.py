@@ -254,6 +254,7 @@ def test_json_output_is_the_record_and_runtime_rules_apply_when_given(packages: 
     assert result.code == 0, result.err
     printed = json.loads(result.out)
     assert (printed.pop("action"), printed.pop("transfer"), printed.pop("exit_code")) == ("installed", None, 0)  # nothing fetched
+    assert printed.pop("checks")["preflight"]["version_check"].startswith("passed")  # issue 29: the preflight's answers
     assert printed.pop("written") == {"engine": str(installed(tmp_path)), "version": str(tmp_path / "tiny" / sha),
                                       "record": str(tmp_path / "tiny" / sha / "provision.json"), "sha256": sha}
     assert printed == json.loads((tmp_path / "tiny" / sha / "provision.json").read_text())

@@ -8,6 +8,7 @@ still hashes to its key; only a signature, or the lock, tells the pairing is for
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import shutil
 import stat
@@ -223,13 +224,20 @@ def test_a_published_package_is_checked_against_its_signed_provenance_at_the_url
     accepted = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json", *trust)
     assert accepted.code == 0, accepted.err
     record = json.loads(accepted.out)
-    assert record["signed_by"] == signer(keys["ci"]).keyid and set(record["transfer"]["files"]) == {
-        "manifest.json", "provenance.intoto.jsonl", record["chosen"]["file"]}
-    remote_manifest = tmp_path / "share" / "tiny" / "manifest.json"
-    remote_manifest.write_text(remote_manifest.read_text().replace('"passed": true', '"passed": false', 1))
+    share, version = tmp_path / "share" / "tiny", record["version"]
+    assert record["signed_by"] == signer(keys["ci"]).keyid and set(record["transfer"]["files"]) == {  # issue 29: the channel layout
+        "channels/stable.json", f"versions/{version}/manifest.json", f"versions/{version}/provenance.intoto.jsonl",
+        f"engines/{record['chosen']['manifest_entry']['sha256']}.engine"}
+    edited = (share / "versions" / version / "manifest.json").read_text().replace('"passed": true', '"passed": false', 1).encode()
+    other = hashlib.sha256(edited).hexdigest()  # a self-consistent version the provenance does not cover
+    (share / "versions" / other).mkdir()
+    (share / "versions" / other / "manifest.json").write_bytes(edited)
+    shutil.copyfile(share / "versions" / version / "provenance.intoto.jsonl", share / "versions" / other / "provenance.intoto.jsonl")
+    channel = json.loads((share / "channels" / "stable.json").read_text())
+    (share / "channels" / "stable.json").write_text(json.dumps({**channel, "history": [other, version]}))
     changed = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "d2"), *trust)
-    assert changed.code == 3 and f"{url}/provenance.intoto.jsonl: the signed provenance does not cover this manifest.json" in changed.err
-    (tmp_path / "share" / "tiny" / "provenance.intoto.jsonl").unlink()
+    assert changed.code == 3 and f"{url}/versions/{other}/provenance.intoto.jsonl: the signed provenance does not cover this manifest.json" in changed.err
+    (share / "versions" / other / "provenance.intoto.jsonl").unlink()
     missing = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "d2"), *trust)
     assert missing.code == 3 and "provenance.intoto.jsonl: not found (--require-signature)" in missing.err
     assert not (tmp_path / "d2").exists()

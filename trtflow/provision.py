@@ -29,10 +29,11 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional
 
 from pydantic import ValidationError
 
+from trtflow.deploy.channels import engine_file, version_file
 from trtflow.deploy.install import install
 from trtflow.deploy.remote import PROVENANCE_FILE, RemoteFolder
 from trtflow.util.archive import UnsafeArchive, read_member
@@ -113,6 +114,7 @@ class Package:
     manifest_sha256: str  # of the exact bytes parsed: what a signed provenance must name
     signed_by: Optional[str] = None  # the trusted key id whose provenance covers it (require_signature)
     remote: Optional[RemoteFolder] = None
+    version: Optional[str] = None  # a content-addressed remote's version: engines are engines/<sha256>.engine there
 
     def where(self, file: str) -> str:
         """A file of the package as messages name it."""
@@ -339,10 +341,11 @@ def _check_remote_provenance(package: Package, trust: "TrustedKeys") -> tuple[di
 
     remote = package.remote
     assert remote is not None
+    where = PROVENANCE_FILE if package.version is None else version_file(package.version, PROVENANCE_FILE)
     try:
-        data = remote.read(PROVENANCE_FILE, provenance.MAX_BYTES)
+        data = remote.read(where, provenance.MAX_BYTES)
     except FileNotFoundError:
-        raise provenance.UntrustedPackage(f"{remote.where(PROVENANCE_FILE)}: not found (--require-signature); publish the package "
+        raise provenance.UntrustedPackage(f"{remote.where(where)}: not found (--require-signature); publish the package "
                                           "with its provenance") from None
     with tempfile.TemporaryDirectory(prefix="trtflow-provenance-") as folder:
         path = Path(folder) / PROVENANCE_FILE
@@ -350,7 +353,7 @@ def _check_remote_provenance(package: Package, trust: "TrustedKeys") -> tuple[di
         try:
             return provenance.check(path, trust, package.manifest.recipe, package.manifest_sha256, None)
         except provenance.UntrustedPackage as exc:
-            raise provenance.UntrustedPackage(str(exc).replace(str(path), remote.where(PROVENANCE_FILE))) from None
+            raise provenance.UntrustedPackage(str(exc).replace(str(path), remote.where(where))) from None
 
 
 def _sha256(data: Optional[bytes]) -> str:
@@ -386,7 +389,7 @@ def _safe_relative(package: Package, file: str) -> str:
 def _open_engine(package: Package, engine: Engine) -> Iterator[BinaryIO]:
     """The engine's bytes as a stream, from the folder or straight from its archive member (never
     extracted to a path the package names)."""
-    relative = _safe_relative(package, engine.file)
+    relative = _safe_relative(package, engine.file) if package.version is None else engine_file(engine.sha256)
     if package.remote is not None:
         try:
             with package.remote.open(relative) as source:
@@ -412,36 +415,39 @@ def _open_engine(package: Package, engine: Engine) -> Iterator[BinaryIO]:
 def copy_verified(package: Package, engine: Engine, sink: BinaryIO) -> None:
     """Copy the engine into `sink` while hashing it; a sha256 other than the manifest's is refused."""
     digest, written = hashlib.sha256(), 0
+    where = package.where(engine.file if package.version is None else engine_file(engine.sha256))
     with _open_engine(package, engine) as source:
         for chunk in iter(lambda: source.read(CHUNK), b""):
             written += len(chunk)
             if written > engine.size:  # never write more than the manifest promised
-                raise TamperedEngine(f"{package.where(engine.file)}: larger than the {engine.size} bytes the manifest records; the package is corrupt or "
+                raise TamperedEngine(f"{where}: larger than the {engine.size} bytes the manifest records; the package is corrupt or "
                                      "tampered with: fetch or rebuild it")
             digest.update(chunk)
             sink.write(chunk)
     if digest.hexdigest() != engine.sha256:
-        raise TamperedEngine(f"{package.where(engine.file)}: sha256 {digest.hexdigest()} does not match the manifest's {engine.sha256}; the package is corrupt or tampered with: fetch or rebuild it")
+        raise TamperedEngine(f"{where}: sha256 {digest.hexdigest()} does not match the manifest's {engine.sha256}; the package is corrupt or tampered with: fetch or rebuild it")
 
 
-def provision(package: Package, device: Device, dest: Path, keep: int = 2) -> dict:
+def provision(package: Package, device: Device, dest: Path, keep: int = 2, check: Optional[Callable[[Engine, Path], dict]] = None) -> dict:
     """Choose, verify and install the engine as `<dest>/<recipe>/current/<recipe>.engine`; returns the JSON record.
 
     The engine is verified while it is copied into a folder that is renamed into place whole, so a tampered one
-    never lands; the same engine again is a no-op (deploy.install)."""
+    never lands; the same engine again is a no-op (deploy.install). `check(engine, path)` (the preflight, a health
+    command) runs on the installed bytes before `current` flips; what it raises leaves `current` as it was."""
     chosen, others = choose(package.manifest, device)
     recipe = package.manifest.recipe
     for field, value in (("recipe", recipe), ("precision", chosen.engine.precision)):  # from the package, into DEST's names
         if not SAFE_NAME.fullmatch(value):
             raise BadPackage(f"{package.path}: {field} {value!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
     record = _record(package, device, chosen, others)
-    installed = install(dest, recipe, chosen.engine.sha256, chosen.engine.size,
-                        lambda sink: copy_verified(package, chosen.engine, sink), record, keep)
+    checked: dict = {}
+    installed = install(dest, recipe, chosen.engine.sha256, chosen.engine.size, lambda sink: copy_verified(package, chosen.engine, sink),
+                        record, keep, None if check is None else lambda path: checked.update(check(chosen.engine, path)))
     written = {"engine": str(installed.current / installed.engine.name), "version": str(installed.engine.parent),
                "record": str(installed.record), "sha256": chosen.engine.sha256}
     transfer = None if package.remote is None else {"from": package.remote.shown, "bytes": package.remote.transfer.total,
                                                    "files": package.remote.transfer.files, "engine_size": chosen.engine.size}
-    return {**record, "action": installed.action, "written": written, "transfer": transfer}
+    return {**record, "action": installed.action, "written": written, "transfer": transfer, "checks": checked or None}
 
 
 def _record(package: Package, device: Device, chosen: Verdict, others: list[tuple[Verdict, str]]) -> dict:

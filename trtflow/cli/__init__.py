@@ -1,7 +1,8 @@
 """The `trtflow` command: the only place that reads arguments, prints, and maps errors to exit codes.
 
-commands: the click commands and `main`; output: summaries, manifests and the progress views.
+commands: the click commands and `main`; fleet: publish channels, rollout, agent, fleet status; output: summaries, manifests and the progress views.
 Nothing outside this package imports it.
 """
 
 from trtflow.cli.commands import cli, main  # noqa: F401
+from trtflow.cli import fleet  # noqa: F401,E402  (adds the rollout, agent and fleet commands to `cli`)

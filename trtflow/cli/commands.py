@@ -272,29 +272,26 @@ def schema(what: str) -> None:
 @click.option("--require-signature", is_flag=True, help="Refuse a package unless a --trust key signed its provenance (<recipe>.intoto.jsonl beside it).")
 @click.option("--trust", "trust", multiple=True, type=click.Path(path_type=Path), help="An Ed25519 public key (PEM) whose signatures are accepted; repeatable.")
 @click.option("--provenance", "provenance_file", type=click.Path(path_type=Path), help="The provenance file, if not beside the package.")
+@click.option("--channel", default="stable", show_default=True, help="For a URL: the channel to follow (channels/<name>.json).")
+@click.option("--device-id", help="For a URL: this device's id, which decides whether it is in a rollout's share (default: the host name).")
+@click.option("--no-preflight", is_flag=True, help="Do not check the engine against the installed runtime before `current` flips.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
 def provision(package: str, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], prefer: Optional[str],
               allow_failed: bool, dest: Path, keep: int, require_signature: bool, trust: tuple[Path, ...], provenance_file: Optional[Path],
-              as_json: bool) -> None:
+              channel: str, device_id: Optional[str], no_preflight: bool, as_json: bool) -> None:
     """Install the engine of PACKAGE (folder, .tar.gz, manifest.json, or a URL `trtflow publish` wrote) that fits a GPU.
 
-    From a URL only manifest.json and the chosen engine are fetched; the engine's sha256 is checked while it streams."""
+    From a URL: the channel's version for this device, its manifest and the chosen engine are fetched (nothing but
+    one conditional request when nothing changed); the engine's sha256 is checked while it streams."""
     from trtflow import provision as prov
+    from trtflow.cli.fleet import ProvisionOptions, provision_once
 
     failed: list[dict] = []  # for --json: the engines for this GPU that failed to build
+    options = ProvisionOptions(gpu, runtime_version, backend, precision, prefer, allow_failed, dest, keep, require_signature, trust,
+                               provenance_file, channel, device_id, not no_preflight)
 
     def install() -> dict:
-        if require_signature and not trust:
-            raise prov.BadRequest("--require-signature needs at least one --trust KEY.pub")
-        loaded = prov.open_package(package)
-        if require_signature:
-            from trtflow.signing import trusted_keys
-
-            keys = trusted_keys(((path, f"--trust {path}") for path in trust), prov.BadRequest)
-            loaded = prov.require_signature(loaded, keys, provenance_file)
-        device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision, prefer, allow_failed)
-        failed.extend(m.model_dump() for m in prov.failed_for(loaded.manifest, device))
-        return prov.provision(loaded, device, dest, keep)
+        return provision_once(package, options, failed)
 
     if not as_json:
         output.print_provision(install())
@@ -311,19 +308,23 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
 @cli.command()
 @click.argument("package", type=click.Path(path_type=Path))
 @click.argument("url")
+@click.option("--channel", default="stable", show_default=True, help="The channel whose newest version it becomes (e.g. stable, canary).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was sent as JSON.")
-def publish(package: Path, url: str, as_json: bool) -> None:
-    """Upload a package folder to URL (s3://bucket/prefix, file:///shared/...), manifest.json last, for `provision URL`."""
-    from trtflow import provenance
-    from trtflow.deploy.remote import publish as publish_package
+def publish(package: Path, url: str, channel: str, as_json: bool) -> None:
+    """Upload a package folder to URL (s3://bucket/prefix, file:///shared/...) as a version, then flip CHANNEL to it.
 
-    summary = publish_package(package, url, provenance.provenance_path(package))
+    Engines go to engines/<sha256>.engine (sent only when missing), the manifest to versions/<sha256>/, the small
+    channels/<name>.json last: a device never sees a manifest whose engines are being replaced."""
+    from trtflow import provenance
+    from trtflow.deploy.channels import publish_version
+
+    summary = publish_version(package, url, provenance.provenance_path(package), channel)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     unchanged = f", {len(summary['engines_unchanged'])} unchanged" if summary["engines_unchanged"] else ""
-    click.echo(f"published {summary['recipe']} to {summary['url']}: {len(summary['engines_sent'])} engine(s) sent{unchanged}, "
-               f"{summary['files_sent']} file(s), {summary['bytes_sent']} bytes")
+    click.echo(f"published {summary['recipe']} to {summary['url']} as version {summary['version'][:12]} on channel {channel}: "
+               f"{len(summary['engines_sent'])} engine(s) sent{unchanged}, {summary['files_sent']} file(s), {summary['bytes_sent']} bytes")
 
 
 @cli.group()

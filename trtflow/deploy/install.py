@@ -20,7 +20,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Optional
 
 from filelock import FileLock
 
@@ -48,8 +48,12 @@ class Installed:
     current: Path
 
 
-def install(dest: Path, recipe: str, sha256: str, size: int, copy: Callable[[BinaryIO], None], record: dict, keep: int = 2) -> Installed:
-    """Make `<dest>/<recipe>/current` point at the engine `sha256`; `copy` writes its verified bytes when needed."""
+def install(dest: Path, recipe: str, sha256: str, size: int, copy: Callable[[BinaryIO], None], record: dict, keep: int = 2,
+            check: Optional[Callable[[Path], None]] = None) -> Installed:
+    """Make `<dest>/<recipe>/current` point at the engine `sha256`; `copy` writes its verified bytes when needed.
+
+    `check(engine path)` runs before `current` flips to a new or earlier version: if it raises, `current` stays as
+    it was and the version folder is kept (a retry does not fetch the bytes again)."""
     folder = dest / recipe
     created = _make_folder(dest, folder)
     try:
@@ -63,6 +67,8 @@ def install(dest: Path, recipe: str, sha256: str, size: int, copy: Callable[[Bin
                 _fill(folder, recipe, sha256, copy, record)
                 action = "installed"
             if action != "unchanged":
+                if check is not None:
+                    check(folder / sha256 / f"{recipe}.engine")
                 _point_current(folder, sha256)
                 _prune(folder, keep)
     except BaseException:

@@ -1,28 +1,30 @@
-"""Packages behind an fsspec URL: `trtflow publish` writes one, `trtflow provision URL` reads one engine of it.
+"""Packages behind an fsspec URL: `trtflow publish` writes them, `trtflow provision URL` reads one engine of one.
 
-Layout at the URL (the package folder's own):
+The layout at the URL is content-addressed (deploy/channels.py writes and reads it):
 
-    manifest.json               written last, so a reader never sees a manifest before its engines
-    SHA256SUMS
-    engines/<target>/<recipe>-<precision>.engine
-    provenance.intoto.jsonl     the package's signed provenance, when it has one
+    engines/<sha256>.engine                      every engine of every version, named by its bytes' digest
+    versions/<v>/manifest.json                   v = sha256 of these exact bytes: immutable once written
+    versions/<v>/provenance.intoto.jsonl         the version's signed provenance, when it has one
+    versions/<v>/SHA256SUMS
+    channels/<name>.json                         {"history": [v, previous, ...], "share_bp": ...}: flipped last
+    devices/<device-id>.json                     what each device's agent last reported (deploy/fleet.py)
 
-A provision reads `manifest.json`, then streams only the chosen engine (and the provenance with
---require-signature); `Transfer` counts every byte read, for the record. Publishing skips an engine the remote's
-SHA256SUMS already lists with the same digest and whose size matches: republishing a package with one new engine
-sends that engine and the small files.
+Nothing a published version names is ever rewritten: a republish adds engines and a version, then flips the small
+channel pointer, so a reader sees the old version whole or the new one whole. Remotes written by earlier trtflow
+releases (`manifest.json` and `engines/<target>/...` at the URL itself) are still read by `provision`.
+A provision reads the channel (a conditional GET: nothing new costs one request and no body), the chosen version's
+manifest, then streams only the chosen engine; `Transfer` counts every byte read, for the record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Iterator, Optional
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
-from trtflow.hashing import sha256_file
-from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Manifest
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 
 CHUNK = 1 << 20
@@ -44,6 +46,7 @@ class Transfer:
     """Bytes read from the remote, per file: what a provision cost the network."""
 
     files: dict[str, int] = field(default_factory=dict)
+    not_modified: list[str] = field(default_factory=list)  # conditional reads answered "not modified" (no body)
 
     def add(self, name: str, size: int) -> None:
         self.files[name] = self.files.get(name, 0) + size
@@ -88,20 +91,85 @@ class RemoteFolder:
         finally:
             handle.close()
 
-    # writing ----------------------------------------------------------------------------
-    def listed_sums(self) -> dict[str, str]:
-        """The remote's SHA256SUMS as {path: sha256} ({} if it has none or it cannot be parsed)."""
-        try:
-            text = self.read(SUMS_FILE, 16 << 20) or b""
-        except (FileNotFoundError, RemoteUnreachable):
-            return {}
-        sums = {}
-        for line in text.decode("utf-8", "replace").splitlines():
-            digest, _, name = line.partition("  ")
-            if len(digest) == 64 and name:
-                sums[name] = digest
-        return sums
 
+    def read_if_changed(self, relative: str, tag: Optional[str], limit: int) -> tuple[Optional[str], Optional[bytes]]:
+        """(tag, bytes) of a small file, or (tag, None) when its tag is still `tag` (nothing read). A tag is the
+        object's ETag (S3: one GET with If-None-Match, answered 304 without a body), else size and mtime (a stat).
+        FileNotFoundError if it is not there."""
+        if "s3" in protocols(self._fs) or "s3a" in protocols(self._fs):
+            return self._s3_read_if_changed(relative, tag, limit)
+        try:
+            info = self._fs.info(f"{self._base}/{relative}")
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from None
+        current = str(info.get("ETag") or info.get("etag") or f"{info.get('size')}:{info.get('mtime') or info.get('LastModified')}")
+        if tag is not None and current == tag:
+            self.transfer.not_modified.append(relative)
+            return current, None
+        return current, self.read(relative, limit)
+
+    def _s3_read_if_changed(self, relative: str, tag: Optional[str], limit: int) -> tuple[Optional[str], Optional[bytes]]:
+        """One GetObject, with IfNoneMatch when a tag is known (s3fs has no conditional read: its botocore client does)."""
+        from botocore.exceptions import ClientError
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self._fs.split_path(f"{self._base}/{relative}")
+
+        async def get() -> tuple[Optional[str], Optional[bytes]]:
+            await self._fs.set_session()
+            client = await self._fs.get_s3(bucket)
+            try:
+                answer = await client.get_object(Bucket=bucket, Key=key, **({"IfNoneMatch": tag} if tag else {}))
+            except ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code"))
+                if code == "304":
+                    return tag, None
+                if code in ("NoSuchKey", "404"):
+                    raise FileNotFoundError(self.where(relative)) from None
+                raise
+            async with answer["Body"] as body:
+                return answer.get("ETag"), await body.read(limit + 1)
+
+        try:
+            got_tag, data = sync(self._fs.loop, get)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from None
+        if data is None:
+            self.transfer.not_modified.append(relative)
+            return got_tag, None
+        self.transfer.add(relative, len(data))
+        if len(data) > limit:
+            raise RemoteUnreachable(f"{self.where(relative)}: larger than {limit} bytes; not a trtflow package file")
+        return got_tag, data
+
+    def listing(self, relative: str) -> list[dict]:
+        """fsspec's info of every entry of a folder at the URL ([] if there is none)."""
+        try:
+            return list(self._fs.ls(f"{self._base}/{relative}", detail=True))
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot list: {one_line(exc)}") from None
+
+    def name_of(self, info: dict) -> str:
+        """The last part of a listed entry's path."""
+        return str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
+
+    def remove(self, relative: str) -> None:
+        """Delete a file or a folder (recursively) at the URL; nothing if it is gone."""
+        self.refuse_links(relative)
+        try:
+            self._fs.rm(f"{self._base}/{relative}", recursive=True)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot delete: {one_line(exc)}") from None
+
+    # writing ----------------------------------------------------------------------------
     def size(self, relative: str) -> Optional[int]:
         """The remote file's size, None when it is not there."""
         try:
@@ -114,7 +182,7 @@ class RemoteFolder:
     def put(self, source: Path | bytes, relative: str) -> int:
         """Write one file at the URL (a single PUT on object stores); its size."""
         target = f"{self._base}/{relative}"
-        self._refuse_links(relative)
+        self.refuse_links(relative)
         try:
             parent = target.rsplit("/", 1)[0]
             if "file" in protocols(self._fs):
@@ -127,8 +195,23 @@ class RemoteFolder:
         except Exception as exc:
             raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None
 
+    def put_atomic(self, data: bytes, relative: str) -> int:
+        """Write a small file so a reader sees the old bytes or the new ones: one PUT on an object store, a
+        temporary file renamed over it in a folder."""
+        if "file" not in protocols(self._fs):
+            return self.put(data, relative)
+        folder, _, name = relative.rpartition("/")
+        temporary = f"{folder + '/' if folder else ''}.{name}.{uuid.uuid4().hex}.tmp"
+        self.put(data, temporary)
+        try:
+            self.refuse_links(relative)
+            Path(f"{self._base}/{temporary}").replace(f"{self._base}/{relative}")  # rename(2): replaces a link, never follows it
+        except OSError as exc:
+            Path(f"{self._base}/{temporary}").unlink(missing_ok=True)
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None
+        return len(data)
 
-    def _refuse_links(self, relative: str) -> None:
+    def refuse_links(self, relative: str) -> None:
         """In a local folder, a symlink on the way to a file to write (`engines` -> elsewhere, a link named like an
         engine) is refused: publishing never writes through one."""
         if "file" not in protocols(self._fs):
@@ -153,44 +236,3 @@ class _Counted:
             raise RemoteUnreachable(f"{self._folder.where(self._name)}: reading failed: {one_line(exc)}") from None
         self._folder.transfer.add(self._name, len(data))
         return data
-
-
-def publish(package: Path, url: str, provenance: Optional[Path], options: Optional[dict] = None) -> dict:
-    """Upload a package folder to `url`: engines (checked against the manifest) first, manifest.json last."""
-    manifest_path = package / MANIFEST_FILE
-    if not package.is_dir() or not manifest_path.is_file():
-        hint = " (publish the package folder, not its archive: provision fetches single engines)" if package.name.endswith(".tar.gz") else ""
-        raise NotPublishable(f"{package}: not a package folder with a {MANIFEST_FILE}{hint}")
-    manifest_bytes = manifest_path.read_bytes()
-    try:
-        manifest = Manifest.model_validate_json(manifest_bytes)
-    except ValueError as exc:
-        raise NotPublishable(f"{manifest_path}: not a trtflow manifest ({type(exc).__name__}); rebuild it with `trtflow run`") from None
-    remote = RemoteFolder(url, options)
-    listed = remote.listed_sums()
-    sent, skipped = [], []
-    for engine in manifest.engines:
-        path = _engine_file(package, engine.file)
-        if path.stat().st_size != engine.size or sha256_file(path) != engine.sha256:
-            raise NotPublishable(f"{path}: does not match the sha256 and size {MANIFEST_FILE} records; rebuild the package with `trtflow run`")
-        if listed.get(engine.file) == engine.sha256 and remote.size(engine.file) == engine.size:
-            skipped.append(engine.file)
-            continue
-        remote.put(path, engine.file)
-        sent.append(engine.file)
-    small = [(p, name) for p, name in ((package / SUMS_FILE, SUMS_FILE), (provenance, PROVENANCE_FILE)) if p is not None and p.is_file()]
-    for path, name in small:
-        remote.put(path, name)
-    remote.put(manifest_bytes, MANIFEST_FILE)
-    return {"package": str(package), "url": remote.shown, "recipe": manifest.recipe, "engines_sent": sent, "engines_unchanged": skipped,
-            "files_sent": len(sent) + len(small) + 1,
-            "bytes_sent": sum(e.size for e in manifest.engines if e.file in sent) + sum(p.stat().st_size for p, _ in small) + len(manifest_bytes)}
-
-
-def _engine_file(package: Path, file: str) -> Path:
-    """The engine's path inside the package folder; refused when the manifest points elsewhere."""
-    parts = PurePosixPath(file).parts
-    path = package.joinpath(*parts)
-    if file.startswith("/") or ".." in parts or not path.is_file() or not path.resolve().is_relative_to(package.resolve()):
-        raise NotPublishable(f"{package}: manifest names engine file {file!r}, which is missing or outside the package; rebuild it with `trtflow run`")
-    return path

@@ -9,9 +9,12 @@ compute capability ("8.6") to the plan built for it, so the same model folder lo
 several packages of the recipe (full TensorRT builds on the GPU it targets, so each architecture is often built on
 its own machine); their I/O must agree. Each optimization profile gets an instance group that uses it.
 
-`max_batch_size` comes from the manifest: when every input and output has a dynamic first dimension that every
-profile starts at 1 or more, that dimension is Triton's batch dimension, and max_batch_size is the largest batch the
-profiles accept (dims then omit it); otherwise 0 and dims are the full shapes, -1 where dynamic.
+`max_batch_size` comes from the manifest: when every input and output has a dynamic first dimension and the
+profiles together accept every batch from 1 to their largest without a gap (e.g. 1-8 and 9-64, not 1-8 and 16-64,
+where Triton would send a batch of 12 that no profile takes), that dimension is Triton's batch dimension and
+max_batch_size is that largest batch (dims then omit it); otherwise 0 and dims are the full shapes, -1 where dynamic,
+and the export says why. `default_model_filename` is set only for a hardware-compatible (`ampere_plus`) plan: a GPU
+missing from `cc_model_filenames` must fail to load rather than load a plan built for another architecture.
 
 TensorRT-RTX engines are refused: Triton's TensorRT backend deserializes plans with the TensorRT runtime it was
 built with, and a TensorRT-RTX engine loads only on the TensorRT-RTX runtime of the same release; no Triton
@@ -91,7 +94,7 @@ def model_config(name: str, plans: list[Plan]) -> Any:
     pb = triton_model_config_pb2()
     tensors = _agreed_tensors(plans)
     batch = _max_batch_size(tensors)
-    config = pb.ModelConfig(name=name, platform="tensorrt_plan", max_batch_size=batch)
+    config = pb.ModelConfig(name=name, platform="tensorrt_plan", max_batch_size=batch or 0)
     for tensor in tensors:
         dims = tensor.shape[1:] if batch else tensor.shape
         entry = config.input.add() if tensor.mode == "input" else config.output.add()
@@ -105,7 +108,8 @@ def model_config(name: str, plans: list[Plan]) -> Any:
     exact, portable = _cc_files(plans)
     for cc, file in exact.items():
         config.cc_model_filenames[cc] = file
-    config.default_model_filename = portable or next(iter(exact.values()))
+    if portable:
+        config.default_model_filename = portable
     return config
 
 
@@ -120,13 +124,30 @@ def _agreed_tensors(plans: list[Plan]) -> list[Tensor]:
 
 
 def _max_batch_size(tensors: list[Tensor]) -> int:
-    """The batch the profiles accept when dim 0 of every tensor is a dynamic batch dimension, else 0 (no batching)."""
+    """The largest batch when dim 0 of every tensor is a dynamic batch the profiles cover from 1 without a gap, else 0."""
+    return 0 if batching_refusal(tensors) else max(p.max[0] for t in tensors if t.mode == "input" for p in t.profiles)
+
+
+def batching_refusal(tensors: list[Tensor]) -> Optional[str]:
+    """Why Triton must not batch these tensors (max_batch_size 0), or None when dim 0 is a batch it can use."""
     if not tensors or any(not t.shape or t.shape[0] != -1 for t in tensors):
-        return 0
+        return "not every input and output has a dynamic first dimension"
     inputs = [t for t in tensors if t.mode == "input"]
-    if not inputs or any(not t.profiles or any(p.min[0] < 1 for p in t.profiles) for t in inputs):
-        return 0
-    return min(max(p.max[0] for p in t.profiles) for t in inputs)
+    if not inputs or any(not t.profiles for t in inputs):
+        return "an input has no optimization profile"
+    count = len(inputs[0].profiles)
+    if any(len(t.profiles) != count for t in inputs):
+        return "the inputs have different numbers of profiles"
+    ranges = sorted((max(t.profiles[i].min[0] for t in inputs), min(t.profiles[i].max[0] for t in inputs)) for i in range(count))
+    covered = 0
+    for low, high in ranges:
+        if low > covered + 1:
+            break
+        covered = max(covered, high)
+    top = max(high for _, high in ranges)
+    if covered < top or covered < 1:
+        return f"the profiles accept batches up to {top} but not {covered + 1} (a gap Triton's batcher would fall into)"
+    return None
 
 
 def _triton_type(tensor: Tensor) -> str:
@@ -182,6 +203,10 @@ def export_triton(packages: list[Package], repo: Path, name: Optional[str], vers
         raise CannotExport(f"--repo {repo}: {link} is a symlink; refusing to write through it (remove it)")
     _write_version(model, version, plans)
     atomic_write(model / "config.pbtxt", text)
+    no_batch = batching_refusal(_agreed_tensors(plans)) if config.max_batch_size == 0 else None
+    notes += [f"max_batch_size 0 (dims are full shapes): {no_batch}"] if no_batch else []
+    notes += [] if config.default_model_filename else ["no default_model_filename: no hardware-compatible plan, so a GPU not in "
+                                                       "cc_model_filenames fails to load instead of loading another architecture's plan"]
     return {"model": str(model), "version": version, "config": str(model / "config.pbtxt"), "max_batch_size": config.max_batch_size,
             "cc_model_filenames": dict(config.cc_model_filenames), "default_model_filename": config.default_model_filename,
             "plans": {p.file: p.engine.sha256 for p in plans}, "notes": notes}
