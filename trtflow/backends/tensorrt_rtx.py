@@ -44,10 +44,10 @@ class TensorRTRTXBackend:
         self.load()
         return unsupported_options(self._trt, names)
 
-    def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
-        """Execute the engine on the local GPU (verify calls this only where one exists)."""
+    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: tuple[Path, ...] = ()) -> dict:
+        """Execute the engine on the local GPU with its plugin libraries loaded (verify calls this only where one exists)."""
         self.load()
-        return outputs_from_engine(self._trt, engine_path, feeds)
+        return outputs_from_engine(self._trt, engine_path, feeds, plugins)
 
     def _capability(self, cc: str) -> Any:
         value = getattr(self._trt.ComputeCapability, cc.replace("_", "").upper(), None)
