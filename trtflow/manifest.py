@@ -208,6 +208,10 @@ class Engine(_Model):
     reproducible: Optional[Literal["bytes", "equivalent"]] = None
     plugins: list[Plugin] = []  # absent when the engine needs none (manifest_bytes leaves it out)
 
+    def as_json(self) -> dict:
+        """The entry as manifest.json holds it: plain JSON values, no `plugins` key when it needs none."""
+        return self.model_dump(mode="json", exclude=None if self.plugins else {"plugins"})
+
 
 class Source(_Model):
     """The source model's sha256, and the sha256 and node count of the cleaned model the engines are built from."""

@@ -272,10 +272,12 @@ def schema(what: str) -> None:
 @click.option("--require-signature", is_flag=True, help="Refuse a package unless a --trust key signed its provenance (<recipe>.intoto.jsonl beside it).")
 @click.option("--trust", "trust", multiple=True, type=click.Path(path_type=Path), help="An Ed25519 public key (PEM) whose signatures are accepted; repeatable.")
 @click.option("--provenance", "provenance_file", type=click.Path(path_type=Path), help="The provenance file, if not beside the package.")
+@click.option("--plugin-dir", type=click.Path(path_type=Path), help="The plugin libraries this device has (found by sha256); "
+              "an engine needing one neither here nor carried by the package is refused.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
 def provision(package: str, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], prefer: Optional[str],
               allow_failed: bool, dest: Path, keep: int, require_signature: bool, trust: tuple[Path, ...], provenance_file: Optional[Path],
-              as_json: bool) -> None:
+              plugin_dir: Optional[Path], as_json: bool) -> None:
     """Install the engine of PACKAGE (folder, .tar.gz, manifest.json, or a URL `trtflow publish` wrote) that fits a GPU.
 
     From a URL only manifest.json and the chosen engine are fetched; the engine's sha256 is checked while it streams."""
@@ -292,7 +294,7 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
 
             keys = trusted_keys(((path, f"--trust {path}") for path in trust), prov.BadRequest)
             loaded = prov.require_signature(loaded, keys, provenance_file)
-        device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision, prefer, allow_failed)
+        device = prov.device_from_options(gpu, loaded.manifest, runtime_version, backend, precision, prefer, allow_failed, plugin_dir)
         failed.extend(m.model_dump() for m in prov.failed_for(loaded.manifest, device))
         return prov.provision(loaded, device, dest, keep)
 
