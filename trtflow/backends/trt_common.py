@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from trtflow.backends.base import BuildRequest, BuildResult, TensorSpec
 from trtflow.errors import StageError
@@ -164,15 +164,15 @@ def tensors_from_network(network: Any) -> list[TensorSpec]:
     return tensors
 
 
-def load_plugins(registry: Any, logger: Any, paths: Any) -> list[Any]:
+def load_plugins(registry: Any, logger: Any, plugins: dict[str, Path]) -> list[Any]:
     """Load each shared library into a plugin registry (the ONNX parser then finds its ops' creators); StageError naming
     the first one TensorRT refuses, with TensorRT's reason. Returns the handles (for deregister_library)."""
     handles = []
-    for path in paths:
+    for name, path in plugins.items():
         seen = len(logger.lines)
         handle = registry.load_library(str(path))
         if handle is None:
-            raise StageError(f"plugin library {Path(path).name}: TensorRT refused it: {_load_error(logger.lines[seen:])}")
+            raise StageError(f"plugin library {name}: TensorRT refused it: {_load_error(logger.lines[seen:])}")
         handles.append(handle)
     return handles
 
@@ -220,7 +220,7 @@ def _build(trt: Any, builder: Any, logger: Any, request: BuildRequest, configure
     )
 
 
-def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict, plugins: tuple = ()) -> dict:
+def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict, plugins: Optional[dict[str, Path]] = None) -> dict:
     """Run a serialized engine once on this machine's GPU, with device buffers from torch.
 
     Only reached where a GPU exists (verify checks first); raises StageError when it cannot run.
@@ -233,7 +233,7 @@ def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict, plugins: tuple 
         raise StageError("torch sees no CUDA device")
     logger = make_logger(trt)
     runtime = trt.Runtime(logger)
-    load_plugins(runtime.get_plugin_registry(), logger, plugins)
+    load_plugins(runtime.get_plugin_registry(), logger, plugins or {})
     engine = runtime.deserialize_cuda_engine(engine_path.read_bytes())
     if engine is None:
         raise StageError("the engine does not load here: " + "; ".join(logger.lines[-3:]))

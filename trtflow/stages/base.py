@@ -200,11 +200,12 @@ class StageOutput:
 CACHED_UNDER_WARN = " (a cached result built under verify: {on_fail: warn})"
 
 
-def plugin_paths(inputs: dict[str, "Upstream"]) -> list[Path]:
-    """The plugin libraries among a stage's inputs (roles `plugin:<name>`), in the recipe's order."""
+def plugin_files(inputs: dict[str, "Upstream"]) -> dict[str, Path]:
+    """The plugin libraries among a stage's inputs (roles `plugin:<name>`) by name, in the recipe's order (an executor
+    may hand a file over under another name)."""
     from trtflow.recipe.plugins import plugin_name
 
-    return [upstream.files[role] for role, upstream in inputs.items() if plugin_name(role) is not None]
+    return {name: upstream.files[role] for role, upstream in inputs.items() if (name := plugin_name(role)) is not None}
 
 
 def enforce_proof(on_fail: str, proof: dict, what: str, suffix: str = "") -> None:

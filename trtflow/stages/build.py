@@ -18,7 +18,7 @@ from trtflow.backends.limits import describe, unsupported_nodes
 from trtflow.errors import StageError
 from trtflow.recipe.build import BuildOptions
 from trtflow.recipe.schema import TargetSpec
-from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream, plugin_paths
+from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream, plugin_files
 from trtflow.util.cc import ComputeCapability
 
 KIND, VERSION = "build", 4  # 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM);
@@ -67,7 +67,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         options=params.builder_options(),
         hardware_compatibility=params.hardware_compatibility,
         version_compatible=params.version_compatible,
-        plugins=plugin_paths(inputs),
+        plugins=plugin_files(inputs),
     )
     backend = get_backend(params.backend)
     _check_limits(params, request.onnx_path)
