@@ -356,6 +356,55 @@ for name, edit, code, fragment in [
     add(name, "built", PROVISION, code, fragment, edit)
 
 
+# plugin libraries: in recipes (checked when the recipe loads) and in manifests (names are file names, never paths)
+
+PLUGIN = "build: {plugins: [%s]}\n"
+for name, given, fragment in [
+    ("recipe-plugin-missing", "libs/none.so", "recipes/tiny.yaml:8: build.plugins[0]: plugin library not found: libs/none.so"),
+    ("recipe-plugin-dotdot-outside", "../../../../etc/hostname", "recipes/tiny.yaml:8: build.plugins[0]: ../../../../etc/hostname is outside the project"),
+    ("recipe-plugin-absolute-folder", "/etc", "recipes/tiny.yaml:8: build.plugins[0]: /etc is not a regular file"),
+    ("recipe-plugin-absolute-device", "/dev/zero", "recipes/tiny.yaml:8: build.plugins[0]: /dev/zero is not a regular file"),
+    ("recipe-plugin-is-the-models-folder", "models", "recipes/tiny.yaml:8: build.plugins[0]: models is not a regular file"),
+]:
+    add(name, "fresh", VALIDATE, 3, fragment, write(RECIPE, TINY_RECIPE + PLUGIN % given))
+add("recipe-plugins-not-a-list", "fresh", VALIDATE, 3, "recipes/tiny.yaml:8: build.plugins", write(RECIPE, TINY_RECIPE + "build: {plugins: {a: b}}\n"))
+add("recipe-package-plugins-unknown", "fresh", VALIDATE, 3, "recipes/tiny.yaml:8: package.plugins",
+    write(RECIPE, TINY_RECIPE + "package: {plugins: embed}\n"))
+
+PLUGIN_SHA = "ab" * 32
+
+
+def _plugin(**fields) -> Callable[[dict], None]:
+    """Every engine needs one plugin library: a valid entry with `fields` changed."""
+    return _engine_field("plugins", [{"name": "libx.so", "sha256": PLUGIN_SHA, "size": 4, "carried": True, **fields}])
+
+
+def _carried(data: bytes | None = None, link: bool = False) -> Callable[[Path], None]:
+    """The plugin entry above, with its carried file holding `data` (or linked to the decoy's file)."""
+    def edit(root: Path) -> None:
+        _manifest(_plugin())(root)
+        path = root / PACKAGE / "plugins" / f"{PLUGIN_SHA}-libx.so"
+        path.parent.mkdir()
+        path.symlink_to(_decoy(root) / "engine.bin") if link else path.write_bytes(data or b"")
+    return edit
+
+
+for name, edit, code, fragment in [
+    ("package-plugin-name-traversal", _manifest(_plugin(name="../../x.so")), 3, "not a trtflow manifest: engines.0.plugins.0.name"),
+    ("package-plugin-name-absolute", _manifest(_plugin(name="/etc/passwd")), 3, "not a trtflow manifest: engines.0.plugins.0.name"),
+    ("package-plugin-name-dotdot", _manifest(_plugin(name="..")), 3, "not a trtflow manifest: engines.0.plugins.0.name"),
+    ("package-plugin-sha256-traversal", _manifest(_plugin(sha256="../../../x")), 3, "not a trtflow manifest: engines.0.plugins.0.sha256"),
+    ("package-plugin-size-negative", _manifest(_plugin(size=-1)), 3, "not a trtflow manifest: engines.0.plugins.0.size"),
+    ("package-plugin-extra-field", _manifest(_plugin(file="../../x.so")), 3, "not a trtflow manifest: engines.0.plugins.0.file"),
+    ("package-plugin-carried-missing", _manifest(_plugin()), 3, "the plugin file is missing"),
+    ("package-plugin-carried-tampered", _carried(b"evil"), 3, "does not match the manifest's"),
+    ("package-plugin-carried-larger", _carried(b"evil and more"), 3, "larger than the 4 bytes the manifest records"),
+    ("package-plugin-carried-is-a-link", _carried(link=True), 3, "the plugin file is missing or outside the package"),
+    ("package-plugin-not-on-the-device", _manifest(_plugin(carried=False)), 5, "no engine in package tiny fits sm_89"),
+]:
+    add(name, "built", PROVISION, code, fragment, edit)
+
+
 def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> Callable[[Path], None]:
     """A package archive holding one crafted member beside a real manifest."""
     def apply(root: Path) -> None:

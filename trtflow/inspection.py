@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from trtflow.hashing import sha256_file
-from trtflow.manifest import MANIFEST_FILE
+from trtflow.manifest import MANIFEST_FILE, manifest_bytes
 from trtflow.provision import BadPackage, load_package
 
 
@@ -14,7 +14,7 @@ def inspect_path(path: Path) -> dict:
     """{"kind": "package"|"manifest"|"engine", ...}: everything known about the file without a GPU."""
     if path.is_file() and not path.name.endswith((".tar.gz", ".tgz", ".json")):
         return inspect_engine(path)
-    manifest = json.loads(load_package(path).manifest.model_dump_json())
+    manifest = json.loads(manifest_bytes(load_package(path).manifest))
     return {"kind": "manifest" if path.name.endswith(".json") else "package", "path": str(path), "manifest": manifest}
 
 
@@ -40,7 +40,7 @@ def inspect_engine(path: Path) -> dict:
             except BadPackage:
                 break
             entry = next((e for e in manifest.engines if e.sha256 == digest), None)
-            result["manifest_entry"] = json.loads(entry.model_dump_json()) if entry else None
+            result["manifest_entry"] = entry.as_json() if entry else None
             result["recipe"] = manifest.recipe
             break
     return result

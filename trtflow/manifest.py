@@ -26,6 +26,8 @@ SUMS_FILE = "SHA256SUMS"
 TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
 ComputeCapabilityName = Annotated[str, Field(pattern=r"^sm_[0-9]{2,3}$")]
 Dimension = Annotated[int, Field(ge=-1, le=(1 << 63) - 1)]  # -1: dynamic; beyond int64 no runtime has a shape
+PluginName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")]  # a file name on a device, never a path
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class _Model(BaseModel):
@@ -183,6 +185,21 @@ class NetworkFacts(_Model):
     device_memory: str
 
 
+class Plugin(_Model):
+    """A plugin library an engine needs where it runs: its file name, sha256 and size, and whether the package carries it
+    (as `plugins/<sha256>-<name>`, listed in SHA256SUMS); `provision --plugin-dir` finds the others by sha256."""
+
+    name: PluginName
+    sha256: Sha256
+    size: int = Field(ge=0)
+    carried: bool
+
+    @property
+    def file(self) -> str:
+        """Where a carried library is in the package (derived, never read from the manifest: a name is no path)."""
+        return f"plugins/{self.sha256}-{self.name}"
+
+
 class Engine(_Model):
     """One engine file of the package: digest, precision, target GPUs, exact backend, build settings, tensors, proofs."""
 
@@ -207,6 +224,11 @@ class Engine(_Model):
     canonical_sha256: Optional[str] = None
     network: Optional[NetworkFacts] = None  # absent in packages made before trtflow 0.2.0
     reproducible: Optional[Literal["bytes", "equivalent"]] = None
+    plugins: list[Plugin] = []  # absent when the engine needs none (manifest_bytes leaves it out)
+
+    def as_json(self) -> dict:
+        """The entry as manifest.json holds it: plain JSON values, no `plugins` key when it needs none."""
+        return self.model_dump(mode="json", exclude=None if self.plugins else {"plugins"})
 
 
 class Source(_Model):
@@ -237,6 +259,13 @@ class Manifest(_Model):
     engines: list[Engine]
     complete: bool = True  # false: some engines of the recipe failed; `missing` says which and why
     missing: list[MissingEngine] = []
+
+
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """manifest.json's bytes. An engine that needs no plugin has no `plugins` key, so a package without plugins keeps
+    the bytes it had before plugins existed (and an older trtflow, whose schema forbids the key, refuses one with them)."""
+    plain = {index: {"plugins"} for index, engine in enumerate(manifest.engines) if not engine.plugins}
+    return (manifest.model_dump_json(indent=2, exclude={"engines": plain} if plain else None) + "\n").encode()
 
 
 def manifest_json_schema() -> dict:

@@ -11,7 +11,9 @@ The choice reads only the manifest, so a fleet agent decides without TensorRT or
    engines can run with a TensorRT 10 runtime. No other combination across major versions is supported").
    TensorRT-RTX needs the same major.minor.patch: its engines "are not compatible between different
    releases" (TensorRT-RTX docs, Engine Compatibility);
-4. verification: an engine whose recorded checks failed (kept with `verify.on_fail: warn`) is never chosen
+4. plugins: every plugin library the engine needs is in --plugin-dir (by sha256) or carried by the package
+   (deploy.plugins);
+5. verification: an engine whose recorded checks failed (kept with `verify.on_fail: warn`) is never chosen
    unless --allow-failed.
 Among fits: the preferred precision (--prefer; default fp8, int8, fp16, bf16, fp32: fewest bits first, since
 an engine is in the package only when its precision met the recipe's accuracy limits, the fastest of them is
@@ -35,12 +37,13 @@ from pydantic import ValidationError
 
 from trtflow.deploy.channels import engine_file, version_file
 from trtflow.deploy.install import install
+from trtflow.deploy.plugins import PluginDir, missing_plugin, plugin_installs
 from trtflow.deploy.remote import PROVENANCE_FILE, RemoteFolder
 from trtflow.util.archive import UnsafeArchive, read_member
 from trtflow.device import no_gpu_reason, query_compute_capabilities
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.hashing import sha256_file
-from trtflow.manifest import MANIFEST_FILE, Engine, Manifest, MissingEngine
+from trtflow.manifest import MANIFEST_FILE, Engine, Manifest, MissingEngine, Plugin
 from trtflow.util.cc import ComputeCapability
 
 if TYPE_CHECKING:
@@ -92,6 +95,7 @@ class Device:
     precision: Optional[str] = None
     prefer: tuple[str, ...] = DEFAULT_PREFERENCE
     allow_failed: bool = False
+    plugins: Optional[PluginDir] = None  # --plugin-dir: the plugin libraries this device has
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ def judge(engine: Engine, index: int, device: Device) -> Verdict:
         return Verdict(engine, index, refusal=f"precision {engine.precision}, not the requested {device.precision}")
     fits = [_hardware_fit(engine, cc) for cc in device.compute_capabilities]
     refusal = next((reason for fit, reason in fits if fit is None), None) or _runtime_refusal(engine, device.runtime_version)
+    refusal = refusal or missing_plugin(engine, device.plugins)
     refusal = refusal or (None if device.allow_failed else failed_checks(engine))
     if refusal:
         return Verdict(engine, index, refusal=refusal)
@@ -231,6 +236,8 @@ def _no_fit_message(manifest: Manifest, device: Device, verdicts: list[Verdict])
         targets = ", ".join(dict.fromkeys(m.target for m in failed))
         lines.append(f"the engines for {device.label} (target {targets}) failed to build: fix the cause above and run `trtflow run`, "
                      "or provision for another --gpu")
+    elif any((v.refusal or "").startswith("needs plugin ") for v in verdicts):
+        lines.append("put the plugin library in the folder --plugin-dir names, or package it with the recipe's package: {plugins: carry}")
     else:
         lines.append(f"add a pipeline target that fits {device.label} and run `trtflow run`, or provision for another --gpu / --runtime-version")
     return "\n".join(lines)
@@ -245,12 +252,13 @@ def failed_for(manifest: Manifest, device: Device) -> list[MissingEngine]:
 
 
 def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[str] = None, backend: Optional[str] = None,
-                        precision: Optional[str] = None, prefer: Optional[str] = None, allow_failed: bool = False) -> Device:
+                        precision: Optional[str] = None, prefer: Optional[str] = None, allow_failed: bool = False,
+                        plugin_dir: Optional[Path] = None) -> Device:
     """--gpu auto (nvidia-smi), a compute capability (sm_86, 8.6) or a target name of the package."""
     if runtime_version is not None and _version(runtime_version) is None:
         raise BadRequest(f"--runtime-version {runtime_version!r} is not a version: pass it as X.Y.Z, e.g. 10.13.3 or 1.7.1")
     extra = {"runtime_version": runtime_version, "backend": backend, "precision": precision, "prefer": _preference(prefer),
-             "allow_failed": allow_failed}
+             "allow_failed": allow_failed, "plugins": PluginDir(plugin_dir) if plugin_dir is not None else None}
     if gpu == "auto":
         ccs = detect_compute_capabilities()
         return Device(tuple(ccs), "+".join(ccs), "auto-detected", **extra)
@@ -386,21 +394,22 @@ def _safe_relative(package: Package, file: str) -> str:
 
 
 @contextlib.contextmanager
-def _open_engine(package: Package, engine: Engine) -> Iterator[BinaryIO]:
-    """The engine's bytes as a stream, from the folder or straight from its archive member (never
-    extracted to a path the package names)."""
-    relative = _safe_relative(package, engine.file) if package.version is None else engine_file(engine.sha256)
+def _open_engine(package: Package, engine: Engine | Plugin) -> Iterator[BinaryIO]:
+    """The engine's (or a carried plugin's: anything with `file`) bytes as a stream, from the folder, straight from
+    its archive member (never extracted to a path the package names) or from a published version."""
+    what = "engine" if isinstance(engine, Engine) else "plugin"
+    relative = _source_of(package, engine)
     if package.remote is not None:
         try:
             with package.remote.open(relative) as source:
                 yield source
         except FileNotFoundError:
-            raise BadPackage(f"{package.where(relative)}: the engine file is missing; publish the package again") from None
+            raise BadPackage(f"{package.where(relative)}: the {what} file is missing; publish the package again") from None
         return
     if package.root is not None:
         path = package.root / relative
         if not path.is_file() or not path.resolve().is_relative_to(package.root.resolve()):
-            raise BadPackage(f"{path}: the engine file is missing or outside the package; rebuild the package with `trtflow run`")
+            raise BadPackage(f"{path}: the {what} file is missing or outside the package; rebuild the package with `trtflow run`")
         with open(path, "rb") as source:
             yield source
         return
@@ -412,10 +421,18 @@ def _open_engine(package: Package, engine: Engine) -> Iterator[BinaryIO]:
             yield source
 
 
-def copy_verified(package: Package, engine: Engine, sink: BinaryIO) -> None:
+def _source_of(package: Package, item: Engine | Plugin) -> str:
+    """Where an engine or a carried plugin is read from: its file in the package, or in a content-addressed remote
+    the engine under its sha256 and a plugin beside the version's manifest."""
+    if package.version is None:
+        return _safe_relative(package, item.file)
+    return engine_file(item.sha256) if isinstance(item, Engine) else version_file(package.version, _safe_relative(package, item.file))
+
+
+def copy_verified(package: Package, engine: Engine | Plugin, sink: BinaryIO) -> None:
     """Copy the engine into `sink` while hashing it; a sha256 other than the manifest's is refused."""
     digest, written = hashlib.sha256(), 0
-    where = package.where(engine.file if package.version is None else engine_file(engine.sha256))
+    where = package.where(_source_of(package, engine))
     with _open_engine(package, engine) as source:
         for chunk in iter(lambda: source.read(CHUNK), b""):
             written += len(chunk)
@@ -439,12 +456,14 @@ def provision(package: Package, device: Device, dest: Path, keep: int = 2, check
     for field, value in (("recipe", recipe), ("precision", chosen.engine.precision)):  # from the package, into DEST's names
         if not SAFE_NAME.fullmatch(value):
             raise BadPackage(f"{package.path}: {field} {value!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
-    record = _record(package, device, chosen, others)
+    plugins, extras = plugin_installs(chosen.engine, device.plugins, lambda plugin, sink: copy_verified(package, plugin, sink))
+    record = {**_record(package, device, chosen, others), **({"plugins": plugins} if plugins else {})}
     checked: dict = {}
     installed = install(dest, recipe, chosen.engine.sha256, chosen.engine.size, lambda sink: copy_verified(package, chosen.engine, sink),
-                        record, keep, None if check is None else lambda path: checked.update(check(chosen.engine, path)))
+                        record, keep, None if check is None else lambda path: checked.update(check(chosen.engine, path)), extras)
     written = {"engine": str(installed.current / installed.engine.name), "version": str(installed.engine.parent),
                "record": str(installed.record), "sha256": chosen.engine.sha256}
+    written.update({"plugins": [str(installed.engine.parent / name) for name in extras]} if extras else {})
     transfer = None if package.remote is None else {"from": package.remote.shown, "bytes": package.remote.transfer.total,
                                                    "files": package.remote.transfer.files, "engine_size": chosen.engine.size}
     return {**record, "action": installed.action, "written": written, "transfer": transfer, "checks": checked or None}
@@ -458,6 +477,6 @@ def _record(package: Package, device: Device, chosen: Verdict, others: list[tupl
         "package_missing": [m.model_dump() for m in package.manifest.missing],
         "device": {"gpu": device.label, "compute_capabilities": list(device.compute_capabilities), "source": device.source, "backend": device.backend, "precision": device.precision},
         "runtime": {"version": device.runtime_version, "version_rules": rules},
-        "chosen": {"file": chosen.engine.file, "reason": chosen.fit, "manifest_entry": chosen.engine.model_dump(mode="json")},
+        "chosen": {"file": chosen.engine.file, "reason": chosen.fit, "manifest_entry": chosen.engine.as_json()},
         "not_chosen": [{"file": v.engine.file, "target": v.engine.target, "precision": v.engine.precision, "reason": reason} for v, reason in others],
     }

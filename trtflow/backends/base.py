@@ -29,6 +29,7 @@ class BuildRequest:
     options: dict[str, Any] = field(default_factory=dict)  # builder options by name (trt_common.BUILDER_OPTIONS)
     hardware_compatibility: str = "none"
     version_compatible: bool = False
+    plugins: dict[str, Path] = field(default_factory=dict)  # name -> shared library, loaded into the builder's plugin registry first
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ class Backend(Protocol):
     def engine_from_onnx(self, request: BuildRequest) -> BuildResult:
         """Build `request.onnx_path` into `request.engine_path` for the requested compute capabilities and profiles."""
 
-    def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
-        """Run the engine once on the local GPU with `feeds` (input name -> array); its outputs by name."""
+    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: Optional[dict[str, Path]] = None) -> dict:
+        """Run the engine once on the local GPU with `feeds` (input name -> array), `plugins` loaded; its outputs by name."""
 
     def unsupported_options(self, names: set[str]) -> list[str]:
         """The recipe `build:` options among `names` this backend's installed version has no API for."""

@@ -8,7 +8,7 @@ engine and every declared capability is Ampere or newer).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
 from trtflow.device import no_gpu_reason, query_compute_capabilities
@@ -55,10 +55,10 @@ class TensorRTBackend:
         self.load()
         return unsupported_options(self._trt, names)
 
-    def outputs_from_engine(self, engine_path: Path, feeds: dict) -> dict:
-        """Execute the engine on the local GPU (verify calls this only where one exists)."""
+    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: Optional[dict[str, Path]] = None) -> dict:
+        """Execute the engine on the local GPU with its plugin libraries loaded (verify calls this only where one exists)."""
         self.load()
-        return outputs_from_engine(self._trt, engine_path, feeds)
+        return outputs_from_engine(self._trt, engine_path, feeds, plugins)
 
 
 def _check_local_gpu(request: BuildRequest) -> None:

@@ -6,8 +6,10 @@ serves both backends; the backend modules only add what differs (targets, compat
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 from trtflow.backends.base import BuildRequest, BuildResult, TensorSpec
 from trtflow.errors import StageError
@@ -162,10 +164,44 @@ def tensors_from_network(network: Any) -> list[TensorSpec]:
     return tensors
 
 
+def load_plugins(registry: Any, logger: Any, plugins: dict[str, Path]) -> list[Any]:
+    """Load each shared library into a plugin registry (the ONNX parser then finds its ops' creators); StageError naming
+    the first one TensorRT refuses, with TensorRT's reason. Returns the handles (for deregister_library)."""
+    handles = []
+    for name, path in plugins.items():
+        seen = len(logger.lines)
+        handle = registry.load_library(str(path))
+        if handle is None:
+            raise StageError(f"plugin library {name}: TensorRT refused it: {_load_error(logger.lines[seen:])}")
+        handles.append(handle)
+    return handles
+
+
+def _load_error(lines: list[str]) -> str:
+    """TensorRT's reason from its log, without its source locations: `SymbolAddress for getCreators could not be loaded`."""
+    found = next((line for line in lines if "loadLibrary" in line or "load library" in line.lower()), None)
+    if found is None:
+        return "no reason logged (a plugin library exports getCreators and setLoggerFinder: the V3 plugin library interface)"
+    reason = found.split("(", 1)[1].rsplit(")", 1)[0] if "(" in found else found
+    reason = re.sub(r" In \w+ at \S+$", "", reason).strip()
+    return re.sub(r"/\S*/", "", reason)  # a path would make the same library fail differently from another folder
+
+
 def build_engine(trt: Any, request: BuildRequest, configure: Callable[[Any, Any], None], backend: str) -> BuildResult:
-    """Parse, configure (`configure(config, logger)` adds backend specifics), build, write the engine file."""
+    """Load plugins, parse, configure (`configure(config, logger)` adds backend specifics), build, write the engine file."""
     logger = make_logger(trt)
     builder = trt.Builder(logger)
+    registry = builder.get_plugin_registry() if request.plugins else None
+    handles = load_plugins(registry, logger, request.plugins) if request.plugins else []
+    try:
+        return _build(trt, builder, logger, request, configure, backend)
+    finally:
+        for handle in handles:  # full TensorRT's builder registry is the process's: the next build must not see them
+            registry.deregister_library(handle)
+
+
+def _build(trt: Any, builder: Any, logger: Any, request: BuildRequest, configure: Callable[[Any, Any], None], backend: str) -> BuildResult:
+    """Parse, configure, build and write the engine file with a builder whose plugins are loaded."""
     network, _parser = network_from_onnx(trt, builder, logger, str(request.onnx_path))
     config = config_from_request(trt, builder, request)
     configure(config, logger)
@@ -184,7 +220,7 @@ def build_engine(trt: Any, request: BuildRequest, configure: Callable[[Any, Any]
     )
 
 
-def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict) -> dict:
+def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict, plugins: Optional[dict[str, Path]] = None) -> dict:
     """Run a serialized engine once on this machine's GPU, with device buffers from torch.
 
     Only reached where a GPU exists (verify checks first); raises StageError when it cannot run.
@@ -196,7 +232,9 @@ def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict) -> dict:
     if not torch.cuda.is_available():
         raise StageError("torch sees no CUDA device")
     logger = make_logger(trt)
-    engine = trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes())
+    runtime = trt.Runtime(logger)
+    load_plugins(runtime.get_plugin_registry(), logger, plugins or {})
+    engine = runtime.deserialize_cuda_engine(engine_path.read_bytes())
     if engine is None:
         raise StageError("the engine does not load here: " + "; ".join(logger.lines[-3:]))
     context = engine.create_execution_context()

@@ -275,10 +275,12 @@ def schema(what: str) -> None:
 @click.option("--channel", default="stable", show_default=True, help="For a URL: the channel to follow (channels/<name>.json).")
 @click.option("--device-id", help="For a URL: this device's id, which decides whether it is in a rollout's share (default: the host name).")
 @click.option("--no-preflight", is_flag=True, help="Do not check the engine against the installed runtime before `current` flips.")
+@click.option("--plugin-dir", type=click.Path(path_type=Path), help="The plugin libraries this device has (found by sha256); "
+              "an engine needing one neither here nor carried by the package is refused.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
 def provision(package: str, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], prefer: Optional[str],
               allow_failed: bool, dest: Path, keep: int, require_signature: bool, trust: tuple[Path, ...], provenance_file: Optional[Path],
-              channel: str, device_id: Optional[str], no_preflight: bool, as_json: bool) -> None:
+              channel: str, device_id: Optional[str], no_preflight: bool, plugin_dir: Optional[Path], as_json: bool) -> None:
     """Install the engine of PACKAGE (folder, .tar.gz, manifest.json, or a URL `trtflow publish` wrote) that fits a GPU.
 
     From a URL: the channel's version for this device, its manifest and the chosen engine are fetched (nothing but
@@ -288,7 +290,7 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
 
     failed: list[dict] = []  # for --json: the engines for this GPU that failed to build
     options = ProvisionOptions(gpu, runtime_version, backend, precision, prefer, allow_failed, dest, keep, require_signature, trust,
-                               provenance_file, channel, device_id, not no_preflight)
+                               provenance_file, channel, device_id, not no_preflight, plugin_dir=plugin_dir)
 
     def install() -> dict:
         return provision_once(package, options, failed)

@@ -34,6 +34,7 @@ class ProvisionOptions:
     preflight: bool = True
     health_cmd: Optional[str] = None
     health_timeout: float = 300.0
+    plugin_dir: Optional[Path] = None  # the plugin libraries this device has (found by sha256)
 
 
 def device_id_of(options: ProvisionOptions) -> str:
@@ -79,7 +80,7 @@ def provision_once(package: str, options: ProvisionOptions, failed: list) -> dic
 
     def make_device(manifest):  # noqa: ANN001
         device = prov.device_from_options(options.gpu, manifest, options.runtime_version, options.backend, options.precision,
-                                          options.prefer, options.allow_failed)
+                                          options.prefer, options.allow_failed, options.plugin_dir)
         failed.extend(m.model_dump() for m in prov.failed_for(manifest, device))
         return device
 

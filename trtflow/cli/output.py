@@ -346,6 +346,9 @@ def print_provision(record: dict) -> None:
     else:
         verb = "installed" if record["action"] == "installed" else "switched back to"
         click.echo(f"{verb} {written['version']}; {written['engine']} now points to it")
+    for plugin in record.get("plugins", []):
+        where = plugin["path"] if plugin["source"] == "plugin-dir" else f"{written['version']}/{plugin['file']} (carried by the package)"
+        click.echo(f"  plugin {plugin['name']}: {where}")
     if record.get("transfer"):
         transfer = record["transfer"]
         click.echo(f"  fetched {transfer['bytes']} bytes from {transfer['from']} ({', '.join(transfer['files'])})")

@@ -3,6 +3,7 @@
     <dest>/<recipe>/current -> <sha256>            (a relative symlink, replaced with rename(2))
     <dest>/<recipe>/<sha256>/<recipe>.engine
     <dest>/<recipe>/<sha256>/provision.json        what was chosen, from which package, and why
+    <dest>/<recipe>/<sha256>/plugins/<sha>-<name>  plugin libraries the package carries for the engine (if any)
 
 A version folder is filled under a temporary name and renamed into place whole, so `current` never points at a
 half-written engine, and the engine's path under `current/` is the same whichever precision or target was chosen.
@@ -27,6 +28,7 @@ from filelock import FileLock
 from trtflow.errors import TrtflowError
 from trtflow.util.fs import fsync_dir, real_dir, remove_nofollow
 
+Extras = dict[str, tuple[int, Callable[[BinaryIO], None]]]  # more files of the version folder: path -> (size, copy)
 CURRENT = "current"
 RECORD = "provision.json"
 DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -49,22 +51,24 @@ class Installed:
 
 
 def install(dest: Path, recipe: str, sha256: str, size: int, copy: Callable[[BinaryIO], None], record: dict, keep: int = 2,
-            check: Optional[Callable[[Path], None]] = None) -> Installed:
-    """Make `<dest>/<recipe>/current` point at the engine `sha256`; `copy` writes its verified bytes when needed.
+            check: Optional[Callable[[Path], None]] = None, extras: Optional[Extras] = None) -> Installed:
+    """Make `<dest>/<recipe>/current` point at the engine `sha256`; `copy` writes its verified bytes when needed, and
+    each of `extras` (paths inside the version folder, named by content: a plugin's sha256) its own.
 
     `check(engine path)` runs before `current` flips to a new or earlier version: if it raises, `current` stays as
     it was and the version folder is kept (a retry does not fetch the bytes again)."""
-    folder = dest / recipe
+    folder, extras = dest / recipe, extras or {}
     created = _make_folder(dest, folder)
     try:
         with FileLock(str(_lock_file(folder))):
             _sweep_incoming(folder)  # provisions of a recipe take turns: what a killed one left is nobody's now
-            action = "unchanged" if _current(folder) == sha256 and _complete(folder / sha256, recipe, size) else None
-            if action is None and _complete(folder / sha256, recipe, size):
+            complete = _complete(folder / sha256, recipe, size, extras)
+            action = "unchanged" if _current(folder) == sha256 and complete else None
+            if action is None and complete:
                 action = "switched"
                 os.utime(folder / sha256)  # now the most recently installed: pruning keeps it
             if action is None:
-                _fill(folder, recipe, sha256, copy, record)
+                _fill(folder, recipe, sha256, {f"{recipe}.engine": (size, copy), **extras}, record)
                 action = "installed"
             if action != "unchanged":
                 if check is not None:
@@ -108,26 +112,34 @@ def _current(folder: Path) -> str | None:
         return None
 
 
-def _complete(version: Path, recipe: str, size: int) -> bool:
-    """The version folder holds the engine at its recorded size and its record (it was renamed into place whole)."""
-    engine = version / f"{recipe}.engine"
-    return real_dir(version) and engine.is_file() and not engine.is_symlink() and engine.stat().st_size == size and (version / RECORD).is_file()
+def _complete(version: Path, recipe: str, size: int, extras: Extras) -> bool:
+    """The version folder holds the engine and every extra file at its recorded size, and its record (it was renamed
+    into place whole)."""
+    files = {f"{recipe}.engine": size, **{name: extra[0] for name, extra in extras.items()}}
+    return real_dir(version) and (version / RECORD).is_file() and all(_regular(version / name, want) for name, want in files.items())
 
 
-def _fill(folder: Path, recipe: str, sha256: str, copy: Callable[[BinaryIO], None], record: dict) -> None:
-    """Write the engine and its record into a temporary folder, fsync both, rename it to `<sha256>`."""
+def _regular(path: Path, size: int) -> bool:
+    return path.is_file() and not path.is_symlink() and path.stat().st_size == size
+
+
+def _fill(folder: Path, recipe: str, sha256: str, files: Extras, record: dict) -> None:
+    """Write the engine, the extra files and the record into a temporary folder, fsync them, rename it to `<sha256>`."""
     incoming = folder / f".incoming-{uuid.uuid4().hex}"
     incoming.mkdir()
     try:
-        with open(incoming / f"{recipe}.engine", "wb") as sink:
-            copy(sink)
-            sink.flush()
-            os.fsync(sink.fileno())
+        for name, (_, copy) in files.items():
+            (incoming / name).parent.mkdir(parents=True, exist_ok=True)
+            with open(incoming / name, "wb") as sink:
+                copy(sink)
+                sink.flush()
+                os.fsync(sink.fileno())
         with open(incoming / RECORD, "w", encoding="utf-8") as sink:
             sink.write(json.dumps(record, indent=2) + "\n")
             sink.flush()
             os.fsync(sink.fileno())
-        fsync_dir(incoming)
+        for parent in sorted({(incoming / name).parent for name in files}):
+            fsync_dir(parent)
         target = folder / sha256
         if os.path.lexists(target):  # an incomplete leftover of an interrupted install, or a link: replace it
             remove_nofollow(target)

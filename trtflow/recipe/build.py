@@ -2,14 +2,15 @@
 
 One home for them: the build stage's params inherit these fields (so each is in the build key), the
 backend applies them by name (trtflow.backends.trt_common.BUILDER_OPTIONS), and the manifest records them.
-Adding an option is a field here plus its line in the backend.
+Adding an option is a field here plus its line in the backend. `plugins` (BuildSettings) is no builder option: the
+libraries are inputs of the build, so their digests enter its key as sources, never their paths (recipe.plugins).
 """
 
 from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from trtflow.recipe.base import StrictModel
 
@@ -34,3 +35,22 @@ class BuildOptions(StrictModel):
     weight_streaming: Optional[bool] = None  # --weightStreaming (kWEIGHT_STREAMING): the runtime may stream weights
 
 
+
+
+class BuildSettings(BuildOptions):
+    """The recipe's `build:` block: the builder options and the plugin libraries the builder loads."""
+
+    # Shared libraries (paths relative to the project root, or absolute) loaded into the builder's plugin registry
+    # before the ONNX is parsed, like trtexec --staticPlugins/--dynamicPlugins: their custom ops' creators.
+    plugins: list[str] = Field(default_factory=list)
+
+    @field_validator("plugins")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("a plugin library is listed twice")
+        return value
+
+    def options(self) -> dict:
+        """The builder options alone (what the build's params hold and the manifest records as `builder`)."""
+        return self.model_dump(exclude={"plugins"})

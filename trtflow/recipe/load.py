@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from trtflow.errors import ProjectError
 from trtflow.recipe.base import FieldError
 from trtflow.recipe.precision import PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED_PRECISIONS
+from trtflow.recipe.plugins import plugin_sources
 from trtflow.recipe.pymodule import ModuleNotFound, module_file
 from trtflow.recipe.refusals import Refusal, exclude_entries, refusal_report
 from trtflow.recipe.schema import InputShape, Pipeline, Recipe, TargetSpec
@@ -232,6 +233,7 @@ def _load_recipe(root: Path, path: Path, pipeline: Pipeline) -> RecipeFile:
     _check_targets(item, pipeline)
     _check_excludes(item, pipeline)
     _check_source_exists(item, root)
+    plugin_sources(item, root)  # each library exists, a regular file, named plainly
     _check_calibration_declared(item)
     return dataclasses.replace(item, refusals=tuple(_capability_refusals(item, pipeline)))
 

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from trtflow.util.cc import ComputeCapability, parse_ccs
 from trtflow.recipe.precision import SUPPORTED_PRECISIONS, AccuracyOptions, AutocastOptions, Calibration, QuantizeOptions
 from trtflow.recipe.base import Dim, FieldError, StrictModel
-from trtflow.recipe.build import BuildOptions
+from trtflow.recipe.build import BuildSettings
 from trtflow.recipe.source import CleanupOptions, Source
 
 # Compute capabilities TensorRT-RTX 1.7 can target (its trt.ComputeCapability enum).
@@ -215,6 +215,14 @@ class Exclude(StrictModel):
         return self.precision in (None, precision) and self.target in (None, target)
 
 
+class PackageOptions(StrictModel):
+    """`package:` in a recipe: what its package holds besides the engines."""
+
+    # `list`: the manifest names each plugin library an engine needs (name, sha256, size) and the device must have it;
+    # `carry`: the package also holds the libraries (plugins/<sha256>-<name>) and provision installs them beside the engine
+    plugins: Literal["list", "carry"] = "list"
+
+
 class Recipe(StrictModel):
     """One model: its source, precisions, shapes, targets and builder options."""
 
@@ -223,7 +231,8 @@ class Recipe(StrictModel):
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
     targets: Optional[list[str]] = Field(default=None, min_length=1)
     profiles: list[Profile] = Field(default_factory=list)
-    build: BuildOptions = Field(default_factory=BuildOptions)
+    build: BuildSettings = Field(default_factory=BuildSettings)
+    package: PackageOptions = Field(default_factory=PackageOptions)
     verify: VerifyOptions = Field(default_factory=VerifyOptions)
     cleanup: CleanupOptions = Field(default_factory=CleanupOptions)
     calibration: Optional[Calibration] = None  # required by int8 and fp8

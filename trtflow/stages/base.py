@@ -154,6 +154,13 @@ class RecipeContext:
         return [{name: dict(zip(("min", "opt", "max"), shape.triple())) for name, shape in profile.inputs.items()}
                 for profile in self.recipe.profiles]
 
+    @functools.cached_property
+    def plugin_sources(self) -> tuple[tuple[str, Path], ...]:
+        """(`plugin:<name>`, path) of each plugin library the recipe declares: a source of its builds, verifies, package."""
+        from trtflow.recipe.plugins import plugin_sources
+
+        return plugin_sources(self.item, self.root)
+
     def pairs(self) -> list[tuple[str, str, "TargetSpec"]]:
         """(precision, target name, target spec) of every engine the recipe builds (its `exclude:` applied)."""
         return [(precision, target, self.pipeline.targets[target]) for precision, target in self.item.pairs(self.pipeline)]
@@ -191,6 +198,14 @@ class StageOutput:
 
 
 CACHED_UNDER_WARN = " (a cached result built under verify: {on_fail: warn})"
+
+
+def plugin_files(inputs: dict[str, "Upstream"]) -> dict[str, Path]:
+    """The plugin libraries among a stage's inputs (roles `plugin:<name>`) by name, in the recipe's order (an executor
+    may hand a file over under another name)."""
+    from trtflow.recipe.plugins import plugin_name
+
+    return {name: upstream.files[role] for role, upstream in inputs.items() if (name := plugin_name(role)) is not None}
 
 
 def enforce_proof(on_fail: str, proof: dict, what: str, suffix: str = "") -> None:

@@ -3,7 +3,8 @@
 A target's *name* is not in the key (renaming a target reuses its engines); its compute capabilities,
 compatibility settings and the backend's exact version are. Every builder option of the recipe's `build:`
 block is a field of these params (inherited from BuildOptions), so it is in the key and reaches the backend
-by name without this module knowing it.
+by name without this module knowing it. The recipe's plugin libraries are sources (`plugin:<name>`): their digests
+are in the key, never their paths, and the backend loads them into the builder's plugin registry before parsing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from trtflow.backends.limits import describe, unsupported_nodes
 from trtflow.errors import StageError
 from trtflow.recipe.build import BuildOptions
 from trtflow.recipe.schema import TargetSpec
-from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream, plugin_files
 from trtflow.util.cc import ComputeCapability
 
 KIND, VERSION = "build", 4  # 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM);
@@ -49,11 +50,11 @@ def nodes(ctx: RecipeContext, precisions: dict[str, Node]) -> list[Node]:
 
 def node(ctx: RecipeContext, precision: str, target: str, spec: TargetSpec, model_node: NodeId) -> Node:
     """build:<recipe>/<precision>/<target>."""
-    params = Params(precision=precision, profiles=ctx.profiles, **ctx.recipe.build.model_dump(), backend=spec.backend,
+    params = Params(precision=precision, profiles=ctx.profiles, **ctx.recipe.build.options(), backend=spec.backend,
                     backend_version=backend_version(spec.backend), compute_capabilities=spec.compute_capabilities,
                     hardware_compatibility=spec.hardware_compatibility, version_compatible=spec.version_compatible)
     return Node(id=NodeId.of(KIND, ctx.name, precision, target), version=VERSION, params=params,
-                deps=(Dep("model", model_node, "model"),), info={"target": target, "precision": precision})
+                deps=(Dep("model", model_node, "model"),), sources=ctx.plugin_sources, info={"target": target, "precision": precision})
 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
@@ -66,6 +67,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         options=params.builder_options(),
         hardware_compatibility=params.hardware_compatibility,
         version_compatible=params.version_compatible,
+        plugins=plugin_files(inputs),
     )
     backend = get_backend(params.backend)
     _check_limits(params, request.onnx_path)

@@ -1,4 +1,8 @@
-"""Package: engines + manifest.json + SHA256SUMS in a folder, packed into a reproducible .tar.gz."""
+"""Package: engines + manifest.json + SHA256SUMS in a folder, packed into a reproducible .tar.gz.
+
+The recipe's plugin libraries are sources of the package too (the manifest lists each with its sha256, so a changed
+library repacks even when the engine's bytes came out the same); `package: {plugins: carry}` packs them as well.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, Sta
 from trtflow.runmemo import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
-    from trtflow.manifest import Engine, MissingEngine, Tensor
+    from trtflow.manifest import Engine, MissingEngine, Plugin, Tensor
 
 KIND, VERSION = "package", 8  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
 # 7: a missing engine names its target's compute capabilities; 8: each engine's network facts (layers)
@@ -45,6 +49,7 @@ class Params(StageParams):
     recipe: str
     engines: list[PackagedEngine]
     trtflow: str
+    plugins: str = "list"  # the recipe's package.plugins: `carry` packs the libraries (the default is out of the key)
 
 
 def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: Node) -> Node:
@@ -55,8 +60,9 @@ def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: 
     deps += [Dep(e.verify_role, v.id, "report") for e, v in zip(engines, verifies)]
     quantized = sorted({b.info["precision"] for b in builds} & set(QUANTIZED_PRECISIONS))
     deps += [dep for p in quantized for dep in precision_stage.report_dep(ctx, p, f"precision:{p}")]
-    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=Params(recipe=ctx.name, engines=engines, trtflow=__version__),
-                deps=(Dep("model", cleanup.id, "model"), *deps))
+    params = Params(recipe=ctx.name, engines=engines, trtflow=__version__, plugins=ctx.recipe.package.plugins)
+    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, deps=(Dep("model", cleanup.id, "model"), *deps),
+                sources=ctx.plugin_sources)
 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
@@ -66,19 +72,23 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     package's only output (the packages folder is extracted from it when the package is placed).
     """
     from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Manifest, Source
+    from trtflow.manifest import manifest_bytes as dumped
     from trtflow.util.archive import UnsafeArchive, write_reproducible_members
 
     recipe = params.recipe
     present = [spec for spec in params.engines if _missing(spec, inputs) is None]
     missing = [_missing(spec, inputs) for spec in params.engines if _missing(spec, inputs) is not None]
-    engines = [_describe_engine(recipe, spec, inputs[spec.role], inputs[spec.verify_role], _calibration(inputs, spec.precision))
+    plugins = _plugins(inputs, carry=params.plugins == "carry")
+    engines = [_describe_engine(recipe, spec, inputs[spec.role], inputs[spec.verify_role], _calibration(inputs, spec.precision), plugins)
                for spec in present]
     model = inputs["model"]
     source = Source(sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"])
     manifest = Manifest(recipe=recipe, trtflow_version=params.trtflow, source=source, engines=engines, complete=not missing, missing=missing)
-    manifest_bytes = (manifest.model_dump_json(indent=2) + "\n").encode()
-    digests = {e.file: e.sha256 for e in engines}
+    manifest_bytes = dumped(manifest)
+    carried = {plugin.file: (path, plugin.sha256) for plugin, path in plugins if plugin.carried}
+    digests = {e.file: e.sha256 for e in engines} | {file: sha for file, (_, sha) in carried.items()}
     members: dict[str, Path | bytes] = {e.file: inputs[spec.role].files["engine"] for e, spec in zip(engines, present)}
+    members.update({file: path for file, (path, _) in carried.items()})
     members[MANIFEST_FILE] = manifest_bytes
     sums = {**digests, MANIFEST_FILE: hashlib.sha256(manifest_bytes).hexdigest()}
     members[SUMS_FILE] = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums)).encode()
@@ -87,7 +97,21 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         write_reproducible_members(archive, recipe, members, expected=digests)
     except UnsafeArchive as exc:
         raise StageError(f"{exc} (corrupt store object); run again to rebuild it") from None
-    return StageOutput(files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest.model_dump_json())})
+    return StageOutput(files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest_bytes)})
+
+
+def _plugins(inputs: dict[str, Upstream], carry: bool) -> list[tuple[Plugin, Path]]:
+    """The recipe's plugin libraries as the manifest lists them, each with its file (packed when carried)."""
+    from trtflow.manifest import Plugin
+    from trtflow.recipe.plugins import plugin_name
+
+    found = []
+    for role, upstream in inputs.items():
+        name = plugin_name(role)
+        if name is not None:
+            path = upstream.files[role]
+            found.append((Plugin(name=name, sha256=upstream.sha256[role], size=path.stat().st_size, carried=carry), path))
+    return found
 
 
 def _missing(spec: PackagedEngine, inputs: dict[str, Upstream]) -> Optional[MissingEngine]:
@@ -108,7 +132,8 @@ def _calibration(inputs: dict[str, Upstream], precision: str) -> Optional[dict]:
     return upstream.record.get("calibration") if upstream is not None else None
 
 
-def _describe_engine(recipe: str, spec: PackagedEngine, build: Upstream, verify: Upstream, calibration: Optional[dict]) -> Engine:
+def _describe_engine(recipe: str, spec: PackagedEngine, build: Upstream, verify: Upstream, calibration: Optional[dict],
+                     plugins: list[tuple[Plugin, Path]]) -> Engine:
     """One engine's manifest entry (its bytes are checked against `sha256` while they are packed)."""
     from trtflow.manifest import Engine
 
@@ -133,6 +158,7 @@ def _describe_engine(recipe: str, spec: PackagedEngine, build: Upstream, verify:
         canonical_sha256=(build.record.get("canonical_sha256") or {}).get("engine"),
         reproducible="equivalent" if build.record.get("canonical_sha256") else "bytes",
         network=build.record.get("network") or None,
+        plugins=[plugin for plugin, _ in plugins],
     )
 
 

@@ -5,7 +5,8 @@ source within fp32 tolerances; precision: reduced precision close to fp32); veri
 into the manifest beside its own checks:
 - engine_checks: without a GPU, the engine's I/O names and dtypes match the model, and every profile
   shape fits the engine's static dimensions.
-- engine_run: only where a GPU and a runtime can load the engine, compared with the fp32 model on ONNX
+- engine_run: only where a GPU and a runtime can load the engine (the recipe's plugin libraries, sources of this
+  stage, loaded first), compared with the fp32 model on ONNX
   Runtime; otherwise `not run (<reason>)`. Nothing is ever reported as passed that did not run.
 """
 
@@ -19,7 +20,7 @@ from trtflow.backends.base import get_backend
 from trtflow.device import local_compute_capabilities, no_gpu_reason
 from trtflow.errors import StageError
 from trtflow.stages import precision as precision_stage
-from trtflow.stages.base import Dep, Node, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.stages.base import Dep, Node, RecipeContext, StageOutput, StageParams, Upstream, plugin_files
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.versions import ort_version
 
@@ -67,7 +68,7 @@ def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
     model = build.deps[0]
     deps = (Dep("model", model.node, "model"), Dep("reference", cleanup.id, "model"), Dep("engine", build.id, "engine"),
             *precision_stage.report_dep(ctx, precision, "precision_report"))
-    return Node(id=build.id.with_kind(KIND), version=VERSION, params=params, deps=deps, info=build.info)
+    return Node(id=build.id.with_kind(KIND), version=VERSION, params=params, deps=deps, sources=build.sources, info=build.info)
 
 
 def engine_tolerance(ctx: RecipeContext, precision: str) -> dict[str, float]:
@@ -87,7 +88,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         "precision_accuracy": inputs["model"].record.get("accuracy"),
         "precision_composition": inputs["model"].record.get("composition"),
         "engine_checks": check_engine_io(inputs["engine"].record["tensors"], model, params.profiles),
-        "engine_run": _engine_run(params, inputs["engine"], inputs["reference"].files["model"]),
+        "engine_run": _engine_run(params, inputs["engine"], inputs["reference"].files["model"], plugin_files(inputs)),
     }
     _raise_on_failure(record, params.on_fail)
     report = workdir / "verify.json"
@@ -119,7 +120,7 @@ def _profile_problems(tensors: list[dict], profiles: list[dict]) -> list[str]:
     return problems
 
 
-def _engine_run(params: Params, engine: Upstream, reference: Path) -> dict:
+def _engine_run(params: Params, engine: Upstream, reference: Path, plugins: dict[str, Path]) -> dict:
     """Execute the engine where this machine can and compare it with the fp32 model; otherwise say why not."""
     from trtflow.stages import compare
 
@@ -132,7 +133,7 @@ def _engine_run(params: Params, engine: Upstream, reference: Path) -> dict:
     feeds = compare.sample_feeds(ref, params.profiles[:1], params.samples, params.seed)
     backend = get_backend(params.backend)
     try:
-        actual = [backend.outputs_from_engine(engine.files["engine"], feed) for feed in feeds]
+        actual = [backend.outputs_from_engine(engine.files["engine"], feed, plugins) for feed in feeds]
     except StageError as exc:
         return {"status": f"failed ({exc})", "passed": False}
     per_sample = [compare.compare_outputs(a, e, params.rtol, params.atol) for a, e in zip(actual, compare.run_all(ref, feeds))]
