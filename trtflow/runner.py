@@ -27,6 +27,7 @@ from trtflow.dag import Dag, Node
 from trtflow.admission import MemoryAdmission
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import Executor, StageResult, StageTask
+from trtflow.frozen import FrozenCheck
 from trtflow.plan import Resolution, Resolver, failure_shown, upstream_outcome
 from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, recorded_failure
 from trtflow.stages import stage_module
@@ -45,22 +46,6 @@ Listener = Callable[[str, Any], None]
 LOCK_POLL_SECONDS = 0.05  # how often a key another run is building is looked at again
 # A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
 STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
-
-
-EQUIVALENT = "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering (canonical digest matches)"
-
-
-def _first_difference(outputs: dict[str, str], locked: dict[str, str]) -> str:
-    """`model: sha256 1a2b... where the lock has 3c4d...` for the first output that differs."""
-    for role in sorted(set(outputs) | set(locked)):
-        if outputs.get(role) != locked.get(role):
-            return f"{role}: sha256 {str(outputs.get(role))[:12]}... where the lock has {str(locked.get(role))[:12]}..."
-    return "none"
-
-
-def canonical_outputs(record: dict) -> Optional[dict[str, str]]:
-    """The canonical digests a stage recorded for its outputs (an engine's), or None."""
-    return record["record"].get("canonical_sha256")
 
 
 @dataclass(frozen=True)
@@ -97,7 +82,7 @@ class Runner:
                  listener: Optional[Listener] = None, expected_keys: Optional[dict[str, LockEntry]] = None,
                  remote: Optional["Remote"] = None, workroot: Optional[Callable[[], Path]] = None):
         self.dag, self.store, self.resolver, self.placement = dag, store, resolver, placement
-        self.expected_keys = expected_keys  # --frozen: every node must resolve to the key the lock holds
+        self.frozen = FrozenCheck(expected_keys, resolver, store)  # --frozen: every node held to trtflow.lock
         self.options, self.executor = options, executor
         self.listener = listener or (lambda event, state: None)
         self.finished: dict[str, dict] = {}
@@ -111,8 +96,6 @@ class Runner:
         self.memory = MemoryAdmission(options.memory, store)
         self._memory_noted: set[str] = set()
         self._built_here: dict[str, dict] = {}  # key -> record built by this run (two nodes, one key)
-        self.equivalent: dict[str, dict] = {}  # --frozen: nodes whose engine is equivalent to the lock's, not identical
-        self.identical: set[str] = set()  # --frozen: nodes whose outputs are the lock's, byte for byte
         self._reopened: list[Node] = []  # finished nodes whose output turned out corrupt: to run again
         self._lock_waits = 0
         self._waited: set[str] = set()
@@ -167,68 +150,14 @@ class Runner:
         """Key the node now that its upstreams are done: fail it off the lock, use a cached record (a recorded failure
         included), or claim and start it; False: wait (key busy, input corrupt)."""
         resolution = self.resolver.resolve(node, self.finished, self.options.force, missing)
-        if self._off_lock(resolution):
+        off_lock = self.frozen.off_lock(resolution, self.finished)
+        if off_lock is not None:
+            self._settle(off_lock)
             return True
         if resolution.record is not None:
             self._finish(resolution.state, resolution.record)
             return True
         return self._claim(resolution, running)
-
-    def _off_lock(self, resolution: Resolution) -> bool:
-        """Under --frozen, fail a node whose key left the lock (an upstream made different bytes)."""
-        if self.expected_keys is None:
-            return False
-        entry = self.expected_keys[resolution.node.id]
-        if resolution.key == entry.key or self._locked_key_through_equivalent(resolution.node) == entry.key:
-            return False
-        why = f"trtflow.lock has it {entry.status}, but its upstreams built now" if entry.skipped is not None else \
-            "key differs from trtflow.lock: an upstream stage produced different bytes"
-        self._settle(NodeState(resolution.node, FAILED, why + ": refused under --frozen", key=resolution.key, exit_code=1))
-        return True
-
-    def _locked_key_through_equivalent(self, node: Node) -> Optional[str]:
-        """The node's key with the lock's outputs standing in for upstream engines that are equivalent to the lock's.
-
-        An engine rebuilt from identical inputs may differ from the locked one in the backend's generated numbering
-        alone (its canonical digest matches: backends.engine_identity); what consumes it then differs from the lock
-        through that engine alone, and is held to the lock as if it were the locked engine.
-        """
-        equivalent = [d.node for d in node.deps if d.node in self.equivalent]
-        if not equivalent:
-            return None
-        standing_in = {**self.finished, **{n: {"outputs": self.expected_keys[n].outputs} for n in equivalent}}
-        return self.resolver.resolve(node, standing_in).key
-
-    def _lock_verdict(self, state: NodeState, record: dict) -> Optional[NodeState]:
-        """Under --frozen, a node whose outputs differ from the lock's: an equivalent engine (said in its state), a stage
-        made from one (held to the lock through its key), or refused: nothing else may differ from what was locked."""
-        entry = (self.expected_keys or {}).get(state.node.id)
-        if entry is not None and entry.failed is not None:
-            return NodeState(state.node, FAILED, f"builds now, but trtflow.lock records it as failed ({entry.failed}): refused under --frozen",
-                             key=state.key, exit_code=1)
-        if entry is None or record["outputs"] == entry.outputs:
-            if entry is not None:
-                self.identical.add(state.node.id)
-            return state
-        if state.node.kind != "build":
-            if any(d.node in self.equivalent for d in state.node.deps):
-                return state
-            return NodeState(state.node, FAILED, f"output differs from trtflow.lock ({_first_difference(record['outputs'], entry.outputs)}): "
-                             "refused under --frozen", key=state.key, exit_code=1)
-        canonical = self._canonical_of(record)  # recomputed from the bytes: a record's own claim is not evidence
-        if canonical and canonical == entry.canonical:
-            self.equivalent[state.node.id] = entry.outputs
-            return NodeState(state.node, state.status, EQUIVALENT, key=state.key, components=state.components, seconds=state.seconds)
-        why = "its canonical digest differs too" if canonical and entry.canonical else "it has no canonical form to compare"
-        return NodeState(state.node, FAILED, f"engine differs from trtflow.lock and {why}: not reproducible", key=state.key, exit_code=1)
-
-    def _canonical_of(self, record: dict) -> Optional[dict[str, str]]:
-        """The canonical digests of the engines a build record names, computed from the store's objects."""
-        from trtflow.backends.engine_identity import canonical_digest
-
-        claimed = canonical_outputs(record) or {}
-        digests = {role: canonical_digest(self.store.object_path(record["outputs"][role])) for role in claimed if role in record["outputs"]}
-        return digests if digests and all(digests.values()) else None
 
     def _claim(self, resolution: Resolution, running: dict) -> bool:
         """Start the node holding its key's lock, or use what was made meanwhile; False: wait (key busy, input corrupt)."""
@@ -385,7 +314,7 @@ class Runner:
             return
         if repaired:
             self._warn(repaired)
-        state = self._lock_verdict(state, record)
+        state = self.frozen.verdict(state, record)
         if state.status == FAILED:
             self._settle(state)
             return
@@ -399,21 +328,10 @@ class Runner:
             state = dataclasses.replace(state, reason=failure_shown(state.node, state.reason))
         if state.status in (FAILED, SKIPPED):
             self.ended[state.node.id] = root or f"{state.node.id}: {state.reason}"
-            state = self._as_locked(state)
+            state = self.frozen.as_locked(state)
         self.states[state.node.id] = state
         self.listener("done", state)
 
-    def _as_locked(self, state: NodeState) -> NodeState:
-        """Under --frozen, a failure or skip as trtflow.lock records it is expected (the run may still pass); a failure
-        the lock does not record says what the lock has instead."""
-        entry = (self.expected_keys or {}).get(state.node.id)
-        if entry is None:
-            return state
-        if state.status == SKIPPED or (state.recorded and entry.failed == state.reason and entry.key == state.key):
-            return dataclasses.replace(state, expected=state.status == SKIPPED and entry.skipped is not None or state.status == FAILED)
-        if state.status == FAILED and "trtflow.lock" not in state.reason:
-            return dataclasses.replace(state, reason=f"{state.reason} (trtflow.lock has it {entry.status})")
-        return state
 
 
 def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store, workdir: Path) -> dict[str, Upstream]:

@@ -29,7 +29,8 @@ from trtflow.recipe.load import Project, load_project
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import RaySpec
 from trtflow.runmemo import note_path, signature
-from trtflow.runner import Listener, RunOptions, Runner, canonical_outputs
+from trtflow.frozen import canonical_outputs
+from trtflow.runner import Listener, RunOptions, Runner
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import Placement
 from trtflow.store import Store
@@ -153,7 +154,7 @@ class Session:
             states = runner.run()
             self.warnings, self.timeline, self.finished = runner.warnings, runner.timeline, runner.finished
             if options.frozen:
-                self.frozen = {"identical": len(runner.identical), "equivalent": sorted(runner.equivalent)}
+                self.frozen = {"identical": len(runner.frozen.identical), "equivalent": sorted(runner.frozen.equivalent)}
             if not options.frozen:
                 self._update_lock(runner.finished, states)
             self.store.record_run([record["key"] for record in runner.finished.values()] +

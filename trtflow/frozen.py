@@ -1,0 +1,108 @@
+"""`run --frozen`: every node held to what trtflow.lock records, as the run settles it.
+
+A node must resolve to the lock's key; its outputs must be the lock's bytes, or, for an engine, bytes with the lock's
+canonical digest (only the backend's generated numbering differs: `equivalent`), and what is made from such an engine
+is held to the lock through its key. A failure or skip exactly as the lock records it is expected (the run may still
+pass); anything else says what the lock has instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from trtflow.dag import Node
+from trtflow.plan import Resolution, Resolver
+from trtflow.states import FAILED, SKIPPED, NodeState
+from trtflow.store.lockfile import LockEntry
+from trtflow.store.objects import Store
+
+EQUIVALENT = "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering (canonical digest matches)"
+
+
+def canonical_outputs(record: dict) -> Optional[dict[str, str]]:
+    """The canonical digests a stage recorded for its outputs (an engine's), or None."""
+    return record["record"].get("canonical_sha256")
+
+
+def _first_difference(outputs: dict[str, str], locked: dict[str, str]) -> str:
+    """`model: sha256 1a2b... where the lock has 3c4d...` for the first output that differs."""
+    for role in sorted(set(outputs) | set(locked)):
+        if outputs.get(role) != locked.get(role):
+            return f"{role}: sha256 {str(outputs.get(role))[:12]}... where the lock has {str(locked.get(role))[:12]}..."
+    return "none"
+
+
+class FrozenCheck:
+    """The lock's entry per node (None: not a frozen run, every check passes) and what the run found against it."""
+
+    def __init__(self, expected: Optional[dict[str, LockEntry]], resolver: Resolver, store: Store):
+        self.expected, self.resolver, self.store = expected, resolver, store
+        self.equivalent: dict[str, dict] = {}  # nodes whose engine is equivalent to the lock's, not identical
+        self.identical: set[str] = set()  # nodes whose outputs are the lock's, byte for byte
+
+    def off_lock(self, resolution: Resolution, finished: dict[str, dict]) -> Optional[NodeState]:
+        """The failed state of a node whose key left the lock (an upstream made different bytes), else None."""
+        if self.expected is None:
+            return None
+        entry = self.expected[resolution.node.id]
+        if resolution.key == entry.key or self._key_through_equivalent(resolution.node, finished) == entry.key:
+            return None
+        why = f"trtflow.lock has it {entry.status}, but its upstreams built now" if entry.skipped is not None else \
+            "key differs from trtflow.lock: an upstream stage produced different bytes"
+        return NodeState(resolution.node, FAILED, why + ": refused under --frozen", key=resolution.key, exit_code=1)
+
+    def _key_through_equivalent(self, node: Node, finished: dict[str, dict]) -> Optional[str]:
+        """The node's key with the lock's outputs standing in for upstream engines that are equivalent to the lock's.
+
+        An engine rebuilt from identical inputs may differ from the locked one in the backend's generated numbering
+        alone (its canonical digest matches: backends.engine_identity); what consumes it then differs from the lock
+        through that engine alone, and is held to the lock as if it were the locked engine.
+        """
+        equivalent = [d.node for d in node.deps if d.node in self.equivalent]
+        if not equivalent or self.expected is None:
+            return None
+        standing_in = {**finished, **{n: {"outputs": self.expected[n].outputs} for n in equivalent}}
+        return self.resolver.resolve(node, standing_in).key
+
+    def verdict(self, state: NodeState, record: dict) -> NodeState:
+        """A finished node against the lock: as it was, equivalent (said in its state), held through its key, or failed."""
+        entry = (self.expected or {}).get(state.node.id)
+        if entry is not None and entry.failed is not None:
+            return NodeState(state.node, FAILED, f"builds now, but trtflow.lock records it as failed ({entry.failed}): refused under --frozen",
+                             key=state.key, exit_code=1)
+        if entry is None or record["outputs"] == entry.outputs:
+            if entry is not None:
+                self.identical.add(state.node.id)
+            return state
+        if state.node.kind != "build":
+            if any(d.node in self.equivalent for d in state.node.deps):
+                return state
+            return NodeState(state.node, FAILED, f"output differs from trtflow.lock ({_first_difference(record['outputs'], entry.outputs)}): "
+                             "refused under --frozen", key=state.key, exit_code=1)
+        canonical = self._canonical_of(record)  # recomputed from the bytes: a record's own claim is not evidence
+        if canonical and canonical == entry.canonical:
+            self.equivalent[state.node.id] = entry.outputs
+            return NodeState(state.node, state.status, EQUIVALENT, key=state.key, components=state.components, seconds=state.seconds)
+        why = "its canonical digest differs too" if canonical and entry.canonical else "it has no canonical form to compare"
+        return NodeState(state.node, FAILED, f"engine differs from trtflow.lock and {why}: not reproducible", key=state.key, exit_code=1)
+
+    def _canonical_of(self, record: dict) -> Optional[dict[str, str]]:
+        """The canonical digests of the engines a build record names, computed from the store's objects."""
+        from trtflow.backends.engine_identity import canonical_digest
+
+        claimed = canonical_outputs(record) or {}
+        digests = {role: canonical_digest(self.store.object_path(record["outputs"][role])) for role in claimed if role in record["outputs"]}
+        return digests if digests and all(digests.values()) else None
+
+    def as_locked(self, state: NodeState) -> NodeState:
+        """A failure or skip as trtflow.lock records it is expected (the run may still pass); a failure the lock does
+        not record says what the lock has instead."""
+        entry = (self.expected or {}).get(state.node.id)
+        if entry is None:
+            return state
+        if state.status == SKIPPED or (state.recorded and entry.failed == state.reason and entry.key == state.key):
+            return dataclasses.replace(state, expected=state.status == SKIPPED and entry.skipped is not None or state.status == FAILED)
+        if state.status == FAILED and "trtflow.lock" not in state.reason:
+            return dataclasses.replace(state, reason=f"{state.reason} (trtflow.lock has it {entry.status})")
+        return state
