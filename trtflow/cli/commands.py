@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import click
 
@@ -285,7 +285,6 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
 
     From a URL: the channel's version for this device, its manifest and the chosen engine are fetched (nothing but
     one conditional request when nothing changed); the engine's sha256 is checked while it streams."""
-    from trtflow import provision as prov
     from trtflow.cli.fleet import ProvisionOptions, provision_once
 
     failed: list[dict] = []  # for --json: the engines for this GPU that failed to build
@@ -327,194 +326,6 @@ def publish(package: Path, url: str, channel: str, as_json: bool) -> None:
     unchanged = f", {len(summary['engines_unchanged'])} unchanged" if summary["engines_unchanged"] else ""
     click.echo(f"published {summary['recipe']} to {summary['url']} as version {summary['version'][:12]} on channel {channel}: "
                f"{len(summary['engines_sent'])} engine(s) sent{unchanged}, {summary['files_sent']} file(s), {summary['bytes_sent']} bytes")
-
-
-@cli.group()
-def export() -> None:
-    """Turn packages into what a serving runtime loads: ONNX Runtime EP-context models, a Triton model repository."""
-
-
-@export.command("ort-context")
-@click.argument("package", metavar="PACKAGE|URL")
-@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for <recipe>-<target>-<precision>_ctx.onnx and its engine.")
-@click.option("--embed", is_flag=True, help="Put the engine bytes inside the model (embed_mode 1) instead of beside it.")
-@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export_ort_context(package: str, dest: Path, embed: bool, as_json: bool) -> None:
-    """Write one ONNX model per engine whose EPContext node ONNX Runtime's TensorRT(-RTX) provider loads without compiling."""
-    from trtflow.deploy.ort_context import export_ort_context as write
-    from trtflow.provision import open_package
-
-    written = write(open_package(package), dest, embed)
-    if as_json:
-        click.echo(json.dumps(written, indent=2))
-        return
-    for item in written:
-        beside = f" + {Path(item['engine']).name}" if item["engine"] else " (engine embedded)"
-        click.echo(f"wrote {item['model']}{beside}: {item['precision']} for {item['target']}, {item['source']}")
-
-
-@export.command("triton")
-@click.argument("packages", nargs=-1, required=True, metavar="PACKAGE|URL...")
-@click.option("--repo", required=True, type=click.Path(file_okay=False, path_type=Path), help="The Triton model repository folder.")
-@click.option("--model-name", help="The Triton model's name (default: the recipe).")
-@click.option("--version", "version", type=click.IntRange(min=1), default=1, show_default=True, help="The model version folder to write.")
-@click.option("--precision", help="The precision to serve, when the packages hold several.")
-@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export_triton(packages: tuple[str, ...], repo: Path, model_name: Optional[str], version: int, precision: Optional[str], as_json: bool) -> None:
-    """Write a Triton model (config.pbtxt + <version>/<target>.plan) serving full TensorRT engines on every GPU they were built for."""
-    from trtflow.deploy.triton import export_triton as write
-    from trtflow.provision import open_package
-
-    written = write([open_package(p) for p in packages], repo, model_name, version, precision)
-    if as_json:
-        click.echo(json.dumps(written, indent=2))
-        return
-    for note in written["notes"]:
-        click.echo(f"note: {note}", err=True)
-    ccs = ", ".join(f"{cc} -> {file}" for cc, file in written["cc_model_filenames"].items())
-    click.echo(f"wrote {written['config']} and version {written['version']}: max_batch_size {written['max_batch_size']}, "
-               f"cc_model_filenames {ccs or 'none'}, default {written['default_model_filename']}")
-
-
-@cli.command()
-@click.argument("stem", type=click.Path(path_type=Path))
-def keygen(stem: Path) -> None:
-    """Make an Ed25519 key pair STEM.key (private, mode 0600: give it to CI as TRTFLOW_SIGNING_KEY_FILE) and STEM.pub."""
-    from trtflow.signing import KEY_FILE_ENV, generate_key_pair
-
-    private, public, keyid = generate_key_pair(stem)
-    click.echo(f"wrote {private} (private: keep it out of the repository; sign with {KEY_FILE_ENV}={private})")
-    click.echo(f"wrote {public} (public, key id {keyid[:16]}: list it under cache.trust, pass it to provision --trust)")
-
-
-@cli.command()
-@pass_context
-def toolchain(ctx: Context) -> None:
-    """Print the exact tool versions trtflow.lock's stage keys name, as a pip requirements file.
-
-    A release build from an old tag installs them so `run --frozen` rebuilds what was locked:
-    `trtflow toolchain > toolchain.txt && pip install -r toolchain.txt`."""
-    from trtflow.toolchain import read_tools, requirements
-
-    click.echo(requirements(read_tools(ctx.project_dir.resolve())), nl=False)
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_context
-def doctor(ctx: Context, as_json: bool) -> None:
-    """Hold the installed tools to the ones trtflow.lock was made with; exit 1 naming each that differs."""
-    from trtflow.toolchain import INSTALL_HINT, read_tools
-
-    tools = read_tools(ctx.project_dir.resolve())
-    rows = [{"tool": t.name, "locked": t.version, "installed": t.installed(), "stages": len(t.named_by)} for t in tools]
-    differ = [row for row in rows if row["installed"] != row["locked"]]
-    if as_json:
-        click.echo(json.dumps({"trtflow": __version__, "python": sys.version.split()[0], "tools": rows, "ok": not differ}, indent=2))
-    else:
-        output.print_doctor(rows, __version__, INSTALL_HINT if differ else None)
-    if differ:
-        sys.exit(1)
-
-
-@cli.group()
-def cache() -> None:
-    """The store: what it holds (ls), whether its objects are intact (verify), what can be deleted (gc)."""
-
-
-@cache.command("ls")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_context
-def cache_ls(ctx: Context, as_json: bool) -> None:
-    """Records and bytes per recipe and stage, how many of them trtflow.lock uses, and store totals."""
-    from trtflow.store import housekeeping
-
-    info = _on_store(ctx, as_json, lambda project, store: housekeeping.usage(store, housekeeping.lock_keys(project.root)))
-    if info is None:
-        return
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    click.echo(f"{'recipe':<24} {'stage':<10} {'records':>7} {'in lock':>7} {'size':>10}")
-    for row in info["stages"]:
-        click.echo(f"{row['recipe']:<24} {row['stage']:<10} {row['records']:>7} {row['in_lock']:>7} {output.size(row['bytes']):>10}")
-    objects, loose = info["objects"], info["unreferenced"]
-    click.echo(f"objects: {objects['count']} ({output.size(objects['bytes'])}); used by no record: {loose['count']} ({output.size(loose['bytes'])}); "
-               f"quarantined: {output.size(info['corrupt'])}; work dirs: {output.size(info['tmp'])}  [{info['store']}]")
-
-
-@cache.command("verify")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_context
-def cache_verify(ctx: Context, as_json: bool) -> None:
-    """Re-hash every object and check every record; name bad ones (exit 1) and move them aside so the next run rebuilds them."""
-    from trtflow.store import housekeeping
-
-    report = _on_store(ctx, as_json, lambda project, store: housekeeping.verify(store))
-    if report is None:
-        return
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        output.print_verify(report)
-    if report["corrupt"] or report["set_aside"]:
-        sys.exit(1)
-
-
-@cache.command("gc")
-@click.option("--keep-last", type=click.IntRange(min=0), default=0, show_default=True, help="Also keep what the last N runs used.")
-@click.option("--yes", is_flag=True, help="Delete (without it, only say what would be deleted).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_context
-def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
-    """Delete what trtflow.lock, the current packages (and --keep-last N runs) do not use. A dry run without --yes."""
-    from trtflow.store import housekeeping
-
-    def sweep(project, store) -> dict:
-        """List (or with --yes delete) what the lock, the packages and the last --keep-last runs do not use."""
-        keep = housekeeping.live_keys(store, project.root, project.packages_dir, keep_last)
-        if not yes:
-            return housekeeping.garbage(store, keep)
-        report = housekeeping.collect_garbage(store, keep)
-        report["leftovers"] = [str(p) for p in housekeeping.sweep_leftovers(store, project.packages_dir, project.root, runs_died=True)]
-        return report
-
-    report = _on_store(ctx, as_json, sweep)
-    if report is None:
-        return
-    report["dry_run"] = not yes
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-        return
-    verb = "deleted" if yes else "would delete"
-    freed = report["freed"]
-    click.echo(f"{verb} {len(report['records'])} records, {len(report['objects'])} objects ({output.size(freed['objects'])}), "
-               f"{output.size(freed['corrupt'])} quarantined, {output.size(freed['tmp'])} of dead runs' work dirs and leftovers: {output.size(report['freed_bytes'])} in all")
-    kept = "trtflow.lock and the packages use" + (f", and the last {keep_last} run(s) used" if keep_last else "")
-    click.echo(f"kept {report['kept_records']} records, {report['kept_objects']} objects ({output.size(report['kept_bytes'])}): what {kept}")
-    if not yes:
-        click.echo("dry run: pass --yes to delete")
-
-
-def _on_store(ctx: Context, as_json: bool, work: Callable[[Any, Any], dict]) -> Optional[dict]:
-    """`work(project, store)` on the project's store, closed afterwards; None (said to the user) if nothing has run yet."""
-    project, store = ctx.store()
-    if store is None:
-        _no_store(project.store_dir, as_json)
-        return None
-    try:
-        report = work(project, store)
-        output.print_warnings(store.take_notes())
-        return report
-    finally:
-        store.close()
-
-
-def _no_store(path: Path, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps({"store": str(path), "exists": False}))
-    else:
-        click.echo(f"no store at {path} yet (nothing has run): nothing to do")
 
 
 def main(argv: Optional[list[str]] = None) -> Any:
