@@ -25,34 +25,29 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
-import re
 import shutil
-import sqlite3
 import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, MutableMapping, Optional
+from typing import Iterator, Optional
 
-from trtflow.errors import EnvironmentProblem, InternalError, TrtflowError
-from trtflow.hashing import FileDigests, file_signature, sha256_handle, stage_key
+from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.hashing import file_signature, sha256_handle
 from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
+from trtflow.store.memos import CacheMemos, MemoryView
+from trtflow.store.records import DIGEST, RECORD_MAX_BYTES, RecordFiles, checked_record  # noqa: F401  (re-exported)
+from trtflow.store.runs import RUN_HISTORY, RunHistory  # noqa: F401  (RUN_HISTORY: gc reads it from here)
 from trtflow.util.faults import crash_point
 from trtflow.store.layout import SUBFOLDERS, entry_is_regular, folder, real_folder, set_aside
-from trtflow.util.jsondata import BoundExceeded, loads_bounded
-from trtflow.util.fs import NotRegular, atomic_write, fsync_dir, fsync_file, open_regular, read_regular
+from trtflow.util.fs import NotRegular, fsync_dir, fsync_file, open_regular
 from trtflow.runmemo import note_path
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
-RUN_HISTORY = 50  # runs remembered for `cache gc --keep-last N`
-DIGEST = re.compile(r"^[0-9a-f]{64}$")
-RUN_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,10}$")
 LEGACY_INDEX = "index"  # the diskcache folder of older stores, imported once (import_legacy_index)
-RECORD_MAX_BYTES = 16 << 20  # a stage record is a few KiB; anything near this is not one
 
 
 EXCHANGE_DIR = "exchange"  # the Ray executor's default data plane (executors.exchange); gc empties it
@@ -79,32 +74,7 @@ def write_failure(root: Path, exc: BaseException, what: str = "") -> StoreWriteE
     return StoreWriteError(f"cannot write to the store {root}{' ' + what if what else ''}: {reason} ({hint})")
 
 
-class _MemoryView(MutableMapping[str, Any]):
-    """One prefix of the cache as a mapping of JSON objects (FileDigests' memory); anything else reads as absent."""
-
-    def __init__(self, cache: "Cache", prefix: str):
-        self._cache, self._prefix = cache, prefix
-
-    def __getitem__(self, name: str) -> Any:
-        value = self._cache.get(self._prefix + name)
-        if not isinstance(value, dict):
-            raise KeyError(name)
-        return value
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        self._cache.set(self._prefix + name, value)
-
-    def __delitem__(self, name: str) -> None:
-        self._cache.delete(self._prefix + name)
-
-    def __iter__(self) -> Iterator[str]:
-        raise InternalError("the cache is not iterated through a view")
-
-    def __len__(self) -> int:
-        raise InternalError("the cache is not counted through a view")
-
-
-class Store:
+class Store(RecordFiles, CacheMemos, RunHistory):
     """Objects + index of one project. Open with `Store.create` (run) or `Store.existing` (plan, inspect)."""
 
     def __init__(self, root: Path):
@@ -120,7 +90,7 @@ class Store:
         self.notes: list[str] = []  # records moved aside, legacy index imported: for the run to report
         self.set_aside: list[str] = []  # malformed records, linked objects and folders moved to corrupt/ by this instance
         self._cache = Cache(root / CACHE_FILE)
-        self._stat = _MemoryView(self._cache, "stat:")
+        self._stat = MemoryView(self._cache, "stat:")
 
     @classmethod
     def create(cls, root: Path) -> "Store":
@@ -135,7 +105,7 @@ class Store:
                     folder(root, sub, notes)
         store = cls(root)
         store.notes += notes
-        import_legacy_index(store)
+        _import_legacy_index(store)
         return store
 
     @classmethod
@@ -147,7 +117,7 @@ class Store:
         for sub in SUBFOLDERS:  # a link in a folder's place is set aside now, so the run's warnings name it
             real_folder(root, sub, store.notes)
         with contextlib.suppress(StoreWriteError):  # a read-only old store: planning goes on without its records
-            import_legacy_index(store)
+            _import_legacy_index(store)
         return store
 
     def close(self) -> None:
@@ -316,121 +286,6 @@ class Store:
         """Drop the remembered signature of an object gc deleted."""
         self._cache.delete("obj:" + digest)
 
-    # records -----------------------------------------------------------------------------
-    def record_path(self, key: str) -> Path:
-        """Where a stage's record lives: records/<first two hex digits>/<key>.json (the key must be a digest)."""
-        if not DIGEST.match(key):
-            raise InternalError(f"a stage key must be a sha256 digest, got {key[:80]!r}")
-        return self.records / key[:2] / f"{key}.json"
-
-    def stage_record(self, key: str, components: Optional[dict] = None) -> Optional[dict]:
-        """The record of a finished stage, or None if unknown, malformed, or any of its output objects is gone or corrupt.
-
-        `components`: what the caller hashed into `key`, if it did (a record holding the same is not hashed again).
-        """
-        record = self._read_record(self.record_path(key), key, components)
-        if record is None or not all(self.object_intact(d) for d in record["outputs"].values()):
-            return None
-        return record
-
-    def put_stage_record(self, key: str, record: dict) -> dict:
-        """Write a record; call only once every object it names is in place (a crash then leaves orphans only).
-
-        Returns the record as stored (keys sorted), so downstream stages see the same record whether it was
-        built just now, read back later or pulled from a remote: a package's bytes must not depend on which.
-        """
-        text = json.dumps(record, sort_keys=True)
-        path = self.record_path(key)
-        with self.writing("(writing a stage record)"):
-            folder(self.root, f"records/{key[:2]}", self.notes)
-            atomic_write(path, text)
-        return json.loads(text)
-
-    def stage_records(self) -> Iterator[tuple[str, dict]]:
-        """Every well-formed (key, record) in the store, whether or not its objects are present."""
-        for path in self._record_files():
-            key = path.name.removesuffix(".json")
-            record = self._read_record(path, key)
-            if record is not None:
-                yield key, record
-
-    def delete_stage_record(self, key: str) -> None:
-        """Drop a stage's record; the objects it names stay until gc deletes them."""
-        with self.writing():
-            self.record_path(key).unlink(missing_ok=True)
-
-    def _read_record(self, path: Path, key: str, components: Optional[dict] = None) -> Optional[dict]:
-        """The record at `path` if it is well formed and hashes to `key`; a bad one is moved to corrupt/."""
-        note_path(path)
-        if not real_folder(self.root, f"records/{path.parent.name}", self.notes):
-            return None
-        try:
-            text = read_regular(path, RECORD_MAX_BYTES + 1)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:  # a symlink, a folder, a FIFO: a record is a regular file or nothing
-            return self._set_aside(path, f"it is not a regular file ({exc.strerror or exc})")
-        if len(text) > RECORD_MAX_BYTES:
-            return self._set_aside(path, f"it is over {RECORD_MAX_BYTES >> 20} MiB")
-        record, problem = checked_record(text, key, components)
-        return record if not problem else self._set_aside(path, problem)
-
-    def _set_aside(self, path: Path, problem: str) -> None:
-        """Move a bad record to corrupt/ (its stage is built again) and say so once."""
-        target = self.corrupt / f"record-{path.name}.{time.time_ns()}"
-        try:
-            folder(self.root, "corrupt", self.notes)
-            os.replace(path, target)
-        except OSError:
-            pass  # a read-only store: the record is still ignored
-        self.set_aside.append(path.name)
-        self.notes.append(f"the store's record {path.name} was malformed ({problem}); moved it to corrupt/, "
-                          "its stage is built again")
-        return None
-
-    def last_run(self, node_id: str) -> Optional[dict]:
-        """What the node resolved to the last time it ran or was found cached (for `plan --explain`)."""
-        value = self._cache.get("node:" + node_id)
-        return value if isinstance(value, dict) else None
-
-    def set_last_run(self, node_id: str, value: dict) -> None:
-        """Remember what the node resolved to (for `plan --explain`); writes nothing if it is unchanged."""
-        if self.last_run(node_id) != value:
-            self._cache.set("node:" + node_id, value)
-
-    def remembered_peak(self, node_id: str) -> Optional[int]:
-        """The peak RSS (bytes) the node's stage reached the last time it ran, if known (the memory-aware scheduler)."""
-        value = self._cache.get("peak:" + node_id)
-        return value if isinstance(value, int) and value > 0 else None
-
-    def remember_peak(self, node_id: str, peak: Optional[int]) -> None:
-        """Remember the node's measured peak RSS for the next run's scheduling (writes only on change)."""
-        if peak and self.remembered_peak(node_id) != peak:
-            self._cache.set("peak:" + node_id, int(peak))
-
-    def remembered_lock(self, path: str) -> Optional[list]:
-        """[file signature, entries digest] of the lock at `path` as this store last wrote or read it; None if unknown."""
-        value = self._cache.get("lock:" + path)
-        return value if isinstance(value, list) else None
-
-    def remember_lock(self, path: str, signature: Optional[list[int]], digest: str) -> None:
-        """Remember what the lock at `path` holds, so an unchanged lock is not read again (writes only on change)."""
-        if signature is not None and self.remembered_lock(path) != [signature, digest]:
-            self._cache.set("lock:" + path, [signature, digest])
-
-    def package_listing(self, digest: str) -> Optional[dict[str, str]]:
-        """The files (relative path -> sha256) a package object extracts to, as remembered at its checkout; None if unknown."""
-        value = self._cache.get("package:" + digest)
-        return value if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()) else None
-
-    def remember_package_listing(self, digest: str, listing: dict[str, str]) -> None:
-        """Remember what a package object extracts to, so a changed package folder is found without reading the archive."""
-        self._cache.set("package:" + digest, listing)
-
-    def file_digests(self) -> FileDigests:
-        """A FileDigests whose stat cache lives in the cache, so unchanged inputs are not re-hashed on the next run."""
-        return FileDigests(self._stat)
-
     def forget_missing_files(self) -> int:
         """Drop remembered signatures of files and objects that no longer exist (gc); returns how many."""
         gone = [name for prefix in ("stat:", "obj:") for name in self._cache.names(prefix) if self._names_missing_file(name)]
@@ -444,107 +299,19 @@ class Store:
         digest = name.removeprefix("obj:")
         return not (DIGEST.match(digest) and self.has_object(digest))
 
-    # run history ---------------------------------------------------------------------------
-    def record_run(self, keys: list[str]) -> None:
-        """Remember the stage keys a run finished with (for `gc --keep-last N`); a repeat of the last run adds nothing."""
-        keys = sorted(set(keys))
-        history = self._run_files()
-        if history and self._read_run(history[-1]) == keys:
-            return
-        with self.writing("(recording the run)"):
-            folder(self.root, "runs", self.notes)
-            atomic_write(self.runs / f"{time.time_ns()}-{os.getpid()}.json", json.dumps(keys))
-            for old in self._run_files()[:-RUN_HISTORY]:
-                old.unlink(missing_ok=True)
-
-    def recent_runs(self, count: int) -> list[list[str]]:
-        """The stage keys of the last `count` recorded runs, newest first."""
-        return [self._read_run(path) for path in self._run_files()[::-1][:count]]
-
-    def _run_files(self) -> list[Path]:
-        """Run files oldest first (their names start with the time in ns)."""
-        if not real_folder(self.root, "runs", self.notes):
-            return []
-        named = [p for p in self.runs.iterdir() if p.suffix == ".json" and RUN_ID.match(p.stem)]
-        return sorted(named, key=lambda p: tuple(int(part) for part in p.stem.split("-")))
-
     def entries(self, sub: str) -> Iterator[Path]:
         """A real store folder's entries, sorted (nothing for a missing folder; a link in its place is set aside)."""
         return iter(sorted((self.root / sub).iterdir())) if real_folder(self.root, sub, self.notes) else iter(())
 
-    def _record_files(self) -> Iterator[Path]:
-        """records/<kk>/<key>.json regular files whose names are digests (temp files and strays are not records)."""
-        for sub in self.entries("records"):
-            if re.fullmatch(r"[0-9a-f]{2}", sub.name) and real_folder(self.root, f"records/{sub.name}", self.notes):
-                for path in sorted(sub.iterdir()):
-                    key = path.name.removesuffix(".json")
-                    if path.name.endswith(".json") and DIGEST.match(key) and key[:2] == sub.name and \
-                            stat.S_ISREG(path.lstat().st_mode):
-                        yield path
-
-    @staticmethod
-    def _read_run(path: Path) -> list[str]:
-        """A run's keys; an unreadable or malformed file counts as a run that kept nothing."""
-        try:
-            keys = json.loads(read_regular(path, RECORD_MAX_BYTES))
-        except (OSError, ValueError, RecursionError):
-            return []
-        return [k for k in keys if isinstance(k, str) and DIGEST.match(k)] if isinstance(keys, list) else []
-
-
-def checked_record(text: bytes, key: str, known: Optional[dict] = None) -> tuple[dict, str]:
-    """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong).
-
-    `known`: components the caller already hashed to `key`; a record holding exactly those needs no hashing.
-    """
-    try:
-        record = loads_bounded(text, RECORD_MAX_BYTES)
-    except ValueError as exc:
-        return {}, str(exc) if isinstance(exc, BoundExceeded) else "it is not JSON"
-    if not isinstance(record, dict) or record.get("key") != key:
-        return {}, "it names another key"
-    outputs = record.get("outputs")
-    if not isinstance(outputs, dict) or not all(isinstance(d, str) and DIGEST.match(d) for d in outputs.values()):
-        return {}, "its outputs are not sha256 digests"
-    components = record.get("components")
-    if not isinstance(components, dict) or (components != known and stage_key(components) != key):
-        return {}, "its key components do not hash to its key"
-    return record, ""
-
-
-def import_legacy_index(store: Store) -> None:
-    """Carry the stage records of a store written by an older trtflow (a diskcache index/) over to records/.
-
-    Only the SQLite table's key and value columns are read (diskcache's file-name column is never followed);
-    each record must pass `checked_record`, so a hostile row imports nothing. The old index is then removed.
-    """
-    legacy = store.root / LEGACY_INDEX
-    database = legacy / "cache.db"
-    if not legacy.is_dir() or legacy.is_symlink():
-        return
-    imported = 0
-    if database.is_file() and not database.is_symlink():
-        for key, text in _legacy_rows(database):
-            key = key.removeprefix("stage:")
-            record, problem = checked_record(text.encode("utf-8", "replace"), key) if DIGEST.match(key) else ({}, "bad key")
-            if not problem and not store.record_path(key).exists():
-                store.put_stage_record(key, record)
-                imported += 1
-    shutil.rmtree(legacy, ignore_errors=True)
-    store.notes.append(f"imported {imported} stage record(s) from the store's old index/ into records/ and removed it")
-
-
-def _legacy_rows(database: Path) -> list[tuple[str, str]]:
-    """(key, value) of the old index's text rows named stage:*; none if it cannot be read."""
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=10)) as db:
-            rows = db.execute("SELECT key, value FROM Cache WHERE typeof(key) = 'text' AND typeof(value) = 'text' "
-                              "AND substr(key, 1, 6) = 'stage:'").fetchall()
-    except sqlite3.Error:
-        return []
-    return [(str(key), str(value)) for key, value in rows]
 
 
 def _signature(stat: os.stat_result) -> str:
     """(size, mtime_ns, inode) as one short string: compared on every lookup of a cached record."""
     return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
+
+
+def _import_legacy_index(store: Store) -> None:
+    """Carry an older trtflow's diskcache index over to records/ (store/legacy.py; imported when a store opens)."""
+    from trtflow.store.legacy import import_legacy_index
+
+    import_legacy_index(store)

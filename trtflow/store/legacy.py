@@ -1,0 +1,47 @@
+"""Stores written by older trtflow releases kept stage records in a diskcache index/ folder: imported once."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trtflow.store.objects import DIGEST, LEGACY_INDEX, checked_record
+
+if TYPE_CHECKING:
+    from trtflow.store.objects import Store
+
+
+def import_legacy_index(store: "Store") -> None:
+    """Carry the stage records of a store written by an older trtflow (a diskcache index/) over to records/.
+
+    Only the SQLite table's key and value columns are read (diskcache's file-name column is never followed);
+    each record must pass `checked_record`, so a hostile row imports nothing. The old index is then removed.
+    """
+    legacy = store.root / LEGACY_INDEX
+    database = legacy / "cache.db"
+    if not legacy.is_dir() or legacy.is_symlink():
+        return
+    imported = 0
+    if database.is_file() and not database.is_symlink():
+        for key, text in _legacy_rows(database):
+            key = key.removeprefix("stage:")
+            record, problem = checked_record(text.encode("utf-8", "replace"), key) if DIGEST.match(key) else ({}, "bad key")
+            if not problem and not store.record_path(key).exists():
+                store.put_stage_record(key, record)
+                imported += 1
+    shutil.rmtree(legacy, ignore_errors=True)
+    store.notes.append(f"imported {imported} stage record(s) from the store's old index/ into records/ and removed it")
+
+
+def _legacy_rows(database: Path) -> list[tuple[str, str]]:
+    """(key, value) of the old index's text rows named stage:*; none if it cannot be read."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=10)) as db:
+            rows = db.execute("SELECT key, value FROM Cache WHERE typeof(key) = 'text' AND typeof(value) = 'text' "
+                              "AND substr(key, 1, 6) = 'stage:'").fetchall()
+    except sqlite3.Error:
+        return []
+    return [(str(key), str(value)) for key, value in rows]

@@ -1,0 +1,87 @@
+"""What the store remembers in its throwaway cache (store/cache.py) to keep a no-op cheap: each node's last
+resolution (for `plan --explain`), its last peak memory (the scheduler), the lock and package listings it saw."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator, MutableMapping, Optional
+
+from trtflow.errors import InternalError
+from trtflow.hashing import FileDigests
+
+if TYPE_CHECKING:
+    from trtflow.store.cache import Cache
+
+
+class MemoryView(MutableMapping[str, Any]):
+    """One prefix of the cache as a mapping of JSON objects (FileDigests' memory); anything else reads as absent."""
+
+    def __init__(self, cache: "Cache", prefix: str):
+        self._cache, self._prefix = cache, prefix
+
+    def __getitem__(self, name: str) -> Any:
+        value = self._cache.get(self._prefix + name)
+        if not isinstance(value, dict):
+            raise KeyError(name)
+        return value
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._cache.set(self._prefix + name, value)
+
+    def __delitem__(self, name: str) -> None:
+        self._cache.delete(self._prefix + name)
+
+    def __iter__(self) -> Iterator[str]:
+        raise InternalError("the cache is not iterated through a view")
+
+    def __len__(self) -> int:
+        raise InternalError("the cache is not counted through a view")
+
+
+class CacheMemos:
+    """The memo methods of Store (a mixin: `self._cache` and `self._stat` are the Store's)."""
+
+    _cache: Any
+    _stat: Any
+
+    def last_run(self, node_id: str) -> Optional[dict]:
+        """What the node resolved to the last time it ran or was found cached (for `plan --explain`)."""
+        value = self._cache.get("node:" + node_id)
+        return value if isinstance(value, dict) else None
+
+    def set_last_run(self, node_id: str, value: dict) -> None:
+        """Remember what the node resolved to (for `plan --explain`); writes nothing if it is unchanged."""
+        if self.last_run(node_id) != value:
+            self._cache.set("node:" + node_id, value)
+
+    def remembered_peak(self, node_id: str) -> Optional[int]:
+        """The peak RSS (bytes) the node's stage reached the last time it ran, if known (the memory-aware scheduler)."""
+        value = self._cache.get("peak:" + node_id)
+        return value if isinstance(value, int) and value > 0 else None
+
+    def remember_peak(self, node_id: str, peak: Optional[int]) -> None:
+        """Remember the node's measured peak RSS for the next run's scheduling (writes only on change)."""
+        if peak and self.remembered_peak(node_id) != peak:
+            self._cache.set("peak:" + node_id, int(peak))
+
+    def remembered_lock(self, path: str) -> Optional[list]:
+        """[file signature, entries digest] of the lock at `path` as this store last wrote or read it; None if unknown."""
+        value = self._cache.get("lock:" + path)
+        return value if isinstance(value, list) else None
+
+    def remember_lock(self, path: str, signature: Optional[list[int]], digest: str) -> None:
+        """Remember what the lock at `path` holds, so an unchanged lock is not read again (writes only on change)."""
+        if signature is not None and self.remembered_lock(path) != [signature, digest]:
+            self._cache.set("lock:" + path, [signature, digest])
+
+    def package_listing(self, digest: str) -> Optional[dict[str, str]]:
+        """The files (relative path -> sha256) a package object extracts to, as remembered at its checkout; None if unknown."""
+        value = self._cache.get("package:" + digest)
+        return value if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()) else None
+
+    def remember_package_listing(self, digest: str, listing: dict[str, str]) -> None:
+        """Remember what a package object extracts to, so a changed package folder is found without reading the archive."""
+        self._cache.set("package:" + digest, listing)
+
+    def file_digests(self) -> FileDigests:
+        """A FileDigests whose stat cache lives in the cache, so unchanged inputs are not re-hashed on the next run."""
+        return FileDigests(self._stat)

@@ -1,0 +1,137 @@
+"""Stage records: `records/<kk>/<key>.json`, one JSON file per stage key, written atomically and used only when its
+key components hash back to its key; a malformed one is moved to corrupt/ and its stage built again."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from trtflow.errors import InternalError
+from trtflow.hashing import stage_key
+from trtflow.runmemo import note_path
+from trtflow.store.layout import folder, real_folder
+from trtflow.util.fs import atomic_write, read_regular
+from trtflow.util.jsondata import BoundExceeded, loads_bounded
+
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+RECORD_MAX_BYTES = 16 << 20  # a stage record is a few KiB; anything near this is not one
+
+
+class RecordFiles:
+    """The record methods of Store (a mixin: root, records, corrupt, notes, set_aside, writing(), entries() and
+    object_intact() are the Store's)."""
+
+    root: Path
+    records: Path
+    corrupt: Path
+    notes: list[str]
+    set_aside: list[str]
+    writing: Any
+    entries: Any
+    object_intact: Any
+
+    def record_path(self, key: str) -> Path:
+        """Where a stage's record lives: records/<first two hex digits>/<key>.json (the key must be a digest)."""
+        if not DIGEST.match(key):
+            raise InternalError(f"a stage key must be a sha256 digest, got {key[:80]!r}")
+        return self.records / key[:2] / f"{key}.json"
+
+    def stage_record(self, key: str, components: Optional[dict] = None) -> Optional[dict]:
+        """The record of a finished stage, or None if unknown, malformed, or any of its output objects is gone or corrupt.
+
+        `components`: what the caller hashed into `key`, if it did (a record holding the same is not hashed again).
+        """
+        record = self._read_record(self.record_path(key), key, components)
+        if record is None or not all(self.object_intact(d) for d in record["outputs"].values()):
+            return None
+        return record
+
+    def put_stage_record(self, key: str, record: dict) -> dict:
+        """Write a record; call only once every object it names is in place (a crash then leaves orphans only).
+
+        Returns the record as stored (keys sorted), so downstream stages see the same record whether it was
+        built just now, read back later or pulled from a remote: a package's bytes must not depend on which.
+        """
+        text = json.dumps(record, sort_keys=True)
+        path = self.record_path(key)
+        with self.writing("(writing a stage record)"):
+            folder(self.root, f"records/{key[:2]}", self.notes)
+            atomic_write(path, text)
+        return json.loads(text)
+
+    def stage_records(self) -> Iterator[tuple[str, dict]]:
+        """Every well-formed (key, record) in the store, whether or not its objects are present."""
+        for path in self._record_files():
+            key = path.name.removesuffix(".json")
+            record = self._read_record(path, key)
+            if record is not None:
+                yield key, record
+
+    def delete_stage_record(self, key: str) -> None:
+        """Drop a stage's record; the objects it names stay until gc deletes them."""
+        with self.writing():
+            self.record_path(key).unlink(missing_ok=True)
+
+    def _read_record(self, path: Path, key: str, components: Optional[dict] = None) -> Optional[dict]:
+        """The record at `path` if it is well formed and hashes to `key`; a bad one is moved to corrupt/."""
+        note_path(path)
+        if not real_folder(self.root, f"records/{path.parent.name}", self.notes):
+            return None
+        try:
+            text = read_regular(path, RECORD_MAX_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # a symlink, a folder, a FIFO: a record is a regular file or nothing
+            return self._set_aside(path, f"it is not a regular file ({exc.strerror or exc})")
+        if len(text) > RECORD_MAX_BYTES:
+            return self._set_aside(path, f"it is over {RECORD_MAX_BYTES >> 20} MiB")
+        record, problem = checked_record(text, key, components)
+        return record if not problem else self._set_aside(path, problem)
+
+    def _set_aside(self, path: Path, problem: str) -> None:
+        """Move a bad record to corrupt/ (its stage is built again) and say so once."""
+        target = self.corrupt / f"record-{path.name}.{time.time_ns()}"
+        try:
+            folder(self.root, "corrupt", self.notes)
+            os.replace(path, target)
+        except OSError:
+            pass  # a read-only store: the record is still ignored
+        self.set_aside.append(path.name)
+        self.notes.append(f"the store's record {path.name} was malformed ({problem}); moved it to corrupt/, "
+                          "its stage is built again")
+        return None
+
+    def _record_files(self) -> Iterator[Path]:
+        """records/<kk>/<key>.json regular files whose names are digests (temp files and strays are not records)."""
+        for sub in self.entries("records"):
+            if re.fullmatch(r"[0-9a-f]{2}", sub.name) and real_folder(self.root, f"records/{sub.name}", self.notes):
+                for path in sorted(sub.iterdir()):
+                    key = path.name.removesuffix(".json")
+                    if path.name.endswith(".json") and DIGEST.match(key) and key[:2] == sub.name and \
+                            stat.S_ISREG(path.lstat().st_mode):
+                        yield path
+
+
+def checked_record(text: bytes, key: str, known: Optional[dict] = None) -> tuple[dict, str]:
+    """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong).
+
+    `known`: components the caller already hashed to `key`; a record holding exactly those needs no hashing.
+    """
+    try:
+        record = loads_bounded(text, RECORD_MAX_BYTES)
+    except ValueError as exc:
+        return {}, str(exc) if isinstance(exc, BoundExceeded) else "it is not JSON"
+    if not isinstance(record, dict) or record.get("key") != key:
+        return {}, "it names another key"
+    outputs = record.get("outputs")
+    if not isinstance(outputs, dict) or not all(isinstance(d, str) and DIGEST.match(d) for d in outputs.values()):
+        return {}, "its outputs are not sha256 digests"
+    components = record.get("components")
+    if not isinstance(components, dict) or (components != known and stage_key(components) != key):
+        return {}, "its key components do not hash to its key"
+    return record, ""
