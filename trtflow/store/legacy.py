@@ -8,7 +8,9 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtflow.store.objects import DIGEST, LEGACY_INDEX, checked_record
+from trtflow.store.records import DIGEST, checked_record
+
+LEGACY_INDEX = "index"  # the diskcache folder of older stores, imported once (import_legacy_index)
 
 if TYPE_CHECKING:
     from trtflow.store.objects import Store

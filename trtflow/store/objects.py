@@ -37,6 +37,7 @@ from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.hashing import file_signature, sha256_handle
 from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
+from trtflow.store.legacy import LEGACY_INDEX, import_legacy_index
 from trtflow.store.memos import CacheMemos, MemoryView
 from trtflow.store.records import DIGEST, RECORD_MAX_BYTES, RecordFiles, checked_record  # noqa: F401  (re-exported)
 from trtflow.store.runs import RUN_HISTORY, RunHistory  # noqa: F401  (RUN_HISTORY: gc reads it from here)
@@ -47,7 +48,6 @@ from trtflow.runmemo import note_path
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
-LEGACY_INDEX = "index"  # the diskcache folder of older stores, imported once (import_legacy_index)
 
 
 EXCHANGE_DIR = "exchange"  # the Ray executor's default data plane (executors.exchange); gc empties it
@@ -105,7 +105,7 @@ class Store(RecordFiles, CacheMemos, RunHistory):
                     folder(root, sub, notes)
         store = cls(root)
         store.notes += notes
-        _import_legacy_index(store)
+        import_legacy_index(store)
         return store
 
     @classmethod
@@ -117,7 +117,7 @@ class Store(RecordFiles, CacheMemos, RunHistory):
         for sub in SUBFOLDERS:  # a link in a folder's place is set aside now, so the run's warnings name it
             real_folder(root, sub, store.notes)
         with contextlib.suppress(StoreWriteError):  # a read-only old store: planning goes on without its records
-            _import_legacy_index(store)
+            import_legacy_index(store)
         return store
 
     def close(self) -> None:
@@ -308,10 +308,3 @@ class Store(RecordFiles, CacheMemos, RunHistory):
 def _signature(stat: os.stat_result) -> str:
     """(size, mtime_ns, inode) as one short string: compared on every lookup of a cached record."""
     return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
-
-
-def _import_legacy_index(store: Store) -> None:
-    """Carry an older trtflow's diskcache index over to records/ (store/legacy.py; imported when a store opens)."""
-    from trtflow.store.legacy import import_legacy_index
-
-    import_legacy_index(store)
