@@ -74,3 +74,32 @@ COMMANDS = ["validate", "plan", "run", "report", "inspect", "schema", "provision
 def test_every_command_has_help(command: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", "trtflow", *command, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "Usage:" in result.stdout
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The trtflow modules a file imports at module level (what runs on import; TYPE_CHECKING blocks excluded)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trtflow"):
+            found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("trtflow"))
+    return {module for module in found if module in MODULES}
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    """Module-level imports form no cycle (each module can be imported alone, in any order)."""
+    graph = {module: _module_level_imports(path) - {module} for module, path in MODULES.items()}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + (module,)))
+        if module in done:
+            return
+        for imported in sorted(graph[module]):
+            visit(imported, path + (module,))
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, ())
