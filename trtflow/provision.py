@@ -16,6 +16,8 @@ The choice reads only the manifest, so a fleet agent decides without TensorRT or
 Among fits: the preferred precision (--prefer; default fp8, int8, fp16, bf16, fp32: fewest bits first, since
 an engine is in the package only when its precision met the recipe's accuracy limits, the fastest of them is
 the one its author accepted), then exact before hardware-compatible, then the newest backend, then manifest order.
+`--prefer drop` first ranks by the task accuracy drop the manifest measured on labelled data (lowest first; fp32 is the
+baseline, drop 0), then as above.
 E.g. sm_89 with rtx-ampere (sm_86) and rtx-ada (sm_89) engines: rtx-ada, "exact compute capability match".
 """
 
@@ -92,6 +94,7 @@ class Device:
     precision: Optional[str] = None
     prefer: tuple[str, ...] = DEFAULT_PREFERENCE
     allow_failed: bool = False
+    by_drop: bool = False  # --prefer drop: the measured task accuracy drop ranks first
 
 
 @dataclass(frozen=True)
@@ -188,31 +191,46 @@ def _version(text: str) -> Optional[tuple[int, int, int]]:
     return None if match is None else tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
 
 
-def _rank(verdict: Verdict, prefer: tuple[str, ...]) -> tuple:
-    """The preferred precision, then exact before hardware-compatible, then the newest backend, then manifest order."""
+def _rank(verdict: Verdict, device: Device) -> tuple:
+    """With --prefer drop the measured drop first; then the preferred precision, exact before hardware-compatible,
+    the newest backend, manifest order."""
     version = _version(verdict.engine.backend_version) or (-1, -1, -1)
+    prefer = device.prefer
     precision = prefer.index(verdict.engine.precision) if verdict.engine.precision in prefer else len(prefer)
-    return (precision, verdict.fit != EXACT, tuple(-part for part in version), verdict.index)
+    drop = measured_drop(verdict.engine) if device.by_drop else 0.0
+    return (drop, precision, verdict.fit != EXACT, tuple(-part for part in version), verdict.index)
+
+
+def measured_drop(engine: Engine) -> float:
+    """The task accuracy drop from fp32 the manifest records (fp32: 0, the baseline); infinity when not measured."""
+    if engine.precision == "fp32":
+        return 0.0
+    accuracy = engine.verification.precision_accuracy if engine.verification else None
+    return accuracy.task.drop if accuracy is not None and accuracy.task is not None else float("inf")
 
 
 def choose(manifest: Manifest, device: Device) -> tuple[Verdict, list[tuple[Verdict, str]]]:
     """The chosen engine and, for every other one, why it was not chosen. Raises NoEngineFits."""
     verdicts = [judge(engine, index, device) for index, engine in enumerate(manifest.engines)]
-    fitting = sorted((v for v in verdicts if v.fit), key=lambda v: _rank(v, device.prefer))
+    fitting = sorted((v for v in verdicts if v.fit), key=lambda v: _rank(v, device))
     if not fitting:
         raise NoEngineFits(_no_fit_message(manifest, device, verdicts))
     chosen = fitting[0]
-    others = [(v, v.refusal or _outranked(v, chosen, device.prefer)) for v in verdicts if v is not chosen]
+    others = [(v, v.refusal or _outranked(v, chosen, device)) for v in verdicts if v is not chosen]
     return chosen, others
 
 
-def _outranked(verdict: Verdict, chosen: Verdict, prefer: tuple[str, ...]) -> str:
+def _outranked(verdict: Verdict, chosen: Verdict, device: Device) -> str:
     """Why a fitting engine lost to the chosen one, in the order the ranking decides."""
-    if _rank(verdict, prefer)[0] != _rank(chosen, prefer)[0]:
-        return f"fits, but {chosen.engine.precision} is preferred to {verdict.engine.precision} (--prefer {','.join(prefer)})"
+    mine, theirs = _rank(verdict, device), _rank(chosen, device)
+    if mine[0] != theirs[0]:
+        return (f"fits, but {chosen.engine.precision} lost less task accuracy ({theirs[0]:g}) than {verdict.engine.precision} "
+                f"({mine[0]:g}) (--prefer drop)")
+    if mine[1] != theirs[1]:
+        return f"fits, but {chosen.engine.precision} is preferred to {verdict.engine.precision} (--prefer {','.join(device.prefer)})"
     if verdict.fit != chosen.fit:
         return f"fits ({verdict.fit}), but an exact compute capability match is preferred"
-    if _rank(verdict, prefer)[2] != _rank(chosen, prefer)[2]:
+    if mine[3] != theirs[3]:
         return f"fits, but {chosen.engine.backend} {chosen.engine.backend_version} is newer than {verdict.engine.backend_version}"
     return "fits equally well, but comes later in the manifest"
 
@@ -249,8 +267,10 @@ def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[
     """--gpu auto (nvidia-smi), a compute capability (sm_86, 8.6) or a target name of the package."""
     if runtime_version is not None and _version(runtime_version) is None:
         raise BadRequest(f"--runtime-version {runtime_version!r} is not a version: pass it as X.Y.Z, e.g. 10.13.3 or 1.7.1")
-    extra = {"runtime_version": runtime_version, "backend": backend, "precision": precision, "prefer": _preference(prefer),
-             "allow_failed": allow_failed}
+    by_drop = _by_drop(prefer, manifest)
+    precisions = ",".join(p for p in prefer.split(",") if p.strip() != "drop") if by_drop and prefer else prefer
+    extra = {"runtime_version": runtime_version, "backend": backend, "precision": precision, "by_drop": by_drop,
+             "prefer": _preference(precisions or None), "allow_failed": allow_failed}
     if gpu == "auto":
         ccs = detect_compute_capabilities()
         return Device(tuple(ccs), "+".join(ccs), "auto-detected", **extra)
@@ -264,6 +284,16 @@ def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[
         targets = ", ".join(sorted({e.target for e in manifest.engines})) or "none"
         raise BadRequest(f"--gpu {gpu!r} is neither auto, a compute capability (sm_86, 8.6) nor a target of package {manifest.recipe} (its targets: {targets})")
     return Device(tuple(ccs), f"{gpu} ({', '.join(ccs)})", f"target {gpu} of the manifest", **extra)
+
+
+def _by_drop(prefer: Optional[str], manifest: Manifest) -> bool:
+    """--prefer drop[,fp16,...]: rank by the measured task accuracy drop, which the manifest must record."""
+    if prefer is None or "drop" not in {p.strip() for p in prefer.split(",")}:
+        return False
+    if not any(e.precision != "fp32" and measured_drop(e) != float("inf") for e in manifest.engines):
+        raise BadRequest(f"--prefer drop: package {manifest.recipe} records no task accuracy drop; its recipe needs "
+                         "accuracy: {data: <glob>, labels: <file.npy>} and a reduced precision")
+    return True
 
 
 def _preference(text: Optional[str]) -> tuple[str, ...]:
