@@ -165,6 +165,9 @@ def _task_checked(accuracy: dict, params: Params, model: Any, source: Path, inpu
 
     data = {role[len(taskdata.DATA_ROLE):]: up.files[role] for role, up in inputs.items() if role.startswith(taskdata.DATA_ROLE)}
     feeds, labels = taskdata.load(data, inputs[taskdata.LABELS_ROLE].files[taskdata.LABELS_ROLE], calibration.model_input_types(source))
+    problem = taskdata.metric_problem(labels, params.task.metric)
+    if problem:  # validate refuses it first; a labels file edited since must not be scored as something else
+        raise StageError(f"accuracy.metric: {problem}")
     result = task.report(model, source, feeds, labels, params.task.metric, params.task.max_drop)
     if result["passed"]:
         return {**accuracy, "task": result}
