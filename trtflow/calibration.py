@@ -143,10 +143,10 @@ def samples_from_inputs(files: dict[str, Path], reading: dict, model_inputs: dic
     ordered = sorted(files, key=lambda relative: rank(reading["seed"], relative))
     if reading["kind"] == "images":
         return _image_samples(ordered, files, reading, model_inputs)
-    return [Sample(relative, _arrays(relative, files[relative], model_inputs)) for relative in ordered]
+    return [Sample(relative, arrays_from_file(relative, files[relative], model_inputs)) for relative in ordered]
 
 
-def _arrays(relative: str, path: Path, model_inputs: dict[str, dict]) -> dict[str, "np.ndarray"]:
+def arrays_from_file(relative: str, path: Path, model_inputs: dict[str, dict]) -> dict[str, "np.ndarray"]:
     """One batch per input name from a .npz, or the only input's batch from a .npy (never unpickling anything)."""
     import numpy as np
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
@@ -97,6 +97,18 @@ class OutputAccuracy(_Model):
     passed: bool
 
 
+class TaskAccuracy(_Model):
+    """The recipe's task metric on its labelled rows (accuracy.data/labels): fp32's score, this model's, the drop."""
+
+    metric: Literal["top1", "top5", "mse"]
+    fp32: float  # the fp32 model's own score on the same rows: the baseline
+    value: float
+    drop: float  # how much worse than fp32 (fp32 - value for top-k, value - fp32 for mse)
+    rows: int
+    max_drop: Optional[float] = None  # the recipe's accuracy.<precision>.max_drop; None: recorded, not checked
+    passed: bool
+
+
 class PrecisionAccuracy(_Model):
     """The reduced-precision ONNX against the fp32 model on ONNX Runtime (CPU), over held-out or random samples."""
 
@@ -107,8 +119,16 @@ class PrecisionAccuracy(_Model):
     samples: int
     tolerance: Tolerance
     outputs: list[OutputAccuracy]
-    problems: list[str] = []  # beyond the outputs: a composition below min_share
+    problems: list[str] = []  # beyond the outputs: a composition below min_share, a task drop past max_drop
     passed: bool
+    task: Optional[TaskAccuracy] = None  # only with labelled data (left out of the JSON otherwise: manifests stay as they were)
+
+    @model_serializer(mode="wrap")
+    def _without_absent_task(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if data.get("task") is None:
+            data.pop("task", None)
+        return data
 
 
 class Calibration(_Model):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from trtflow.admission import default_budget
 from trtflow.calibration import check_calibration_data
+from trtflow.taskdata import check_task_data
 from trtflow.backends.base import BACKENDS
 from trtflow.dag import Dag, dag_from_project
 from trtflow.errors import EnvironmentProblem, ProjectError
@@ -93,6 +94,8 @@ class Session:
             reduced = [f"precision:{item.recipe.name}/{p}" for p in item.recipe.precisions if p != "fp32"]
             if item.recipe.calibration is not None and any(self._will_run(n, states) for n in reduced):
                 check_calibration_data(item, self.project.root)
+            if item.recipe.accuracy.data is not None and any(self._will_run(n, states) for n in reduced):
+                check_task_data(item, self.project.root)
         return refusals
 
     def _will_run(self, node_id: str, states: Optional[dict[str, NodeState]]) -> bool:

@@ -264,7 +264,8 @@ def schema(what: str) -> None:
 @click.option("--runtime-version", help="TensorRT or TensorRT-RTX version on the device, e.g. 10.13.3; without it version rules are not applied.")
 @click.option("--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="Consider only engines of this backend.")
 @click.option("--precision", help="Consider only engines of this precision.")
-@click.option("--prefer", help="Precisions in order of preference, e.g. fp16,int8 (default: fp8,int8,fp16,bf16,fp32: fewest bits first).")
+@click.option("--prefer", help="Precisions in order of preference, e.g. fp16,int8 (default: fp8,int8,fp16,bf16,fp32: fewest bits first); "
+              "drop first ranks by the task accuracy drop the manifest measured (lowest first).")
 @click.option("--allow-failed", is_flag=True, help="Also consider engines whose verification or accuracy check failed (recorded with on_fail: warn).")
 @click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to install into: <recipe>/current -> <sha256>/ holding <recipe>.engine and provision.json.")

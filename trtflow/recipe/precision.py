@@ -108,6 +108,10 @@ class QuantizeOptions(StrictModel):
     high_precision: Literal["fp16", "bf16", "fp32"] = "fp16"  # what unquantized layers run in (ModelOpt's default)
 
 
+TaskMetric = Literal["top1", "top5", "mse"]
+TASK_METRICS = ("top1", "top5", "mse")  # top-k: share of rows whose label is among the k largest outputs; mse: mean squared error
+
+
 class Tolerance(StrictModel):
     """Limits on a reduced-precision model vs fp32 on ONNX Runtime; a null limit is not checked."""
 
@@ -116,6 +120,14 @@ class Tolerance(StrictModel):
     max_abs_error: Optional[float] = Field(default=None, ge=0)
     max_mean_rel_error: Optional[float] = Field(default=None, ge=0)
     min_share: Optional[float] = Field(default=None, ge=0, le=1)  # of weights and of MACs that run in this precision
+    max_drop: Optional[dict[TaskMetric, Annotated[float, Field(ge=0)]]] = None  # task metric vs fp32 on accuracy.data
+
+    @field_validator("max_drop")
+    @classmethod
+    def _one_metric(cls, value: Optional[dict]) -> Optional[dict]:
+        if value is not None and len(value) != 1:
+            raise ValueError("name one metric, the one accuracy.metric measures, e.g. {top1: 0.01}")
+        return value
 
 
 # Measured on the example and test models (README: Precision and calibration); fp16 keeps 10 mantissa bits, bf16 7,
@@ -133,12 +145,35 @@ class AccuracyOptions(StrictModel):
 
     samples: int = Field(default=16, ge=1, le=10_000)  # held-out files (at most half the set), or random feeds
     seed: int = 1  # of the random feeds when no files are declared
+    data: Optional[str] = None  # labelled rows: a glob of .npz (one array per input) or .npy (the only input) files
+    labels: Optional[str] = None  # a .npy of one label per row of `data`, in sorted file order: class ids, or float targets
+    metric: Optional[TaskMetric] = None  # what the labels measure (default top1; mse for float targets)
     fp16: Tolerance = Field(default_factory=Tolerance)
     bf16: Tolerance = Field(default_factory=Tolerance)
     int8: Tolerance = Field(default_factory=Tolerance)
     fp8: Tolerance = Field(default_factory=Tolerance)
 
+    @model_validator(mode="after")
+    def _labelled(self) -> "AccuracyOptions":
+        if (self.data is None) != (self.labels is None):
+            raise FieldError("labels" if self.labels is None else "data", "task accuracy needs both data: <glob> and labels: <file.npy>")
+        if self.metric is not None and self.data is None:
+            raise FieldError("metric", "metric measures labelled data: add data: <glob> and labels: <file.npy>")
+        for precision in ("fp16", "bf16", "int8", "fp8"):
+            limit = getattr(self, precision).max_drop
+            if limit is not None and self.data is None:
+                raise FieldError(precision, "max_drop needs labelled data: add accuracy.data and accuracy.labels")
+            if limit is not None and self.metric is not None and self.metric not in limit:
+                raise FieldError(precision, f"max_drop names {next(iter(limit))} but accuracy.metric is {self.metric}")
+        return self
+
     def tolerance(self, precision: str) -> dict[str, Optional[float]]:
-        """The default limits, with the ones the recipe names (null included) replacing them."""
+        """The default limits, with the ones the recipe names (null included) replacing them (max_drop: `max_drop`)."""
         given = getattr(self, precision)
-        return {**DEFAULT_TOLERANCES[precision].model_dump(), **given.model_dump(include=given.model_fields_set)}
+        return {**DEFAULT_TOLERANCES[precision].model_dump(exclude={"max_drop"}),
+                **given.model_dump(include=given.model_fields_set - {"max_drop"})}
+
+    def max_drop(self, precision: str) -> Optional[tuple[str, float]]:
+        """(metric, largest allowed drop from fp32) the recipe sets for `precision`, or None."""
+        limit = getattr(self, precision).max_drop
+        return None if not limit else next(iter(limit.items()))

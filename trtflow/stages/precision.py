@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from trtflow import calibration
+from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
@@ -47,6 +47,14 @@ class Quantize(QuantizeOptions):
     samples: Optional[int]
 
 
+class TaskCheck(BaseModel):
+    """Task accuracy on the recipe's labelled data: the metric and the largest drop from fp32 allowed (None: recorded only)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    metric: str
+    max_drop: Optional[float] = None
+
+
 class Params(StageParams):
     """fp32 sets `precision` alone; fp16/bf16 add autocast, int8/fp8 quantize; both add the accuracy check."""
 
@@ -55,6 +63,7 @@ class Params(StageParams):
     profiles: Optional[list[dict[str, dict[str, list[int]]]]] = None
     on_fail: Optional[str] = None
     accuracy: Optional[Accuracy] = None
+    task: Optional[TaskCheck] = None  # absent without accuracy.data: keys of recipes without labels stay as they were
     data: Optional[dict[str, Any]] = None  # how calibration files are read (calibration.reading_params)
     autocast: Optional[AutocastOptions] = None
     quantize: Optional[Quantize] = None
@@ -88,9 +97,18 @@ def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
     tools = {"modelopt": tool_version("nvidia-modelopt"), "onnx": tool_version("onnx"), "onnxruntime": ort_version(),
              "numpy": tool_version("numpy"), **({"pillow": tool_version("pillow")} if data is not None and data["kind"] == "images" else {})}
     params = Params(precision=precision, profiles=ctx.profiles, on_fail=recipe.verify.on_fail, data=data, **settings, **tools,
-                    accuracy=Accuracy(samples=recipe.accuracy.samples, seed=recipe.accuracy.seed, tolerance=recipe.accuracy.tolerance(precision)))
-    sources = calibration.sources(ctx.calibration_split, ctx.root)
+                    accuracy=Accuracy(samples=recipe.accuracy.samples, seed=recipe.accuracy.seed, tolerance=recipe.accuracy.tolerance(precision)),
+                    task=_task_check(recipe.accuracy, precision))
+    sources = calibration.sources(ctx.calibration_split, ctx.root) + taskdata.sources(taskdata.plan_files(ctx.item, ctx.root), ctx.root)
     return Node(id=base.id, version=VERSION, params=params, deps=base.deps, sources=sources, info=base.info)
+
+
+def _task_check(options: Any, precision: str) -> Optional[TaskCheck]:
+    """The task metric and this precision's max_drop; None without labelled data."""
+    if options.data is None:
+        return None
+    limit = options.max_drop(precision)
+    return TaskCheck(metric=options.metric or (limit[0] if limit else "top1"), max_drop=limit[1] if limit else None)
 
 
 def report_dep(ctx: RecipeContext, precision: str, role: str) -> tuple[Dep, ...]:
@@ -119,7 +137,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     files = save_model(onnx, canonical_order(model), workdir)
     excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
     made_of = composition(model, precision, reasons, excluded)
-    accuracy = _share_checked(_accuracy(params, model, source, held_out, calibrating), made_of)
+    accuracy = _task_checked(_share_checked(_accuracy(params, model, source, held_out, calibrating), made_of), params, model, source, inputs)
     if not accuracy["passed"] and params.on_fail == "fail":
         raise StageError(_failure_message(precision, accuracy))
     record = {"precision": precision, "tool": f"nvidia-modelopt {tool_version('nvidia-modelopt')}", **details, "accuracy": accuracy,
@@ -137,6 +155,24 @@ def _share_checked(accuracy: dict, made_of: dict) -> dict:
     problem = (f"only {made_of['weight_share']:.1%} of the weights and {made_of['mac_share']:.1%} of the MACs run in "
                f"{made_of['precision']} (min_share {limit}); {made_of['kept_nodes']} node(s) kept higher, the largest: {top}")
     return {**accuracy, "problems": [problem], "passed": False}
+
+
+def _task_checked(accuracy: dict, params: Params, model: Any, source: Path, inputs: dict[str, Upstream]) -> dict:
+    """With labelled data: `task` (the metric for fp32 and this model, the drop) added, failed past max_drop."""
+    if params.task is None:
+        return accuracy
+    from trtflow.stages import task
+
+    data = {role[len(taskdata.DATA_ROLE):]: up.files[role] for role, up in inputs.items() if role.startswith(taskdata.DATA_ROLE)}
+    feeds, labels = taskdata.load(data, inputs[taskdata.LABELS_ROLE].files[taskdata.LABELS_ROLE], calibration.model_input_types(source))
+    problem = taskdata.metric_problem(labels, params.task.metric)
+    if problem:  # validate refuses it first; a labels file edited since must not be scored as something else
+        raise StageError(f"accuracy.metric: {problem}")
+    result = task.report(model, source, feeds, labels, params.task.metric, params.task.max_drop)
+    if result["passed"]:
+        return {**accuracy, "task": result}
+    problem = f"task accuracy: {taskdata.summary_line(params.precision, result)}"
+    return {**accuracy, "task": result, "problems": [*accuracy["problems"], problem], "passed": False}
 
 
 def _report(record: dict, workdir: Path) -> Path:
@@ -248,6 +284,10 @@ def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrat
 def _failure_message(precision: str, result: dict) -> str:
     from trtflow.stages import accuracy
 
+    task = result.get("task")
+    if task and not task["passed"] and all(o["passed"] for o in result["outputs"]):
+        return (f"{precision} task accuracy out of limits: {result['problems'][-1].removeprefix('task accuracy: ')}; loosen "
+                f"accuracy.{precision}.max_drop or calibrate differently (verify: {{on_fail: warn}} records it)")
     if result.get("problems") and all(o["passed"] for o in result["outputs"]):
         return f"{precision}: {result['problems'][0]}; lower accuracy.{precision}.min_share or keep fewer nodes (verify: {{on_fail: warn}} records it)"
     return accuracy.failure_message(precision, result)

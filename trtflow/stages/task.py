@@ -1,0 +1,59 @@
+"""Task accuracy: the fp32 and the reduced-precision model scored on the user's labelled rows, and the drop.
+
+Both run on ONNX Runtime's measuring sessions (the graph as written; fp16/bf16 emulated as in stages/accuracy.py)
+over the rows of `accuracy.data`; the model's first output is scored against `accuracy.labels`:
+
+    top1, top5  share of rows whose label is among the k largest outputs ([rows, classes]); drop = fp32 - value
+    mse         mean squared error against float targets; drop = value - fp32 (the error grew by that much)
+
+So a positive drop is always worse, and `accuracy.int8: {max_drop: {top1: 0.01}}` bounds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from trtflow.errors import StageError
+from trtflow.stages import accuracy, compare
+from trtflow.taskdata import HIGHER_IS_BETTER
+
+
+
+def score(outputs: np.ndarray, labels: np.ndarray, metric: str) -> float:
+    """The metric of one model's outputs (rows first) against the labels."""
+    if metric == "mse":
+        predicted = outputs.astype(np.float64).reshape(labels.shape[0], -1)
+        return float(np.mean((predicted - labels.astype(np.float64).reshape(labels.shape[0], -1)) ** 2))
+    k = 1 if metric == "top1" else 5
+    if outputs.ndim != 2 or outputs.shape[1] < k:
+        raise ValueError(f"{metric} needs an output of shape [rows, classes >= {k}], the model's is {list(outputs.shape)}")
+    top = np.argsort(-outputs, axis=1, kind="stable")[:, :k]
+    return float(np.mean((top == labels.reshape(-1, 1)).any(axis=1)))
+
+
+def first_output(session: Any, feeds: list[dict]) -> np.ndarray:
+    """The first output of every feed, rows concatenated."""
+    name = compare.output_names(session)[0]
+    return np.concatenate([result[name] for result in compare.run_all(session, feeds)], axis=0)
+
+
+def report(candidate: Any, reference: Path, feeds: list[dict], labels: np.ndarray, metric: str,
+           max_drop: Optional[float]) -> dict:
+    """`{metric, fp32, value, drop, rows, max_drop, passed}`: fp32 is the reference model's own score, the baseline."""
+    runnable, _ = accuracy.ort_runnable(candidate)
+    try:
+        fp32 = score(first_output(compare.session(reference), feeds), labels, metric)
+        value = score(first_output(compare.session(runnable.SerializeToString()), feeds), labels, metric)
+    except ValueError as exc:
+        raise StageError(f"accuracy.metric: {exc}") from None
+    drop = fp32 - value if HIGHER_IS_BETTER[metric] else value - fp32
+    return {"metric": metric, "fp32": _rounded(fp32), "value": _rounded(value), "drop": _rounded(drop), "rows": int(labels.shape[0]),
+            "max_drop": max_drop, "passed": max_drop is None or drop <= max_drop + 1e-12}
+
+
+def _rounded(value: float) -> float:
+    """8 significant digits, as the other accuracy numbers (the report's digest is in downstream keys)."""
+    return float(f"{value:.8g}")
