@@ -74,3 +74,21 @@ def test_an_fp16_failure_below_the_smallest_subnormal_says_so_with_the_numbers(t
 ])
 def test_autocast_log_lines_become_reasons(line: str, reason: tuple | None) -> None:
     assert autocast_reason(line) == reason
+
+
+def test_provision_ranks_an_engine_by_what_it_really_is(tmp_path: Path) -> None:
+    """An "fp16" engine AutoCast left mostly fp32 is no faster than the fp32 one: the default preference (fewest bits
+    first) ranks it as fp32, and the fp32 engine is chosen, saying why."""
+    from conftest import TINY_RECIPE, write_project
+
+    recipe = TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp32, fp16]").replace("targets: [rtx-ampere, rtx-ada]", "targets: [rtx-ada]")
+    root = write_project(tmp_path / "p", {"tiny": recipe + "autocast: {keep_op_types: [Conv, MatMul, Gemm]}\n"})
+    assert trtflow(root, "run").code == 0
+    package = root / "artifacts" / "packages" / "tiny"
+    chosen = trtflow(root, "provision", str(package), "--gpu", "sm_89", "--dest", str(tmp_path / "engines"), "--json")
+    record = __import__("json").loads(chosen.out)
+    assert chosen.code == 0 and record["chosen"]["file"].endswith("tiny-fp32.engine")
+    [fp16] = [n for n in record["not_chosen"] if n["precision"] == "fp16"]
+    assert "its composition is mostly fp32: ranked as fp32" in fp16["reason"]
+    forced = trtflow(root, "provision", str(package), "--gpu", "sm_89", "--precision", "fp16", "--dest", str(tmp_path / "e2"))
+    assert forced.code == 0  # asked for by name, it is still there

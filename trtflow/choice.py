@@ -155,10 +155,21 @@ def _rank(verdict: Verdict, device: Device) -> tuple:
     """With --prefer drop the measured drop first; then the preferred precision, exact before hardware-compatible,
     the newest backend, manifest order."""
     version = _version(verdict.engine.backend_version) or (-1, -1, -1)
-    prefer = device.prefer
-    precision = prefer.index(verdict.engine.precision) if verdict.engine.precision in prefer else len(prefer)
+    prefer, effective = device.prefer, effective_precision(verdict.engine)
+    precision = prefer.index(effective) if effective in prefer else len(prefer)
     drop = measured_drop(verdict.engine) if device.by_drop else 0.0
-    return (drop, precision, verdict.fit != EXACT, tuple(-part for part in version), verdict.index)
+    return (drop, precision, effective != verdict.engine.precision, verdict.fit != EXACT, tuple(-part for part in version), verdict.index)
+
+
+MOSTLY = 0.5  # a reduced-precision engine with less than this share of its weights or MACs in its precision is ranked as fp32
+
+
+def effective_precision(engine: Engine) -> str:
+    """What an engine really computes in, for ranking: its precision, or fp32 when its composition says most of its
+    weights or multiply-accumulates stayed fp32 (an "fp16" engine AutoCast left mostly fp32 is no faster)."""
+    composition = engine.verification.precision_composition if engine.verification else None
+    shares = [share for share in (getattr(composition, "weight_share", None), getattr(composition, "mac_share", None)) if share is not None]
+    return "fp32" if engine.precision != "fp32" and shares and min(shares) < MOSTLY else engine.precision
 
 
 def measured_drop(engine: Engine) -> float:
@@ -186,11 +197,12 @@ def _outranked(verdict: Verdict, chosen: Verdict, device: Device) -> str:
     if mine[0] != theirs[0]:
         return (f"fits, but {chosen.engine.precision} lost less task accuracy ({theirs[0]:g}) than {verdict.engine.precision} "
                 f"({mine[0]:g}) (--prefer drop)")
-    if mine[1] != theirs[1]:
-        return f"fits, but {chosen.engine.precision} is preferred to {verdict.engine.precision} (--prefer {','.join(device.prefer)})"
+    if mine[1] != theirs[1] or mine[2] != theirs[2]:
+        mostly = " (its composition is mostly fp32: ranked as fp32)" if effective_precision(verdict.engine) != verdict.engine.precision else ""
+        return f"fits, but {chosen.engine.precision} is preferred to {verdict.engine.precision}{mostly} (--prefer {','.join(device.prefer)})"
     if verdict.fit != chosen.fit:
         return f"fits ({verdict.fit}), but an exact compute capability match is preferred"
-    if mine[3] != theirs[3]:
+    if mine[4] != theirs[4]:
         return f"fits, but {chosen.engine.backend} {chosen.engine.backend_version} is newer than {verdict.engine.backend_version}"
     return "fits equally well, but comes later in the manifest"
 
