@@ -167,7 +167,7 @@ MOSTLY = 0.5  # a reduced-precision engine with less than this share of its weig
 def effective_precision(engine: Engine) -> str:
     """What an engine really computes in, for ranking: its precision, or fp32 when its composition says most of its
     weights or multiply-accumulates stayed fp32 (an "fp16" engine AutoCast left mostly fp32 is no faster)."""
-    composition = engine.verification.precision_composition if engine.verification else None
+    composition = getattr(engine.verification, "precision_composition", None)
     shares = [share for share in (getattr(composition, "weight_share", None), getattr(composition, "mac_share", None)) if share is not None]
     return "fp32" if engine.precision != "fp32" and shares and min(shares) < MOSTLY else engine.precision
 
