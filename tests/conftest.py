@@ -144,3 +144,15 @@ def stage_record(root: Path, node_id: str) -> dict:
         return store.stage_record(store.last_run(node_id)["key"])["record"]
     finally:
         store.close()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A counting S3 server (moto) on 127.0.0.1 for one test module (tests/s3server.py); stopped after it."""
+    pytest.importorskip("s3fs", reason="the S3 tests need s3fs: pip install 'trtflow[s3]'")
+    pytest.importorskip("moto.server", reason="the S3 tests need moto[server]")
+    from s3server import CountingS3
+
+    server = CountingS3()
+    yield server
+    server.stop()

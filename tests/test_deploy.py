@@ -275,17 +275,6 @@ def test_a_tampered_plan_leaves_the_repository_as_it_was(built: Path, tmp_path: 
 # publish and provision from a remote ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("s3fs", reason="the S3 tests need s3fs: pip install 'trtflow[s3]'")
-    pytest.importorskip("moto.server", reason="the S3 tests need moto[server]")
-    from s3server import CountingS3
-
-    server = CountingS3()
-    yield server
-    server.stop()
-
-
 def test_provision_from_s3_fetches_the_channel_the_manifest_and_the_chosen_engine_only(built: Path, s3, tmp_path: Path) -> None:
     """(Issue 29: the remote is content-addressed; before, the same test read manifest.json and engines/<target>/...)"""
     package, url = built / PACKAGE, f"s3://{s3.bucket()}/fleet/tiny"

@@ -95,17 +95,6 @@ def versions(built: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
     return variant(built / PACKAGE, folder / "v1" / "tiny", b""), variant(built / PACKAGE, folder / "v2" / "tiny", b"v2" * 8)
 
 
-@pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("s3fs", reason="the S3 tests need s3fs: pip install 'trtflow[s3]'")
-    pytest.importorskip("moto.server", reason="the S3 tests need moto[server]")
-    from s3server import CountingS3
-
-    server = CountingS3()
-    yield server
-    server.stop()
-
-
 def version_of(package: Path) -> str:
     return hashlib.sha256((package / "manifest.json").read_bytes()).hexdigest()
 

@@ -49,10 +49,6 @@ class NoEngineFits(TrtflowError):
     exit_code = 5
 
 
-
-
-
-
 class BadRequest(TrtflowError):
     """A provision option has a value that cannot be understood."""
 

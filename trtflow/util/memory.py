@@ -47,14 +47,20 @@ def available_bytes() -> Optional[int]:
     return min(found) if found else None
 
 
-def _meminfo_available() -> Optional[int]:
+def _field(path: str, name: str) -> Optional[int]:
+    """The number after `name` on its line of a kernel key-value file (/proc/meminfo, memory.events...), or None."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(name):
+                return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _meminfo_available() -> Optional[int]:
+    kib = _field("/proc/meminfo", "MemAvailable:")
+    return kib * 1024 if kib is not None else None
 
 
 def _cgroup_room() -> Optional[int]:
@@ -70,13 +76,7 @@ def _cgroup_room() -> Optional[int]:
 
 def oom_kills() -> Optional[int]:
     """How many processes the kernel's OOM killer has killed in this cgroup (v2), None where it cannot be read."""
-    try:
-        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return _field("/sys/fs/cgroup/memory.events", "oom_kill ")
 
 
 def reset_peak() -> None:
@@ -90,12 +90,9 @@ def reset_peak() -> None:
 
 def peak_rss() -> Optional[int]:
     """This process's peak resident set size in bytes since its start or the last reset_peak (VmHWM)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    kib = _field("/proc/self/status", "VmHWM:")
+    if kib is not None:
+        return kib * 1024
     try:
         import resource
     except ImportError:
