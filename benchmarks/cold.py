@@ -53,7 +53,10 @@ def tar_seconds(packages: Path) -> float:
     for _ in range(3):
         started = time.perf_counter()
         for folder in folders:
-            subprocess.run(["tar", "cf", str(folder.parent / f".bench-{folder.name}.tar"), "-C", str(folder.parent), folder.name], check=True)
+            subprocess.run(
+                ["tar", "cf", str(folder.parent / f".bench-{folder.name}.tar"), "-C", str(folder.parent), folder.name],
+                check=True,
+            )
         best = min(best, time.perf_counter() - started)
     for leftover in packages.glob(".bench-*.tar"):
         leftover.unlink()
@@ -66,7 +69,9 @@ def builds_only_rerun(root: Path, jobs: int) -> float:
     pipeline = root / "pipeline.yaml"
     pipeline.write_text(pipeline.read_text().replace("- sm_86", "- sm_80").replace("- sm_89", "- sm_120"))
     wall, summary = cold_run(root, jobs)
-    assert {n["kind"] for n in summary["nodes"] if n["status"] == "built"} <= {"build", "verify", "package"}, "not a builds-only rerun"
+    assert {n["kind"] for n in summary["nodes"] if n["status"] == "built"} <= {"build", "verify", "package"}, (
+        "not a builds-only rerun"
+    )
     return wall
 
 
@@ -87,21 +92,29 @@ def precision_report(workdir: Path, model: str) -> None:
     options.intra_op_num_threads = 1
     batches = sorted((root / "calib" / model).iterdir())
     started = time.perf_counter()
-    session = ort.InferenceSession(str(root / "artifacts/store/objects" / cleaned[:2] / cleaned), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(root / "artifacts/store/objects" / cleaned[:2] / cleaned), options, providers=["CPUExecutionProvider"]
+    )
     for batch in batches:
         loaded = np.load(batch)
         feed = {session.get_inputs()[0].name: loaded} if isinstance(loaded, np.ndarray) else dict(loaded)
         session.run(None, feed)
     inference = time.perf_counter() - started
-    print(f"\nprecision stages of {model} ({len(batches)} calibration batches; fp32 ONNX Runtime inference of them: {inference:.2f} s):")
+    print(
+        f"\nprecision stages of {model} ({len(batches)} calibration batches; fp32 ONNX Runtime inference of them: "
+        f"{inference:.2f} s):"
+    )
     for node in summary["nodes"]:
         if node["kind"] == "precision":
             print(f"  {node['id']:<28} {node['seconds']:6.2f} s  {node['seconds'] / inference:6.1f}x fp32 inference")
 
 
 def verdict(name: str, value: float, goal: float, better: str) -> str:
+    """One line: the measured ratio against its goal, met or missed."""
     met = value <= goal if better == "lower" else value >= goal
-    return f"{name:<34} {value:6.2f}  goal {'<=' if better == 'lower' else '>='} {goal:<4}  {'met' if met else 'MISSED'}"
+    return (
+        f"{name:<34} {value:6.2f}  goal {'<=' if better == 'lower' else '>='} {goal:<4}  {'met' if met else 'MISSED'}"
+    )
 
 
 def main() -> None:
@@ -109,7 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet", "mobilenet", "encoder"])
     parser.add_argument("--workdir", type=Path)
-    parser.add_argument("--precision-model", default="resnet", help="the model whose fp16/int8 stages are timed ('' to skip)")
+    parser.add_argument(
+        "--precision-model", default="resnet", help="the model whose fp16/int8 stages are timed ('' to skip)"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="trtflow-cold-")) if args.workdir is None else args.workdir
     walls, summaries = {}, {}
@@ -125,8 +140,14 @@ def main() -> None:
     kinds = seconds_by_kind(summaries[1])
     tar = tar_seconds(root / "artifacts" / "packages")
     print(f"cold run -j 1: {walls[1]:.2f} s wall, {summaries[1]['built']} stages; -j 2: {walls[2]:.2f} s")
-    print(f"direct TensorRT-RTX builds of the same {len([n for n in summaries[1]['nodes'] if n['kind'] == 'build'])} engines: {direct:.2f} s")
-    print("stage seconds by kind (-j 1): " + ", ".join(f"{k} {s:.2f}" for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    print(
+        f"direct TensorRT-RTX builds of the same {len([n for n in summaries[1]['nodes'] if n['kind'] == 'build'])} "
+        f"engines: {direct:.2f} s"
+    )
+    print(
+        "stage seconds by kind (-j 1): "
+        + ", ".join(f"{k} {s:.2f}" for k, s in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    )
     print(f"packaging {kinds.get('package', 0.0):.2f} s; tar cf of the same folders {tar:.3f} s\n")
     print(verdict("1. cold -j 1 / direct builds", walls[1] / direct, GOALS["cold"], "lower"))
     print(verdict("   (stretch)", walls[1] / direct, GOALS["cold_stretch"], "lower"))
@@ -135,7 +156,10 @@ def main() -> None:
     builds_only = {jobs: builds_only_rerun(workdir / f"project-j{jobs}", jobs) for jobs in (1, 2)}
     print(verdict("3. -j 1 / -j 2, independent builds", builds_only[1] / builds_only[2], GOALS["parallel"], "higher"))
     cores = os.cpu_count() or 1
-    print(f"   one direct build keeps {busy:.2f} cores busy: on {cores} cores, two at once can gain at most {min(2.0, cores / busy):.2f}x")
+    print(
+        f"   one direct build keeps {busy:.2f} cores busy: on {cores} cores, two at once can gain at most "
+        f"{min(2.0, cores / busy):.2f}x"
+    )
     if args.precision_model:
         precision_report(workdir, args.precision_model)
     print(f"(projects left in {workdir})")

@@ -29,8 +29,10 @@ def _stage(deps: list[str], out: str) -> dict:
 def recipe_stages(name: str) -> dict[str, dict]:
     """The seven DVC stages of one recipe, by stage name, with trtflow's dependency edges."""
     out = lambda stage: f"out/{stage}"  # noqa: E731
-    stages = {f"cleanup_{name}": _stage([f"models/{name}.onnx"], out(f"cleanup_{name}")),
-              f"precision_{name}": _stage([out(f"cleanup_{name}")], out(f"precision_{name}"))}
+    stages = {
+        f"cleanup_{name}": _stage([f"models/{name}.onnx"], out(f"cleanup_{name}")),
+        f"precision_{name}": _stage([out(f"cleanup_{name}")], out(f"precision_{name}")),
+    }
     for target in TARGETS:
         stages[f"build_{name}_{target}"] = _stage([out(f"precision_{name}")], out(f"build_{name}_{target}"))
         stages[f"verify_{name}_{target}"] = _stage([out(f"build_{name}_{target}")], out(f"verify_{name}_{target}"))
@@ -56,7 +58,9 @@ def dvc(executable: str, root: Path, *args: str) -> tuple[float, subprocess.Comp
     """Wall seconds of one `dvc` command in `root` (analytics off, output captured)."""
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
     started = time.perf_counter()
-    result = subprocess.run([executable, *args], cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [executable, *args], cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
     return time.perf_counter() - started, result
 
 
@@ -87,7 +91,9 @@ def noop_twin(executable: str, root: Path) -> float:
     before = (root / "dvc.lock").read_bytes()
     seconds, result = dvc(executable, root, "repro")
     if result.returncode != 0 or "Running stage" in result.stdout:
-        raise RuntimeError(f"the no-op dvc repro ran stages or failed (exit {result.returncode}): {result.stdout[-1000:]}")
+        raise RuntimeError(
+            f"the no-op dvc repro ran stages or failed (exit {result.returncode}): {result.stdout[-1000:]}"
+        )
     if (root / "dvc.lock").read_bytes() != before:
         raise RuntimeError("the no-op dvc repro changed dvc.lock")
     return seconds

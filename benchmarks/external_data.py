@@ -68,17 +68,27 @@ def write_model(folder: Path, layers: int, seed: int = 0) -> None:
             inits.append(_external_tensor(f"w{index}", "big.onnx.weights", offset, len(raw)))
             offset += len(raw)
             output = "output" if index == layers - 1 else f"r{index}"
-            nodes += [helper.make_node("MatMul", [previous, f"w{index}"], [f"m{index}"]), helper.make_node("Relu", [f"m{index}"], [output])]
+            nodes += [
+                helper.make_node("MatMul", [previous, f"w{index}"], [f"m{index}"]),
+                helper.make_node("Relu", [f"m{index}"], [output]),
+            ]
             previous = output
-    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", WIDTH])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", WIDTH])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", WIDTH])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, folder / "big.onnx")
 
 
 def _external_tensor(name: str, location: str, offset: int, length: int) -> TensorProto:
-    tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[WIDTH, WIDTH], data_location=TensorProto.EXTERNAL)
+    tensor = TensorProto(
+        name=name, data_type=TensorProto.FLOAT, dims=[WIDTH, WIDTH], data_location=TensorProto.EXTERNAL
+    )
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
@@ -105,8 +115,11 @@ def peak_rss_of(args: list[str]) -> tuple[float, int, subprocess.CompletedProces
 
     A wrapper process runs the command, so RUSAGE_CHILDREN covers that command's tree alone.
     """
-    wrapper = ("import resource, subprocess, sys, json; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-               "print(json.dumps([r.returncode, r.stdout[-20000:], r.stderr[-20000:], resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))")
+    wrapper = (
+        "import resource, subprocess, sys, json; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+        "print(json.dumps([r.returncode, r.stdout[-20000:], r.stderr[-20000:], "
+        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))"
+    )
     started = time.perf_counter()
     outer = subprocess.run([sys.executable, "-c", wrapper, *args], capture_output=True, text=True, check=True)
     seconds = time.perf_counter() - started
@@ -122,7 +135,7 @@ def tree_rss(root_pid: int) -> int:
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
-                fields = stat[stat.rindex(")") + 2:].split()
+                fields = stat[stat.rindex(")") + 2 :].split()
                 parents[int(entry)], rss[int(entry)] = int(fields[1]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
             except (OSError, ValueError, IndexError):
                 continue
@@ -135,8 +148,10 @@ def tree_rss(root_pid: int) -> int:
     return sum(rss.get(pid, 0) for pid in tree)
 
 
-STREAMING_WRAPPER = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-                     "print('peak', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
+STREAMING_WRAPPER = (
+    "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+    "print('peak', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)"
+)
 
 
 def run_with_stage_peaks(project: Path) -> tuple[float, dict[str, dict], int]:
@@ -144,7 +159,19 @@ def run_with_stage_peaks(project: Path) -> tuple[float, dict[str, dict], int]:
 
     Stages are told apart by the progress lines it writes to stderr; a wrapper process reports RUSAGE_CHILDREN.
     """
-    command = [sys.executable, "-c", STREAMING_WRAPPER, sys.executable, "-m", "trtflow", "-C", str(project), "run", "-j", "1"]
+    command = [
+        sys.executable,
+        "-c",
+        STREAMING_WRAPPER,
+        sys.executable,
+        "-m",
+        "trtflow",
+        "-C",
+        str(project),
+        "run",
+        "-j",
+        "1",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     current: list[str] = ["(planning)"]
     stages: dict[str, dict] = {}
@@ -179,7 +206,9 @@ def run_with_stage_peaks(project: Path) -> tuple[float, dict[str, dict], int]:
 def noop_seconds(project: Path) -> float:
     """Wall seconds of a rerun that must build nothing."""
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(project), "run", "--json"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(project), "run", "--json"], capture_output=True, text=True
+    )
     seconds = time.perf_counter() - started
     if result.returncode != 0 or json.loads(result.stdout)["built"] != 0:
         raise CheckFailed(f"the rerun was not a no-op:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -187,19 +216,27 @@ def noop_seconds(project: Path) -> float:
 
 
 def python_code(code: str) -> list[str]:
+    """The command that runs `code` in this interpreter."""
     return [sys.executable, "-c", code]
 
 
 def baselines(model: Path) -> dict[str, tuple[float, int]]:
     """(seconds, peak RSS) of the reference operations, each in its own process."""
     load = f"import onnx; onnx.load({str(model)!r})"
-    session = (f"import onnxruntime as ort; o = ort.SessionOptions(); o.intra_op_num_threads = 1; "
-               f"ort.InferenceSession({str(model)!r}, o, providers=['CPUExecutionProvider'])")
-    digest = f"from trtflow.hashing import sha256_file; [sha256_file(p) for p in ({str(model)!r}, {str(model) + '.weights'!r})]"
+    session = (
+        f"import onnxruntime as ort; o = ort.SessionOptions(); o.intra_op_num_threads = 1; "
+        f"ort.InferenceSession({str(model)!r}, o, providers=['CPUExecutionProvider'])"
+    )
+    files = (str(model), str(model) + ".weights")
+    digest = f"from trtflow.hashing import sha256_file; [sha256_file(p) for p in {files!r}]"
     found = {}
     startup = "import trtflow.cli"
-    for name, code in (("onnx.load (weights in memory once)", load), ("ONNX Runtime session", session), ("sha256 of the model's files", digest),
-                       ("python -c 'import trtflow.cli'", startup)):
+    for name, code in (
+        ("onnx.load (weights in memory once)", load),
+        ("ONNX Runtime session", session),
+        ("sha256 of the model's files", digest),
+        ("python -c 'import trtflow.cli'", startup),
+    ):
         seconds, peak, result = peak_rss_of(python_code(code))
         if result.returncode != 0:
             raise CheckFailed(f"baseline {name} failed:\n{result.stderr[-2000:]}")
@@ -212,26 +249,43 @@ def baselines(model: Path) -> dict[str, tuple[float, int]]:
 
 
 def gib(value: float) -> str:
+    """A byte count in GiB, for the table."""
     return f"{value / (1 << 30):6.2f} GiB"
 
 
 def report(weights: int, base: dict, wall: float, stages: dict, single_peak: int, noops: list[float]) -> list[str]:
+    """The benchmark's printed table: run time, per-stage peaks against loading the model, no-op times."""
     load_peak = base["onnx.load (weights in memory once)"][1]
     hash_seconds, startup = base["sha256 of the model's files"][0], base["python -c 'import trtflow.cli'"][0]
     lines = [f"model: {gib(weights)} of external weights", "", "baselines (same machine, same run):"]
     lines += [f"  {name:<38} {seconds:7.2f} s  peak RSS {gib(peak)}" for name, (seconds, peak) in base.items()]
-    lines += ["", f"trtflow run -j 1: {wall:.2f} s wall; peak RSS of the largest process {gib(single_peak)} "
-              f"= {single_peak / load_peak:.2f} x onnx.load", "", f"  {'stage':<34} {'seconds':>8} {'peak tree RSS':>14} {'/ onnx.load':>11}"]
+    lines += [
+        "",
+        f"trtflow run -j 1: {wall:.2f} s wall; peak RSS of the largest process {gib(single_peak)} "
+        f"= {single_peak / load_peak:.2f} x onnx.load",
+        "",
+        f"  {'stage':<34} {'seconds':>8} {'peak tree RSS':>14} {'/ onnx.load':>11}",
+    ]
     for name, stage in stages.items():
         peak = stage.get("peak_tree_rss", 0)
-        lines.append(f"  {name:<34} {stage.get('seconds', float('nan')):8.2f} {gib(peak):>14} {peak / load_peak:10.2f}x")
+        lines.append(
+            f"  {name:<34} {stage.get('seconds', float('nan')):8.2f} {gib(peak):>14} {peak / load_peak:10.2f}x"
+        )
     lines.append("")
-    for label, seconds in zip(("first no-op (re-hashes files written within 2 s of the last hashing: the package archive)", "second no-op"), noops):
-        lines.append(f"{label}: {seconds:.2f} s = {seconds / hash_seconds:.2f} x the sha256 of the model's files, {seconds / startup:.1f} x start-up")
+    for label, seconds in zip(
+        ("first no-op (re-hashes files written within 2 s of the last hashing: the package archive)", "second no-op"),
+        noops,
+        strict=True,
+    ):
+        lines.append(
+            f"{label}: {seconds:.2f} s = {seconds / hash_seconds:.2f} x the sha256 of the model's files, "
+            f"{seconds / startup:.1f} x start-up"
+        )
     return lines
 
 
 def benchmark(project: Path, size: float) -> int:
+    """Build one generated project of `size` GiB of weights and report it; the exit code of the goals."""
     started = time.perf_counter()
     weights = write_project(project, size)
     print(f"project: {project} (model written in {time.perf_counter() - started:.1f} s)", flush=True)
@@ -244,8 +298,11 @@ def benchmark(project: Path, size: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments and run the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gib", type=float, default=2.5, help="weights to generate, in GiB (default 2.5: over protobuf's 2 GiB)")
+    parser.add_argument(
+        "--gib", type=float, default=2.5, help="weights to generate, in GiB (default 2.5: over protobuf's 2 GiB)"
+    )
     parser.add_argument("--workdir", type=Path, help="project folder (default: a temporary one, deleted afterwards)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary project folder")
     args = parser.parse_args(argv)

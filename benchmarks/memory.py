@@ -1,6 +1,7 @@
 """Memory benchmark: peak RSS per stage kind on the real-model corpus, and the memory-aware scheduler against a budget.
 
-    python benchmarks/memory.py [--models resnet mobilenet ...] [--precisions fp32 fp16 int8] [--legacy-vgg] [--workdir DIR]
+    python benchmarks/memory.py [--models resnet mobilenet ...] [--precisions fp32 fp16 int8] [--legacy-vgg] [--workdir
+    DIR]
 
 What is measured, in one run:
   1. a cold `trtflow run -j 2` of the corpus in tests/zoo.py (tests/fleet.py's project), then every stage's peak RSS
@@ -34,7 +35,9 @@ GB = 1e9
 def run(root: Path, *args: str) -> tuple[float, dict]:
     """Wall seconds and artifacts/run.json of `trtflow run -j 2 ARGS` (exits on failure)."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2", *args], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2", *args], capture_output=True, text=True
+    )
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"trtflow run failed (exit {done.returncode}): {done.stderr[-2000:]}")
@@ -54,23 +57,37 @@ def peaks(record: dict) -> dict[tuple[str, str], int]:
 def overlapping(record: dict, kind: str) -> list[tuple[str, str]]:
     """Pairs of stages of `kind` whose run intervals overlap."""
     ran = [n for n in record["nodes"] if n["id"].startswith(kind + ":") and n.get("start") is not None]
-    return [(a["id"], b["id"]) for i, a in enumerate(ran) for b in ran[i + 1:] if a["start"] < b["end"] and b["start"] < a["end"]]
+    return [
+        (a["id"], b["id"])
+        for i, a in enumerate(ran)
+        for b in ran[i + 1 :]
+        if a["start"] < b["end"] and b["start"] < a["end"]
+    ]
 
 
 def print_table(found: dict[tuple[str, str], int]) -> None:
+    """Print the peak memory of each stage kind and precision found in the run records."""
     kinds = sorted({kind for kind, _ in found})
     recipes = sorted({recipe for _, recipe in found})
     print(f"{'peak RSS (GB)':<14}" + "".join(f"{kind:>11}" for kind in kinds))
     for recipe in recipes:
         print(f"{recipe:<14}" + "".join(f"{found.get((kind, recipe), 0) / GB:>11.2f}" for kind in kinds))
-    print(f"{'largest':<14}" + "".join(f"{max(v for (k, _), v in found.items() if k == kind) / GB:>11.2f}" for kind in kinds))
+    print(
+        f"{'largest':<14}"
+        + "".join(f"{max(v for (k, _), v in found.items() if k == kind) / GB:>11.2f}" for kind in kinds)
+    )
 
 
 def main() -> None:
+    """Build the corpus and print the peak memory per stage kind."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["resnet", "mobilenet", "efficientnet", "lstm", "encoder"], choices=MODELS)
+    parser.add_argument(
+        "--models", nargs="+", default=["resnet", "mobilenet", "efficientnet", "lstm", "encoder"], choices=MODELS
+    )
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
-    parser.add_argument("--legacy-vgg", action="store_true", help="also AutoCast ONNX's legacy VGG-19 to fp16 (needs ~18 GB free)")
+    parser.add_argument(
+        "--legacy-vgg", action="store_true", help="also AutoCast ONNX's legacy VGG-19 to fp16 (needs ~18 GB free)"
+    )
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-memory-"))
@@ -83,8 +100,11 @@ def main() -> None:
     second = write_fleet_project(work / "budget", tuple(args.models), tuple(args.precisions))
     budget_seconds, budgeted = run(second, "--memory", str(budget))
     overlaps = overlapping(budgeted, "precision")
-    print(f"\nscheduler: --memory {budget / GB:.2f} GB (1.5x the largest precision peak): {budget_seconds:.1f} s against "
-          f"{free_seconds:.1f} s unbounded ({budget_seconds / free_seconds:.2f}x); overlapping precision stages: {len(overlaps)}")
+    print(
+        f"\nscheduler: --memory {budget / GB:.2f} GB (1.5x the largest precision peak): {budget_seconds:.1f} s against "
+        f"{free_seconds:.1f} s unbounded ({budget_seconds / free_seconds:.2f}x); overlapping precision stages: "
+        f"{len(overlaps)}"
+    )
     print(f"goal: no two stages beyond the budget at once: {'met' if not overlaps else 'missed'}")
     if args.legacy_vgg:
         vgg_goal(work)
@@ -104,12 +124,17 @@ def vgg_goal(work: Path) -> None:
     (root / "recipes").mkdir(parents=True)
     (root / "models").mkdir()
     shutil.copyfile(source, root / "models" / "vgg19.onnx")
-    (root / "pipeline.yaml").write_text(yaml.safe_dump({"targets": {"ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}}))
-    (root / "recipes" / "vgg19.yaml").write_text(yaml.safe_dump({"source": {"onnx": "models/vgg19.onnx"}, "precisions": ["fp16"],
-                                                                 "verify": {"on_fail": "warn"}}))
+    (root / "pipeline.yaml").write_text(
+        yaml.safe_dump({"targets": {"ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}})
+    )
+    (root / "recipes" / "vgg19.yaml").write_text(
+        yaml.safe_dump({"source": {"onnx": "models/vgg19.onnx"}, "precisions": ["fp16"], "verify": {"on_fail": "warn"}})
+    )
     _, record = run(root)
     peak = max(n.get("peak_rss") or 0 for n in record["nodes"] if n["id"].startswith("precision:"))
-    print(f"goal: precision stage of legacy VGG-19 <= 4 GB: {'met' if peak <= 4 * GB else 'missed'} ({peak / GB:.1f} GB)")
+    print(
+        f"goal: precision stage of legacy VGG-19 <= 4 GB: {'met' if peak <= 4 * GB else 'missed'} ({peak / GB:.1f} GB)"
+    )
 
 
 if __name__ == "__main__":

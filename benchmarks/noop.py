@@ -87,7 +87,8 @@ def tiny_model(make_models, seed: int):
         helper.make_node("Relu", ["c"], ["output"]),
     ]
     graph = helper.make_graph(
-        nodes, f"tiny_{seed}",
+        nodes,
+        f"tiny_{seed}",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 8, 8])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 4, 8, 8])],
         inits,
@@ -128,6 +129,7 @@ def timed(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
 
 
 def run_command(project: Path, jobs: int) -> list[str]:
+    """The `trtflow run` command line for the project with `jobs` jobs."""
     return [sys.executable, "-m", "trtflow", "-C", str(project), "run", "-j", str(jobs), "--json"]
 
 
@@ -139,6 +141,7 @@ def checked_summary(result: subprocess.CompletedProcess, what: str) -> dict:
 
 
 def full_build(project: Path, jobs: int) -> tuple[float, dict]:
+    """Build the project from scratch: its seconds and the run's JSON summary."""
     seconds, result = timed(run_command(project, jobs))
     summary = checked_summary(result, "the full build")
     if summary["failed"] or summary["skipped"]:
@@ -158,6 +161,7 @@ def noop_once(project: Path, jobs: int, replan: bool = False) -> float:
 
 
 def python_once(code: str) -> float:
+    """Seconds one fresh interpreter takes to run `code` (a baseline for the no-op)."""
     seconds, result = timed([sys.executable, "-c", code])
     if result.returncode != 0:
         raise CheckFailed(f"python -c {code!r} exited {result.returncode}:\n{result.stderr[-2000:]}")
@@ -182,13 +186,20 @@ def cprofile_noop(project: Path, jobs: int, top: int = 10) -> list[str]:
         checked_summary(result, "the profiled no-op run")
         stats = pstats.Stats(str(out)).stats
     total = max(ct for _, _, _, ct, _ in stats.values())
-    lines = [f"profiled no-op: {total:.3f} s in all (cProfile adds overhead); module bodies (imports) left out, see below.",
-             "top trtflow functions by cumulative time:", f"  {'cum s':>7} {'own s':>7} {'calls':>7}  function"]
+    lines = [
+        f"profiled no-op: {total:.3f} s in all (cProfile adds overhead); module bodies (imports) left out, see below.",
+        "top trtflow functions by cumulative time:",
+        f"  {'cum s':>7} {'own s':>7} {'calls':>7}  function",
+    ]
     own = sorted(((ct, tt, nc, key) for key, (_, nc, tt, ct, _) in stats.items() if _in_trtflow(key)), reverse=True)
     lines += [f"  {ct:7.3f} {tt:7.3f} {nc:7d}  {_where(key)}" for ct, tt, nc, key in own[:top]]
-    lines += ["library functions called directly by trtflow code, by cumulative time spent in those calls:",
-              f"  {'cum s':>7} {'calls':>7}  function  <- called from"]
-    lines += [f"  {ct:7.3f} {nc:7d}  {_where(key)}  <- {callers}" for ct, nc, key, callers in _library_calls(stats)[:top]]
+    lines += [
+        "library functions called directly by trtflow code, by cumulative time spent in those calls:",
+        f"  {'cum s':>7} {'calls':>7}  function  <- called from",
+    ]
+    lines += [
+        f"  {ct:7.3f} {nc:7d}  {_where(key)}  <- {callers}" for ct, nc, key, callers in _library_calls(stats)[:top]
+    ]
     return lines
 
 
@@ -200,7 +211,7 @@ def _where(key: tuple) -> str:
     filename, line, name = key
     for mark in (f"{os.sep}trtflow{os.sep}", f"{os.sep}site-packages{os.sep}", f"{os.sep}lib{os.sep}"):
         if mark in filename:
-            filename = filename[filename.rfind(mark) + len(mark):]
+            filename = filename[filename.rfind(mark) + len(mark) :]
             break
     return f"{filename}:{line} {name}" if line else name
 
@@ -227,8 +238,10 @@ def importtime_noop(project: Path, jobs: int, top: int = 10) -> list[str]:
     for self_us, _, name in rows:
         by_package[name.split(".")[0]] = by_package.get(name.split(".")[0], 0) + self_us
     ours = sorted(((cumulative, name) for _, cumulative, name in rows if name.startswith("trtflow")), reverse=True)
-    lines = [f"imports of a no-op run (-X importtime): {sum(by_package.values()) / 1e6:.3f} s in all; by top-level package",
-             "(module bodies summed, no overlap):"]
+    lines = [
+        f"imports of a no-op run (-X importtime): {sum(by_package.values()) / 1e6:.3f} s in all; by top-level package",
+        "(module bodies summed, no overlap):",
+    ]
     lines += [f"  {us / 1e6:7.3f} s  {name}" for name, us in sorted(by_package.items(), key=lambda kv: -kv[1])[:top]]
     lines += ["trtflow modules, cumulative (including everything they import first):"]
     lines += [f"  {us / 1e6:7.3f} s  {name}" for us, name in ours[:top] if us >= 1000]
@@ -240,7 +253,7 @@ def _importtime_rows(stderr: str) -> list[tuple[int, int, str]]:
     rows = []
     for line in stderr.splitlines():
         if line.startswith("import time:") and "cumulative" not in line:
-            self_us, cumulative, name = line[len("import time:"):].split("|")
+            self_us, cumulative, name = line[len("import time:") :].split("|")
             rows.append((int(self_us), int(cumulative), name.strip()))
     return rows
 
@@ -250,6 +263,7 @@ def _importtime_rows(stderr: str) -> list[tuple[int, int, str]]:
 
 
 def table(rows: dict[str, list[float]]) -> list[str]:
+    """The timing rows as aligned text: median, min and max of each."""
     lines = [f"{'measurement':<32} {'n':>3} {'min s':>8} {'median s':>9}"]
     for name, values in rows.items():
         lines.append(f"{name:<32} {len(values):>3} {min(values):8.3f} {statistics.median(values):9.3f}")
@@ -257,6 +271,7 @@ def table(rows: dict[str, list[float]]) -> list[str]:
 
 
 def ratios(noop: list[float], baselines: dict[str, list[float]]) -> list[str]:
+    """The no-op's median against each baseline's, as ratios."""
     lines = []
     for name, values in baselines.items():
         by_min, by_median = min(noop) / min(values), statistics.median(noop) / statistics.median(values)
@@ -265,6 +280,7 @@ def ratios(noop: list[float], baselines: dict[str, list[float]]) -> list[str]:
 
 
 def positive(text: str) -> int:
+    """An argparse type: a positive integer."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -272,23 +288,40 @@ def positive(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stages", type=positive, nargs="+", default=[1000, 3000, 10000],
-                        help="project sizes to measure, in stages (7 per recipe, rounded)")
-    parser.add_argument("--workdir", type=Path, help="folder for the projects, kept between runs (default: a temporary one)")
+    parser.add_argument(
+        "--stages",
+        type=positive,
+        nargs="+",
+        default=[1000, 3000, 10000],
+        help="project sizes to measure, in stages (7 per recipe, rounded)",
+    )
+    parser.add_argument(
+        "--workdir", type=Path, help="folder for the projects, kept between runs (default: a temporary one)"
+    )
     parser.add_argument("--jobs", type=positive, default=2, help="trtflow run -j")
     parser.add_argument("--repeat", type=positive, default=5, help="timed repetitions of each measurement")
-    parser.add_argument("--dvc", default=shutil.which("dvc"), help="the dvc executable for the comparison (default: dvc on PATH)")
-    parser.add_argument("--dvc-stages", type=positive, nargs="*", default=[1000, 3000],
-                        help="the sizes at which DVC is measured too (it is slow: ~10 ms per stage per no-op)")
+    parser.add_argument(
+        "--dvc", default=shutil.which("dvc"), help="the dvc executable for the comparison (default: dvc on PATH)"
+    )
+    parser.add_argument(
+        "--dvc-stages",
+        type=positive,
+        nargs="*",
+        default=[1000, 3000],
+        help="the sizes at which DVC is measured too (it is slow: ~10 ms per stage per no-op)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile / importtime breakdown")
     return parser.parse_args(argv)
 
 
 def baselines(repetitions: int) -> dict[str, list[float]]:
     """Python start-up baselines, by the name they are shown under."""
-    return {f"python -c {code!r}": repeat(lambda: python_once(code), repetitions)
-            for code in ("pass", "import trtflow", "import trtflow.cli")}
+    return {
+        f"python -c {code!r}": repeat(lambda code=code: python_once(code), repetitions)
+        for code in ("pass", "import trtflow", "import trtflow.cli")
+    }
 
 
 def measure_point(workdir: Path, stages: int, args: argparse.Namespace) -> dict:
@@ -301,9 +334,13 @@ def measure_point(workdir: Path, stages: int, args: argparse.Namespace) -> dict:
     count = summary["cached"] + summary["built"]
     print(f"\n{count} stages ({recipes} recipes) in {project}: build {seconds:.1f} s wall ({summary['built']} built)")
     time.sleep(2.2)  # outputs written less than 2 s before a run are not trusted by the memo (trtflow/runmemo.py)
-    point = {"stages": count, "project": project, "first": noop_once(project, args.jobs),
-             "noop": repeat(lambda: noop_once(project, args.jobs), args.repeat),
-             "replan": repeat(lambda: noop_once(project, args.jobs, replan=True), max(1, args.repeat // 2))}
+    point = {
+        "stages": count,
+        "project": project,
+        "first": noop_once(project, args.jobs),
+        "noop": repeat(lambda: noop_once(project, args.jobs), args.repeat),
+        "replan": repeat(lambda: noop_once(project, args.jobs, replan=True), max(1, args.repeat // 2)),
+    }
     if args.dvc and stages in args.dvc_stages:
         twin = workdir / f"dvc-{recipes}-recipes"
         if not dvc_twin.twin_built(twin):
@@ -315,8 +352,11 @@ def measure_point(workdir: Path, stages: int, args: argparse.Namespace) -> dict:
 
 
 def _point_rows(point: dict) -> dict[str, list[float]]:
-    rows = {"first no-op (plans, remembers)": [point["first"]], "no-op trtflow run": point["noop"],
-            "no-op planning every stage": point["replan"]}
+    rows = {
+        "first no-op (plans, remembers)": [point["first"]],
+        "no-op trtflow run": point["noop"],
+        "no-op planning every stage": point["replan"],
+    }
     if "dvc" in point:
         rows["no-op dvc repro"] = point["dvc"]
     return rows
@@ -338,7 +378,14 @@ def verdicts(points: list[dict]) -> list[str]:
     median = statistics.median(at["noop"])
     lines.append(_verdict(f"no-op at {at['stages']} stages (s)", median, GOAL_SECONDS, "<="))
     if "dvc" in at:
-        lines.append(_verdict(f"dvc / trtflow no-op at {at['stages']} stages", statistics.median(at["dvc"]) / median, GOAL_VS_DVC, ">="))
+        lines.append(
+            _verdict(
+                f"dvc / trtflow no-op at {at['stages']} stages",
+                statistics.median(at["dvc"]) / median,
+                GOAL_VS_DVC,
+                ">=",
+            )
+        )
     else:
         lines.append(f"dvc / trtflow no-op at {at['stages']} stages: not measured (no dvc, or not asked at that size)")
     if len(points) > 1:
@@ -368,18 +415,31 @@ def benchmark(workdir: Path, args: argparse.Namespace) -> int:
             versus = f"{'-':>18}   {'-':>13}   {'-':>14}"
         print(f"{p['stages']:>6}   {median:14.3f}   {replan:22.3f}   {versus}")
     if len(points) > 1:
-        print(f"slope: {slope_ms(points):.4f} ms per stage remembered, {slope_ms(points, 'replan'):.4f} ms planning every stage")
+        print(
+            f"slope: {slope_ms(points):.4f} ms per stage remembered, {slope_ms(points, 'replan'):.4f} ms planning "
+            "every stage"
+        )
     if not args.no_profile:
         largest = points[-1]["project"]
         shutil.rmtree(largest / ".trtflow", ignore_errors=True)  # profile the planning no-op, not the memo
-        print("\n".join(["", f"profile of the largest no-op ({points[-1]['stages']} stages):",
-                          *cprofile_noop(largest, args.jobs), "", *importtime_noop(largest, args.jobs)]))
+        print(
+            "\n".join(
+                [
+                    "",
+                    f"profile of the largest no-op ({points[-1]['stages']} stages):",
+                    *cprofile_noop(largest, args.jobs),
+                    "",
+                    *importtime_noop(largest, args.jobs),
+                ]
+            )
+        )
     lines = verdicts(points)
     print("\n" + "\n".join(lines))
     return 0 if all(line.endswith(" met") for line in lines if "goal" in line) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Build the project, time its no-ops against the baselines and print the ratios."""
     args = parse_args(argv)
     try:
         if args.workdir is not None:

@@ -32,6 +32,7 @@ from zoo import ZOO  # noqa: E402
 
 
 def trtflow(env: dict, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+    """Run `trtflow ARGS` in `env`: its seconds and the finished process."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "trtflow", *args], capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -40,6 +41,7 @@ def trtflow(env: dict, *args: str) -> tuple[float, subprocess.CompletedProcess]:
 
 
 def main() -> None:
+    """Time provisioning from a local package and from a remote, and print the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet", "mobilenet", "encoder"], choices=ZOO)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16"], choices=PRECISIONS)
@@ -47,7 +49,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="trtflow-provision-bench-"))
     server = CountingS3()
     try:
-        root = write_fleet_project(work / "fleet", tuple(m for m in options.models if m in MODELS), tuple(options.precisions))
+        root = write_fleet_project(
+            work / "fleet", tuple(m for m in options.models if m in MODELS), tuple(options.precisions)
+        )
         print(f"building {len(options.models)} models x {options.precisions} x {len(TARGETS)} targets ...", flush=True)
         trtflow(server.env(), "-C", str(root), "run", "-j", "2")
         bucket, rows = server.bucket(), []
@@ -57,29 +61,63 @@ def main() -> None:
             server.reset()
             import boto3
 
-            boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                         region_name="us-east-1").upload_file(str(package.with_suffix(".tar.gz")), bucket, f"{package.name}.tar.gz")
+            boto3.client(
+                "s3",
+                endpoint_url=server.endpoint,
+                aws_access_key_id="testing",
+                aws_secret_access_key="testing",
+                region_name="us-east-1",
+            ).upload_file(str(package.with_suffix(".tar.gz")), bucket, f"{package.name}.tar.gz")
             for gpu in TARGETS.values():
                 dest = work / "devices" / gpu
                 server.reset()
                 seconds, done = trtflow(server.env(), "provision", url, "--gpu", gpu, "--dest", str(dest), "--json")
-                fetched, engine = sum(server.served.values()), json.loads(done.stdout)["chosen"]["manifest_entry"]["size"]
+                fetched, engine = (
+                    sum(server.served.values()),
+                    json.loads(done.stdout)["chosen"]["manifest_entry"]["size"],
+                )
                 server.reset()
                 again, _ = trtflow(server.env(), "provision", url, "--gpu", gpu, "--dest", str(dest), "--json")
                 noop_bytes, noop_requests = sum(server.served.values()), len(server.requests)
                 server.reset()
                 started = time.perf_counter()
-                boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                             region_name="us-east-1").download_file(bucket, f"{package.name}.tar.gz", str(work / "archive.tar.gz"))
+                boto3.client(
+                    "s3",
+                    endpoint_url=server.endpoint,
+                    aws_access_key_id="testing",
+                    aws_secret_access_key="testing",
+                    region_name="us-east-1",
+                ).download_file(bucket, f"{package.name}.tar.gz", str(work / "archive.tar.gz"))
                 archive_seconds, archive = time.perf_counter() - started, sum(server.served.values())
-                rows.append((package.name, gpu, engine, fetched, noop_bytes, archive, seconds, again, archive_seconds, noop_requests))
-        print(f"\n{'model':<12} {'gpu':<6} {'engine':>10} {'fetched':>10} {'fetched/engine':>15} {'archive/fetched':>16} "
-              f"{'no-op bytes':>12} {'no-op reqs':>11} {'provision s':>12} {'no-op s':>8}")
+                rows.append(
+                    (
+                        package.name,
+                        gpu,
+                        engine,
+                        fetched,
+                        noop_bytes,
+                        archive,
+                        seconds,
+                        again,
+                        archive_seconds,
+                        noop_requests,
+                    )
+                )
+        print(
+            f"\n{'model':<12} {'gpu':<6} {'engine':>10} {'fetched':>10} {'fetched/engine':>15} {'archive/fetched':>16} "
+            f"{'no-op bytes':>12} {'no-op reqs':>11} {'provision s':>12} {'no-op s':>8}"
+        )
         for name, gpu, engine, fetched, noop_bytes, archive, seconds, again, _, noop_requests in rows:
-            print(f"{name:<12} {gpu:<6} {engine:>10} {fetched:>10} {fetched / engine:>15.4f} {archive / fetched:>16.2f} "
-                  f"{noop_bytes:>12} {noop_requests:>11} {seconds:>12.2f} {again:>8.2f}")
-        print(f"\nmedian fetched / engine: {statistics.median(r[3] / r[2] for r in rows):.4f} (1.0 + the channel file and the manifest); "
-              f"median archive / fetched: {statistics.median(r[5] / r[3] for r in rows):.2f}x less than fetching the package")
+            print(
+                f"{name:<12} {gpu:<6} {engine:>10} {fetched:>10} {fetched / engine:>15.4f} {archive / fetched:>16.2f} "
+                f"{noop_bytes:>12} {noop_requests:>11} {seconds:>12.2f} {again:>8.2f}"
+            )
+        print(
+            f"\nmedian fetched / engine: {statistics.median(r[3] / r[2] for r in rows):.4f} (1.0 + the channel file "
+            "and the manifest); "
+            f"median archive / fetched: {statistics.median(r[5] / r[3] for r in rows):.2f}x less than fetching the "
+            "package"
+        )
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -9,7 +9,8 @@ when it can be, so Ray's traffic never leaves the machine):
   2. a cold `trtflow run -j JOBS --json` with the local executor, then the same project (fresh store) with
      `--executor ray` (a local Ray instance of JOBS CPUs; its start-up is timed apart);
   3. wall times, the median stage seconds of each kind on both (a Ray stage's seconds include shipping its
-     inputs to the exchange and fetching its outputs), and the extra per stage: summed stage seconds, (ray - local) / stages;
+     inputs to the exchange and fetching its outputs), and the extra per stage: summed stage seconds, (ray - local) /
+     stages;
   4. a projection for a build farm: 100 nodes in 3 GPU classes, a 500-recipe zoo at fp16 + int8 for 3 targets
      (3000 builds), each build --build-seconds long on its GPU (full TensorRT builds take minutes; this is an
      input, not a measurement), with the measured extra per stage added to every stage.
@@ -37,8 +38,11 @@ def cold(project: Path, jobs: int, *extra: str) -> tuple[float, dict]:
     shutil.rmtree(project / "artifacts", ignore_errors=True)
     shutil.rmtree(project / ".trtflow", ignore_errors=True)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(project), "run", "-j", str(jobs), "--json", *extra],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(project), "run", "-j", str(jobs), "--json", *extra],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"trtflow run {' '.join(extra)} exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -48,8 +52,16 @@ def cold(project: Path, jobs: int, *extra: str) -> tuple[float, dict]:
 def ray_start_seconds(jobs: int) -> float:
     """How long a local Ray instance takes to start and stop (paid once per run)."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", f"import ray; ray.init(num_cpus={jobs}, include_dashboard=False, log_to_driver=False, "
-                    "logging_level='ERROR'); ray.shutdown()"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import ray; ray.init(num_cpus={jobs}, include_dashboard=False, log_to_driver=False, "
+            "logging_level='ERROR'); ray.shutdown()",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - started
 
 
@@ -68,21 +80,29 @@ def projection(extra_per_stage: float, build_seconds: float) -> list[str]:
     per_class = builds_per_class * (build_seconds + extra_per_stage) / nodes_per_class
     other_stages = recipes * (1 + precisions + precisions * classes + 1)  # cleanup, precision, verify, package
     other = other_stages * (2.0 + extra_per_stage) / 100  # ~2 s each on any node (measured order on this CPU)
-    return [f"projection: 500 recipes x fp16/int8 x 3 GPU classes = {builds_per_class * classes} builds of {build_seconds:g} s "
-            f"on 3 x {nodes_per_class} nodes: ~{(per_class + other) / 60:.1f} min wall "
-            f"({per_class / 60:.1f} min of builds per class, {other / 60:.1f} min of other stages); "
-            f"Ray's extra {extra_per_stage:.2f} s per stage is {100 * extra_per_stage / build_seconds:.1f}% of a build"]
+    return [
+        f"projection: 500 recipes x fp16/int8 x 3 GPU classes = {builds_per_class * classes} builds of "
+        f"{build_seconds:g} s "
+        f"on 3 x {nodes_per_class} nodes: ~{(per_class + other) / 60:.1f} min wall "
+        f"({per_class / 60:.1f} min of builds per class, {other / 60:.1f} min of other stages); "
+        f"Ray's extra {extra_per_stage:.2f} s per stage is {100 * extra_per_stage / build_seconds:.1f}% of a build"
+    ]
 
 
 def main() -> int:
+    """Run the project locally and on a loopback Ray cluster and print the per-stage overhead."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", type=int, default=25)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--build-seconds", type=float, default=120.0, help="one full TensorRT build on its GPU (projection input)")
+    parser.add_argument(
+        "--build-seconds", type=float, default=120.0, help="one full TensorRT build on its GPU (projection input)"
+    )
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.inside and shutil.which("unshare") and os.geteuid() == 0:
-        command = f"ip link set lo up && exec {sys.executable} {Path(__file__).resolve()} --inside " + " ".join(sys.argv[1:])
+        command = f"ip link set lo up && exec {sys.executable} {Path(__file__).resolve()} --inside " + " ".join(
+            sys.argv[1:]
+        )
         return subprocess.run(["unshare", "-n", "bash", "-c", command]).returncode
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     with tempfile.TemporaryDirectory(prefix="trtflow-ray-bench-") as tmp:
@@ -95,10 +115,18 @@ def main() -> int:
         startup = ray_start_seconds(args.jobs)
     stages = len(local["nodes"])
     local_busy, ray_busy = (sum(n["seconds"] or 0.0 for n in s["nodes"]) for s in (local, distributed))
-    extra = (ray_busy - local_busy) / stages  # a stage's seconds, dispatch to collection: shipping, the Ray task, fetching
+    extra = (
+        ray_busy - local_busy
+    ) / stages  # a stage's seconds, dispatch to collection: shipping, the Ray task, fetching
     print(f"{stages} stages ({sum(n['kind'] == 'build' for n in local['nodes'])} builds), -j {args.jobs}")
-    print(f"local pool: {local_wall:.2f} s wall; Ray local instance: {ray_wall:.2f} s wall (a Ray start and stop alone: {startup:.2f} s)")
-    print(f"ratio ray / local: {ray_wall / local_wall:.2f}x; without Ray's start-up: {(ray_wall - startup) / local_wall:.2f}x")
+    print(
+        f"local pool: {local_wall:.2f} s wall; Ray local instance: {ray_wall:.2f} s wall (a Ray start and stop alone: "
+        f"{startup:.2f} s)"
+    )
+    print(
+        f"ratio ray / local: {ray_wall / local_wall:.2f}x; without Ray's start-up: "
+        f"{(ray_wall - startup) / local_wall:.2f}x"
+    )
     print(f"stage seconds summed: local {local_busy:.2f} s, ray {ray_busy:.2f} s: {extra:+.3f} s per stage on Ray")
     local_m, ray_m = medians(local), medians(distributed)
     for kind in local_m:

@@ -1,6 +1,7 @@
 """Real-model benchmark: a cold `trtflow run` of the test corpus beside direct TensorRT-RTX builds of the same graphs.
 
-    python benchmarks/realmodels.py [--models resnet mobilenet ...] [--precisions fp32 fp16 int8] [--jobs 2] [--workdir DIR]
+    python benchmarks/realmodels.py [--models resnet mobilenet ...] [--precisions fp32 fp16 int8] [--jobs 2] [--workdir
+    DIR]
 
 What is measured, in one run:
   1. a project of the corpus in tests/zoo.py (ResNet-, MobileNetV3-, EfficientNet-style CNNs, an LSTM over 50 steps,
@@ -32,13 +33,22 @@ sys.path.insert(0, str(REPO / "tests"))
 from fleet import MODELS, PRECISIONS, write_fleet_project  # noqa: E402
 from zoo import ZOO  # noqa: E402
 
+
 def cold_run(root: Path, jobs: int) -> tuple[float, dict]:
     """Wall seconds and the --json summary of a cold `trtflow run`."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", str(jobs), "--json"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", str(jobs), "--json"],
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        failed = [n for n in json.loads(done.stdout or '{"nodes": []}')["nodes"] if n["status"] == "failed"] if done.stdout else []
+        failed = (
+            [n for n in json.loads(done.stdout or '{"nodes": []}')["nodes"] if n["status"] == "failed"]
+            if done.stdout
+            else []
+        )
         sys.exit(f"trtflow run failed (exit {done.returncode}): {failed or done.stderr[-2000:]}")
     return seconds, json.loads(done.stdout)
 
@@ -47,8 +57,8 @@ def direct_builds(root: Path, cpu: dict[str, float] | None = None) -> dict[str, 
     """Seconds per build node, building each engine again directly from the ONNX its build stage read
     (`cpu`, if given, gets the CPU seconds of each build, all the builder's threads together)."""
     from trtflow.backends.base import BuildRequest, get_backend
-    from trtflow.recipe import load_project
     from trtflow.dag import dag_from_project
+    from trtflow.recipe import load_project
 
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
     backend, seconds = get_backend("tensorrt-rtx"), {}
@@ -61,8 +71,13 @@ def direct_builds(root: Path, cpu: dict[str, float] | None = None) -> dict[str, 
             onnx_path = Path(scratch) / "model.onnx"
             shutil.copyfile(objects / model[:2] / model, onnx_path)
             profiles = [{name: (s["min"], s["opt"], s["max"]) for name, s in p.items()} for p in node.params.profiles]
-            request = BuildRequest(onnx_path=onnx_path, engine_path=Path(scratch) / "engine", compute_capabilities=list(node.params.compute_capabilities),
-                                   profiles=profiles, options=node.params.builder_options())
+            request = BuildRequest(
+                onnx_path=onnx_path,
+                engine_path=Path(scratch) / "engine",
+                compute_capabilities=list(node.params.compute_capabilities),
+                profiles=profiles,
+                options=node.params.builder_options(),
+            )
             started, used = time.perf_counter(), time.process_time()
             backend.engine_from_onnx(request)
             seconds[node.id] = time.perf_counter() - started
@@ -80,12 +95,19 @@ def report(wall: float, summary: dict, direct: dict[str, float], models: list[st
     for name in models:
         builds = {k: v for k, v in direct.items() if k.split(":")[1].split("/")[0] == name}
         stages = sum(n["seconds"] or 0.0 for n in summary["nodes"] if n["recipe"] == name)
-        print(f"{name:<14} {len(builds):>7} {sum(builds.values()):>9.2f} {stages:>16.2f} {stages / max(sum(builds.values()), 1e-9):>6.1f}x")
+        print(
+            f"{name:<14} {len(builds):>7} {sum(builds.values()):>9.2f} {stages:>16.2f} "
+            f"{stages / max(sum(builds.values()), 1e-9):>6.1f}x"
+        )
     total = sum(direct.values())
-    print(f"\ncold trtflow run: {wall:.1f} s wall ({summary['built']} stages built); direct builds of the same "
-          f"{len(direct)} engines: {total:.1f} s; ratio {wall / total:.1f}x")
-    print("stage seconds by kind (summed over stages, -j runs them in parallel): "
-          + ", ".join(f"{kind} {s:.1f}" for kind, s in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+    print(
+        f"\ncold trtflow run: {wall:.1f} s wall ({summary['built']} stages built); direct builds of the same "
+        f"{len(direct)} engines: {total:.1f} s; ratio {wall / total:.1f}x"
+    )
+    print(
+        "stage seconds by kind (summed over stages, -j runs them in parallel): "
+        + ", ".join(f"{kind} {s:.1f}" for kind, s in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    )
 
 
 def main() -> None:

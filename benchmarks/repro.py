@@ -48,10 +48,19 @@ for path in sys.argv[1:]:
 def task(model, cc: str, workdir: Path) -> StageTask:
     """The build stage's task for one zoo model, fp32, one profile."""
     profile = {name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in model.profile.items()}
-    params = build.Params(precision="fp32", profiles=[profile], backend="tensorrt-rtx", backend_version=None, compute_capabilities=[cc],
-                          hardware_compatibility="none", version_compatible=False)
+    params = build.Params(
+        precision="fp32",
+        profiles=[profile],
+        backend="tensorrt-rtx",
+        backend_version=None,
+        compute_capabilities=[cc],
+        hardware_compatibility="none",
+        version_compatible=False,
+    )
     workdir.mkdir(parents=True)
-    return StageTask(f"build:{model.name}/fp32/t", "build", params, {"model": Upstream(files={"model": model.path})}, workdir)
+    return StageTask(
+        f"build:{model.name}/fp32/t", "build", params, {"model": Upstream(files={"model": model.path})}, workdir
+    )
 
 
 def pool_builds(model, cc: str, n: int, scratch: Path) -> tuple[list[Path], list[float]]:
@@ -63,7 +72,9 @@ def pool_builds(model, cc: str, n: int, scratch: Path) -> tuple[list[Path], list
         path = scratch / f"pool-task-{index}.pickle"
         path.write_bytes(pickle.dumps(task(model, cc, scratch / f"pool-{index}")))
         paths.append(str(path))
-    lines = subprocess.run([sys.executable, "-c", POOL, *paths], check=True, capture_output=True, text=True).stdout.split("\n")
+    lines = subprocess.run(
+        [sys.executable, "-c", POOL, *paths], check=True, capture_output=True, text=True
+    ).stdout.split("\n")
     done = [line.rsplit(" ", 1) for line in lines if line.strip()]
     return [Path(engine) for engine, _ in done], [float(seconds) for _, seconds in done]
 
@@ -76,7 +87,9 @@ def plain_builds(model, cc: str, n: int, scratch: Path) -> list[Path]:
     for index in range(n):
         path = scratch / f"plain-task-{index}.pickle"
         path.write_bytes(pickle.dumps(task(model, cc, scratch / f"plain-{index}")))
-        line = subprocess.run([sys.executable, "-c", POOL, str(path)], check=True, capture_output=True, text=True).stdout.split()
+        line = subprocess.run(
+            [sys.executable, "-c", POOL, str(path)], check=True, capture_output=True, text=True
+        ).stdout.split()
         engines.append(Path(line[0]))
     return engines
 
@@ -103,12 +116,17 @@ def distinct(engines: list[Path]) -> str:
 def main() -> None:
     """Build each model N times per mode and print the distinct counts and the cost ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["resnet", "mobilenet", "efficientnet", "encoder", "lstm"], choices=ZOO)
+    parser.add_argument(
+        "--models", nargs="+", default=["resnet", "mobilenet", "efficientnet", "encoder", "lstm"], choices=ZOO
+    )
     parser.add_argument("-n", type=int, default=6)
     parser.add_argument("--cc", default="sm_89")
     args = parser.parse_args()
     print(f"distinct engines over {args.n} builds, as raw bytes / canonical digests (1/1: byte-reproducible)")
-    print(f"{'model':<14} {'pool':>8} {'plain':>8} {'hermetic':>9} {'pool s/build':>13} {'hermetic s/build':>17} {'ratio':>6}")
+    print(
+        f"{'model':<14} {'pool':>8} {'plain':>8} {'hermetic':>9} {'pool s/build':>13} {'hermetic s/build':>17} "
+        f"{'ratio':>6}"
+    )
     ratios = []
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
@@ -119,8 +137,14 @@ def main() -> None:
             hermetic, hermetic_seconds = hermetic_builds(model, args.cc, args.n, scratch / name / "hermetic")
             pool_s, hermetic_s = statistics.median(pool_seconds), statistics.median(hermetic_seconds)
             ratios.append(hermetic_s / pool_s)
-            print(f"{name:<14} {distinct(pooled):>8} {distinct(plain):>8} {distinct(hermetic):>9} {pool_s:>13.2f} {hermetic_s:>17.2f} {ratios[-1]:>5.2f}x")
-    print(f"\nhermetic worker / pool per build: median {statistics.median(ratios):.2f}x (a fresh process, its imports and the slot)")
+            print(
+                f"{name:<14} {distinct(pooled):>8} {distinct(plain):>8} {distinct(hermetic):>9} {pool_s:>13.2f} "
+                f"{hermetic_s:>17.2f} {ratios[-1]:>5.2f}x"
+            )
+    print(
+        f"\nhermetic worker / pool per build: median {statistics.median(ratios):.2f}x (a fresh process, its imports "
+        "and the slot)"
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -44,10 +44,23 @@ class Browser:
 
     def __init__(self, binary: str, width: int = 1280, height: int = 1000):
         self.profile = Path(tempfile.mkdtemp(prefix="trtflow-chromium-"))
-        self.process = subprocess.Popen([binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
-                                         f"--user-data-dir={self.profile}", f"--window-size={width},{height}", "--no-first-run",
-                                         "--disable-background-networking", "--disable-component-update", "about:blank"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={self.profile}",
+                f"--window-size={width},{height}",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.connection, self.next_id, self.events = contextlib.ExitStack(), 0, []
         try:
             self.socket = self.connection.enter_context(self._connect(self._page_url()))
@@ -111,12 +124,18 @@ class Browser:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def screenshot(self, destination: Path, full_page: bool = True, clip_height: Optional[int] = None) -> Path:
+    def screenshot(self, destination: Path, full_page: bool = True, clip_height: int | None = None) -> Path:
         """A PNG of the page (the whole page, or its top `clip_height` pixels)."""
         height = clip_height or (self.evaluate("document.documentElement.scrollHeight") if full_page else None)
         params: dict[str, Any] = {"format": "png", "captureBeyondViewport": bool(height)}
         if height:
-            params["clip"] = {"x": 0, "y": 0, "width": self.evaluate("document.documentElement.scrollWidth"), "height": height, "scale": 1}
+            params["clip"] = {
+                "x": 0,
+                "y": 0,
+                "width": self.evaluate("document.documentElement.scrollWidth"),
+                "height": height,
+                "scale": 1,
+            }
         destination.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", **params)["data"]))
         return destination
 
@@ -142,8 +161,19 @@ def _requests(events: list[dict], page: str) -> list[str]:
 
 def _errors(events: list[dict]) -> list[str]:
     """Console errors, uncaught exceptions and browser log errors (a CSP violation is one)."""
-    found = [json.dumps(e["params"]["exceptionDetails"])[:300] for e in events if e.get("method") == "Runtime.exceptionThrown"]
-    found += [json.dumps(e["params"]["args"])[:300] for e in events
-              if e.get("method") == "Runtime.consoleAPICalled" and e["params"].get("type") in ("error", "assert")]
-    found += [e["params"]["entry"].get("text", "") for e in events if e.get("method") == "Log.entryAdded" and e["params"]["entry"].get("level") == "error"]
+    found = [
+        json.dumps(e["params"]["exceptionDetails"])[:300]
+        for e in events
+        if e.get("method") == "Runtime.exceptionThrown"
+    ]
+    found += [
+        json.dumps(e["params"]["args"])[:300]
+        for e in events
+        if e.get("method") == "Runtime.consoleAPICalled" and e["params"].get("type") in ("error", "assert")
+    ]
+    found += [
+        e["params"]["entry"].get("text", "")
+        for e in events
+        if e.get("method") == "Log.entryAdded" and e["params"]["entry"].get("level") == "error"
+    ]
     return found

@@ -63,7 +63,9 @@ def trtflow(root: Path, *args: str) -> Result:
 
 def trtflow_process(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python -m trtflow` as a separate process, as CI and users do."""
-    return subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(root), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def settle() -> None:

@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import yaml
-
 from zoo import ZOO, zoo_model
 
 TARGETS = {"rtx-turing": "sm_75", "rtx-ampere": "sm_86", "rtx-ada": "sm_89"}
@@ -35,8 +34,13 @@ def write_fleet_project(root: Path, models: tuple[str, ...] = MODELS, precisions
         shutil.copyfile(model.path, root / "models" / f"{name}.onnx")
         model.calibration_batches(root / "calib" / name)
         excluded = [rule for rule in EXCLUDE + MORE_EXCLUDES.get(name, []) if rule["precision"] in precisions]
-        recipe = {"source": {"onnx": f"models/{name}.onnx"}, "precisions": list(precisions), "exclude": excluded,
-                  "profiles": [model.recipe_profile()], "calibration": {"data": f"calib/{name}/*"}}
+        recipe = {
+            "source": {"onnx": f"models/{name}.onnx"},
+            "precisions": list(precisions),
+            "exclude": excluded,
+            "profiles": [model.recipe_profile()],
+            "calibration": {"data": f"calib/{name}/*"},
+        }
         (root / "recipes" / f"{name}.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     return root
 
@@ -44,5 +48,9 @@ def write_fleet_project(root: Path, models: tuple[str, ...] = MODELS, precisions
 def expected_engines(name: str, precisions: tuple[str, ...] = PRECISIONS) -> set[tuple[str, str]]:
     """(precision, target) of every engine the model's package must hold."""
     rules = EXCLUDE + MORE_EXCLUDES.get(name, [])
-    return {(p, t) for p in precisions for t in TARGETS
-            if not any(r["precision"] in (None, p) and r.get("target") in (None, t) for r in rules)}
+    return {
+        (p, t)
+        for p in precisions
+        for t in TARGETS
+        if not any(r["precision"] in (None, p) and r.get("target") in (None, t) for r in rules)
+    }

@@ -40,15 +40,23 @@ def images(rng: np.random.Generator, rows: int) -> tuple[np.ndarray, np.ndarray]
             picture = np.sin(2 * np.pi * (x + y) / (period * 1.4) + phase) > 0.3
         else:
             cy, cx, radius = rng.uniform(4, 12), rng.uniform(4, 12), rng.uniform(2.5, 5)
-            picture = (y - cy) ** 2 + (x - cx) ** 2 < radius ** 2
+            picture = (y - cy) ** 2 + (x - cx) ** 2 < radius**2
         out[row, 0] = contrast * picture + rng.normal(0, NOISE, (SIZE, SIZE))
     return out, labels
 
 
 def network() -> nn.Module:
     """Conv-ReLU-pool, Conv-ReLU, global average pool, Linear: 4 logits."""
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, CLASSES))
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, CLASSES),
+    )
 
 
 def train(steps: int = 300, batch: int = 64) -> nn.Module:

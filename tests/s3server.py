@@ -8,7 +8,8 @@ import os
 import threading
 import uuid
 from collections import Counter
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 class CountingS3:
@@ -21,8 +22,11 @@ class CountingS3:
 
         self.served: Counter[str] = Counter()  # path -> body bytes sent for GET requests
         self.requests: list[tuple[str, str]] = []
-        self.heads: list[tuple[int, int, int]] = []  # per request: (request head bytes, response head bytes, response status)
+        self.heads: list[
+            tuple[int, int, int]
+        ] = []  # per request: (request head bytes, response head bytes, response status)
         self._lock = threading.Lock()
+
         class QuietHandler(MotoRequestHandler):
             def log_request(self, *args: Any) -> None:  # one line per request on stderr otherwise
                 pass
@@ -38,10 +42,20 @@ class CountingS3:
             method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
             with self._lock:
                 self.requests.append((method, path))
-            request_head = len(f"{method} {environ.get('RAW_URI') or path} HTTP/1.1\r\n") + sum(
-                len(f"{key[5:].replace('_', '-')}: {value}\r\n") for key, value in environ.items() if key.startswith("HTTP_")) + sum(
-                len(f"{name}: {environ[key]}\r\n") for key, name in (("CONTENT_TYPE", "Content-Type"), ("CONTENT_LENGTH", "Content-Length"))
-                if environ.get(key)) + 2
+            request_head = (
+                len(f"{method} {environ.get('RAW_URI') or path} HTTP/1.1\r\n")
+                + sum(
+                    len(f"{key[5:].replace('_', '-')}: {value}\r\n")
+                    for key, value in environ.items()
+                    if key.startswith("HTTP_")
+                )
+                + sum(
+                    len(f"{name}: {environ[key]}\r\n")
+                    for key, name in (("CONTENT_TYPE", "Content-Type"), ("CONTENT_LENGTH", "Content-Length"))
+                    if environ.get(key)
+                )
+                + 2
+            )
 
             def counted_start(status: str, headers: list, *rest: Any) -> Any:
                 head = len(f"HTTP/1.1 {status}\r\n") + sum(len(f"{k}: {v}\r\n") for k, v in headers) + 2
@@ -60,6 +74,7 @@ class CountingS3:
                 close = getattr(body, "close", None)
                 if close:
                     close()
+
         return wrapped
 
     def reset(self) -> None:
@@ -73,14 +88,26 @@ class CountingS3:
         import boto3
 
         name = f"fleet-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                     region_name="us-east-1").create_bucket(Bucket=name)
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=name)
         return name
 
     def env(self) -> dict[str, str]:
         """The environment a trtflow process needs to reach this server (as a fleet agent's would hold)."""
-        return {**os.environ, "AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+        return {
+            **os.environ,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        }
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -16,12 +16,20 @@ from trtflow.stages import accuracy, compare
 def _scale_chain(dtype: int) -> onnx.ModelProto:
     """x * 1e-4 * 1e-4 * 1e4 * 1e4: 1 in fp32; in fp16 the middle value (1e-8) underflows and the result is 0."""
     np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
-    small, large = numpy_helper.from_array(np.array(1e-4, np_type), "small"), numpy_helper.from_array(np.array(1e4, np_type), "large")
+    small, large = (
+        numpy_helper.from_array(np.array(1e-4, np_type), "small"),
+        numpy_helper.from_array(np.array(1e4, np_type), "large"),
+    )
     names = ["x", "a", "b", "c", "y"]
     factors = ["small", "small", "large", "large"]
     nodes = [helper.make_node("Mul", [names[i], factors[i]], [names[i + 1]]) for i in range(4)]
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [small, large])
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [small, large],
+    )
     if dtype == TensorProto.FLOAT16:  # keep_io_types: fp32 in and out, fp16 inside (what AutoCast writes)
         graph.node.insert(0, helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16))
         graph.node[1].input[0] = "x16"
@@ -44,7 +52,8 @@ def test_fp16_underflow_shows_in_the_accuracy_report(tmp_path: Path) -> None:
 def test_comparison_sessions_compute_as_the_unrewritten_graph_does(name: str, zoo_dir: Path) -> None:
     """Reports follow the model, not the machine: the sessions trtflow measures with give bit for bit what the graph
     gives with no rewrite at all, so neither a layout that follows the CPU's vector width (NCHWc: every CNN here
-    differs under ONNX Runtime's default level) nor a fused kernel (the LSTM and the encoder differ at level 2) takes part."""
+    differs under ONNX Runtime's default level) nor a fused kernel (the LSTM and the encoder differ at level 2) takes
+    part."""
     model = zoo_model(name, zoo_dir)
     ort = compare.onnxruntime()
     plain_options = ort.SessionOptions()
@@ -53,6 +62,6 @@ def test_comparison_sessions_compute_as_the_unrewritten_graph_does(name: str, zo
     plain = ort.InferenceSession(str(model.path), plain_options, providers=["CPUExecutionProvider"])
     measuring = compare.session(model.path)
     feeds = compare.sample_feeds(measuring, [model.recipe_profile()["inputs"]], 3, seed=1)
-    for got, want in zip(compare.run_all(measuring, feeds), compare.run_all(plain, feeds)):
+    for got, want in zip(compare.run_all(measuring, feeds), compare.run_all(plain, feeds), strict=True):
         for output, expected in want.items():
             assert np.array_equal(got[output], expected), (name, output, float(np.abs(got[output] - expected).max()))

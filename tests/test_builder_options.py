@@ -9,7 +9,6 @@ import types
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_RECIPE, trtflow
 
 trt = pytest.importorskip("tensorrt_rtx")
@@ -66,9 +65,12 @@ def test_options_that_change_the_engine_rebuild_it_and_are_recorded(name: str, b
 
 def test_an_option_the_backend_lacks_is_refused_by_name(project: Path) -> None:
     """The installed TensorRT-RTX minus one BuilderFlag stands for a release without it."""
-    without = types.SimpleNamespace(**{n: getattr(trt, n) for n in ("IBuilderConfig", "TilingOptimizationLevel")},
-                                    BuilderFlag=types.SimpleNamespace(**{m: getattr(trt.BuilderFlag, m) for m in dir(trt.BuilderFlag)
-                                                                         if m.isupper() and m != "DIRECT_IO"}))
+    without = types.SimpleNamespace(
+        **{n: getattr(trt, n) for n in ("IBuilderConfig", "TilingOptimizationLevel")},
+        BuilderFlag=types.SimpleNamespace(
+            **{m: getattr(trt.BuilderFlag, m) for m in dir(trt.BuilderFlag) if m.isupper() and m != "DIRECT_IO"}
+        ),
+    )
     assert unsupported_options(without, {"direct_io", "tf32", "max_aux_streams"}) == ["direct_io"]
     assert unsupported_options(trt, set(BUILDER_OPTIONS)) == []
 
@@ -77,7 +79,10 @@ def test_an_unknown_option_is_a_recipe_error_with_its_line(project: Path) -> Non
     recipe = project / "recipes" / "tiny.yaml"
     recipe.write_text(TINY_RECIPE + "build: {tiling_optimization_level: extreme}\n")
     result = trtflow(project, "validate")
-    assert result.code == 3 and "recipes/tiny.yaml:8: build.tiling_optimization_level: 'extreme' is not one of" in result.err
+    assert (
+        result.code == 3
+        and "recipes/tiny.yaml:8: build.tiling_optimization_level: 'extreme' is not one of" in result.err
+    )
 
 
 def test_networks_are_strongly_typed_and_their_layers_are_recorded(built_project: Path) -> None:
@@ -91,7 +96,9 @@ def test_networks_are_strongly_typed_and_their_layers_are_recorded(built_project
 
 
 def test_full_tensorrt_networks_are_strongly_typed_where_it_imports() -> None:
-    full = pytest.importorskip("tensorrt", reason="full TensorRT is not installed (NVIDIA's package index, a GPU to build)")
+    full = pytest.importorskip(
+        "tensorrt", reason="full TensorRT is not installed (NVIDIA's package index, a GPU to build)"
+    )
     builder = full.Builder(full.Logger())
     network = builder.create_network(network_flags(full))
     flag = getattr(full.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)

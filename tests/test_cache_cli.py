@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import trtflow, write_project
 
 from trtflow.store.locks import RunLease
@@ -102,11 +101,17 @@ def test_cache_commands_on_a_project_that_never_ran(tmp_path: Path) -> None:
 
 def limited_run(root: Path, max_file_bytes: int) -> subprocess.CompletedProcess:
     """`trtflow run` where no file may grow past `max_file_bytes` (Python ignores SIGXFSZ: writes get EFBIG)."""
+
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
 
-    return subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run"], capture_output=True, text=True,
-                          preexec_fn=limit, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run"],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=120,
+    )
 
 
 def test_a_full_disk_is_one_clear_error_and_leaves_the_store_consistent(tmp_path: Path) -> None:

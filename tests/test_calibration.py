@@ -14,8 +14,19 @@ from trtflow.errors import StageError
 
 MODEL_INPUTS = {"input": {"dtype": "float32", "dims": [None, 3, 8, 8]}}
 PROFILES = [{"input": {"min": [1, 3, 8, 8], "opt": [2, 3, 8, 8], "max": [4, 3, 8, 8]}}]
-IMAGES = {"kind": "images", "seed": 0, "input": None, "resize": None, "crop": None, "mean": None, "std": None,
-          "layout": "NCHW", "dtype": "float32", "color": "RGB", "batch": 1}
+IMAGES = {
+    "kind": "images",
+    "seed": 0,
+    "input": None,
+    "resize": None,
+    "crop": None,
+    "mean": None,
+    "std": None,
+    "layout": "NCHW",
+    "dtype": "float32",
+    "color": "RGB",
+    "batch": 1,
+}
 
 
 def test_rank_is_a_fixed_function_of_seed_and_path() -> None:
@@ -53,7 +64,9 @@ def test_npz_batches_are_read_per_input_name_and_npy_feeds_the_only_input(tmp_pa
     (sample,) = calibration.samples_from_inputs(files, {"kind": "arrays", "seed": 0}, two_inputs)
     assert sorted(sample.feed) == ["image", "mask"] and sample.feed["mask"].shape == (2, 4)
     np.save(tmp_path / "b.npy", batch)
-    (single,) = calibration.samples_from_inputs({"b.npy": tmp_path / "b.npy"}, {"kind": "arrays", "seed": 0}, MODEL_INPUTS)
+    (single,) = calibration.samples_from_inputs(
+        {"b.npy": tmp_path / "b.npy"}, {"kind": "arrays", "seed": 0}, MODEL_INPUTS
+    )
     assert list(single.feed) == ["input"] and single.feed["input"].shape == (2, 3, 8, 8)
     with pytest.raises(StageError, match="b.npy: a .npy file holds one array but the model has inputs image, mask"):
         calibration.samples_from_inputs({"b.npy": tmp_path / "b.npy"}, {"kind": "arrays", "seed": 0}, two_inputs)
@@ -62,16 +75,28 @@ def test_npz_batches_are_read_per_input_name_and_npy_feeds_the_only_input(tmp_pa
 def test_pickled_arrays_are_refused(tmp_path: Path) -> None:
     np.save(tmp_path / "evil.npy", np.array([object()], dtype=object), allow_pickle=True)
     with pytest.raises(StageError, match="evil.npy: cannot read it"):
-        calibration.samples_from_inputs({"evil.npy": tmp_path / "evil.npy"}, {"kind": "arrays", "seed": 0}, MODEL_INPUTS)
+        calibration.samples_from_inputs(
+            {"evil.npy": tmp_path / "evil.npy"}, {"kind": "arrays", "seed": 0}, MODEL_INPUTS
+        )
 
 
-@pytest.mark.parametrize("feed, problem", [
-    ({"image": np.zeros((1, 3, 8, 8), np.float32)}, "f.npz has no array for input 'input' (it holds: image)"),
-    ({"input": np.zeros((1, 3, 8, 8), np.float32), "extra": np.zeros(1)}, "f.npz holds 'extra', which is not a model input (inputs: input)"),
-    ({"input": np.zeros((1, 3, 8, 8), np.float64)}, "f.npz: input 'input' is float64, the model takes float32"),
-    ({"input": np.zeros((16, 3, 8, 8), np.float32)}, "f.npz: shapes input [16, 3, 8, 8] fit no profile (profile 0: input min [1, 3, 8, 8] max [4, 3, 8, 8])"),
-    ({"input": np.zeros((2, 3, 8, 8), np.float32)}, None),
-], ids=["missing-input", "extra-array", "dtype", "outside-profile", "fits"])
+@pytest.mark.parametrize(
+    "feed, problem",
+    [
+        ({"image": np.zeros((1, 3, 8, 8), np.float32)}, "f.npz has no array for input 'input' (it holds: image)"),
+        (
+            {"input": np.zeros((1, 3, 8, 8), np.float32), "extra": np.zeros(1)},
+            "f.npz holds 'extra', which is not a model input (inputs: input)",
+        ),
+        ({"input": np.zeros((1, 3, 8, 8), np.float64)}, "f.npz: input 'input' is float64, the model takes float32"),
+        (
+            {"input": np.zeros((16, 3, 8, 8), np.float32)},
+            "f.npz: shapes input [16, 3, 8, 8] fit no profile (profile 0: input min [1, 3, 8, 8] max [4, 3, 8, 8])",
+        ),
+        ({"input": np.zeros((2, 3, 8, 8), np.float32)}, None),
+    ],
+    ids=["missing-input", "extra-array", "dtype", "outside-profile", "fits"],
+)
 def test_samples_are_checked_against_the_model_and_profiles(feed: dict, problem: str) -> None:
     assert check_sample(Sample("f.npz", feed), MODEL_INPUTS, PROFILES) == problem
 
@@ -79,7 +104,9 @@ def test_samples_are_checked_against_the_model_and_profiles(feed: dict, problem:
 def test_without_profiles_a_sample_must_match_the_static_shape() -> None:
     static = {"x": {"dtype": "float32", "dims": [1, 4]}}
     assert check_sample(Sample("f", {"x": np.zeros((1, 4), np.float32)}), static, []) is None
-    assert "fit no profile (the model's x is [1, 4])" in check_sample(Sample("f", {"x": np.zeros((2, 4), np.float32)}), static, [])
+    assert "fit no profile (the model's x is [1, 4])" in check_sample(
+        Sample("f", {"x": np.zeros((2, 4), np.float32)}), static, []
+    )
 
 
 def _image(path: Path, width: int, height: int, value: int = 128) -> Path:
@@ -97,7 +124,9 @@ def test_images_are_resized_cropped_normalized_and_laid_out(tmp_path: Path) -> N
     assert np.allclose(array[:, 4, 4], (0.2 - 0.1) / 0.5, atol=1e-6)
     nhwc = calibration.preprocess_image(path, {**IMAGES, "layout": "NHWC", "dtype": "uint8"})
     assert nhwc.shape == (20, 40, 3) and nhwc.dtype == np.uint8 and list(nhwc[0, 0]) == [255, 0, 0]
-    assert list(calibration.preprocess_image(path, {**IMAGES, "layout": "NHWC", "dtype": "uint8", "color": "BGR"})[0, 0]) == [0, 0, 255]
+    assert list(
+        calibration.preprocess_image(path, {**IMAGES, "layout": "NHWC", "dtype": "uint8", "color": "BGR"})[0, 0]
+    ) == [0, 0, 255]
     assert calibration.preprocess_image(path, {**IMAGES, "color": "L", "resize": [4, 6]}).shape == (1, 4, 6)
 
 

@@ -1,4 +1,5 @@
-"""The cleanup stage on real ONNX models: onnxslim's passes, their switches, and the ONNX Runtime proof that catches a broken cleanup."""
+"""The cleanup stage on real ONNX models: onnxslim's passes, their switches, and the ONNX Runtime proof that catches a
+broken cleanup."""
 
 from __future__ import annotations
 
@@ -8,27 +9,40 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import trtflow, write_project
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import trtflow, write_project
-
 ONE_TARGET = "targets: [rtx-ada]\n"
-RECIPE = """\
+RECIPE = (
+    """\
 source: {onnx: models/bn.onnx}
 profiles:
   - inputs:
       input: {min: [1, 3, 16, 16], opt: [2, 3, 16, 16], max: [4, 3, 16, 16]}
-""" + ONE_TARGET
+"""
+    + ONE_TARGET
+)
 
 
 def conv_bn_dropout(rng: np.random.Generator) -> onnx.ModelProto:
-    """Conv -> BatchNormalization -> Relu -> Dropout -> Identity -> pool -> Gemm, with a bias computed from two constants:
+    """Conv -> BatchNormalization -> Relu -> Dropout -> Identity -> pool -> Gemm, with a bias computed from two
+    constants:
     what an exporter leaves behind for cleanup (9 nodes)."""
+
     def init(name: str, *shape: int, offset: float = 0.0) -> onnx.TensorProto:
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.1 + offset).astype(np.float32), name)
 
-    inits = [init("w", 8, 3, 3, 3), init("b", 8), init("scale", 8, offset=1.0), init("shift", 8), init("mean", 8),
-             numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "var"), init("fc", 4, 8), init("half_a", 4), init("half_b", 4)]
+    inits = [
+        init("w", 8, 3, 3, 3),
+        init("b", 8),
+        init("scale", 8, offset=1.0),
+        init("shift", 8),
+        init("mean", 8),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "var"),
+        init("fc", 4, 8),
+        init("half_a", 4),
+        init("half_b", 4),
+    ]
     nodes = [
         helper.make_node("Conv", ["input", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"]),
@@ -40,8 +54,13 @@ def conv_bn_dropout(rng: np.random.Generator) -> onnx.ModelProto:
         helper.make_node("Add", ["half_a", "half_b"], ["fc_bias"]),  # constant: folds away
         helper.make_node("Gemm", ["f", "fc", "fc_bias"], ["logits"], transB=1),
     ]
-    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 16, 16])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "bn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -65,18 +84,38 @@ def cleanup_record(root: Path, recipe: str) -> dict:
 
 
 def test_cleanup_removes_nodes_proves_equality_and_each_pass_can_be_switched_off(tmp_path: Path) -> None:
-    root = bn_project(tmp_path / "p", {"slim": RECIPE, "plain": RECIPE + "cleanup: {simplify: false}\n",
-                                       "nofold": RECIPE + "cleanup: {fold_constants: false, fuse_patterns: false, opset: 18}\n"})
+    root = bn_project(
+        tmp_path / "p",
+        {
+            "slim": RECIPE,
+            "plain": RECIPE + "cleanup: {simplify: false}\n",
+            "nofold": RECIPE + "cleanup: {fold_constants: false, fuse_patterns: false, opset: 18}\n",
+        },
+    )
     result = trtflow(root, "run", "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["failed"] == 0
     slim, plain, nofold = (cleanup_record(root, name) for name in ("slim", "plain", "nofold"))
-    assert slim["before"]["nodes"] == 9 and slim["after"]["ops"] == {"Conv": 1, "Flatten": 1, "Gemm": 1, "GlobalAveragePool": 1, "Relu": 1}
+    assert slim["before"]["nodes"] == 9 and slim["after"]["ops"] == {
+        "Conv": 1,
+        "Flatten": 1,
+        "Gemm": 1,
+        "GlobalAveragePool": 1,
+        "Relu": 1,
+    }
     assert slim["equality"]["passed"] and slim["equality"]["outputs"][0]["name"] == "logits"
     assert {"fold_constants", "fuse_patterns", "remove_dead_nodes", "infer_shapes"} <= set(slim["passes"])
-    assert plain["after"]["nodes"] == 9 and "fold_constants" not in plain["passes"] and "infer_shapes" in plain["passes"]
-    assert "fold_constants" not in nofold["passes"] and "opset 18" in nofold["passes"] and nofold["after"]["opsets"] == {"ai.onnx": 18}
-    assert slim["after"]["nodes"] < nofold["after"]["nodes"] < 9  # Dropout/Identity still removed; BatchNorm and the constant Add kept
+    assert (
+        plain["after"]["nodes"] == 9 and "fold_constants" not in plain["passes"] and "infer_shapes" in plain["passes"]
+    )
+    assert (
+        "fold_constants" not in nofold["passes"]
+        and "opset 18" in nofold["passes"]
+        and nofold["after"]["opsets"] == {"ai.onnx": 18}
+    )
+    assert (
+        slim["after"]["nodes"] < nofold["after"]["nodes"] < 9
+    )  # Dropout/Identity still removed; BatchNorm and the constant Add kept
 
 
 def test_changing_a_cleanup_option_is_explained_and_reruns_cleanup(tmp_path: Path) -> None:
@@ -117,9 +156,10 @@ def test_a_broken_cleanup_is_caught_by_the_onnx_runtime_check(tmp_path: Path, mo
     source = break_cleanup(monkeypatch, root, tmp_path)
     with pytest.raises(StageError) as failure:
         cleanup.run(node.params, {"model": source}, tmp_path / "work")
-    assert str(failure.value).startswith("the cleaned model differs from the source: onnx_compare out of tolerance (rtol 0.001, atol 0.0001): "
-                                         "first differing output logits max abs ")
-
+    assert str(failure.value).startswith(
+        "the cleaned model differs from the source: onnx_compare out of tolerance (rtol 0.001, atol 0.0001): "
+        "first differing output logits max abs "
+    )
 
 
 def test_changing_verify_on_fail_leaves_cleanup_cached(tmp_path: Path) -> None:
@@ -132,8 +172,11 @@ def test_changing_verify_on_fail_leaves_cleanup_cached(tmp_path: Path) -> None:
         assert states["cleanup:slim"] == "cached", on_fail
 
 
-def test_a_failed_proof_is_recorded_under_warn_and_fails_a_cached_cleanup_under_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same key serves both policies, so the finish hook refuses a failed proof cached under warn once on_fail is fail."""
+def test_a_failed_proof_is_recorded_under_warn_and_fails_a_cached_cleanup_under_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same key serves both policies, so the finish hook refuses a failed proof cached under warn once on_fail is
+    fail."""
     from trtflow.dag import dag_from_project
     from trtflow.errors import StageError
     from trtflow.recipe import load_project

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import onnx
 import pytest
-
 from conftest import trtflow
 
 PACKAGE = Path("artifacts/packages/tiny")
@@ -30,7 +29,9 @@ def manifest_of(package: Path) -> dict:
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """trtflow as its own process, as a fleet agent or CI job runs it."""
-    return subprocess.run([sys.executable, "-m", "trtflow", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "trtflow", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def full_tensorrt_package(source: Path, dest: Path, builds: dict[str, str], edit=None) -> Path:
@@ -39,7 +40,7 @@ def full_tensorrt_package(source: Path, dest: Path, builds: dict[str, str], edit
     folder = Path(shutil.copytree(source, dest))
     manifest = manifest_of(folder)
     engines = []
-    for (target, cc), engine in zip(builds.items(), manifest["engines"]):
+    for (target, cc), engine in zip(builds.items(), manifest["engines"], strict=True):
         engine = copy.deepcopy(engine)
         engine.update(backend="tensorrt", backend_version="10.13.3.9", target=target, compute_capabilities=[cc])
         engines.append(edit(engine) if edit else engine)
@@ -49,6 +50,7 @@ def full_tensorrt_package(source: Path, dest: Path, builds: dict[str, str], edit
 
 
 # ONNX Runtime EP-context --------------------------------------------------------------------
+
 
 def attributes(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -60,13 +62,26 @@ def declared(value: onnx.ValueInfoProto) -> tuple[str, int, list]:
 
 
 def expected_io(engine: dict, mode: str) -> list[tuple[str, int, list]]:
-    types = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32}
-    return [(t["name"], types[t["dtype"]], [("batch" if i == 0 else f"{t['name']}_dim{i}") if d < 0 else d for i, d in enumerate(t["shape"])])
-            for t in engine["tensors"] if t["mode"] == mode]
+    types = {
+        "float32": onnx.TensorProto.FLOAT,
+        "float16": onnx.TensorProto.FLOAT16,
+        "int64": onnx.TensorProto.INT64,
+        "int32": onnx.TensorProto.INT32,
+    }
+    return [
+        (
+            t["name"],
+            types[t["dtype"]],
+            [("batch" if i == 0 else f"{t['name']}_dim{i}") if d < 0 else d for i, d in enumerate(t["shape"])],
+        )
+        for t in engine["tensors"]
+        if t["mode"] == mode
+    ]
 
 
 def check_context_model(path: Path, engine: dict, source: str) -> bytes:
-    """The model passes the checker, has one EPContext node wired to the engine's I/O; returns the engine bytes it carries."""
+    """The model passes the checker, has one EPContext node wired to the engine's I/O; returns the engine bytes it
+    carries."""
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
     assert {(o.domain, o.version) for o in model.opset_import} >= {("com.microsoft", 1)}
@@ -89,23 +104,36 @@ def check_context_model(path: Path, engine: dict, source: str) -> bytes:
 @pytest.mark.parametrize("embed", [False, True], ids=["beside", "embedded"])
 def test_ort_context_models_carry_each_engine_and_its_io(built: Path, tmp_path: Path, embed: bool) -> None:
     package = built / PACKAGE
-    result = trtflow(built, "export", "ort-context", str(package), "--dest", str(tmp_path / "ctx"), "--json", *(["--embed"] if embed else []))
+    result = trtflow(
+        built,
+        "export",
+        "ort-context",
+        str(package),
+        "--dest",
+        str(tmp_path / "ctx"),
+        "--json",
+        *(["--embed"] if embed else []),
+    )
     assert result.code == 0, result.err
     written = json.loads(result.out)
     engines = manifest_of(package)["engines"]
     assert len(written) == len(engines) == 2
-    for item, engine in zip(written, engines):
+    for item, engine in zip(written, engines, strict=True):
         carried = check_context_model(Path(item["model"]), engine, "NvTensorRTRTXExecutionProvider")
         assert hashlib.sha256(carried).hexdigest() == engine["sha256"] == item["sha256"]
     names = sorted(p.name for p in (tmp_path / "ctx").iterdir())
-    assert names == sorted(f"tiny-{e['target']}-fp32{suffix}" for e in engines for suffix in (["_ctx.onnx"] + ([] if embed else [".engine"])))
+    assert names == sorted(
+        f"tiny-{e['target']}-fp32{suffix}"
+        for e in engines
+        for suffix in (["_ctx.onnx"] + ([] if embed else [".engine"]))
+    )
 
 
 def test_ort_context_for_full_tensorrt_names_the_tensorrt_provider(built: Path, tmp_path: Path) -> None:
     package = full_tensorrt_package(built / PACKAGE, tmp_path / "tiny", {"t4": "sm_75", "a10": "sm_86"})
     result = trtflow(built, "export", "ort-context", str(package), "--dest", str(tmp_path / "ctx"), "--json")
     assert result.code == 0, result.err
-    for item, engine in zip(json.loads(result.out), manifest_of(package)["engines"]):
+    for item, engine in zip(json.loads(result.out), manifest_of(package)["engines"], strict=True):
         carried = check_context_model(Path(item["model"]), engine, "TensorrtExecutionProvider")
         assert hashlib.sha256(carried).hexdigest() == engine["sha256"]
 
@@ -138,7 +166,9 @@ def triton_config(path: Path):
     """config.pbtxt parsed with Triton's own schema (tritonclient's model_config_pb2)."""
     from google.protobuf import text_format
 
-    pb = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient[grpc]: pip install 'trtflow[triton]'")
+    pb = pytest.importorskip(
+        "tritonclient.grpc.model_config_pb2", reason="needs tritonclient[grpc]: pip install 'trtflow[triton]'"
+    )
     return text_format.Parse(path.read_text(), pb.ModelConfig()), pb
 
 
@@ -147,7 +177,8 @@ def export_triton(built: Path, *args: str):
 
 
 def test_a_triton_model_serves_each_gpu_its_own_plan_from_two_packages(built: Path, tmp_path: Path) -> None:
-    """Two packages built on different machines (a T4 and an A10) become one model with a plan per compute capability."""
+    """Two packages built on different machines (a T4 and an A10) become one model with a plan per compute
+    capability."""
     t4 = full_tensorrt_package(built / PACKAGE, tmp_path / "t4" / "tiny", {"t4": "sm_75"})
     a10 = full_tensorrt_package(built / PACKAGE, tmp_path / "a10" / "tiny", {"a10": "sm_86", "l4": "sm_89"})
     result = export_triton(built, str(t4), str(a10), "--repo", str(tmp_path / "repo"), "--version", "3")
@@ -157,12 +188,16 @@ def test_a_triton_model_serves_each_gpu_its_own_plan_from_two_packages(built: Pa
     tensors = engines[0]["tensors"]
     batch = min(max(p["max"][0] for p in t["profiles"]) for t in tensors if t["mode"] == "input")
     assert (config.name, config.platform, config.max_batch_size) == ("tiny", "tensorrt_plan", batch) and batch == 8
-    assert [(i.name, pb.DataType.Name(i.data_type), list(i.dims)) for i in config.input] == \
-        [(t["name"], "TYPE_FP32", t["shape"][1:]) for t in tensors if t["mode"] == "input"]
-    assert [(o.name, pb.DataType.Name(o.data_type), list(o.dims)) for o in config.output] == \
-        [(t["name"], "TYPE_FP32", t["shape"][1:]) for t in tensors if t["mode"] == "output"]
+    assert [(i.name, pb.DataType.Name(i.data_type), list(i.dims)) for i in config.input] == [
+        (t["name"], "TYPE_FP32", t["shape"][1:]) for t in tensors if t["mode"] == "input"
+    ]
+    assert [(o.name, pb.DataType.Name(o.data_type), list(o.dims)) for o in config.output] == [
+        (t["name"], "TYPE_FP32", t["shape"][1:]) for t in tensors if t["mode"] == "output"
+    ]
     assert dict(config.cc_model_filenames) == {"7.5": "t4.plan", "8.6": "a10.plan", "8.9": "l4.plan"}
-    assert [(g.kind, g.count, list(g.profile)) for g in config.instance_group] == [(pb.ModelInstanceGroup.KIND_GPU, 1, ["0"])]
+    assert [(g.kind, g.count, list(g.profile)) for g in config.instance_group] == [
+        (pb.ModelInstanceGroup.KIND_GPU, 1, ["0"])
+    ]
     version = tmp_path / "repo" / "tiny" / "3"
     assert sorted(p.name for p in version.iterdir()) == ["a10.plan", "l4.plan", "t4.plan"]
     for engine in engines:
@@ -171,33 +206,53 @@ def test_a_triton_model_serves_each_gpu_its_own_plan_from_two_packages(built: Pa
 
 def with_profiles(*batches: tuple[int, int, int]):
     """A manifest edit: every input gets one profile per (min, opt, max) batch size; outputs keep theirs."""
+
     def edit(engine: dict) -> dict:
         for tensor in engine["tensors"]:
             if tensor["mode"] == "input":
                 rest = tensor["shape"][1:]
-                tensor["profiles"] = [{"min": [lo, *rest], "opt": [mid, *rest], "max": [hi, *rest]} for lo, mid, hi in batches]
+                tensor["profiles"] = [
+                    {"min": [lo, *rest], "opt": [mid, *rest], "max": [hi, *rest]} for lo, mid, hi in batches
+                ]
         return engine
+
     return edit
 
 
 def covered_batches(manifest: dict) -> set[int]:
     """The batch sizes some profile of every input accepts (per profile: the intersection over inputs)."""
     inputs = [t for t in manifest["engines"][0]["tensors"] if t["mode"] == "input"]
-    return {b for i in range(len(inputs[0]["profiles"]))
-            for b in range(max(t["profiles"][i]["min"][0] for t in inputs), min(t["profiles"][i]["max"][0] for t in inputs) + 1)}
+    return {
+        b
+        for i in range(len(inputs[0]["profiles"]))
+        for b in range(
+            max(t["profiles"][i]["min"][0] for t in inputs), min(t["profiles"][i]["max"][0] for t in inputs) + 1
+        )
+    }
 
 
-def test_each_optimization_profile_gets_an_instance_group_and_batching_follows_the_profiles(built: Path, tmp_path: Path) -> None:
+def test_each_optimization_profile_gets_an_instance_group_and_batching_follows_the_profiles(
+    built: Path, tmp_path: Path
+) -> None:
     """(Issue 29: profiles 1-8 and 16-64 gave max_batch_size 64, though batches 9-15 fit no profile.)"""
-    two = full_tensorrt_package(built / PACKAGE, tmp_path / "two" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (9, 32, 64)))
+    two = full_tensorrt_package(
+        built / PACKAGE, tmp_path / "two" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (9, 32, 64))
+    )
     assert export_triton(built, str(two), "--repo", str(tmp_path / "repo"), "--model-name", "two").code == 0
     config, _ = triton_config(tmp_path / "repo" / "two" / "config.pbtxt")
     assert [list(g.profile) for g in config.instance_group] == [["0"], ["1"]] and config.max_batch_size == 64
-    assert covered_batches(manifest_of(two)) >= set(range(1, config.max_batch_size + 1))  # every batch Triton may send fits a profile
+    assert covered_batches(manifest_of(two)) >= set(
+        range(1, config.max_batch_size + 1)
+    )  # every batch Triton may send fits a profile
 
-    gap = full_tensorrt_package(built / PACKAGE, tmp_path / "gap" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (16, 32, 64)))
+    gap = full_tensorrt_package(
+        built / PACKAGE, tmp_path / "gap" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (16, 32, 64))
+    )
     result = export_triton(built, str(gap), "--repo", str(tmp_path / "repo"), "--model-name", "gap")
-    assert result.code == 0 and "max_batch_size 0 (dims are full shapes): the profiles accept batches up to 64 but not 9" in result.err
+    assert (
+        result.code == 0
+        and "max_batch_size 0 (dims are full shapes): the profiles accept batches up to 64 but not 9" in result.err
+    )
     config, _ = triton_config(tmp_path / "repo" / "gap" / "config.pbtxt")
     assert config.max_batch_size == 0 and list(config.input[0].dims) == [-1, 3, 32, 32]
     assert [list(g.profile) for g in config.instance_group] == [["0"], ["1"]]
@@ -211,15 +266,25 @@ def test_each_optimization_profile_gets_an_instance_group_and_batching_follows_t
     fixed = full_tensorrt_package(built / PACKAGE, tmp_path / "fixed" / "tiny", {"a10": "sm_86"}, static)
     assert export_triton(built, str(fixed), "--repo", str(tmp_path / "repo"), "--model-name", "fixed").code == 0
     config, _ = triton_config(tmp_path / "repo" / "fixed" / "config.pbtxt")
-    assert config.max_batch_size == 0 and list(config.input[0].dims) == [4, 3, 32, 32] and [list(g.profile) for g in config.instance_group] == [[]]
+    assert (
+        config.max_batch_size == 0
+        and list(config.input[0].dims) == [4, 3, 32, 32]
+        and [list(g.profile) for g in config.instance_group] == [[]]
+    )
 
 
 def test_an_ampere_plus_plan_is_the_default_for_gpus_without_their_own(built: Path, tmp_path: Path) -> None:
-    portable = full_tensorrt_package(built / PACKAGE, tmp_path / "p" / "tiny", {"turing": "sm_75", "any-ampere": "sm_80"},
-                                     lambda e: dict(e, hardware_compatibility="ampere_plus") if e["target"] == "any-ampere" else e)
+    portable = full_tensorrt_package(
+        built / PACKAGE,
+        tmp_path / "p" / "tiny",
+        {"turing": "sm_75", "any-ampere": "sm_80"},
+        lambda e: dict(e, hardware_compatibility="ampere_plus") if e["target"] == "any-ampere" else e,
+    )
     assert export_triton(built, str(portable), "--repo", str(tmp_path / "repo")).code == 0
     config, _ = triton_config(tmp_path / "repo" / "tiny" / "config.pbtxt")
-    assert dict(config.cc_model_filenames) == {"7.5": "turing.plan"} and config.default_model_filename == "any-ampere.plan"
+    assert (
+        dict(config.cc_model_filenames) == {"7.5": "turing.plan"} and config.default_model_filename == "any-ampere.plan"
+    )
 
 
 def test_without_a_hardware_compatible_plan_there_is_no_default(built: Path, tmp_path: Path) -> None:
@@ -228,7 +293,10 @@ def test_without_a_hardware_compatible_plan_there_is_no_default(built: Path, tmp
     result = export_triton(built, str(exact), "--repo", str(tmp_path / "repo"))
     assert result.code == 0 and "no default_model_filename" in result.err
     config, _ = triton_config(tmp_path / "repo" / "tiny" / "config.pbtxt")
-    assert dict(config.cc_model_filenames) == {"7.5": "turing.plan", "8.6": "ampere.plan"} and config.default_model_filename == ""
+    assert (
+        dict(config.cc_model_filenames) == {"7.5": "turing.plan", "8.6": "ampere.plan"}
+        and config.default_model_filename == ""
+    )
     assert "default_model_filename" not in (tmp_path / "repo" / "tiny" / "config.pbtxt").read_text()
 
 
@@ -239,20 +307,30 @@ def test_tensorrt_rtx_engines_are_refused_for_triton_with_the_reason(built: Path
     assert not (tmp_path / "repo").exists()
     full = full_tensorrt_package(built / PACKAGE, tmp_path / "full" / "tiny", {"a10": "sm_86"})
     mixed = export_triton(built, str(full), str(built / PACKAGE), "--repo", str(tmp_path / "repo"))
-    assert mixed.code == 0 and mixed.err.count("note: left out") == 2  # the RTX engines, named; the TensorRT one exported
+    assert (
+        mixed.code == 0 and mixed.err.count("note: left out") == 2
+    )  # the RTX engines, named; the TensorRT one exported
 
 
 def test_triton_export_refuses_what_one_model_cannot_serve(built: Path, tmp_path: Path) -> None:
-    fp16 = full_tensorrt_package(built / PACKAGE, tmp_path / "a" / "tiny", {"a10": "sm_86", "l4": "sm_89"},
-                                 lambda e: dict(e, precision="fp16") if e["target"] == "l4" else e)
+    fp16 = full_tensorrt_package(
+        built / PACKAGE,
+        tmp_path / "a" / "tiny",
+        {"a10": "sm_86", "l4": "sm_89"},
+        lambda e: dict(e, precision="fp16") if e["target"] == "l4" else e,
+    )
     several = export_triton(built, str(fp16), "--repo", str(tmp_path / "repo"))
     assert several.code == 3 and "several precisions (fp16, fp32)" in several.err and "--precision" in several.err
     assert export_triton(built, str(fp16), "--repo", str(tmp_path / "repo"), "--precision", "fp16").code == 0
     same_gpu = full_tensorrt_package(built / PACKAGE, tmp_path / "b" / "tiny", {"a10": "sm_86", "a10g": "sm_86"})
     twice = export_triton(built, str(same_gpu), "--repo", str(tmp_path / "repo2"))
     assert twice.code == 3 and "compute capability sm_86 has two engines" in twice.err
-    other_io = full_tensorrt_package(built / PACKAGE, tmp_path / "c" / "tiny", {"t4": "sm_75"},
-                                     lambda e: dict(e, tensors=[dict(t, name="pixels") if t["mode"] == "input" else t for t in e["tensors"]]))
+    other_io = full_tensorrt_package(
+        built / PACKAGE,
+        tmp_path / "c" / "tiny",
+        {"t4": "sm_75"},
+        lambda e: dict(e, tensors=[dict(t, name="pixels") if t["mode"] == "input" else t for t in e["tensors"]]),
+    )
     a10 = full_tensorrt_package(built / PACKAGE, tmp_path / "d" / "tiny", {"a10": "sm_86"})
     differ = export_triton(built, str(a10), str(other_io), "--repo", str(tmp_path / "repo3"))
     assert differ.code == 3 and "I/O tensors or profiles differ" in differ.err
@@ -275,7 +353,9 @@ def test_a_tampered_plan_leaves_the_repository_as_it_was(built: Path, tmp_path: 
 # publish and provision from a remote ------------------------------------------------------------
 
 
-def test_provision_from_s3_fetches_the_channel_the_manifest_and_the_chosen_engine_only(built: Path, s3, tmp_path: Path) -> None:
+def test_provision_from_s3_fetches_the_channel_the_manifest_and_the_chosen_engine_only(
+    built: Path, s3, tmp_path: Path
+) -> None:
     """(Issue 29: the remote is content-addressed; before, the same test read manifest.json and engines/<target>/...)"""
     package, url = built / PACKAGE, f"s3://{s3.bucket()}/fleet/tiny"
     published = cli("publish", str(package), url, "--json", env=s3.env())
@@ -294,9 +374,14 @@ def test_provision_from_s3_fetches_the_channel_the_manifest_and_the_chosen_engin
     record = json.loads(result.stdout)
     prefix = f"/{url.removeprefix('s3://')}"
     channel = s3.served[f"{prefix}/channels/stable.json"]
-    assert dict(s3.served) == {f"{prefix}/channels/stable.json": channel, f"{prefix}/versions/{version}/manifest.json": manifest_size,
-                               f"{prefix}/engines/{ada['sha256']}.engine": ada["size"]}  # nothing else
-    assert channel < 300 and record["transfer"]["bytes"] == channel + manifest_size + ada["size"] == sum(s3.served.values())
+    assert dict(s3.served) == {
+        f"{prefix}/channels/stable.json": channel,
+        f"{prefix}/versions/{version}/manifest.json": manifest_size,
+        f"{prefix}/engines/{ada['sha256']}.engine": ada["size"],
+    }  # nothing else
+    assert channel < 300 and record["transfer"]["bytes"] == channel + manifest_size + ada["size"] == sum(
+        s3.served.values()
+    )
     installed = tmp_path / "dest" / "tiny" / "current" / "tiny.engine"
     assert hashlib.sha256(installed.read_bytes()).hexdigest() == ada["sha256"] and record["action"] == "installed"
     assert record["version"] == version and record["channel"] == "stable"
@@ -304,7 +389,9 @@ def test_provision_from_s3_fetches_the_channel_the_manifest_and_the_chosen_engin
     s3.reset()
     again = cli("provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json", env=s3.env())
     assert again.returncode == 0 and json.loads(again.stdout)["action"] == "unchanged"
-    assert dict(s3.served) == {} and s3.requests == [("GET", f"{prefix}/channels/stable.json")]  # one conditional GET, answered 304
+    assert dict(s3.served) == {} and s3.requests == [
+        ("GET", f"{prefix}/channels/stable.json")
+    ]  # one conditional GET, answered 304
 
     s3.reset()
     republished = cli("publish", str(package), url, "--json", env=s3.env())
@@ -332,16 +419,33 @@ def test_a_tampered_remote_engine_is_refused_and_nothing_is_installed(built: Pat
     engine = remote / "engines" / f"{sha}.engine"
     engine.write_bytes(engine.read_bytes()[:-1] + b"\x01")
     result = cli("provision", remote.as_uri(), "--gpu", "sm_89", "--dest", str(tmp_path / "dest"))
-    assert result.returncode == 3 and f"{remote.as_uri()}/engines/{sha}.engine" in result.stderr and "does not match" in result.stderr
+    assert (
+        result.returncode == 3
+        and f"{remote.as_uri()}/engines/{sha}.engine" in result.stderr
+        and "does not match" in result.stderr
+    )
     assert not (tmp_path / "dest").exists()
 
 
 def test_remote_failures_are_one_line_with_the_right_exit_code(built: Path, tmp_path: Path) -> None:
     nothing = cli("provision", (tmp_path / "nowhere").as_uri(), "--gpu", "sm_89", "--dest", str(tmp_path / "d"))
-    assert nothing.returncode == 3 and nothing.stderr.count("\n") == 1 and "manifest.json: not found; publish the package" in nothing.stderr
-    env = {**subprocess.os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    assert (
+        nothing.returncode == 3
+        and nothing.stderr.count("\n") == 1
+        and "manifest.json: not found; publish the package" in nothing.stderr
+    )
+    env = {
+        **subprocess.os.environ,
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+    }
     down = cli("provision", "s3://bucket/tiny", "--gpu", "sm_89", "--dest", str(tmp_path / "d"), env=env)
-    assert down.returncode == 4 and down.stderr.count("\n") == 1 and "s3://bucket/tiny/channels/stable.json: cannot read" in down.stderr
+    assert (
+        down.returncode == 4
+        and down.stderr.count("\n") == 1
+        and "s3://bucket/tiny/channels/stable.json: cannot read" in down.stderr
+    )
     archive = cli("publish", str(built / "artifacts/packages/tiny.tar.gz"), (tmp_path / "r").as_uri())
     assert archive.returncode == 3 and "not its archive" in archive.stderr
     assert not (tmp_path / "d").exists() and not (tmp_path / "r").exists()

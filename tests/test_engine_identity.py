@@ -13,9 +13,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+from zoo import zoo_model
 
 from trtflow.backends.engine_identity import canonical_digest
-from zoo import zoo_model
 
 BUILD = """
 import json, sys
@@ -33,13 +33,17 @@ def model(zoo_dir: Path):
 
 
 def _profile(model, max_batch: int = 8) -> dict:
-    (name, shapes), = model.profile.items()
+    ((name, shapes),) = model.profile.items()
     return {name: [list(shapes.min), list(shapes.opt), [max_batch, *shapes.max[1:]]]}
 
 
 def _build(onnx_path: Path, engine: Path, cc: str = "sm_89", profile: dict | None = None) -> Path:
     """One build in a fresh ordinary process (address-space randomization on): how numbering comes to vary."""
-    subprocess.run([sys.executable, "-c", BUILD, str(onnx_path), str(engine), cc, json.dumps(profile)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", BUILD, str(onnx_path), str(engine), cc, json.dumps(profile)],
+        check=True,
+        capture_output=True,
+    )
     return engine
 
 
@@ -63,7 +67,10 @@ def test_builds_of_identical_inputs_share_one_canonical_digest(model, tmp_path: 
     raw = {hashlib.sha256(e.read_bytes()).hexdigest() for e in engines}
     assert len({canonical_digest(e) for e in engines}) == 1
     if len(raw) == 1:
-        pytest.skip("the builder gave identical bytes 4 times in a row: nothing varied to abstract (the digest above still held)")
+        pytest.skip(
+            "the builder gave identical bytes 4 times in a row: nothing varied to abstract (the digest above still "
+            "held)"
+        )
 
 
 def test_every_real_change_changes_the_canonical_digest(model, tmp_path: Path) -> None:
@@ -71,15 +78,21 @@ def test_every_real_change_changes_the_canonical_digest(model, tmp_path: Path) -
     fp16 = tmp_path / "fp16.onnx"
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
-    onnx.save(convert_to_mixed_precision(onnx_path=str(model.path), low_precision_type="fp16", keep_io_types=True), fp16)
+    onnx.save(
+        convert_to_mixed_precision(onnx_path=str(model.path), low_precision_type="fp16", keep_io_types=True), fp16
+    )
     variants = {
-        "one weight one ulp up": _build(_variant(model, tmp_path, _one_ulp), tmp_path / "ulp.engine", profile=_profile(model)),
+        "one weight one ulp up": _build(
+            _variant(model, tmp_path, _one_ulp), tmp_path / "ulp.engine", profile=_profile(model)
+        ),
         "profile max batch 16": _build(model.path, tmp_path / "max16.engine", profile=_profile(model, 16)),
         "sm_86 instead of sm_89": _build(model.path, tmp_path / "sm86.engine", cc="sm_86", profile=_profile(model)),
         "fp16": _build(fp16, tmp_path / "fp16.engine", profile=_profile(model)),
     }
     assert base is not None
-    assert {name: canonical_digest(engine) != base for name, engine in variants.items()} == dict.fromkeys(variants, True)
+    assert {name: canonical_digest(engine) != base for name, engine in variants.items()} == dict.fromkeys(
+        variants, True
+    )
 
 
 def test_an_unknown_layout_has_no_canonical_digest(tmp_path: Path) -> None:

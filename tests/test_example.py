@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, trtflow, trtflow_process
 
 
@@ -22,20 +21,34 @@ def _fresh_clone(destination: Path) -> Path:
 
 
 def _package_digests(root: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((root / "artifacts" / "packages").glob("*.tar.gz"))}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((root / "artifacts" / "packages").glob("*.tar.gz"))
+    }
 
 
 def _lock_drift(clone: Path) -> list[str]:
     """What differs between the committed lock and the one a run wrote: a changed key means the lock is stale
     (regenerate it with `trtflow run`); the same key with other outputs means this machine builds or measures
     differently from the one that wrote the lock (a reproducibility bug)."""
-    committed = json.loads(subprocess.run(["git", "-C", str(clone), "show", "HEAD:trtflow.lock"], capture_output=True, text=True, check=True).stdout)
+    committed = json.loads(
+        subprocess.run(
+            ["git", "-C", str(clone), "show", "HEAD:trtflow.lock"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     fresh = json.loads((clone / "trtflow.lock").read_text())
-    drift = [f"{node}: {'not in the committed lock' if node not in committed['nodes'] else 'key changed (stale lock)'}"
-             for node, entry in fresh["nodes"].items() if committed["nodes"].get(node, {}).get("key") != entry["key"]]
-    drift += [f"{node}: same key, other outputs {sorted(k for k in entry['outputs'] if entry['outputs'][k] != committed['nodes'][node]['outputs'].get(k))}"
-              for node, entry in fresh["nodes"].items()
-              if committed["nodes"].get(node, {}).get("key") == entry["key"] and committed["nodes"][node]["outputs"] != entry["outputs"]]
+    drift = [
+        f"{node}: {'not in the committed lock' if node not in committed['nodes'] else 'key changed (stale lock)'}"
+        for node, entry in fresh["nodes"].items()
+        if committed["nodes"].get(node, {}).get("key") != entry["key"]
+    ]
+    drift += [
+        f"{node}: same key, other outputs "
+        f"{sorted(k for k in entry['outputs'] if entry['outputs'][k] != committed['nodes'][node]['outputs'].get(k))}"
+        for node, entry in fresh["nodes"].items()
+        if committed["nodes"].get(node, {}).get("key") == entry["key"]
+        and committed["nodes"][node]["outputs"] != entry["outputs"]
+    ]
     drift += [f"{node}: no longer built" for node in committed["nodes"] if node not in fresh["nodes"]]
     if not drift and committed != fresh:
         drift.append("the lock's other fields differ")

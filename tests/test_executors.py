@@ -14,12 +14,23 @@ from trtflow.stages.base import Upstream
 
 
 def _build_task(tmp_path: Path, backend: str) -> StageTask:
-    params = build.Params(precision="fp32", profiles=[], backend=backend, backend_version=None, compute_capabilities=["sm_86"],
-                          hardware_compatibility="none", version_compatible=False)
-    return StageTask("build:m/fp32/t", "build", params, {"model": Upstream(files={"model": tmp_path / "missing.onnx"})}, tmp_path)
+    params = build.Params(
+        precision="fp32",
+        profiles=[],
+        backend=backend,
+        backend_version=None,
+        compute_capabilities=["sm_86"],
+        hardware_compatibility="none",
+        version_compatible=False,
+    )
+    return StageTask(
+        "build:m/fp32/t", "build", params, {"model": Upstream(files={"model": tmp_path / "missing.onnx"})}, tmp_path
+    )
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("tensorrt") is not None, reason="full TensorRT is installed here")
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("tensorrt") is not None, reason="full TensorRT is installed here"
+)
 def test_a_missing_backend_in_a_worker_keeps_exit_code_4(tmp_path: Path) -> None:
     executor = LocalExecutor(1)
     try:
@@ -39,25 +50,39 @@ def test_a_stage_failure_is_exit_code_1_with_its_message(tmp_path: Path) -> None
 def test_a_hermetic_build_runs_in_a_fresh_process_without_aslr_and_hands_its_engine_back(tmp_path: Path) -> None:
     import numpy as np
     import onnx
-
     from conftest import example_models
+
     from trtflow.executors.hermetic import run_hermetic
     from trtflow.util.settings import Settings
 
     onnx.save(example_models().tiny_cnn(np.random.default_rng(0)), tmp_path / "m.onnx")
-    params = build.Params(precision="fp32", profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}],
-                          backend="tensorrt-rtx", backend_version=None, compute_capabilities=["sm_86"], hardware_compatibility="none",
-                          version_compatible=False)
+    params = build.Params(
+        precision="fp32",
+        profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}],
+        backend="tensorrt-rtx",
+        backend_version=None,
+        compute_capabilities=["sm_86"],
+        hardware_compatibility="none",
+        version_compatible=False,
+    )
     work = tmp_path / "work"
     work.mkdir()
     task = StageTask("build:m/fp32/t", "build", params, {"model": Upstream(files={"model": tmp_path / "m.onnx"})}, work)
-    result = run_hermetic(task, Settings.from_environ({"HOME": "/root", "SECRET_TOKEN": "x", "CUDA_VISIBLE_DEVICES": "0"}))
+    result = run_hermetic(
+        task, Settings.from_environ({"HOME": "/root", "SECRET_TOKEN": "x", "CUDA_VISIBLE_DEVICES": "0"})
+    )
     assert result.error is None, result.error
     assert Path(result.files["engine"]).parent == work and Path(result.files["engine"]).stat().st_size > 10_000
-    assert result.record["hermetic"] == ("yes: fresh process, ASLR off, minimal environment, passed through: CUDA_VISIBLE_DEVICES, "
-                                         "PYTHONHASHSEED=0, fixed slot folder and names")
+    assert result.record["hermetic"] == (
+        "yes: fresh process, ASLR off, minimal environment, passed through: CUDA_VISIBLE_DEVICES, "
+        "PYTHONHASHSEED=0, fixed slot folder and names"
+    )
     assert Settings.from_environ({"HOME": "/root", "SECRET_TOKEN": "x"}).hermetic_env() == {
-        "PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "PYTHONHASHSEED": "0",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }
 
 
 def test_the_exchange_refuses_bytes_that_do_not_hash_to_their_name(tmp_path: Path) -> None:
@@ -84,7 +109,12 @@ def test_a_node_that_cannot_read_the_exchange_fails_its_stage_with_exit_4(tmp_pa
     source.write_bytes(b"an onnx model")
     task = StageTask("cleanup:m", "cleanup", None, {"model": Upstream(files={"model": source})}, tmp_path / "work")
     shipped = ship(task, Exchange(str(tmp_path / "driver-side")))
-    landed = landed_or_failure(shipped, Exchange(str(tmp_path / "node-side")), tmp_path / "node")  # another folder: not shared
+    landed = landed_or_failure(
+        shipped, Exchange(str(tmp_path / "node-side")), tmp_path / "node"
+    )  # another folder: not shared
     assert landed.exit_code == 4 and "cannot fetch the inputs of cleanup:m from the exchange" in landed.error
     ok = landed_or_failure(shipped, Exchange(str(tmp_path / "driver-side")), tmp_path / "node2")
-    assert ok.inputs["model"].files["model"].read_bytes() == b"an onnx model" and ok.inputs["model"].files["model"].name == "model.onnx"
+    assert (
+        ok.inputs["model"].files["model"].read_bytes() == b"an onnx model"
+        and ok.inputs["model"].files["model"].name == "model.onnx"
+    )

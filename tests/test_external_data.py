@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import trtflow, write_project
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import trtflow, write_project
 from trtflow.hashing import RACY_WINDOW_NS, FileDigests
 from trtflow.stages.modelfile import ALIGNMENT, INLINE_BELOW, external_data_locations, load_graph, save_model
 
@@ -27,14 +27,26 @@ targets: [rtx-ada]
 
 
 def mlp(seed: int) -> onnx.ModelProto:
-    """256 -> 2048 -> 4 MLP: a 2 MiB and a 32 KiB weight (both external) and a 16-byte bias (inline: under save_model's size threshold)."""
+    """256 -> 2048 -> 4 MLP: a 2 MiB and a 32 KiB weight (both external) and a 16-byte bias (inline: under save_model's
+    size threshold)."""
     rng = np.random.default_rng(seed)
-    inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.05).astype(np.float32), name)
-             for name, shape in (("w1", (256, 2048)), ("w2", (2048, 4)), ("b2", (4,)))]
-    nodes = [helper.make_node("MatMul", ["input", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "w2"], ["m"]), helper.make_node("Add", ["m", "b2"], ["output"])]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 256])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 4])], inits)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(shape) * 0.05).astype(np.float32), name)
+        for name, shape in (("w1", (256, 2048)), ("w2", (2048, 4)), ("b2", (4,)))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["input", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["m"]),
+        helper.make_node("Add", ["m", "b2"], ["output"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 256])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 4])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -64,7 +76,10 @@ def test_a_model_with_external_data_is_hashed_over_all_its_files_and_builds(mlp_
     lock = json.loads((mlp_project / "trtflow.lock").read_text())["nodes"]
     inputs = lock["cleanup:mlp"]["inputs"]
     assert sorted(inputs) == ["model", "model.data:w1", "model.data:w2"]
-    assert sorted(lock["cleanup:mlp"]["outputs"]) == ["model", "model.data"]  # one weights file in the store, beside the graph
+    assert sorted(lock["cleanup:mlp"]["outputs"]) == [
+        "model",
+        "model.data",
+    ]  # one weights file in the store, beside the graph
     assert sorted(lock["build:mlp/fp32/rtx-ada"]["inputs"]) == ["model", "model.data"]
     manifest = json.loads((mlp_project / "artifacts/packages/mlp/manifest.json").read_text())
     assert [t["shape"] for t in manifest["engines"][0]["tensors"]] == [[-1, 256], [-1, 4]]
@@ -79,17 +94,29 @@ def test_changing_only_an_external_weights_file_rebuilds(mlp_project: Path) -> N
     save_external(mlp(seed=1), other / "mlp.onnx")
     (mlp_project / "models" / "w1").write_bytes((other / "w1").read_bytes())
     assert (mlp_project / "models" / "mlp.onnx").read_bytes() == graph  # the graph file itself is unchanged
-    assert "cleanup:mlp" in (explained := trtflow(mlp_project, "plan", "--explain").out) and "input model.data:w1 changed" in explained
+    assert (
+        "cleanup:mlp" in (explained := trtflow(mlp_project, "plan", "--explain").out)
+        and "input model.data:w1 changed" in explained
+    )
     result = trtflow(mlp_project, "run", "--json")
-    assert {n["id"] for n in json.loads(result.out)["nodes"] if n["status"] == "built"} >= {"cleanup:mlp", "build:mlp/fp32/rtx-ada"}
-    assert json.loads((mlp_project / "artifacts/packages/mlp/manifest.json").read_text())["engines"][0]["sha256"] != engine
+    assert {n["id"] for n in json.loads(result.out)["nodes"] if n["status"] == "built"} >= {
+        "cleanup:mlp",
+        "build:mlp/fp32/rtx-ada",
+    }
+    assert (
+        json.loads((mlp_project / "artifacts/packages/mlp/manifest.json").read_text())["engines"][0]["sha256"] != engine
+    )
 
 
 def test_a_missing_weights_file_is_named_before_anything_runs(mlp_project: Path) -> None:
     (mlp_project / "models" / "w2").unlink()
     for command in ("validate", "run", "plan"):
         result = trtflow(mlp_project, command)
-        assert result.code == 3 and result.err == "error: recipes/mlp.yaml:2: source.onnx: external data file w2 not found beside mlp.onnx\n", (command, result.err)
+        assert (
+            result.code == 3
+            and result.err
+            == "error: recipes/mlp.yaml:2: source.onnx: external data file w2 not found beside mlp.onnx\n"
+        ), (command, result.err)
     assert not (mlp_project / "artifacts").exists()
 
 
@@ -106,7 +133,9 @@ def test_cleanup_copies_large_tensors_byte_for_byte_without_loading_them(tmp_pat
     saved = onnx.load(str(files["model"]))  # its external data resolved from model.onnx.data beside it
     assert all(np.array_equal(numpy_helper.to_array(t), original[t.name]) for t in saved.graph.initializer)
     written = onnx.load(str(files["model"]), load_external_data=False).graph
-    offsets = [int(dict((e.key, e.value) for e in t.external_data)["offset"]) for t in written.initializer if t.external_data]
+    offsets = [
+        int(dict((e.key, e.value) for e in t.external_data)["offset"]) for t in written.initializer if t.external_data
+    ]
     assert len(offsets) == 2 and all(offset % ALIGNMENT == 0 for offset in offsets)  # w1 and w2; the bias stays inline
 
 

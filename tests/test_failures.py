@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import settle, trtflow, trtflow_process, write_project
 
 torch = pytest.importorskip("torch")
@@ -41,7 +40,11 @@ FAILING = {"precision:lstm/int8", "precision:resnet/fp16"}
 
 
 def _recipe(model, precisions: list[str], extra: str) -> str:
-    body = {"source": {"onnx": f"models/{model.name}.onnx"}, "precisions": precisions, "profiles": [model.recipe_profile()]}
+    body = {
+        "source": {"onnx": f"models/{model.name}.onnx"},
+        "precisions": precisions,
+        "profiles": [model.recipe_profile()],
+    }
     if "fp32" in precisions:
         body["exclude"] = [{"precision": "fp32", "target": "rtx-turing"}]
     return yaml.safe_dump(body, sort_keys=False) + extra
@@ -50,8 +53,14 @@ def _recipe(model, precisions: list[str], extra: str) -> str:
 def fleet_project(root: Path, zoo_dir: Path) -> Path:
     """The fleet above, its models copied in, calibration on seeded random inputs (recorded as such)."""
     lstm, resnet = zoo_model("lstm", zoo_dir), zoo_model("resnet", zoo_dir)
-    write_project(root, {"lstm": _recipe(lstm, ["fp32", "int8"], "calibration: {random: true}\n"),
-                         "resnet": _recipe(resnet, ["fp32", "fp16"], IMPOSSIBLE)}, pipeline=FLEET)
+    write_project(
+        root,
+        {
+            "lstm": _recipe(lstm, ["fp32", "int8"], "calibration: {random: true}\n"),
+            "resnet": _recipe(resnet, ["fp32", "fp16"], IMPOSSIBLE),
+        },
+        pipeline=FLEET,
+    )
     for model in (lstm, resnet):
         shutil.copyfile(model.path, root / "models" / f"{model.name}.onnx")
     return root
@@ -69,8 +78,11 @@ def with_status(summary: dict, status: str) -> set[str]:
 
 def files_and_times(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under the project (the no-op memo aside) with its size and mtime."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
-            if p.is_file() and ".trtflow" not in p.parts}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".trtflow" not in p.parts
+    }
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +113,26 @@ def test_the_first_run_fails_the_real_pairs_and_builds_the_rest(fleet: tuple[Pat
     reasons = {node["id"]: node["reason"] for node in first["nodes"] if node["status"] == "failed"}
     assert "ModelOpt quantized no node" in reasons["precision:lstm/int8"]
     assert "max abs error" in reasons["precision:resnet/fp16"]
-    assert all(node["failure_recorded"] and not node["failure_cached"] for node in first["nodes"] if node["status"] == "failed")
-    assert with_status(first, "skipped") == {f"{kind}:{recipe}/{target}" for kind in ("build", "verify")
-                                             for recipe in ("lstm/int8", "resnet/fp16") for target in ("rtx-turing", "rtx-ampere")}
-    assert with_status(first, "built") >= {"build:lstm/fp32/rtx-ampere", "build:resnet/fp32/rtx-ampere", "package:lstm", "package:resnet"}
+    assert all(
+        node["failure_recorded"] and not node["failure_cached"] for node in first["nodes"] if node["status"] == "failed"
+    )
+    assert with_status(first, "skipped") == {
+        f"{kind}:{recipe}/{target}"
+        for kind in ("build", "verify")
+        for recipe in ("lstm/int8", "resnet/fp16")
+        for target in ("rtx-turing", "rtx-ampere")
+    }
+    assert with_status(first, "built") >= {
+        "build:lstm/fp32/rtx-ampere",
+        "build:resnet/fp32/rtx-ampere",
+        "package:lstm",
+        "package:resnet",
+    }
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
     assert {node["id"] for node in first["nodes"]} == set(lock)  # every stage of the plan, failed and skipped ones too
-    assert lock["precision:lstm/int8"]["failed"] == reasons["precision:lstm/int8"] and lock["precision:lstm/int8"]["key"]
+    assert (
+        lock["precision:lstm/int8"]["failed"] == reasons["precision:lstm/int8"] and lock["precision:lstm/int8"]["key"]
+    )
     assert lock["build:resnet/fp16/rtx-ampere"] == {"skipped": "upstream precision:resnet/fp16 failed or was skipped"}
 
 
@@ -140,7 +165,9 @@ def test_plan_shows_recorded_failures_and_what_they_skip(built_fleet: Path) -> N
     assert re.search(r"package:lstm\s+cached", result.out)
 
 
-def test_frozen_in_a_clean_clone_passes_when_the_same_pairs_fail_the_same_way(built_fleet: Path, tmp_path: Path) -> None:
+def test_frozen_in_a_clean_clone_passes_when_the_same_pairs_fail_the_same_way(
+    built_fleet: Path, tmp_path: Path
+) -> None:
     clone = clean_clone(built_fleet, tmp_path / "clone")
     lock = (clone / "trtflow.lock").read_bytes()
     result = trtflow(clone, "run", "--frozen")
@@ -157,7 +184,10 @@ def test_frozen_fails_naming_a_pair_that_fails_another_way(built_fleet: Path, tm
     (clone / "trtflow.lock").write_text(json.dumps(lock))
     result = trtflow(clone, "run", "--frozen")
     assert result.code == 3 and not (clone / "artifacts").exists()
-    assert "package:lstm: input precision:int8 changed (missing: precision:lstm/int8: int8: ModelOpt quantized no node" in result.err
+    assert (
+        "package:lstm: input precision:int8 changed (missing: precision:lstm/int8: int8: ModelOpt quantized no node"
+        in result.err
+    )
     assert "-> missing: precision:lstm/int8: an old failure)" in result.err
 
 
@@ -170,8 +200,11 @@ def test_frozen_refuses_a_lock_whose_failures_and_skips_disagree(built_fleet: Pa
     (clone / "trtflow.lock").write_text(json.dumps(lock))
     result = trtflow(clone, "run", "--frozen")
     assert result.code == 3 and not (clone / "artifacts").exists()
-    assert "build:resnet/fp16/rtx-ampere: trtflow.lock has it skipped (upstream precision:resnet/fp16 failed or was skipped), " \
-           "but its upstreams no longer fail there" in result.err
+    assert (
+        "build:resnet/fp16/rtx-ampere: trtflow.lock has it skipped (upstream precision:resnet/fp16 failed or was "
+        "skipped), "
+        "but its upstreams no longer fail there" in result.err
+    )
 
 
 def test_editing_the_impossible_limit_reruns_exactly_that_precision_and_its_builds(built_fleet: Path) -> None:
@@ -179,8 +212,14 @@ def test_editing_the_impossible_limit_reruns_exactly_that_precision_and_its_buil
     recipe.write_text(recipe.read_text().replace(IMPOSSIBLE, LOOSE))
     code, after = summary(built_fleet)
     assert code == 1  # the LSTM's int8 still fails (recorded)
-    assert with_status(after, "built") == {"precision:resnet/fp16", "build:resnet/fp16/rtx-turing", "verify:resnet/fp16/rtx-turing",
-                                           "build:resnet/fp16/rtx-ampere", "verify:resnet/fp16/rtx-ampere", "package:resnet"}
+    assert with_status(after, "built") == {
+        "precision:resnet/fp16",
+        "build:resnet/fp16/rtx-turing",
+        "verify:resnet/fp16/rtx-turing",
+        "build:resnet/fp16/rtx-ampere",
+        "verify:resnet/fp16/rtx-ampere",
+        "package:resnet",
+    }
     assert with_status(after, "failed") == {"precision:lstm/int8"}
     lock = json.loads((built_fleet / "trtflow.lock").read_text())["nodes"]
     assert "failed" not in lock["precision:resnet/fp16"] and lock["build:resnet/fp16/rtx-ampere"]["outputs"]["engine"]
@@ -191,21 +230,29 @@ def test_retry_failed_reruns_the_failures_only(built_fleet: Path) -> None:
     assert code == 1
     failed = [node for node in retried["nodes"] if node["status"] == "failed"]
     assert {node["id"] for node in failed} == FAILING and not any(node["failure_cached"] for node in failed)
-    assert retried["built"] == 0 and with_status(retried, "cached") == {n["id"] for n in retried["nodes"]} - FAILING - with_status(retried, "skipped")
+    assert retried["built"] == 0 and with_status(retried, "cached") == {
+        n["id"] for n in retried["nodes"]
+    } - FAILING - with_status(retried, "skipped")
 
 
 def test_a_failure_of_the_machine_is_not_recorded(built_fleet: Path) -> None:
     """A build worker killed from outside (as the OOM killer would) fails its stage for this run only."""
     recipe = built_fleet / "recipes" / "lstm.yaml"
     recipe.write_text(recipe.read_text() + "build: {workspace_mib: 256}\n")  # new build keys
-    run = subprocess.Popen([sys.executable, "-m", "trtflow", "-C", str(built_fleet), "run", "--json"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "trtflow", "-C", str(built_fleet), "run", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     killed = 0
     while run.poll() is None:
         killed += _kill_build_workers(run.pid)
         time.sleep(0.01)
     out, _ = run.communicate()
-    died = [n for n in json.loads(out)["nodes"] if n["status"] == "failed" and "killed by SIGKILL" in (n["reason"] or "")]
+    died = [
+        n for n in json.loads(out)["nodes"] if n["status"] == "failed" and "killed by SIGKILL" in (n["reason"] or "")
+    ]
     assert killed and died and run.returncode == 1
     assert not any(node["failure_recorded"] for node in died)
     lock = json.loads((built_fleet / "trtflow.lock").read_text())["nodes"]
@@ -234,24 +281,40 @@ def test_check_repro_reports_every_buildable_engine_and_what_it_skipped(built_fl
     assert code == 1  # the recorded failures still fail the run
     builds = {node["id"] for node in checked["nodes"] if node["kind"] == "build"}
     rebuilt = {entry["id"] for entry in checked["reproducibility"]}
-    assert rebuilt == {node["id"] for node in checked["nodes"] if node["kind"] == "build" and node["status"] == "cached"}
+    assert rebuilt == {
+        node["id"] for node in checked["nodes"] if node["kind"] == "build" and node["status"] == "cached"
+    }
     assert rebuilt == {"build:lstm/fp32/rtx-ampere", "build:resnet/fp32/rtx-ampere"}
-    assert all(entry["verdict"] in ("identical", "equivalent") and entry["rebuilds"] == 2 for entry in checked["reproducibility"])
+    assert all(
+        entry["verdict"] in ("identical", "equivalent") and entry["rebuilds"] == 2
+        for entry in checked["reproducibility"]
+    )
     skipped = {entry["id"]: entry["why"] for entry in checked["reproducibility_not_checked"]}
-    assert set(skipped) == builds - rebuilt and all(why.startswith("skipped: upstream precision:") for why in skipped.values())
+    assert set(skipped) == builds - rebuilt and all(
+        why.startswith("skipped: upstream precision:") for why in skipped.values()
+    )
 
 
 def test_provision_names_the_engines_that_failed_for_the_gpu(built_fleet: Path, tmp_path: Path) -> None:
     package = built_fleet / "artifacts" / "packages" / "resnet"
     result = trtflow(built_fleet, "provision", str(package), "--gpu", "sm_75", "--dest", str(tmp_path / "engines"))
     assert result.code == 5
-    assert "rtx-turing fp16 (sm_75): not built, precision:resnet/fp16 failed: fp16 accuracy out of tolerance" in result.err
-    assert "the engines for sm_75 (target rtx-turing) failed to build" in result.err and "add a pipeline target" not in result.err
-    as_json = trtflow(built_fleet, "provision", str(package), "--gpu", "sm_75", "--dest", str(tmp_path / "engines"), "--json")
+    assert (
+        "rtx-turing fp16 (sm_75): not built, precision:resnet/fp16 failed: fp16 accuracy out of tolerance" in result.err
+    )
+    assert (
+        "the engines for sm_75 (target rtx-turing) failed to build" in result.err
+        and "add a pipeline target" not in result.err
+    )
+    as_json = trtflow(
+        built_fleet, "provision", str(package), "--gpu", "sm_75", "--dest", str(tmp_path / "engines"), "--json"
+    )
     answer = json.loads(as_json.out)
     assert as_json.code == 5 and answer["exit_code"] == 5 and answer["action"] == "failed"
     assert [(e["target"], e["precision"]) for e in answer["failed_engines"]] == [("rtx-turing", "fp16")]
-    good = json.loads(trtflow(built_fleet, "provision", str(package), "--gpu", "sm_86", "--dest", str(tmp_path / "e"), "--json").out)
+    good = json.loads(
+        trtflow(built_fleet, "provision", str(package), "--gpu", "sm_86", "--dest", str(tmp_path / "e"), "--json").out
+    )
     assert good["exit_code"] == 0 and good["action"] == "installed"
 
 
@@ -276,24 +339,37 @@ def lstm_only_model(path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
-               for name, shape in (("W", (1, 64, 8)), ("R", (1, 64, 16)), ("B", (1, 128)))]
-    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=16),
-             helper.make_node("Squeeze", ["y", "axes"], ["out"])]
+    weights = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
+        for name, shape in (("W", (1, 64, 8)), ("R", (1, 64, 16)), ("B", (1, 128)))
+    ]
+    nodes = [
+        helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=16),
+        helper.make_node("Squeeze", ["y", "axes"], ["out"]),
+    ]
     axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
-    graph = helper.make_graph(nodes, "lstm_only", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10, 1, 8])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [10, 1, 16])], [*weights, axes])
+    graph = helper.make_graph(
+        nodes,
+        "lstm_only",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10, 1, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [10, 1, 16])],
+        [*weights, axes],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
 def test_validate_lists_every_refusal_at_once_with_blocks_that_settle_them(tmp_path: Path) -> None:
     """8 GEMM models x (fp32 and bf16 on Turing, fp8 on three older GPUs) = 40 refusals, plus int8/fp8 of an
     LSTM-only model: one run lists them all; pasting the printed blocks makes the project valid."""
-    recipes = {f"cnn{i}": "source: {onnx: models/tiny_cnn.onnx}\nprecisions: [fp32, fp16, bf16, fp8]\n"
-                          "calibration: {random: true}\nprofiles:\n  - inputs:\n      input: {shape: [1, 3, 32, 32]}\n"
-               for i in range(8)}
-    recipes["speech"] = "source: {onnx: models/lstm_only.onnx}\nprecisions: [fp16, int8, fp8]\ncalibration: {random: true}\n" \
-                        "exclude: [{precision: fp16, target: turing}]\n"
+    recipes = {
+        f"cnn{i}": "source: {onnx: models/tiny_cnn.onnx}\nprecisions: [fp32, fp16, bf16, fp8]\n"
+        "calibration: {random: true}\nprofiles:\n  - inputs:\n      input: {shape: [1, 3, 32, 32]}\n"
+        for i in range(8)
+    }
+    recipes["speech"] = (
+        "source: {onnx: models/lstm_only.onnx}\nprecisions: [fp16, int8, fp8]\ncalibration: {random: true}\n"
+        "exclude: [{precision: fp16, target: turing}]\n"
+    )
     root = write_project(tmp_path / "p", recipes, pipeline=WIDE_FLEET)
     lstm_only_model(root / "models" / "lstm_only.onnx")
     result = trtflow(root, "validate")
@@ -302,12 +378,19 @@ def test_validate_lists_every_refusal_at_once_with_blocks_that_settle_them(tmp_p
     refusals = [line for line in lines if re.match(r"  recipes/\w+\.yaml:\d+: precisions\[\d\]: ", line)]
     assert len(refusals) == 8 * 5 + 2 + 3  # speech: int8 and fp8 (nothing to quantize), fp8 on the three older GPUs too
     assert lines[0] == f"{len(refusals)} pair(s) cannot be built; nothing was run:"
-    assert any("int8: ModelOpt PTQ quantizes Conv, ConvTranspose, Gemm, MatMul nodes and this model has none (its ops: LSTM, Squeeze)"
-               in line for line in refusals)
+    assert any(
+        "int8: ModelOpt PTQ quantizes Conv, ConvTranspose, Gemm, MatMul nodes and this model has none (its ops: LSTM, "
+        "Squeeze)" in line
+        for line in refusals
+    )
     assert not any("..." in line for line in lines)
     blocks = _exclude_blocks(lines)
     assert set(blocks) == set(f"recipes/{name}.yaml" for name in recipes)
-    assert sorted(blocks["recipes/speech.yaml"]) == ["{precision: fp16, target: turing}", "{precision: fp8}", "{precision: int8}"]
+    assert sorted(blocks["recipes/speech.yaml"]) == [
+        "{precision: fp16, target: turing}",
+        "{precision: fp8}",
+        "{precision: int8}",
+    ]
     for recipe, entries in blocks.items():
         text = re.sub(r"(?m)^exclude:.*\n", "", (root / recipe).read_text())
         (root / recipe).write_text(text + "exclude:\n" + "".join(f"  - {entry}\n" for entry in entries))
@@ -331,8 +414,14 @@ def _exclude_blocks(lines: list[str]) -> dict[str, list[str]]:
 
 
 def test_run_refuses_every_unbuildable_pair_before_any_work(tmp_path: Path) -> None:
-    root = write_project(tmp_path / "p", {"a": "source: {onnx: models/tiny_cnn.onnx}\nprecisions: [fp8]\ncalibration: {random: true}\n"
-                                               "profiles:\n  - inputs:\n      input: {shape: [1, 3, 32, 32]}\n"}, pipeline=WIDE_FLEET)
+    root = write_project(
+        tmp_path / "p",
+        {
+            "a": "source: {onnx: models/tiny_cnn.onnx}\nprecisions: [fp8]\ncalibration: {random: true}\n"
+            "profiles:\n  - inputs:\n      input: {shape: [1, 3, 32, 32]}\n"
+        },
+        pipeline=WIDE_FLEET,
+    )
     result = trtflow(root, "run")
     assert result.code == 3 and "3 pair(s) cannot be built" in result.err
     assert "- {precision: fp8, target: turing}" in result.err and not (root / "artifacts").exists()
@@ -340,31 +429,45 @@ def test_run_refuses_every_unbuildable_pair_before_any_work(tmp_path: Path) -> N
 
 def test_a_build_refused_for_its_architecture_names_the_real_target(tmp_path: Path) -> None:
     """An fp16 model whose GEMMs AutoCast keeps in fp32 (told to, here): TensorRT-RTX cannot build those for Turing."""
-    root = write_project(tmp_path / "p", {"speech": "source: {onnx: models/seq_lstm.onnx}\nprecisions: [fp16]\n"
-                                                    "targets: [turing]\nautocast: {keep_op_types: [MatMul, LSTM]}\n"},
-                         pipeline=WIDE_FLEET)
+    root = write_project(
+        tmp_path / "p",
+        {
+            "speech": "source: {onnx: models/seq_lstm.onnx}\nprecisions: [fp16]\n"
+            "targets: [turing]\nautocast: {keep_op_types: [MatMul, LSTM]}\n"
+        },
+        pipeline=WIDE_FLEET,
+    )
     shutil.copyfile(Path(__file__).parent.parent / "models" / "seq_lstm.onnx", root / "models" / "seq_lstm.onnx")
     code, first = summary(root)
     failed = {node["id"]: node["reason"] for node in first["nodes"] if node["status"] == "failed"}
     assert code == 1 and set(failed) == {"build:speech/fp16/turing"}
-    assert failed["build:speech/fp16/turing"].startswith("fp16 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM is not supported")
-    assert failed["build:speech/fp16/turing"].endswith("drop the pair with exclude: [{precision: fp16, target: turing}]")
+    assert failed["build:speech/fp16/turing"].startswith(
+        "fp16 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM is not supported"
+    )
+    assert failed["build:speech/fp16/turing"].endswith(
+        "drop the pair with exclude: [{precision: fp16, target: turing}]"
+    )
 
 
 # the race behind "Unable to parse proto" ----------------------------------------------------------------------------
+
 
 def test_a_precision_stage_never_writes_into_the_store_object_it_reads(tmp_path: Path, zoo_dir: Path) -> None:
     """ModelOpt's PTQ rewrites its input model in place (shape inference to the same path): through a hard link that
     rewrote the cleaned model's store object while the recipe's other precisions read it."""
     model = zoo_model("mobilenet", zoo_dir)
-    recipe = _recipe(model, ["int8"], "calibration: {random: true}\ntargets: [rtx-ampere]\naccuracy: {int8: {min_top1: 0.0}}\n")
+    recipe = _recipe(
+        model, ["int8"], "calibration: {random: true}\ntargets: [rtx-ampere]\naccuracy: {int8: {min_top1: 0.0}}\n"
+    )
     root = write_project(tmp_path / "p", {"m": recipe}, pipeline=FLEET)
     shutil.copyfile(model.path, root / "models" / f"{model.name}.onnx")
     assert trtflow(root, "run").code == 0
     objects = {p: p.stat().st_mtime_ns for p in (root / "artifacts" / "store" / "objects").rglob("*") if p.is_file()}
     (root / "recipes" / "m.yaml").write_text(recipe.replace("min_top1: 0.0", "min_top1: 0.0, min_cosine: 0.5"))
     code, rerun = summary(root)  # the int8 stage again, from the cleaned model in the store
-    assert code == 0 and "precision:m/int8" in with_status(rerun, "built") and "cleanup:m" in with_status(rerun, "cached")
+    assert (
+        code == 0 and "precision:m/int8" in with_status(rerun, "built") and "cleanup:m" in with_status(rerun, "cached")
+    )
     changed = [p.name[:12] for p, mtime in objects.items() if p.exists() and p.stat().st_mtime_ns != mtime]
     assert not changed, f"store objects written in place: {changed}"
 
@@ -373,15 +476,30 @@ def test_a_precision_stage_never_writes_into_the_store_object_it_reads(tmp_path:
 def test_precision_stages_of_real_models_at_j2_never_read_a_half_written_model(tmp_path: Path, zoo_dir: Path) -> None:
     """fp16, int8 and fp8 of three real CNNs at -j 2, twice, each time with a fresh store: no stage fails."""
     models = [zoo_model(name, zoo_dir) for name in ("resnet", "mobilenet", "efficientnet")]
-    extra = "calibration: {random: true}\ntargets: [rtx-ada]\naccuracy: {fp16: {min_top1: 0.0}, int8: {min_top1: 0.0}, " \
-            "fp8: {min_top1: 0.0}}\n"
-    ada = FLEET.replace("rtx-ampere: {backend: tensorrt-rtx, compute_capabilities: [sm_86]}",
-                        "rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}")
+    extra = (
+        "calibration: {random: true}\ntargets: [rtx-ada]\naccuracy: {fp16: {min_top1: 0.0}, int8: {min_top1: 0.0}, "
+        "fp8: {min_top1: 0.0}}\n"
+    )
+    ada = FLEET.replace(
+        "rtx-ampere: {backend: tensorrt-rtx, compute_capabilities: [sm_86]}",
+        "rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}",
+    )
     for attempt in range(2):
-        root = write_project(tmp_path / f"p{attempt}", {m.name: yaml.safe_dump({"source": {"onnx": f"models/{m.name}.onnx"},
-                                                                                   "precisions": ["fp16", "int8", "fp8"],
-                                                                                   "profiles": [m.recipe_profile()]}) + extra
-                                                        for m in models}, pipeline=ada)
+        root = write_project(
+            tmp_path / f"p{attempt}",
+            {
+                m.name: yaml.safe_dump(
+                    {
+                        "source": {"onnx": f"models/{m.name}.onnx"},
+                        "precisions": ["fp16", "int8", "fp8"],
+                        "profiles": [m.recipe_profile()],
+                    }
+                )
+                + extra
+                for m in models
+            },
+            pipeline=ada,
+        )
         for m in models:
             shutil.copyfile(m.path, root / "models" / f"{m.name}.onnx")
         code, run = summary(root, "-j", "2")

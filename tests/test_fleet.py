@@ -1,4 +1,5 @@
-"""Acceptance on real architectures: the whole corpus, fp32/fp16/int8, for sm_75/sm_86/sm_89, in one run, then deployed."""
+"""Acceptance on real architectures: the whole corpus, fp32/fp16/int8, for sm_75/sm_86/sm_89, in one run, then
+deployed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import trtflow
 from fleet import MODELS, TARGETS, expected_engines, write_fleet_project
 from test_deploy import check_context_model
@@ -17,14 +17,23 @@ from test_deploy import check_context_model
 def test_the_real_model_fleet_builds_verifies_and_packages_every_engine(tmp_path: Path) -> None:
     root = write_fleet_project(tmp_path / "fleet")
     result = trtflow(root, "run", "-j", "2", "--json")
-    failed = [(n["id"], n["reason"]) for n in json.loads(result.out)["nodes"] if n["status"] == "failed"] if result.out else result.err
+    failed = (
+        [(n["id"], n["reason"]) for n in json.loads(result.out)["nodes"] if n["status"] == "failed"]
+        if result.out
+        else result.err
+    )
     assert result.code == 0, failed
     for name in MODELS:
         manifest = json.loads((root / "artifacts" / "packages" / name / "manifest.json").read_text())
-        assert manifest["complete"] and {(e["precision"], e["target"]) for e in manifest["engines"]} == expected_engines(name), name
+        assert manifest["complete"] and {
+            (e["precision"], e["target"]) for e in manifest["engines"]
+        } == expected_engines(name), name
         for engine in manifest["engines"]:
             checks = engine["verification"]
-            assert checks["cleanup_equality"]["passed"] and checks["engine_checks"]["problems"] == [], (name, engine["file"])
+            assert checks["cleanup_equality"]["passed"] and checks["engine_checks"]["problems"] == [], (
+                name,
+                engine["file"],
+            )
             if engine["precision"] != "fp32":
                 assert checks["precision_accuracy"]["passed"], (name, engine["file"], checks["precision_accuracy"])
     deploy_every_package(root, tmp_path / "deploy")
@@ -43,10 +52,14 @@ def deploy_every_package(root: Path, work: Path) -> None:
             assert result.code == 0, (name, gpu, result.err)
             record = json.loads(result.out)
             chosen = record["chosen"]["manifest_entry"]
-            channel = record["transfer"]["files"].get("channels/stable.json", 0)  # issue 29: the channel file comes first
-            assert record["transfer"]["bytes"] == (package / "manifest.json").stat().st_size + chosen["size"] + channel, (name, gpu)
+            channel = record["transfer"]["files"].get(
+                "channels/stable.json", 0
+            )  # issue 29: the channel file comes first
+            assert (
+                record["transfer"]["bytes"] == (package / "manifest.json").stat().st_size + chosen["size"] + channel
+            ), (name, gpu)
         exported = trtflow(root, "export", "ort-context", str(package), "--dest", str(work / "ctx" / name), "--json")
         assert exported.code == 0, (name, exported.err)
-        for item, engine in zip(json.loads(exported.out), manifest["engines"]):
+        for item, engine in zip(json.loads(exported.out), manifest["engines"], strict=True):
             carried = check_context_model(Path(item["model"]), engine, "NvTensorRTRTXExecutionProvider")
             assert hashlib.sha256(carried).hexdigest() == engine["sha256"], (name, item["model"])

@@ -14,25 +14,25 @@ from pathlib import Path
 
 import pydantic
 import pytest
-
 from conftest import REPO, trtflow, write_project
 
 GOLDEN = Path(__file__).parent / "golden" / "keys.json"
 RECIPES = {
     "plain": "source: {onnx: models/tiny_cnn.onnx}\nprecisions: [fp32]\nprofiles:\n"
-             "  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n",
+    "  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n",
     "defaults_written": "source: {onnx: models/tiny_cnn.onnx}\nprecisions: [fp32]\nprofiles:\n"
-                        "  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
-                        "build: {optimization_level: 3, workspace_mib: null, profiling_verbosity: null}\n"
-                        "cleanup: {simplify: true}\nverify: {on_fail: fail}\n",
+    "  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
+    "build: {optimization_level: 3, workspace_mib: null, profiling_verbosity: null}\n"
+    "cleanup: {simplify: true}\nverify: {on_fail: fail}\n",
     "options": "source: {onnx: models/tiny_cnn.onnx}\nprecisions: [fp32, fp16, int8, fp8]\ntargets: [rtx-ada]\n"
-               "calibration: {random: true, method: max}\nprofiles:\n"
-               "  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
-               "  - inputs:\n      input: {shape: [32, 3, 32, 32]}\n"
-               "build: {optimization_level: 5, workspace_mib: 256, profiling_verbosity: detailed}\n"
-               "autocast: {keep_op_types: [Softmax]}\nquantize: {exclude_op_types: [Add]}\n"
-               "accuracy: {int8: {min_cosine: 0.98}}\nverify: {rtol: 0.01, atol: 0.001, samples: 4, seed: 3}\n",
-    "lstm": "source: {onnx: models/seq_lstm.onnx}\nprecisions: [fp32, fp16]\nprofiles:\n  - inputs:\n      sequence: {shape: [50, 1, 32]}\n",
+    "calibration: {random: true, method: max}\nprofiles:\n"
+    "  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
+    "  - inputs:\n      input: {shape: [32, 3, 32, 32]}\n"
+    "build: {optimization_level: 5, workspace_mib: 256, profiling_verbosity: detailed}\n"
+    "autocast: {keep_op_types: [Softmax]}\nquantize: {exclude_op_types: [Add]}\n"
+    "accuracy: {int8: {min_cosine: 0.98}}\nverify: {rtol: 0.01, atol: 0.001, samples: 4, seed: 3}\n",
+    "lstm": "source: {onnx: models/seq_lstm.onnx}\nprecisions: [fp32, fp16]\n"
+    "profiles:\n  - inputs:\n      sequence: {shape: [50, 1, 32]}\n",
 }
 
 
@@ -67,11 +67,14 @@ def test_the_keys_of_a_fixed_project_change_only_with_a_listed_stage_version(tmp
     changed = sorted(node for node in keys.keys() | golden["keys"].keys() if keys.get(node) != golden["keys"].get(node))
     versions = stage_versions()
     assert not changed or versions != golden["versions"], (
-        f"stage keys changed with no stage VERSION change: {changed[:5]}; a field added with a default must not enter a key "
-        "(StageParams.key_parts); if the output really changes, bump that stage's VERSION and list it in CHANGELOG.md")
+        f"stage keys changed with no stage VERSION change: {changed[:5]}; a field added with a default must not enter "
+        "a key "
+        "(StageParams.key_parts); if the output really changes, bump that stage's VERSION and list it in CHANGELOG.md"
+    )
     assert versions == golden["versions"] and not changed, (
         f"stage versions {versions} (golden {golden['versions']}): list the change in CHANGELOG.md, then rewrite the "
-        "golden keys with `python tests/test_golden_keys.py`")
+        "golden keys with `python tests/test_golden_keys.py`"
+    )
 
 
 def test_the_changelog_names_the_current_stage_versions() -> None:
@@ -97,10 +100,14 @@ def test_a_new_option_with_a_default_changes_no_key(tmp_path: Path) -> None:
     dag = dag_from_project(load_project(golden_project(tmp_path / "p")))
     for node in (n for n in dag if n.kind in ("build", "precision", "cleanup", "verify")):
         params = type(node.params)
-        grown = pydantic.create_model(f"Grown{params.__name__}", __base__=params, new_option=(int, 7), new_options=(dict, {"x": 1}))
+        grown = pydantic.create_model(
+            f"Grown{params.__name__}", __base__=params, new_option=(int, 7), new_options=(dict, {"x": 1})
+        )
         fields = node.params.model_dump()
         assert grown(**fields).key_parts() == node.params.key_parts(), node.id
-        assert grown(**fields, new_option=7).key_parts() == node.params.key_parts(), node.id  # written out at its default
+        assert grown(**fields, new_option=7).key_parts() == node.params.key_parts(), (
+            node.id
+        )  # written out at its default
         assert grown(**fields, new_option=8).key_parts() != node.params.key_parts(), node.id
 
 
@@ -119,6 +126,12 @@ if __name__ == "__main__":  # rewrite the golden keys after a deliberate, CHANGE
 
     with tempfile.TemporaryDirectory() as folder:
         GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(json.dumps({"versions": stage_versions(), "keys": project_keys(golden_project(Path(folder) / "p"))},
-                                     indent=1, sort_keys=True) + "\n")
+        GOLDEN.write_text(
+            json.dumps(
+                {"versions": stage_versions(), "keys": project_keys(golden_project(Path(folder) / "p"))},
+                indent=1,
+                sort_keys=True,
+            )
+            + "\n"
+        )
     print(f"wrote {GOLDEN}", file=sys.stderr)

@@ -15,9 +15,16 @@ def test_canonical_json_is_order_independent_and_compact() -> None:
 def test_stage_key_golden_value() -> None:
     """A changed key invalidates every user's cache: this must only change on purpose.
 
-    The value is `printf %s '{"fingerprint":{},"inputs":{"model":"ab"},"kind":"build","params":{"precision":"fp32"},"version":1}' | sha256sum`.
+    The value is `printf %s
+    '{"fingerprint":{},"inputs":{"model":"ab"},"kind":"build","params":{"precision":"fp32"},"version":1}' | sha256sum`.
     """
-    components = {"kind": "build", "version": 1, "params": {"precision": "fp32"}, "inputs": {"model": "ab"}, "fingerprint": {}}
+    components = {
+        "kind": "build",
+        "version": 1,
+        "params": {"precision": "fp32"},
+        "inputs": {"model": "ab"},
+        "fingerprint": {},
+    }
     assert stage_key(components) == "77e53236fd76267f13b91d949a618c4e6bf8f7c1082656458465ffb1c6f98a9d"
     assert stage_key({**components, "version": 2}) != stage_key(components)
 

@@ -16,16 +16,15 @@ import os
 import shutil
 import sqlite3
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
-
 from conftest import PIPELINE, TINY_RECIPE, trtflow, write_project
+from onnx import TensorProto
 
 RECIPE = "recipes/tiny.yaml"
 MODEL = "models/tiny_cnn.onnx"
@@ -54,17 +53,20 @@ def case(name: str, base: str, args: tuple[str, ...], code: int, fragment: str) 
         assert name not in CASES, name
         CASES[name] = Case(base, edit, args, code, fragment)
         return edit
+
     return register
 
 
 def write(relative: str, data: bytes | str) -> Callable[[Path], None]:
     """An edit that replaces one file's bytes."""
+
     def edit(root: Path) -> None:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_symlink() or path.is_file():
             path.unlink()
         path.write_bytes(data.encode() if isinstance(data, str) else data)
+
     return edit
 
 
@@ -79,7 +81,11 @@ for name, text, fragment in [
     ("pipeline-empty", "", "pipeline.yaml:1: targets: required field is missing"),
     ("pipeline-list", "- a\n- b\n", "pipeline.yaml:1: the file must hold a mapping"),
     ("pipeline-scalar", "hello\n", "pipeline.yaml:1: the file must hold a mapping"),
-    ("pipeline-python-tag", "!!python/object/apply:os.system ['touch pwned']\n", "pipeline.yaml:1: invalid YAML: tag tag:yaml.org,2002:python/object/apply:os.system is not supported"),
+    (
+        "pipeline-python-tag",
+        "!!python/object/apply:os.system ['touch pwned']\n",
+        "pipeline.yaml:1: invalid YAML: tag tag:yaml.org,2002:python/object/apply:os.system is not supported",
+    ),
     ("pipeline-custom-tag", "store: !include /etc/passwd\n" + PIPELINE.split("\n", 1)[1], "invalid YAML"),
     ("pipeline-tabs", "targets:\n\trtx: {}\n", "pipeline.yaml:2: invalid YAML"),
     ("pipeline-targets-null", "targets:\n", "targets"),
@@ -90,10 +96,22 @@ for name, text, fragment in [
     ("pipeline-int-key", "1: 1\n" + PIPELINE, "pipeline.yaml:1"),
     ("pipeline-store-nul-escape", 'store: "art\\0ifacts"\n' + PIPELINE.split("\n", 2)[2], "store"),
     ("pipeline-recipes-not-list", PIPELINE.replace("recipes:\n  - recipes/*.yaml", "recipes: 5"), "recipes"),
-    ("pipeline-duplicate-target", PIPELINE + "  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}\n", "duplicate key 'rtx-ada'"),
+    (
+        "pipeline-duplicate-target",
+        PIPELINE + "  rtx-ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}\n",
+        "duplicate key 'rtx-ada'",
+    ),
     ("pipeline-trust-not-list", PIPELINE + "cache: {remote: 'file:///tmp/x', trust: keys/ci.pub}\n", "cache.trust"),
-    ("pipeline-trust-missing-key", PIPELINE + "cache: {remote: 'file:///tmp/x', trust: [keys/none.pub]}\n", "cache.trust[0]"),
-    ("pipeline-sas-token-option", PIPELINE + "cache: {remote: 'az://c/p', options: {sas_token: x}}\n", "credentials do not belong"),
+    (
+        "pipeline-trust-missing-key",
+        PIPELINE + "cache: {remote: 'file:///tmp/x', trust: [keys/none.pub]}\n",
+        "cache.trust[0]",
+    ),
+    (
+        "pipeline-sas-token-option",
+        PIPELINE + "cache: {remote: 'az://c/p', options: {sas_token: x}}\n",
+        "credentials do not belong",
+    ),
     ("pipeline-bom", "\ufeff" + PIPELINE, ""),
 ]:
     add(name, "fresh", VALIDATE, 0 if name == "pipeline-bom" else 3, fragment, write("pipeline.yaml", text))
@@ -108,22 +126,66 @@ for name, text, fragment in [
     ("recipe-name-dotdot", "name: ..\n" + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
     ("recipe-name-huge", "name: " + "a" * 5000 + "\n" + TINY_RECIPE, "recipes/tiny.yaml:1: name"),
     ("recipe-onnx-absolute-outside", TINY_RECIPE.replace(MODEL, "/etc/passwd"), "recipes/tiny.yaml:2: source.onnx"),
-    ("recipe-onnx-dotdot-outside", TINY_RECIPE.replace(MODEL, "../../../../etc/hostname"), "recipes/tiny.yaml:2: source.onnx"),
+    (
+        "recipe-onnx-dotdot-outside",
+        TINY_RECIPE.replace(MODEL, "../../../../etc/hostname"),
+        "recipes/tiny.yaml:2: source.onnx",
+    ),
     ("recipe-onnx-is-a-folder", TINY_RECIPE.replace(MODEL, "models"), "recipes/tiny.yaml:2: source.onnx"),
-    ("recipe-dim-huge", TINY_RECIPE.replace("max: [8,", "max: [100000000000000000000,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
-    ("recipe-dim-negative", TINY_RECIPE.replace("min: [1,", "min: [-1,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
-    ("recipe-dim-float", TINY_RECIPE.replace("min: [1,", "min: [1.5,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
-    ("recipe-dim-string", TINY_RECIPE.replace("min: [1,", "min: [one,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
-    ("recipe-dim-bool", TINY_RECIPE.replace("min: [1,", "min: [true,"), "recipes/tiny.yaml:7: profiles[0].inputs.input"),
+    (
+        "recipe-dim-huge",
+        TINY_RECIPE.replace("max: [8,", "max: [100000000000000000000,"),
+        "recipes/tiny.yaml:7: profiles[0].inputs.input",
+    ),
+    (
+        "recipe-dim-negative",
+        TINY_RECIPE.replace("min: [1,", "min: [-1,"),
+        "recipes/tiny.yaml:7: profiles[0].inputs.input",
+    ),
+    (
+        "recipe-dim-float",
+        TINY_RECIPE.replace("min: [1,", "min: [1.5,"),
+        "recipes/tiny.yaml:7: profiles[0].inputs.input",
+    ),
+    (
+        "recipe-dim-string",
+        TINY_RECIPE.replace("min: [1,", "min: [one,"),
+        "recipes/tiny.yaml:7: profiles[0].inputs.input",
+    ),
+    (
+        "recipe-dim-bool",
+        TINY_RECIPE.replace("min: [1,", "min: [true,"),
+        "recipes/tiny.yaml:7: profiles[0].inputs.input",
+    ),
     ("recipe-precisions-duplicate", TINY_RECIPE.replace("[fp32]", "[fp32, fp32]"), "recipes/tiny.yaml:3: precisions"),
     ("recipe-precisions-empty", TINY_RECIPE.replace("[fp32]", "[]"), "recipes/tiny.yaml:3: precisions"),
     ("recipe-targets-empty", TINY_RECIPE.replace("[rtx-ampere, rtx-ada]", "[]"), "recipes/tiny.yaml:4: targets"),
-    ("recipe-workspace-negative", TINY_RECIPE + "build: {workspace_mib: -1}\n", "recipes/tiny.yaml:8: build.workspace_mib"),
-    ("recipe-optimization-level-99", TINY_RECIPE + "build: {optimization_level: 99}\n", "recipes/tiny.yaml:8: build.optimization_level"),
-    ("recipe-exclude-matches-nothing", TINY_RECIPE + "exclude:\n  - {precision: fp16, target: rtx-ada}\n", "recipes/tiny.yaml:9: exclude[0]"),
-    ("recipe-mapping-tag", TINY_RECIPE.replace("profiles:\n", "profiles: !!python/object:os.PathLike\n"), "recipes/tiny.yaml:5: invalid YAML: tag"),
+    (
+        "recipe-workspace-negative",
+        TINY_RECIPE + "build: {workspace_mib: -1}\n",
+        "recipes/tiny.yaml:8: build.workspace_mib",
+    ),
+    (
+        "recipe-optimization-level-99",
+        TINY_RECIPE + "build: {optimization_level: 99}\n",
+        "recipes/tiny.yaml:8: build.optimization_level",
+    ),
+    (
+        "recipe-exclude-matches-nothing",
+        TINY_RECIPE + "exclude:\n  - {precision: fp16, target: rtx-ada}\n",
+        "recipes/tiny.yaml:9: exclude[0]",
+    ),
+    (
+        "recipe-mapping-tag",
+        TINY_RECIPE.replace("profiles:\n", "profiles: !!python/object:os.PathLike\n"),
+        "recipes/tiny.yaml:5: invalid YAML: tag",
+    ),
     ("recipe-anchor-loop", "a: &a [*a]\n" + TINY_RECIPE, "recipes/tiny.yaml:1"),
-    ("recipe-binary-garbage", bytes(range(1, 256)).decode("latin-1"), "recipes/tiny.yaml:1: invalid YAML: character 0x01 is not allowed"),
+    (
+        "recipe-binary-garbage",
+        bytes(range(1, 256)).decode("latin-1"),
+        "recipes/tiny.yaml:1: invalid YAML: character 0x01 is not allowed",
+    ),
 ]:
     add(name, "fresh", VALIDATE, 3, fragment, write(RECIPE, text))
 
@@ -168,12 +230,15 @@ def _recipe_unreadable(root: Path) -> None:
 
 # models ------------------------------------------------------------------------------------------------------------
 
+
 def _model(edit: Callable[[onnx.ModelProto], None]) -> Callable[[Path], None]:
     """An edit of the project's ONNX model (saved without the checker, as an attacker would)."""
+
     def apply(root: Path) -> None:
         model = onnx.load(root / MODEL)
         edit(model)
         (root / MODEL).write_bytes(model.SerializeToString())
+
     return apply
 
 
@@ -184,6 +249,7 @@ def _external(location: str) -> Callable[[onnx.ModelProto], None]:
         tensor.ClearField("float_data")
         tensor.data_location = TensorProto.EXTERNAL
         tensor.external_data.add(key="location", value=location)
+
     return edit
 
 
@@ -210,12 +276,14 @@ def _no_inputs(model: onnx.ModelProto) -> None:
 def _opset(version: int) -> Callable[[onnx.ModelProto], None]:
     def edit(model: onnx.ModelProto) -> None:
         model.opset_import[0].version = version
+
     return edit
 
 
 def _ir(version: int) -> Callable[[onnx.ModelProto], None]:
     def edit(model: onnx.ModelProto) -> None:
         model.ir_version = version
+
     return edit
 
 
@@ -226,10 +294,25 @@ for name, edit, code, fragment in [
     ("model-graph-cycle", _cycle, 3, "recipes/tiny.yaml:2: source.onnx: the graph has a cycle through node"),
     ("model-no-inputs", _no_inputs, 3, "recipes/tiny.yaml"),
     # well-formed protobuf that no runtime can load: its cleanup stage fails (exit 1), saying why in one line
-    ("model-initializer-claims-petabytes", _huge_initializer, 1, "failed   cleanup:tiny: ONNX Runtime cannot load the model:"),
-    ("model-unknown-op-domain", _unknown_domain, 1, "cleanup:tiny: ONNX Runtime cannot load the model: Fatal error: evil.custom:Conv(-1) is not a registered"),
+    (
+        "model-initializer-claims-petabytes",
+        _huge_initializer,
+        1,
+        "failed   cleanup:tiny: ONNX Runtime cannot load the model:",
+    ),
+    (
+        "model-unknown-op-domain",
+        _unknown_domain,
+        1,
+        "cleanup:tiny: ONNX Runtime cannot load the model: Fatal error: evil.custom:Conv(-1) is not a registered",
+    ),
     ("model-opset-999", _opset(999), 1, "cleanup:tiny: ONNX Runtime cannot load the model:"),
-    ("model-ir-version-999", _ir(999), 1, "cleanup:tiny: ONNX Runtime cannot load the model: Unsupported model IR version: 999"),
+    (
+        "model-ir-version-999",
+        _ir(999),
+        1,
+        "cleanup:tiny: ONNX Runtime cannot load the model: Unsupported model IR version: 999",
+    ),
     ("model-ir-version-0", _ir(0), 0, "7 built"),  # cleanup normalizes the IR version (issue: legacy ONNX)
 ]:
     add(name, "fresh", ("run",), code, fragment, _model(edit))
@@ -242,7 +325,14 @@ def _truncated(root: Path) -> None:
 
 add("model-truncated", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx", _truncated)
 add("model-is-json", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx", write(MODEL, '{"graph": {}}'))
-add("model-is-zip-bomb-header", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx", write(MODEL, b"PK\x03\x04" + b"\0" * 100))
+add(
+    "model-is-zip-bomb-header",
+    "fresh",
+    VALIDATE,
+    3,
+    "recipes/tiny.yaml:2: source.onnx",
+    write(MODEL, b"PK\x03\x04" + b"\0" * 100),
+)
 
 
 @case("model-is-a-fifo", "fresh", VALIDATE, 3, "recipes/tiny.yaml:2: source.onnx")
@@ -265,6 +355,7 @@ CALIB_WHERE = "recipes/tiny.yaml:8: calibration.data"
 def _calibration(edit: Callable[[Path], None]) -> Callable[[Path], None]:
     def apply(root: Path) -> None:
         edit(root / "calib" / "batch_00.npy")
+
     return apply
 
 
@@ -322,6 +413,7 @@ def _manifest(edit: Callable[[dict], None]) -> Callable[[Path], None]:
         manifest = json.loads(path.read_text())
         edit(manifest)
         path.write_text(json.dumps(manifest))
+
     return apply
 
 
@@ -329,17 +421,24 @@ def _engine_field(field: str, value) -> Callable[[dict], None]:
     def edit(manifest: dict) -> None:
         for engine in manifest["engines"]:
             engine[field] = value
+
     return edit
 
 
 def _recipe_field(value: str) -> Callable[[dict], None]:
     def edit(manifest: dict) -> None:
         manifest["recipe"] = value
+
     return edit
 
 
 for name, edit, code, fragment in [
-    ("package-engine-path-traversal", _manifest(_engine_field("file", "../../../../etc/passwd")), 3, "escapes the package"),
+    (
+        "package-engine-path-traversal",
+        _manifest(_engine_field("file", "../../../../etc/passwd")),
+        3,
+        "escapes the package",
+    ),
     ("package-engine-absolute-path", _manifest(_engine_field("file", "/etc/passwd")), 3, "escapes the package"),
     ("package-engine-backslash-path", _manifest(_engine_field("file", "engines\\..\\..\\x")), 3, "escapes the package"),
     ("package-engine-missing", _manifest(_engine_field("file", "engines/none.engine")), 3, "engines/none.engine"),
@@ -349,8 +448,18 @@ for name, edit, code, fragment in [
     ("package-precision-traversal", _manifest(_engine_field("precision", "../x")), 3, "not a plain file name"),
     ("package-manifest-not-json", write(PACKAGE + "/manifest.json", "{"), 3, "not a trtflow manifest"),
     ("package-manifest-list", write(PACKAGE + "/manifest.json", "[]"), 3, "not a trtflow manifest"),
-    ("package-manifest-deep-json", write(PACKAGE + "/manifest.json", "[" * 100000 + "]" * 100000), 3, "not a trtflow manifest"),
-    ("package-manifest-wrong-types", _manifest(_engine_field("compute_capabilities", "sm_89")), 3, "not a trtflow manifest"),
+    (
+        "package-manifest-deep-json",
+        write(PACKAGE + "/manifest.json", "[" * 100000 + "]" * 100000),
+        3,
+        "not a trtflow manifest",
+    ),
+    (
+        "package-manifest-wrong-types",
+        _manifest(_engine_field("compute_capabilities", "sm_89")),
+        3,
+        "not a trtflow manifest",
+    ),
     ("package-no-engines", _manifest(lambda m: m.update(engines=[])), 5, "no engine in package tiny fits sm_89"),
 ]:
     add(name, "built", PROVISION, code, fragment, edit)
@@ -360,16 +469,45 @@ for name, edit, code, fragment in [
 
 PLUGIN = "build: {plugins: [%s]}\n"
 for name, given, fragment in [
-    ("recipe-plugin-missing", "libs/none.so", "recipes/tiny.yaml:8: build.plugins[0]: plugin library not found: libs/none.so"),
-    ("recipe-plugin-dotdot-outside", "../../../../etc/hostname", "recipes/tiny.yaml:8: build.plugins[0]: ../../../../etc/hostname is outside the project"),
+    (
+        "recipe-plugin-missing",
+        "libs/none.so",
+        "recipes/tiny.yaml:8: build.plugins[0]: plugin library not found: libs/none.so",
+    ),
+    (
+        "recipe-plugin-dotdot-outside",
+        "../../../../etc/hostname",
+        "recipes/tiny.yaml:8: build.plugins[0]: ../../../../etc/hostname is outside the project",
+    ),
     ("recipe-plugin-absolute-folder", "/etc", "recipes/tiny.yaml:8: build.plugins[0]: /etc is not a regular file"),
-    ("recipe-plugin-absolute-device", "/dev/zero", "recipes/tiny.yaml:8: build.plugins[0]: /dev/zero is not a regular file"),
-    ("recipe-plugin-is-the-models-folder", "models", "recipes/tiny.yaml:8: build.plugins[0]: models is not a regular file"),
+    (
+        "recipe-plugin-absolute-device",
+        "/dev/zero",
+        "recipes/tiny.yaml:8: build.plugins[0]: /dev/zero is not a regular file",
+    ),
+    (
+        "recipe-plugin-is-the-models-folder",
+        "models",
+        "recipes/tiny.yaml:8: build.plugins[0]: models is not a regular file",
+    ),
 ]:
     add(name, "fresh", VALIDATE, 3, fragment, write(RECIPE, TINY_RECIPE + PLUGIN % given))
-add("recipe-plugins-not-a-list", "fresh", VALIDATE, 3, "recipes/tiny.yaml:8: build.plugins", write(RECIPE, TINY_RECIPE + "build: {plugins: {a: b}}\n"))
-add("recipe-package-plugins-unknown", "fresh", VALIDATE, 3, "recipes/tiny.yaml:8: package.plugins",
-    write(RECIPE, TINY_RECIPE + "package: {plugins: embed}\n"))
+add(
+    "recipe-plugins-not-a-list",
+    "fresh",
+    VALIDATE,
+    3,
+    "recipes/tiny.yaml:8: build.plugins",
+    write(RECIPE, TINY_RECIPE + "build: {plugins: {a: b}}\n"),
+)
+add(
+    "recipe-package-plugins-unknown",
+    "fresh",
+    VALIDATE,
+    3,
+    "recipes/tiny.yaml:8: package.plugins",
+    write(RECIPE, TINY_RECIPE + "package: {plugins: embed}\n"),
+)
 
 PLUGIN_SHA = "ab" * 32
 
@@ -381,21 +519,53 @@ def _plugin(**fields) -> Callable[[dict], None]:
 
 def _carried(data: bytes | None = None, link: bool = False) -> Callable[[Path], None]:
     """The plugin entry above, with its carried file holding `data` (or linked to the decoy's file)."""
+
     def edit(root: Path) -> None:
         _manifest(_plugin())(root)
         path = root / PACKAGE / "plugins" / f"{PLUGIN_SHA}-libx.so"
         path.parent.mkdir()
         path.symlink_to(_decoy(root) / "engine.bin") if link else path.write_bytes(data or b"")
+
     return edit
 
 
 for name, edit, code, fragment in [
-    ("package-plugin-name-traversal", _manifest(_plugin(name="../../x.so")), 3, "not a trtflow manifest: engines.0.plugins.0.name"),
-    ("package-plugin-name-absolute", _manifest(_plugin(name="/etc/passwd")), 3, "not a trtflow manifest: engines.0.plugins.0.name"),
-    ("package-plugin-name-dotdot", _manifest(_plugin(name="..")), 3, "not a trtflow manifest: engines.0.plugins.0.name"),
-    ("package-plugin-sha256-traversal", _manifest(_plugin(sha256="../../../x")), 3, "not a trtflow manifest: engines.0.plugins.0.sha256"),
-    ("package-plugin-size-negative", _manifest(_plugin(size=-1)), 3, "not a trtflow manifest: engines.0.plugins.0.size"),
-    ("package-plugin-extra-field", _manifest(_plugin(file="../../x.so")), 3, "not a trtflow manifest: engines.0.plugins.0.file"),
+    (
+        "package-plugin-name-traversal",
+        _manifest(_plugin(name="../../x.so")),
+        3,
+        "not a trtflow manifest: engines.0.plugins.0.name",
+    ),
+    (
+        "package-plugin-name-absolute",
+        _manifest(_plugin(name="/etc/passwd")),
+        3,
+        "not a trtflow manifest: engines.0.plugins.0.name",
+    ),
+    (
+        "package-plugin-name-dotdot",
+        _manifest(_plugin(name="..")),
+        3,
+        "not a trtflow manifest: engines.0.plugins.0.name",
+    ),
+    (
+        "package-plugin-sha256-traversal",
+        _manifest(_plugin(sha256="../../../x")),
+        3,
+        "not a trtflow manifest: engines.0.plugins.0.sha256",
+    ),
+    (
+        "package-plugin-size-negative",
+        _manifest(_plugin(size=-1)),
+        3,
+        "not a trtflow manifest: engines.0.plugins.0.size",
+    ),
+    (
+        "package-plugin-extra-field",
+        _manifest(_plugin(file="../../x.so")),
+        3,
+        "not a trtflow manifest: engines.0.plugins.0.file",
+    ),
     ("package-plugin-carried-missing", _manifest(_plugin()), 3, "the plugin file is missing"),
     ("package-plugin-carried-tampered", _carried(b"evil"), 3, "does not match the manifest's"),
     ("package-plugin-carried-larger", _carried(b"evil and more"), 3, "larger than the 4 bytes the manifest records"),
@@ -407,6 +577,7 @@ for name, edit, code, fragment in [
 
 def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> Callable[[Path], None]:
     """A package archive holding one crafted member beside a real manifest."""
+
     def apply(root: Path) -> None:
         archive = root / (PACKAGE + ".tar.gz")
         manifest = (root / PACKAGE / "manifest.json").read_bytes()
@@ -415,6 +586,7 @@ def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> Callable[[Path], No
             info.size = len(manifest)
             tar.addfile(info, __import__("io").BytesIO(manifest))
             tar.addfile(member, __import__("io").BytesIO(data) if data else None)
+
     return apply
 
 
@@ -427,11 +599,30 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", size: int 
 ARCHIVE_PROVISION = ("provision", "{root}/" + PACKAGE + ".tar.gz", "--gpu", "sm_89", "--dest", "{root}/dest")
 for name, edit, code, fragment in [
     ("archive-not-gzip", write(PACKAGE + ".tar.gz", b"plain text"), 3, "not a readable package archive"),
-    ("archive-truncated", lambda root: (root / (PACKAGE + ".tar.gz")).write_bytes((root / (PACKAGE + ".tar.gz")).read_bytes()[:200]), 3,
-     "not a readable package archive"),
-    ("archive-symlink-engine", _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.SYMTYPE, "/etc/passwd")), 3, "tiny-fp32.engine"),
-    ("archive-hardlink-engine", _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.LNKTYPE, "/etc/passwd")), 3, "tiny-fp32.engine"),
-    ("archive-device-engine", _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.CHRTYPE)), 3, "tiny-fp32.engine"),
+    (
+        "archive-truncated",
+        lambda root: (root / (PACKAGE + ".tar.gz")).write_bytes((root / (PACKAGE + ".tar.gz")).read_bytes()[:200]),
+        3,
+        "not a readable package archive",
+    ),
+    (
+        "archive-symlink-engine",
+        _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.SYMTYPE, "/etc/passwd")),
+        3,
+        "tiny-fp32.engine",
+    ),
+    (
+        "archive-hardlink-engine",
+        _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.LNKTYPE, "/etc/passwd")),
+        3,
+        "tiny-fp32.engine",
+    ),
+    (
+        "archive-device-engine",
+        _tar_with(_member("tiny/engines/rtx-ada/tiny-fp32.engine", tarfile.CHRTYPE)),
+        3,
+        "tiny-fp32.engine",
+    ),
     ("archive-engine-missing", _tar_with(_member("tiny/other", size=3), b"abc"), 3, "tiny-fp32.engine"),
 ]:
     add(name, "built", ARCHIVE_PROVISION, code, fragment, edit)
@@ -444,9 +635,13 @@ STORE = "artifacts/store"
 
 def _records(edit: Callable[[Path], None], which: str = "package") -> Callable[[Path], None]:
     """Edit the record file of the project's `which` stage."""
+
     def apply(root: Path) -> None:
-        key = json.loads((root / "trtflow.lock").read_text())["nodes"][f"{which}:tiny" if which != "build" else "build:tiny/fp32/rtx-ada"]["key"]
+        key = json.loads((root / "trtflow.lock").read_text())["nodes"][
+            f"{which}:tiny" if which != "build" else "build:tiny/fp32/rtx-ada"
+        ]["key"]
         edit(root / STORE / "records" / key[:2] / f"{key}.json")
+
     return apply
 
 
@@ -454,6 +649,7 @@ def _replace_with(data: bytes) -> Callable[[Path], None]:
     def edit(path: Path) -> None:
         path.unlink()
         path.write_bytes(data)
+
     return edit
 
 
@@ -463,6 +659,7 @@ def _record_outputs(value) -> Callable[[Path], None]:
         record["outputs"] = value
         path.unlink()
         path.write_text(json.dumps(record))
+
     return edit
 
 
@@ -470,6 +667,7 @@ def _symlink_to(target: str) -> Callable[[Path], None]:
     def edit(path: Path) -> None:
         path.unlink()
         path.symlink_to(target)
+
     return edit
 
 
@@ -490,7 +688,11 @@ for name, edit, fragment in [
     ("record-symlink-to-outside", _records(_symlink_to("/etc/hostname")), SET_ASIDE),
     ("record-fifo", _records(_fifo), SET_ASIDE),
     ("record-deep-json", _records(_replace_with(b"[" * 200000 + b"]" * 200000)), SET_ASIDE),
-    ("record-of-a-build-names-another-key", _records(lambda p: p.write_text(p.read_text().replace('"key": "', '"key": "0', 1)), "build"), SET_ASIDE),
+    (
+        "record-of-a-build-names-another-key",
+        _records(lambda p: p.write_text(p.read_text().replace('"key": "', '"key": "0', 1)), "build"),
+        SET_ASIDE,
+    ),
 ]:
     add(name, "built", RUN, 0, fragment, edit)
 
@@ -504,6 +706,7 @@ def _cache_rows(*rows: tuple[str, object]) -> Callable[[Path], None]:
         with sqlite3.connect(path) as db:
             for name, value in rows:
                 db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (name, value))
+
     return edit
 
 
@@ -526,9 +729,17 @@ for name, edit, fragment in [
     ("cache-is-a-folder", _cache(_cache_folder), "cache"),
     ("cache-symlink-to-outside", _cache(_symlink_to("/etc/hostname")), CACHE_RESET),
     ("cache-pickled-rows", _cache(_cache_rows(("node:package:tiny", __import__("pickle").dumps(os.system)))), ""),
-    ("cache-stat-row-for-a-system-file", _cache(_cache_rows(("stat:/etc/passwd", '{"sig": [1, 2, 3], "sha256": "0"}'))), ""),
+    (
+        "cache-stat-row-for-a-system-file",
+        _cache(_cache_rows(("stat:/etc/passwd", '{"sig": [1, 2, 3], "sha256": "0"}'))),
+        "",
+    ),
     ("cache-object-signature-lies", _cache(_cache_rows(*[(f"obj:{'0' * 64}", '"1:2:3"')])), ""),
-    ("cache-package-listing-names-outside", _cache(_cache_rows(("package:" + "0" * 64, '{"../../etc/passwd": "0"}'))), ""),
+    (
+        "cache-package-listing-names-outside",
+        _cache(_cache_rows(("package:" + "0" * 64, '{"../../etc/passwd": "0"}'))),
+        "",
+    ),
 ]:
     add(name, "built", RUN, 0, fragment, edit)
 
@@ -552,7 +763,9 @@ def _legacy_index(root: Path) -> None:
     (root / STORE / "index").mkdir()
     with sqlite3.connect(root / STORE / "index" / "cache.db") as db:
         db.execute("CREATE TABLE Cache (key BLOB, raw INTEGER, mode INTEGER, filename TEXT, value BLOB)")
-        db.execute("INSERT INTO Cache VALUES ('stage:' || ?, 1, 1, ?, NULL)", ("1" * 64, str(root.parent / SENTINEL_NAME)))
+        db.execute(
+            "INSERT INTO Cache VALUES ('stage:' || ?, 1, 1, ?, NULL)", ("1" * 64, str(root.parent / SENTINEL_NAME))
+        )
 
 
 @case("lock-garbage", "built", ("run", "--frozen"), 3, "trtflow.lock")
@@ -576,6 +789,7 @@ def _remote_record(edit: Callable[[Path], None], node: str = "package:tiny") -> 
         edit(root / REMOTE / "records" / f"{key}.json")
         shutil.rmtree(root / STORE)  # a fresh machine: everything comes from the remote
         shutil.rmtree(root / "artifacts" / "packages")
+
     return apply
 
 
@@ -584,6 +798,7 @@ def _envelope(edit: Callable[[dict], None]) -> Callable[[Path], None]:
         envelope = json.loads(path.read_text())
         edit(envelope)
         path.write_text(json.dumps(envelope))
+
     return apply
 
 
@@ -592,6 +807,7 @@ def _payload(edit: Callable[[dict], None]) -> Callable[[dict], None]:
         record = json.loads(base64.b64decode(envelope["payload"]))
         edit(record)
         envelope["payload"] = base64.b64encode(json.dumps(record).encode()).decode()
+
     return apply
 
 
@@ -609,15 +825,32 @@ def _remote_object(root: Path) -> None:
 REJECTED = "remote cache: rejected the record of package:tiny"
 for name, edit, fragment in [
     ("remote-record-garbage", _remote_record(_replace_with(b"\x00garbage")), "it is not JSON"),
-    ("remote-record-wrong-payload-type", _remote_record(_envelope(lambda e: e.update(payloadType="text/plain"))), "envelope"),
+    (
+        "remote-record-wrong-payload-type",
+        _remote_record(_envelope(lambda e: e.update(payloadType="text/plain"))),
+        "envelope",
+    ),
     ("remote-record-payload-not-base64", _remote_record(_envelope(lambda e: e.update(payload="%%%"))), "base64"),
-    ("remote-record-names-another-key", _remote_record(_envelope(_payload(lambda r: r.update(key="0" * 64)))), "it names another key"),
-    ("remote-record-outputs-traversal", _remote_record(_envelope(_payload(lambda r: r.update(outputs={"package": "../../etc/passwd"})))),
-     "its outputs are not sha256 digests"),
-    ("remote-record-components-edited", _remote_record(_envelope(_payload(lambda r: r["components"].update(kind="evil"))))
-     , "do not hash to its key"),
-    ("remote-record-names-a-missing-object", _remote_record(_envelope(_payload(lambda r: r.update(outputs={"package": "0" * 64})))),
-     "does not hold"),
+    (
+        "remote-record-names-another-key",
+        _remote_record(_envelope(_payload(lambda r: r.update(key="0" * 64)))),
+        "it names another key",
+    ),
+    (
+        "remote-record-outputs-traversal",
+        _remote_record(_envelope(_payload(lambda r: r.update(outputs={"package": "../../etc/passwd"})))),
+        "its outputs are not sha256 digests",
+    ),
+    (
+        "remote-record-components-edited",
+        _remote_record(_envelope(_payload(lambda r: r["components"].update(kind="evil")))),
+        "do not hash to its key",
+    ),
+    (
+        "remote-record-names-a-missing-object",
+        _remote_record(_envelope(_payload(lambda r: r.update(outputs={"package": "0" * 64})))),
+        "does not hold",
+    ),
     ("remote-record-is-a-folder", _remote_record(lambda p: (p.unlink(), p.mkdir())), "package:tiny"),
     ("remote-object-bytes-differ", _remote_object, "does not match its sha256"),
 ]:
@@ -629,7 +862,14 @@ for command, code in [(("plan",), 0), (("cache", "verify"), 1), (("cache", "gc")
     name = "-".join(command)
     add(f"record-garbage-under-{name}", "built", command, code, SET_ASIDE, _records(_replace_with(b"\x00\xffgarbage")))
     uses_cache = command in (("plan",), ("cache", "gc"))  # ls and verify never read the cache: nothing to start anew
-    add(f"cache-not-a-database-under-{name}", "built", command, 0, CACHE_RESET if uses_cache else "", _cache(_flip_header))
+    add(
+        f"cache-not-a-database-under-{name}",
+        "built",
+        command,
+        0,
+        CACHE_RESET if uses_cache else "",
+        _cache(_flip_header),
+    )
 
 
 # issue 23: links, FIFOs and crafted JSON where a writer of the store, the remote, a package or a destination puts them.
@@ -645,12 +885,14 @@ def _decoy(root: Path) -> Path:
 
 def _store_link(sub: str) -> Callable[[Path], None]:
     """Replace the store's `sub` (a folder path such as tmp or objects/ab) by a symlink to the decoy folder."""
+
     def edit(root: Path) -> None:
         path = root / STORE / sub
         if path.is_dir():
             shutil.rmtree(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.symlink_to(_decoy(root), target_is_directory=True)
+
     return edit
 
 
@@ -663,8 +905,10 @@ def _object_folder_link(root: Path) -> None:
 
 
 def _engine_record_names_decoy(kind: str) -> Callable[[Path], None]:
-    """objects/<aa>/<S> made a symlink (or FIFO) to an outside file whose sha256 is S, and the fp32 rtx-ada engine's record
+    """objects/<aa>/<S> made a symlink (or FIFO) to an outside file whose sha256 is S, and the fp32 rtx-ada engine's
+    record
     naming S: the bytes must never be read, let alone shipped."""
+
     def edit(root: Path) -> None:
         import hashlib
 
@@ -684,6 +928,7 @@ def _engine_record_names_decoy(kind: str) -> Callable[[Path], None]:
         shutil.rmtree(root / "artifacts" / "packages")
         (root / "trtflow.lock").unlink()
         shutil.rmtree(root / ".trtflow", ignore_errors=True)
+
     return edit
 
 
@@ -699,7 +944,13 @@ for name, edit, args, code, fragment in [
     ("store-records-symlink-to-outside-under-run", _store_link("records"), RUN, 0, NOT_FOLLOWED),
     ("store-locks-symlink-to-outside-under-run", _store_link("locks"), ("run", "--force"), 0, NOT_FOLLOWED),
     ("object-symlink-to-outside-file-with-its-digest", _engine_record_names_decoy("link"), RUN, 0, NOT_FOLLOWED),
-    ("object-symlink-to-outside-file-under-verify", _engine_record_names_decoy("link"), ("cache", "verify"), 1, NOT_FOLLOWED),
+    (
+        "object-symlink-to-outside-file-under-verify",
+        _engine_record_names_decoy("link"),
+        ("cache", "verify"),
+        1,
+        NOT_FOLLOWED,
+    ),
     ("object-fifo-under-run", _engine_record_names_decoy("fifo"), RUN, 0, NOT_FOLLOWED),
     ("object-fifo-under-verify", _engine_record_names_decoy("fifo"), ("cache", "verify"), 1, NOT_FOLLOWED),
 ]:
@@ -708,23 +959,33 @@ for name, edit, args, code, fragment in [
 
 def _trusting(edit: Callable[[Path], None]) -> Callable[[Path], None]:
     """The remote project with `cache.trust` set to a fresh key, then `edit`."""
+
     def apply(root: Path) -> None:
         from trtflow.signing import generate_key_pair
 
         (root / "keys").mkdir()
         generate_key_pair(root / "keys" / "ci")
-        text = (root / "pipeline.yaml").read_text().replace("cache: {remote: ", "cache: {trust: [keys/ci.pub], remote: ")
+        text = (
+            (root / "pipeline.yaml").read_text().replace("cache: {remote: ", "cache: {trust: [keys/ci.pub], remote: ")
+        )
         (root / "pipeline.yaml").write_text(text)
         edit(root)
+
     return apply
 
 
 DEEP = b"[" * 200000 + b"]" * 200000
 for name, edit, fragment in [
-    ("remote-record-keyid-a-list", _trusting(_remote_record(_envelope(lambda e: e.update(signatures=[{"keyid": ["a"], "sig": ""}])))),
-     "signed by no trusted key"),
-    ("remote-record-keyid-an-object", _trusting(_remote_record(_envelope(lambda e: e.update(signatures=[{"keyid": {"a": 1}}])))),
-     "signed by no trusted key"),
+    (
+        "remote-record-keyid-a-list",
+        _trusting(_remote_record(_envelope(lambda e: e.update(signatures=[{"keyid": ["a"], "sig": ""}])))),
+        "signed by no trusted key",
+    ),
+    (
+        "remote-record-keyid-an-object",
+        _trusting(_remote_record(_envelope(lambda e: e.update(signatures=[{"keyid": {"a": 1}}])))),
+        "signed by no trusted key",
+    ),
     ("remote-record-deep-json", _remote_record(_replace_with(DEEP)), "nested deeper than 64 levels"),
     ("remote-record-deep-json-trusted", _trusting(_remote_record(_replace_with(DEEP))), "nested deeper than 64 levels"),
 ]:
@@ -742,18 +1003,31 @@ def _with_key(edit: Callable[[Path], None]) -> Callable[[Path], None]:
         (root / "keys").mkdir()
         generate_key_pair(root / "keys" / "ci")
         edit(root)
+
     return apply
 
 
 def _provenance_envelope(signatures: list) -> Callable[[Path], None]:
-    envelope = {"payloadType": "application/vnd.in-toto+json", "payload": base64.b64encode(b"{}").decode(), "signatures": signatures}
+    envelope = {
+        "payloadType": "application/vnd.in-toto+json",
+        "payload": base64.b64encode(b"{}").decode(),
+        "signatures": signatures,
+    }
     return write(PROVENANCE, json.dumps(envelope) + "\n")
 
 
 for name, edit, fragment in [
     ("provenance-deep-json", _with_key(write(PROVENANCE, DEEP + b"\n")), "nested deeper than 64 levels"),
-    ("provenance-keyid-an-object", _with_key(_provenance_envelope([{"keyid": {"a": 1}, "sig": ""}])), "signed by no trusted key"),
-    ("provenance-keyid-a-list", _with_key(_provenance_envelope([{"keyid": ["a"], "sig": ""}])), "signed by no trusted key"),
+    (
+        "provenance-keyid-an-object",
+        _with_key(_provenance_envelope([{"keyid": {"a": 1}, "sig": ""}])),
+        "signed by no trusted key",
+    ),
+    (
+        "provenance-keyid-a-list",
+        _with_key(_provenance_envelope([{"keyid": ["a"], "sig": ""}])),
+        "signed by no trusted key",
+    ),
 ]:
     add(name, "built", SIGNED_PROVISION, 3, fragment, edit)
 
@@ -763,6 +1037,7 @@ def _dims(value: int) -> Callable[[dict], None]:
         for engine in manifest["engines"]:
             engine["backend"] = "tensorrt"  # Triton refuses TensorRT-RTX engines before it reads their shapes
             engine["tensors"][0]["shape"][0] = value
+
     return edit
 
 
@@ -770,24 +1045,55 @@ TRITON = ("export", "triton", "{root}/" + PACKAGE, "--repo", "{root}/triton")
 ORT = ("export", "ort-context", "{root}/" + PACKAGE, "--dest", "{root}/ort")
 NOT_MANIFEST = "not a trtflow manifest"
 for name, edit, args, fragment in [
-    ("export-triton-dimension-beyond-int64", _manifest(_dims(10 ** 30)), TRITON, NOT_MANIFEST),
-    ("export-ort-context-dimension-beyond-int64", _manifest(_dims(10 ** 30)), ORT, NOT_MANIFEST),
-    ("export-triton-compute-capability-sm_9x", _manifest(_engine_field("compute_capabilities", ["sm_9x"])), TRITON, NOT_MANIFEST),
-    ("export-ort-context-compute-capability-sm_9x", _manifest(_engine_field("compute_capabilities", ["sm_9x"])), ORT, NOT_MANIFEST),
-    ("export-triton-target-traversal", _manifest(_engine_field("target", "../../../../../decoy/evil")), TRITON, NOT_MANIFEST),
-    ("export-ort-context-target-traversal", _manifest(_engine_field("target", "../../../../../decoy/evil")), ORT, NOT_MANIFEST),
-    ("provision-target-traversal", _manifest(_engine_field("target", "../../../../../decoy/evil")), PROVISION, NOT_MANIFEST),
+    ("export-triton-dimension-beyond-int64", _manifest(_dims(10**30)), TRITON, NOT_MANIFEST),
+    ("export-ort-context-dimension-beyond-int64", _manifest(_dims(10**30)), ORT, NOT_MANIFEST),
+    (
+        "export-triton-compute-capability-sm_9x",
+        _manifest(_engine_field("compute_capabilities", ["sm_9x"])),
+        TRITON,
+        NOT_MANIFEST,
+    ),
+    (
+        "export-ort-context-compute-capability-sm_9x",
+        _manifest(_engine_field("compute_capabilities", ["sm_9x"])),
+        ORT,
+        NOT_MANIFEST,
+    ),
+    (
+        "export-triton-target-traversal",
+        _manifest(_engine_field("target", "../../../../../decoy/evil")),
+        TRITON,
+        NOT_MANIFEST,
+    ),
+    (
+        "export-ort-context-target-traversal",
+        _manifest(_engine_field("target", "../../../../../decoy/evil")),
+        ORT,
+        NOT_MANIFEST,
+    ),
+    (
+        "provision-target-traversal",
+        _manifest(_engine_field("target", "../../../../../decoy/evil")),
+        PROVISION,
+        NOT_MANIFEST,
+    ),
 ]:
     add(name, "built", args, 3, fragment, edit)
 
 
 def _destination_link(relative: str) -> Callable[[Path], None]:
     """A symlink to the decoy (folder, or its file) where an export, publish or provision writes."""
+
     def edit(root: Path) -> None:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        target = _decoy(root) / "engine.bin" if relative.endswith((".engine", ".json", ".plan", ".onnx", ".pbtxt")) else _decoy(root)
+        target = (
+            _decoy(root) / "engine.bin"
+            if relative.endswith((".engine", ".json", ".plan", ".onnx", ".pbtxt"))
+            else _decoy(root)
+        )
         path.symlink_to(target)
+
     return edit
 
 
@@ -813,25 +1119,44 @@ for name, edit, args, code, fragment in [
     ("publish-versions-folder-is-a-symlink", _destination_link("published/versions"), PUBLISH, 3, LINKED),
     ("export-ort-context-output-is-a-symlink", _destination_link("ort/tiny-rtx-ada-fp32_ctx.onnx"), ORT, 3, LINKED),
     ("export-ort-context-engine-is-a-symlink", _destination_link("ort/tiny-rtx-ada-fp32.engine"), ORT, 3, LINKED),
-    ("provision-recipe-folder-is-a-symlink", _destination_link("dest/tiny"), PROVISION, 3, "refusing to install through it"),
+    (
+        "provision-recipe-folder-is-a-symlink",
+        _destination_link("dest/tiny"),
+        PROVISION,
+        3,
+        "refusing to install through it",
+    ),
     ("provision-version-folder-is-a-symlink", _version_folder_link, PROVISION, 0, "installed"),
 ]:
     add(name, "built", args, code, fragment, edit)
 
 
-# channels, versions and device reports of a published remote (issue 29) ------------------------------------------------
+# channels, versions and device reports of a published remote (issue 29)
+# ------------------------------------------------
 
 REMOTE_PROVISION = ("provision", "file://{root}/published", "--gpu", "sm_89", "--dest", "{root}/dest")
-AGENT = ("agent", "file://{root}/published", "--once", "--gpu", "sm_89", "--dest", "{root}/dest", "--device-id", "cam-1")
+AGENT = (
+    "agent",
+    "file://{root}/published",
+    "--once",
+    "--gpu",
+    "sm_89",
+    "--dest",
+    "{root}/dest",
+    "--device-id",
+    "cam-1",
+)
 
 
 def _published(edit: Callable[[Path], None]) -> Callable[[Path], None]:
     """Publish the built package to {root}/published (channel stable), then `edit(published folder)`."""
+
     def apply(root: Path) -> None:
         from trtflow.deploy.channels import publish_version
 
         publish_version(root / PACKAGE, (root / "published").as_uri(), None)
         edit(root / "published")
+
     return apply
 
 
@@ -839,11 +1164,14 @@ def _channel(**fields) -> Callable[[Path], None]:
     def edit(published: Path) -> None:
         path = published / "channels" / "stable.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
     return edit
 
 
 def _version_with_engine_sha(value: str) -> Callable[[Path], None]:
-    """A new, self-consistent version (its digest matches its bytes) whose engines' sha256 is `value`; the channel names it."""
+    """A new, self-consistent version (its digest matches its bytes) whose engines' sha256 is `value`; the channel
+    names it."""
+
     def edit(published: Path) -> None:
         (old,) = [p for p in (published / "versions").iterdir()]
         manifest = json.loads((old / "manifest.json").read_text())
@@ -854,6 +1182,7 @@ def _version_with_engine_sha(value: str) -> Callable[[Path], None]:
         (published / "versions" / version).mkdir()
         (published / "versions" / version / "manifest.json").write_bytes(data)
         _channel(history=[version])(published)
+
     return edit
 
 
@@ -861,15 +1190,18 @@ def _replaced(relative: str, data: bytes) -> Callable[[Path], None]:
     def edit(published: Path) -> None:
         (published / relative).parent.mkdir(parents=True, exist_ok=True)
         (published / relative).write_bytes(data)
+
     return edit
 
 
 def _dest_file(relative: str, data: bytes | None) -> Callable[[Path], None]:
     """A file (or, data None, a link to the decoy's file) planted in the destination before the command."""
+
     def edit(root: Path) -> None:
         path = root / "dest" / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.symlink_to(_decoy(root) / "engine.bin") if data is None else path.write_bytes(data)
+
     return edit
 
 
@@ -877,25 +1209,77 @@ def _both(*edits: Callable[[Path], None]) -> Callable[[Path], None]:
     def apply(root: Path) -> None:
         for edit in edits:
             edit(root)
+
     return apply
 
 
 for name, edit, args, code, fragment in [
     ("channel-history-traversal", _published(_channel(history=["../.."])), REMOTE_PROVISION, 3, "sha256 digests"),
-    ("channel-history-a-path-to-the-decoy", _published(_channel(history=["../../../decoy"])), REMOTE_PROVISION, 3, "sha256 digests"),
-    ("channel-huge-share", _published(_channel(share_bp=10 ** 30)), REMOTE_PROVISION, 3, "share_bp"),
+    (
+        "channel-history-a-path-to-the-decoy",
+        _published(_channel(history=["../../../decoy"])),
+        REMOTE_PROVISION,
+        3,
+        "sha256 digests",
+    ),
+    ("channel-huge-share", _published(_channel(share_bp=10**30)), REMOTE_PROVISION, 3, "share_bp"),
     ("channel-share-a-string", _published(_channel(share_bp="100%")), REMOTE_PROVISION, 3, "share_bp"),
-    ("channel-deep-json", _published(_replaced("channels/stable.json", b"[" * 5000 + b"]" * 5000)), REMOTE_PROVISION, 3, "nested deeper"),
-    ("channel-huge", _published(_replaced("channels/stable.json", b" " * (1 << 20))), REMOTE_PROVISION, 4, "larger than"),
-    ("version-engine-sha-is-a-path", _published(_version_with_engine_sha("../../../../decoy/engine.bin")), REMOTE_PROVISION, 3,
-     "is not a sha256 digest"),
-    ("version-manifest-edited-in-place", _published(lambda p: [m.write_bytes(m.read_bytes() + b" ") for m in (p / "versions").glob("*/manifest.json")]),
-     REMOTE_PROVISION, 3, "its sha256 is not the version"),
-    ("agent-status-json-bomb", _both(_published(lambda p: None), _dest_file("status.json", b"[" * 30000 + b"]" * 30000)), AGENT, 0, "installed"),
-    ("agent-status-json-is-a-symlink", _both(_published(lambda p: None), _dest_file("status.json", None)), AGENT, 0, "installed"),
-    ("agent-lock-is-a-symlink", _both(_published(lambda p: None), _dest_file(".agent.lock", None)), AGENT, 3, "not a regular file"),
-    ("fleet-report-bomb", _published(_replaced("devices/cam-1.json", b"[" * 30000 + b"]" * 30000)),
-     ("fleet", "status", "file://{root}/published"), 0, "report set aside: cam-1.json: it is nested deeper"),
+    (
+        "channel-deep-json",
+        _published(_replaced("channels/stable.json", b"[" * 5000 + b"]" * 5000)),
+        REMOTE_PROVISION,
+        3,
+        "nested deeper",
+    ),
+    (
+        "channel-huge",
+        _published(_replaced("channels/stable.json", b" " * (1 << 20))),
+        REMOTE_PROVISION,
+        4,
+        "larger than",
+    ),
+    (
+        "version-engine-sha-is-a-path",
+        _published(_version_with_engine_sha("../../../../decoy/engine.bin")),
+        REMOTE_PROVISION,
+        3,
+        "is not a sha256 digest",
+    ),
+    (
+        "version-manifest-edited-in-place",
+        _published(lambda p: [m.write_bytes(m.read_bytes() + b" ") for m in (p / "versions").glob("*/manifest.json")]),
+        REMOTE_PROVISION,
+        3,
+        "its sha256 is not the version",
+    ),
+    (
+        "agent-status-json-bomb",
+        _both(_published(lambda p: None), _dest_file("status.json", b"[" * 30000 + b"]" * 30000)),
+        AGENT,
+        0,
+        "installed",
+    ),
+    (
+        "agent-status-json-is-a-symlink",
+        _both(_published(lambda p: None), _dest_file("status.json", None)),
+        AGENT,
+        0,
+        "installed",
+    ),
+    (
+        "agent-lock-is-a-symlink",
+        _both(_published(lambda p: None), _dest_file(".agent.lock", None)),
+        AGENT,
+        3,
+        "not a regular file",
+    ),
+    (
+        "fleet-report-bomb",
+        _published(_replaced("devices/cam-1.json", b"[" * 30000 + b"]" * 30000)),
+        ("fleet", "status", "file://{root}/published"),
+        0,
+        "report set aside: cam-1.json: it is nested deeper",
+    ),
 ]:
     add(name, "built", args, code, fragment, edit)
 
@@ -904,16 +1288,28 @@ def _triton_link(relative: str) -> Callable[[Path], None]:
     def apply(root: Path) -> None:
         _manifest(lambda m: [e.update(backend="tensorrt") for e in m["engines"]])(root)
         _destination_link(relative)(root)
+
     return apply
 
 
-for name, relative in [("export-triton-model-folder-is-a-symlink", "triton/tiny"),
-                       ("export-triton-version-folder-is-a-symlink", "triton/tiny/1"),
-                       ("export-triton-config-is-a-symlink", "triton/tiny/config.pbtxt")]:
+for name, relative in [
+    ("export-triton-model-folder-is-a-symlink", "triton/tiny"),
+    ("export-triton-version-folder-is-a-symlink", "triton/tiny/1"),
+    ("export-triton-config-is-a-symlink", "triton/tiny/config.pbtxt"),
+]:
     add(name, "built", TRITON, 3, LINKED, _triton_link(relative))
 
-add("pipeline-endpoint-url-with-credentials", "fresh", VALIDATE, 3, "options.endpoint_url: credentials do not belong",
-    write("pipeline.yaml", PIPELINE + "cache: {remote: 's3://b/p', options: {endpoint_url: 'https://user:pw@minio:9000'}}\n"))
+add(
+    "pipeline-endpoint-url-with-credentials",
+    "fresh",
+    VALIDATE,
+    3,
+    "options.endpoint_url: credentials do not belong",
+    write(
+        "pipeline.yaml",
+        PIPELINE + "cache: {remote: 's3://b/p', options: {endpoint_url: 'https://user:pw@minio:9000'}}\n",
+    ),
+)
 
 
 # the runner --------------------------------------------------------------------------------------------------------
@@ -927,12 +1323,17 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("bases")
     built = write_project(folder / "built")
     assert trtflow(built, "run").code == 0
-    remote = write_project(folder / "remote", pipeline=PIPELINE + f"cache: {{remote: '{(folder / 'remote' / REMOTE).as_uri()}'}}\n")
+    remote = write_project(
+        folder / "remote", pipeline=PIPELINE + f"cache: {{remote: '{(folder / 'remote' / REMOTE).as_uri()}'}}\n"
+    )
     assert trtflow(remote, "run").code == 0
     int8 = write_project(folder / "int8", {"tiny": INT8_RECIPE})
     (int8 / "calib").mkdir()
     for index in range(4):
-        np.save(int8 / "calib" / f"batch_{index:02d}.npy", np.random.default_rng(index).random((2, 3, 32, 32), dtype=np.float32))
+        np.save(
+            int8 / "calib" / f"batch_{index:02d}.npy",
+            np.random.default_rng(index).random((2, 3, 32, 32), dtype=np.float32),
+        )
     return {"built": built, "remote": remote, "int8": int8}
 
 
@@ -950,7 +1351,17 @@ def project_for(base: str, bases: dict[str, Path], tmp_path: Path) -> Path:
 
 def test_the_corpus_is_large_enough() -> None:
     kinds = {name.split("-")[0] for name in CASES}
-    assert len(CASES) >= 80 and kinds >= {"pipeline", "recipe", "model", "calibration", "package", "archive", "record", "cache", "remote"}
+    assert len(CASES) >= 80 and kinds >= {
+        "pipeline",
+        "recipe",
+        "model",
+        "calibration",
+        "package",
+        "archive",
+        "record",
+        "cache",
+        "remote",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -973,12 +1384,22 @@ def test_hostile_input(name: str, bases: dict[str, Path], tmp_path: Path) -> Non
     assert sentinel.read_text() == "must survive", shown
     assert not list(tmp_path.glob("case/pwned*")) and not (root / "pwned").exists()
     assert tree(decoy) == DECOY_TREE, shown  # nothing outside changed, moved or was added
-    shipped = [p for p in (root / "artifacts").rglob("*") if p.is_file() and not p.is_symlink() and DECOY_BYTES in p.read_bytes()]
-    assert not [p for p in shipped if "store" not in p.relative_to(root).parts[:2]], shown  # no outside bytes were packaged
+    shipped = [
+        p
+        for p in (root / "artifacts").rglob("*")
+        if p.is_file() and not p.is_symlink() and DECOY_BYTES in p.read_bytes()
+    ]
+    assert not [p for p in shipped if "store" not in p.relative_to(root).parts[:2]], (
+        shown
+    )  # no outside bytes were packaged
 
 
-DECOY_TREE = {"engine.bin": DECOY_BYTES, "notes.txt": b"must survive", "nested/deeper/file.txt": b"must survive too",
-              ".hidden": b"hidden"}
+DECOY_TREE = {
+    "engine.bin": DECOY_BYTES,
+    "notes.txt": b"must survive",
+    "nested/deeper/file.txt": b"must survive too",
+    ".hidden": b"hidden",
+}
 
 
 def make_decoy(folder: Path) -> Path:
@@ -991,5 +1412,8 @@ def make_decoy(folder: Path) -> Path:
 
 def tree(folder: Path) -> dict[str, bytes]:
     """Every regular file under `folder` by relative path, with its bytes (links are not followed)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
-
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }

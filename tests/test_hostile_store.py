@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import trtflow, write_project
 from test_export import CONVNET, torch_recipe, write_torch_project
 from test_hostile_corpus import DECOY_BYTES, make_decoy, tree
@@ -56,8 +55,9 @@ while time.time() < end:
 
 def make():
     forged = {forged!r}
+    quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     subprocess.Popen([sys.executable, "-c", PLANT, pickle.dumps(Payload()).hex(), forged, os.getcwd()],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                     start_new_session=True, **quiet)
     return convnet()
 '''
 
@@ -70,7 +70,11 @@ def test_nothing_unpickles_what_another_process_can_write() -> None:
         text = path.read_text()
         assert not re.search(r"\b(marshal|cloudpickle|dill|shelve)\b", text), path
         assert "allow_pickle=True" not in text, path
-        loads += [(path.name, line.strip()) for line in text.splitlines() if re.search(r"pickle\.(load|loads|Unpickler)\b", line)]
+        loads += [
+            (path.name, line.strip())
+            for line in text.splitlines()
+            if re.search(r"pickle\.(load|loads|Unpickler)\b", line)
+        ]
     assert loads == [("worker.py", "result = run_task(pickle.loads(read_private(task_file.absolute(), 1 << 30)))")]
     hermetic = (PACKAGE / "executors" / "hermetic.py").read_text()
     assert "pickle.load" not in hermetic and "read_private(channel / RESULT_FILE" in hermetic
@@ -80,11 +84,23 @@ def test_nothing_unpickles_what_another_process_can_write() -> None:
 def test_a_crafted_result_planted_during_an_export_is_never_unpickled(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     marker, outside = tmp_path / "pwned", make_decoy(tmp_path / "decoy")
-    forged = json.dumps({"files": {"onnx": str(outside / "engine.bin")}, "record": {}, "error": None, "exit_code": 0,
-                         "errno": None, "detail": "", "node": None})  # names an outside file as the export's output
+    forged = json.dumps(
+        {
+            "files": {"onnx": str(outside / "engine.bin")},
+            "record": {},
+            "error": None,
+            "exit_code": 0,
+            "errno": None,
+            "detail": "",
+            "node": None,
+        }
+    )  # names an outside file as the export's output
     attacker = ATTACKER.format(marker=str(marker), forged=forged)
-    root = write_torch_project(tmp_path / "proj", {"net": torch_recipe("models.attacker:make")},
-                               {"convnet.py": CONVNET, "attacker.py": attacker, "__init__.py": ""})
+    root = write_torch_project(
+        tmp_path / "proj",
+        {"net": torch_recipe("models.attacker:make")},
+        {"convnet.py": CONVNET, "attacker.py": attacker, "__init__.py": ""},
+    )
     result = trtflow(root, "run", "--json")
     time.sleep(4.2)  # the planter's whole life: it must not have been read at any point
     assert result.code == 0, result.err
@@ -123,7 +139,9 @@ def test_a_whole_build_with_a_store_folder_linked_outside(sub: str, built_once: 
     assert [r.code for r in results] == [0, 0, 0], [r.err for r in results]
     assert "never followed it" in "".join(r.err for r in results)
     assert tree(decoy) == before
-    assert sorted(p.name for p in decoy.iterdir()) == sorted({"ab", "run-1-1", *(name.split("/")[0] for name in before)})
+    assert sorted(p.name for p in decoy.iterdir()) == sorted(
+        {"ab", "run-1-1", *(name.split("/")[0] for name in before)}
+    )
     assert not (store / sub).is_symlink()
 
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import trtflow, write_project
+
 from trtflow.util.archive import replace_dir_atomically
 
 
@@ -39,7 +39,9 @@ def test_the_next_run_sweeps_what_a_killed_run_left(built_project: Path) -> None
 
 def test_cache_gc_yes_sweeps_them_too(built_project: Path) -> None:
     made = _leftovers(built_project)
-    assert trtflow(built_project, "cache", "gc").code == 0 and all(os.path.lexists(p) for p in made)  # a dry run deletes nothing
+    assert trtflow(built_project, "cache", "gc").code == 0 and all(
+        os.path.lexists(p) for p in made
+    )  # a dry run deletes nothing
     assert trtflow(built_project, "cache", "gc", "--yes").code == 0
     assert [p for p in made if os.path.lexists(p)] == []
 
@@ -72,12 +74,20 @@ def test_a_package_folder_is_never_absent_while_it_is_replaced(tmp_path: Path) -
 def test_workers_die_with_a_killed_run(tmp_path: Path) -> None:
     """SIGKILL the run while its worker builds: the worker must not outlive it (it would hold `| tee` open)."""
     root = write_project(tmp_path / "p")
-    run = subprocess.Popen([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2"], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     children: set[int] = set()
     deadline = time.monotonic() + 60
     while not children and time.monotonic() < deadline and run.poll() is None:
-        children = {int(pid) for task in Path(f"/proc/{run.pid}/task").glob("*") for pid in (task / "children").read_text().split()}
+        children = {
+            int(pid)
+            for task in Path(f"/proc/{run.pid}/task").glob("*")
+            for pid in (task / "children").read_text().split()
+        }
         time.sleep(0.02)
     assert children, "the run started no worker"
     time.sleep(0.5)  # the workers are up and building
@@ -105,8 +115,16 @@ def _alive(pids: set[int]) -> list[int]:
 
 # Where a run is killed on purpose (trtflow/util/faults.py), in an order that reaches each: objects are placed only
 # while something builds (the first three runs), the provenance and the lock change whenever the packages do.
-CRASH_POINTS = ["object-placed", "package-extracted", "package-swapped", "write:trtflow.lock", "write:tiny.intoto.jsonl",
-                "package-swapped", "write:trtflow.lock", "package-extracted"]
+CRASH_POINTS = [
+    "object-placed",
+    "package-extracted",
+    "package-swapped",
+    "write:trtflow.lock",
+    "write:tiny.intoto.jsonl",
+    "package-swapped",
+    "write:trtflow.lock",
+    "package-extracted",
+]
 RANDOM_KILLS = 16
 
 
@@ -136,18 +154,24 @@ def test_runs_killed_at_twenty_four_points_always_recover(tmp_path: Path) -> Non
     no process of the run survives, the next run exits 0, `cache verify` is clean, nothing is left beside the
     packages or the lock, and the package folder, archive and manifest agree."""
     import numpy as np
-
     from conftest import example_models
 
     root = write_project(tmp_path / "p")
     variants = [example_models().tiny_cnn(np.random.default_rng(seed)).SerializeToString() for seed in range(3)]
     rng = random.Random(20261123)
-    plan = [("point", point) for point in CRASH_POINTS] + [("random", rng.uniform(0.3, 4.0)) for _ in range(RANDOM_KILLS)]
+    plan = [("point", point) for point in CRASH_POINTS] + [
+        ("random", rng.uniform(0.3, 4.0)) for _ in range(RANDOM_KILLS)
+    ]
     for index, (how, where) in enumerate(plan):
         (root / "models" / "tiny_cnn.onnx").write_bytes(variants[index % 3])
         env = {**os.environ, **({"TRTFLOW_CRASH_AT": where} if how == "point" else {})}
-        run = subprocess.Popen([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         if how == "random":
             time.sleep(where)
             run.send_signal(signal.SIGKILL)
@@ -166,7 +190,9 @@ def _assert_recovers(root: Path, label: str) -> None:
     assert result.code == 0, f"{label}: {result.err}"
     verify = trtflow(root, "cache", "verify", "--json")
     report = json.loads(verify.out)
-    assert verify.code == 0 and report["corrupt"] == [] and report["missing"] == [] and report["leftovers"] == [], f"{label}: {report}"
+    assert verify.code == 0 and report["corrupt"] == [] and report["missing"] == [] and report["leftovers"] == [], (
+        f"{label}: {report}"
+    )
     assert _leftover_files(root) == [], label
     packages = root / "artifacts" / "packages"
     manifest = json.loads((packages / "tiny" / "manifest.json").read_text())
@@ -175,4 +201,7 @@ def _assert_recovers(root: Path, label: str) -> None:
     for engine in manifest["engines"]:
         assert hashlib.sha256((packages / "tiny" / engine["file"]).read_bytes()).hexdigest() == engine["sha256"], label
     lock = json.loads((root / "trtflow.lock").read_text())
-    assert lock["nodes"]["package:tiny"]["outputs"]["package"] == hashlib.sha256((packages / "tiny.tar.gz").read_bytes()).hexdigest(), label
+    assert (
+        lock["nodes"]["package:tiny"]["outputs"]["package"]
+        == hashlib.sha256((packages / "tiny.tar.gz").read_bytes()).hexdigest()
+    ), label

@@ -12,7 +12,19 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "trtflow"
 # Leaves import nothing above them: only each other (a package may import itself).
 LEAVES = ("errors", "hashing", "manifest", "recipe", "runmemo", "signing", "states", "store", "util")
-HEAVY = ("onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "torch", "rich", "numpy", "fsspec", "s3fs", "filelock", "cryptography")
+HEAVY = (
+    "onnx",
+    "onnxruntime",
+    "tensorrt",
+    "tensorrt_rtx",
+    "torch",
+    "rich",
+    "numpy",
+    "fsspec",
+    "s3fs",
+    "filelock",
+    "cryptography",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -61,13 +73,38 @@ def test_backends_never_see_recipes() -> None:
 
 def test_planning_imports_no_heavy_library() -> None:
     """A no-op run must not pay for onnx, TensorRT or torch: plan and the CLI import none of them."""
-    code = "import sys, trtflow.cli, trtflow.session; print(sorted(m for m in sys.modules if m.split('.')[0] in %r))" % (HEAVY,)
+    code = (
+        "import sys, trtflow.cli, trtflow.session; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-COMMANDS = ["validate", "plan", "run", "report", "inspect", "schema", "provision", "keygen", "cache", "cache ls", "cache verify",
-            "cache gc", "publish", "promote", "rollback", "agent", "fleet", "fleet status", "remote", "remote gc", "toolchain", "doctor"]
+COMMANDS = [
+    "validate",
+    "plan",
+    "run",
+    "report",
+    "inspect",
+    "schema",
+    "provision",
+    "keygen",
+    "cache",
+    "cache ls",
+    "cache verify",
+    "cache gc",
+    "publish",
+    "promote",
+    "rollback",
+    "agent",
+    "fleet",
+    "fleet status",
+    "remote",
+    "remote gc",
+    "toolchain",
+    "doctor",
+]
 
 
 @pytest.mark.parametrize("command", [[], *[c.split() for c in COMMANDS]])
@@ -81,7 +118,9 @@ def _module_level_imports(path: Path) -> set[str]:
     found = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trtflow"):
-            found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names)
+            found.update(
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
+            )
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("trtflow"))
     return {module for module in found if module in MODULES}
@@ -94,7 +133,7 @@ def test_no_import_cycle_at_module_level() -> None:
 
     def visit(module: str, path: tuple[str, ...]) -> None:
         if module in path:
-            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + (module,)))
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module) :] + (module,)))
         if module in done:
             return
         for imported in sorted(graph[module]):

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_RECIPE, trtflow, write_project
+
 from trtflow.util.memory import DECLARED, MIB, expected_peak, parse_size
 
 FP16 = TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp16]") + "accuracy: {fp16: {min_top1: 0.0}}\n"
@@ -26,7 +26,9 @@ def overlap(a: dict, b: dict) -> bool:
 
 def two_precisions(root: Path) -> Path:
     """Two recipes whose fp16 stages differ (another accuracy seed), so neither is the other's cached twin."""
-    return write_project(root, {"a": FP16, "b": FP16.replace("{fp16: {min_top1: 0.0}}", "{seed: 2, fp16: {min_top1: 0.0}}")})
+    return write_project(
+        root, {"a": FP16, "b": FP16.replace("{fp16: {min_top1: 0.0}}", "{seed: 2, fp16: {min_top1: 0.0}}")}
+    )
 
 
 def test_two_precision_stages_beyond_the_budget_run_one_after_the_other(tmp_path: Path) -> None:
@@ -51,11 +53,14 @@ def test_a_stage_over_the_budget_runs_alone_and_says_so(tmp_path: Path) -> None:
     result = trtflow(root, "run", "-j", "2", "--memory", "50M", "--json")
     assert result.code == 0, result.err
     warnings = json.loads(result.out)["warnings"]
-    assert any(w.startswith("precision:a/fp16 expects ") and w.endswith("more than the 52 MB this run may use (--memory): it runs alone")
-               for w in warnings)
+    assert any(
+        w.startswith("precision:a/fp16 expects ")
+        and w.endswith("more than the 52 MB this run may use (--memory): it runs alone")
+        for w in warnings
+    )
     runs = list(timeline(root).values())
     ran = [r for r in runs if r.get("start") is not None]
-    assert not any(overlap(x, y) for i, x in enumerate(ran) for y in ran[i + 1:])
+    assert not any(overlap(x, y) for i, x in enumerate(ran) for y in ran[i + 1 :])
 
 
 def test_peaks_are_measured_per_stage_and_remembered(tmp_path: Path) -> None:
@@ -78,14 +83,20 @@ def test_a_workers_peak_is_reset_for_each_stage() -> None:
     import subprocess
     import sys
 
-    code = ("import numpy as np\nfrom trtflow.util.memory import peak_rss, reset_peak\n"
-            "big = np.ones(400 << 20 >> 3); big[::512] = 2; del big\nbefore = peak_rss(); reset_peak()\n"
-            "small = np.ones(8 << 20 >> 3); small[::512] = 2\nprint(before, peak_rss())")
-    before, after = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    code = (
+        "import numpy as np\nfrom trtflow.util.memory import peak_rss, reset_peak\n"
+        "big = np.ones(400 << 20 >> 3); big[::512] = 2; del big\nbefore = peak_rss(); reset_peak()\n"
+        "small = np.ones(8 << 20 >> 3); small[::512] = 2\nprint(before, peak_rss())"
+    )
+    before, after = map(
+        int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert before > 400 << 20 and after < before - (300 << 20)
 
 
-@pytest.mark.parametrize("text,expected", [("8G", 8 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("1000", 1000), ("2k", 2048)])
+@pytest.mark.parametrize(
+    "text,expected", [("8G", 8 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("1000", 1000), ("2k", 2048)]
+)
 def test_sizes(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 

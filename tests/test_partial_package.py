@@ -38,18 +38,35 @@ def test_a_failed_engine_leaves_an_incomplete_package_that_says_why(tmp_path: Pa
     manifest = json.loads((root / "artifacts" / "packages" / "mlp" / "manifest.json").read_text())
     assert manifest["complete"] is False and [e["target"] for e in manifest["engines"]] == ["rtx-ada"]
     [missing] = manifest["missing"]
-    assert (missing["precision"], missing["target"], missing["stage"]) == ("fp32", "rtx-turing", "build:mlp/fp32/rtx-turing")
-    assert missing["reason"].startswith("fp32 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM is not supported on Turing (sm_75): ")
+    assert (missing["precision"], missing["target"], missing["stage"]) == (
+        "fp32",
+        "rtx-turing",
+        "build:mlp/fp32/rtx-turing",
+    )
+    assert missing["reason"].startswith(
+        "fp32 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM is not supported on Turing (sm_75): "
+    )
 
     shown = trtflow(root, "inspect", str(root / "artifacts" / "packages" / "mlp"))
-    assert "INCOMPLETE: 1 engine(s) of the recipe failed" in shown.out and "missing fp32/rtx-turing: build:mlp/fp32/rtx-turing" in shown.out
+    assert (
+        "INCOMPLETE: 1 engine(s) of the recipe failed" in shown.out
+        and "missing fp32/rtx-turing: build:mlp/fp32/rtx-turing" in shown.out
+    )
     dest = tmp_path / "engines"
-    chosen = trtflow(root, "provision", str(root / "artifacts" / "packages" / "mlp"), "--gpu", "sm_89", "--dest", str(dest))
+    chosen = trtflow(
+        root, "provision", str(root / "artifacts" / "packages" / "mlp"), "--gpu", "sm_89", "--dest", str(dest)
+    )
     assert chosen.code == 0 and "INCOMPLETE" in chosen.out
-    refused = trtflow(root, "provision", str(root / "artifacts" / "packages" / "mlp"), "--gpu", "sm_75", "--dest", str(dest))
+    refused = trtflow(
+        root, "provision", str(root / "artifacts" / "packages" / "mlp"), "--gpu", "sm_75", "--dest", str(dest)
+    )
     assert refused.code == 5
 
     again = trtflow(root, "run")  # the failure is recorded: reported, not redone, the same package
     assert again.code == 1 and "built" not in again.err
-    assert re.search(r"^failed \(cached\) build:mlp/fp32/rtx-turing: fp32 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM", again.err, re.M)
+    assert re.search(
+        r"^failed \(cached\) build:mlp/fp32/rtx-turing: fp32 cannot build for sm_75 with tensorrt-rtx: FP32 GEMM",
+        again.err,
+        re.M,
+    )
     assert "drop the pair with exclude: [{precision: fp32, target: rtx-turing}]" in again.err

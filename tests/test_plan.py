@@ -6,10 +6,20 @@ from trtflow.plan import diff_components
 
 
 def test_diff_names_changed_parameters_fingerprints_and_inputs() -> None:
-    old = {"kind": "build", "version": 1, "params": {"profiles": [{"x": {"max": [8, 3]}}]},
-           "fingerprint": {"backend_version": "1.7.1"}, "inputs": {"model": "a" * 64}}
-    new = {"kind": "build", "version": 2, "params": {"profiles": [{"x": {"max": [16, 3]}}]},
-           "fingerprint": {"backend_version": "1.8.0"}, "inputs": {"model": "b" * 64}}
+    old = {
+        "kind": "build",
+        "version": 1,
+        "params": {"profiles": [{"x": {"max": [8, 3]}}]},
+        "fingerprint": {"backend_version": "1.7.1"},
+        "inputs": {"model": "a" * 64},
+    }
+    new = {
+        "kind": "build",
+        "version": 2,
+        "params": {"profiles": [{"x": {"max": [16, 3]}}]},
+        "fingerprint": {"backend_version": "1.8.0"},
+        "inputs": {"model": "b" * 64},
+    }
     assert diff_components(old, new) == [
         "stage code version 1 -> 2",
         "backend_version: 1.7.1 -> 1.8.0",
@@ -37,8 +47,12 @@ def test_a_node_waiting_on_one_upstream_through_two_roles_names_it_once(tmp_path
 
     store = Store.create(tmp_path / "store")
     upstream = NodeId.of("precision", "m", "int8")
-    node = Node(NodeId.of("verify", "m", "int8", "t"), 1, StageParams(),
-                deps=(Dep("model", upstream, "model"), Dep("precision_report", upstream, "report")))
+    node = Node(
+        NodeId.of("verify", "m", "int8", "t"),
+        1,
+        StageParams(),
+        deps=(Dep("model", upstream, "model"), Dep("precision_report", upstream, "report")),
+    )
     store.set_last_run(node.id, {"key": "k", "components": dict(node.known_parts)})
     state = Resolver(store, FileDigests()).resolve(node, finished={}).state
     assert (state.status, state.reason) == (STALE, "upstream precision:m/int8 will run first")

@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_RECIPE, trtflow, write_project
 
 pytest.importorskip("tensorrt_rtx")
@@ -37,7 +36,9 @@ class IPluginCreatorInterface : public IVersionedInterface {};
 class Creator : public nvinfer1::IPluginCreatorInterface {
 public:
     nvinfer1::InterfaceInfo getInterfaceInfo() const noexcept override { return {"PLUGIN CREATOR_V3ONE", 1, 0}; }
-    virtual void* createPlugin(const char*, const nvinfer1::PluginFieldCollection*, int32_t) noexcept { return nullptr; }
+    virtual void* createPlugin(const char*, const nvinfer1::PluginFieldCollection*, int32_t) noexcept {
+        return nullptr;
+    }
     virtual const nvinfer1::PluginFieldCollection* getFieldNames() noexcept { return &fields; }
     virtual const char* getPluginName() const noexcept { return PLUGIN_NAME; }
     virtual const char* getPluginVersion() const noexcept { return "1"; }
@@ -68,16 +69,20 @@ def _compile(compiler: str, source: str, suffix: str, out: Path, *defines: str) 
 def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """`a` and `b`: two plugin libraries TensorRT accepts (different bytes); `bad`: a library without the interface."""
     folder = tmp_path_factory.mktemp("libs")
-    return {"a": _compile("c++", CREATOR, ".cpp", folder / "a.so", '-DPLUGIN_NAME="TrtflowNoopA"'),
-            "b": _compile("c++", CREATOR, ".cpp", folder / "b.so", '-DPLUGIN_NAME="TrtflowNoopB"'),
-            "bad": _compile("cc", NOT_A_PLUGIN, ".c", folder / "bad.so")}
+    return {
+        "a": _compile("c++", CREATOR, ".cpp", folder / "a.so", '-DPLUGIN_NAME="TrtflowNoopA"'),
+        "b": _compile("c++", CREATOR, ".cpp", folder / "b.so", '-DPLUGIN_NAME="TrtflowNoopB"'),
+        "bad": _compile("cc", NOT_A_PLUGIN, ".c", folder / "bad.so"),
+    }
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, libs: dict[str, Path]) -> Path:
     """Two recipes, one declaring libs/libnoop.so (carried by its package), built once per module."""
-    root = write_project(tmp_path_factory.mktemp("plugins") / "proj",
-                         {"tiny": WITH_PLUGIN + "package: {plugins: carry}\n", "other": RTX_ADA})
+    root = write_project(
+        tmp_path_factory.mktemp("plugins") / "proj",
+        {"tiny": WITH_PLUGIN + "package: {plugins: carry}\n", "other": RTX_ADA},
+    )
     (root / "libs").mkdir()
     shutil.copy(libs["a"], root / "libs" / "libnoop.so")
     result = trtflow(root, "run")
@@ -125,26 +130,48 @@ def test_the_path_is_not_in_the_key_moving_the_library_rebuilds_nothing(project:
 def test_the_manifest_lists_each_plugin_and_a_carried_one_is_packed(built: Path, libs: dict[str, Path]) -> None:
     sha = _sha256(libs["a"])
     entry = _manifest(built, "tiny")["engines"][0]
-    assert entry["plugins"] == [{"name": "libnoop.so", "sha256": sha, "size": libs["a"].stat().st_size, "carried": True}]
+    assert entry["plugins"] == [
+        {"name": "libnoop.so", "sha256": sha, "size": libs["a"].stat().st_size, "carried": True}
+    ]
     package = built / "artifacts" / "packages" / "tiny"
     assert _sha256(package / "plugins" / f"{sha}-libnoop.so") == sha
     assert f"{sha}  plugins/{sha}-libnoop.so" in (package / "SHA256SUMS").read_text()
     assert "plugins" not in _manifest(built, "other")["engines"][0]  # no plugin: the manifest as before plugins existed
 
 
-def test_provision_installs_a_carried_plugin_beside_the_engine(built: Path, tmp_path: Path, libs: dict[str, Path]) -> None:
+def test_provision_installs_a_carried_plugin_beside_the_engine(
+    built: Path, tmp_path: Path, libs: dict[str, Path]
+) -> None:
     sha = _sha256(libs["a"])
-    result = trtflow(built, "provision", str(built / "artifacts/packages/tiny"), "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json")
+    result = trtflow(
+        built,
+        "provision",
+        str(built / "artifacts/packages/tiny"),
+        "--gpu",
+        "sm_89",
+        "--dest",
+        str(tmp_path / "dest"),
+        "--json",
+    )
     assert result.code == 0, result.err
     record = json.loads(result.out)
     installed = Path(record["written"]["version"]) / "plugins" / f"{sha}-libnoop.so"
     assert record["written"]["plugins"] == [str(installed)] and _sha256(installed) == sha
     on_disk = json.loads((Path(record["written"]["version"]) / "provision.json").read_text())
-    assert on_disk["plugins"] == [{"name": "libnoop.so", "sha256": sha, "size": installed.stat().st_size, "source": "package",
-                                   "file": f"plugins/{sha}-libnoop.so"}]
+    assert on_disk["plugins"] == [
+        {
+            "name": "libnoop.so",
+            "sha256": sha,
+            "size": installed.stat().st_size,
+            "source": "package",
+            "file": f"plugins/{sha}-libnoop.so",
+        }
+    ]
 
 
-def test_provision_refuses_an_engine_whose_plugin_the_device_lacks(project: Path, tmp_path: Path, libs: dict[str, Path]) -> None:
+def test_provision_refuses_an_engine_whose_plugin_the_device_lacks(
+    project: Path, tmp_path: Path, libs: dict[str, Path]
+) -> None:
     recipe = project / "recipes" / "tiny.yaml"
     recipe.write_text(recipe.read_text().replace("package: {plugins: carry}\n", ""))
     assert _ran(trtflow(project, "run")) == {"package:tiny"}  # carrying or not: only the package changes
@@ -161,7 +188,12 @@ def test_provision_refuses_an_engine_whose_plugin_the_device_lacks(project: Path
     chosen = trtflow(project, *args, "--plugin-dir", str(devices), "--json")
     assert chosen.code == 0, chosen.err
     assert json.loads(chosen.out)["plugins"][0] | {"path": "?"} == {
-        "name": "libnoop.so", "sha256": _sha256(libs["a"]), "size": libs["a"].stat().st_size, "source": "plugin-dir", "path": "?"}
+        "name": "libnoop.so",
+        "sha256": _sha256(libs["a"]),
+        "size": libs["a"].stat().st_size,
+        "source": "plugin-dir",
+        "path": "?",
+    }
     assert json.loads(chosen.out)["plugins"][0]["path"] == str((devices / "libnoop.so.1").resolve())
 
 
@@ -170,15 +202,21 @@ def test_the_choice_falls_to_an_engine_whose_plugins_the_device_has(built: Path)
     from trtflow.provision import choose, device_from_options
 
     manifest = Manifest.model_validate(_manifest(built, "tiny"))
-    needing = manifest.engines[0].model_copy(update={"precision": "fp16", "plugins": [manifest.engines[0].plugins[0].model_copy(update={"carried": False})]})
+    needing = manifest.engines[0].model_copy(
+        update={"precision": "fp16", "plugins": [manifest.engines[0].plugins[0].model_copy(update={"carried": False})]}
+    )
     plain = manifest.engines[0].model_copy(update={"plugins": []})
     mixed = manifest.model_copy(update={"engines": [needing, plain]})
     chosen, others = choose(mixed, device_from_options("sm_89", mixed))
     assert chosen.engine.precision == "fp32"  # fp16 is preferred, but its plugin is nowhere
-    assert others[0][1].startswith("needs plugin libnoop.so sha256 ") and others[0][1].endswith("no --plugin-dir given and not carried")
+    assert others[0][1].startswith("needs plugin libnoop.so sha256 ") and others[0][1].endswith(
+        "no --plugin-dir given and not carried"
+    )
 
 
-def test_a_library_tensorrt_refuses_fails_the_build_in_one_line_and_is_recorded(tmp_path: Path, libs: dict[str, Path]) -> None:
+def test_a_library_tensorrt_refuses_fails_the_build_in_one_line_and_is_recorded(
+    tmp_path: Path, libs: dict[str, Path]
+) -> None:
     root = write_project(tmp_path / "proj", {"tiny": RTX_ADA + "build: {plugins: [libbad.so]}\n"})
     shutil.copy(libs["bad"], root / "libbad.so")
     first = trtflow(root, "run")
@@ -188,13 +226,22 @@ def test_a_library_tensorrt_refuses_fails_the_build_in_one_line_and_is_recorded(
     assert again.code == 1 and reason in again.out + again.err and "failed (cached)" in again.out + again.err
 
 
-@pytest.mark.parametrize("given, message", [
-    ("libs/none.so", "recipes/tiny.yaml:8: build.plugins[0]: plugin library not found: libs/none.so"),
-    ("libs", "recipes/tiny.yaml:8: build.plugins[0]: libs is not a regular file"),
-    ("../outside.so", "recipes/tiny.yaml:8: build.plugins[0]: ../outside.so is outside the project; write an absolute path"),
-    ("libs/a.so, vendor/a.so", "recipes/tiny.yaml:8: build.plugins[1]: another plugin library of this recipe is also named a.so"),
-    ("libs/a.so, libs/a.so", "recipes/tiny.yaml:8: build.plugins: a plugin library is listed twice"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("libs/none.so", "recipes/tiny.yaml:8: build.plugins[0]: plugin library not found: libs/none.so"),
+        ("libs", "recipes/tiny.yaml:8: build.plugins[0]: libs is not a regular file"),
+        (
+            "../outside.so",
+            "recipes/tiny.yaml:8: build.plugins[0]: ../outside.so is outside the project; write an absolute path",
+        ),
+        (
+            "libs/a.so, vendor/a.so",
+            "recipes/tiny.yaml:8: build.plugins[1]: another plugin library of this recipe is also named a.so",
+        ),
+        ("libs/a.so, libs/a.so", "recipes/tiny.yaml:8: build.plugins: a plugin library is listed twice"),
+    ],
+)
 def test_plugins_are_checked_when_the_recipe_loads(tmp_path: Path, given: str, message: str) -> None:
     root = write_project(tmp_path / "proj", {"tiny": TINY_RECIPE + f"build: {{plugins: [{given}]}}\n"})
     for folder in ("libs", "vendor"):
@@ -202,7 +249,9 @@ def test_plugins_are_checked_when_the_recipe_loads(tmp_path: Path, given: str, m
         (root / folder / "a.so").write_bytes(b"\x7fELF")
     (tmp_path / "outside.so").write_bytes(b"\x7fELF")
     result = trtflow(root, "validate")
-    assert result.code == 3 and len(result.err.splitlines()) == 1 and result.err.startswith(f"error: {message}"), result.err
+    assert result.code == 3 and len(result.err.splitlines()) == 1 and result.err.startswith(f"error: {message}"), (
+        result.err
+    )
 
 
 def test_an_absolute_path_outside_the_project_is_the_users_choice(tmp_path: Path, libs: dict[str, Path]) -> None:

@@ -1,4 +1,5 @@
-"""Precision: validation before any work, real ModelOpt conversions on the CPU, accuracy gates, real TensorRT-RTX builds,
+"""Precision: validation before any work, real ModelOpt conversions on the CPU, accuracy gates, real TensorRT-RTX
+builds,
 and the acceptance run of the CLI (fp32 + fp16 + int8 on two targets, incremental on calibration data)."""
 
 from __future__ import annotations
@@ -10,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from conftest import PIPELINE, example_models, trtflow, write_project
 from test_bad_input import assert_refused, recipe
+
 from trtflow.backends.base import BuildRequest, get_backend
 from trtflow.calibration import rank
 from trtflow.dag import dag_from_project
 from trtflow.errors import StageError
 from trtflow.recipe import load_project
-from trtflow.stages.base import Upstream
 from trtflow.stages import precision as precision_stage
+from trtflow.stages.base import Upstream
 
 CALIBRATION = "calibration:\n  data: calib/*.npz\n"  # line 13 onwards of test_bad_input.recipe()
 
@@ -33,42 +34,116 @@ def _calibration_files(root: Path, count: int, shapes: dict[str, tuple], seed: i
 # validation: refused before anything is written ---------------------------------------------------------------
 
 SM75_PIPELINE = PIPELINE + "  rtx-turing:\n    backend: tensorrt-rtx\n    compute_capabilities: [sm_75]\n"
-AMPERE_PLUS_PIPELINE = PIPELINE + "  a100:\n    backend: tensorrt\n    compute_capabilities: [sm_89]\n    hardware_compatibility: ampere_plus\n"
+AMPERE_PLUS_PIPELINE = (
+    PIPELINE
+    + "  a100:\n    backend: tensorrt\n    compute_capabilities: [sm_89]\n    hardware_compatibility: ampere_plus\n"
+)
 
 
-@pytest.mark.parametrize("text, pipeline, where, message", [
-    pytest.param(recipe(precisions="[fp32, fp8]", extra=CALIBRATION), PIPELINE, "recipes/tiny.yaml:3: precisions[1]",
-                 "fp8 needs compute capability >= 8.9, target rtx-ampere is sm_86", id="fp8-on-sm86"),
-    pytest.param(recipe(precisions="[bf16]", targets="[rtx-turing]"), SM75_PIPELINE, "recipes/tiny.yaml:3: precisions[0]",
-                 "bf16 needs compute capability >= 8.0, target rtx-turing is sm_75", id="bf16-on-sm75"),
-    pytest.param(recipe(precisions="[int8]", targets="[rtx-turing]", extra=CALIBRATION + "quantize: {high_precision: bf16}\n"), SM75_PIPELINE,
-                 "recipes/tiny.yaml:3: precisions[0]", "int8 needs compute capability >= 8.0 (quantize.high_precision is bf16), target rtx-turing", id="bf16-high-precision"),
-    pytest.param(recipe(precisions="[fp8]", targets="[a100]", extra=CALIBRATION), AMPERE_PLUS_PIPELINE, "recipes/tiny.yaml:3: precisions[0]",
-                 "fp8 needs compute capability >= 8.9, target a100 runs on sm_80 and newer (hardware_compatibility ampere_plus)", id="fp8-ampere-plus"),
-    pytest.param(recipe(precisions="[fp32, int8]"), PIPELINE, "recipes/tiny.yaml:3: precisions[1]",
-                 "int8 needs calibration data: add calibration: {data: ...} (or calibration: {random: true} to calibrate on random inputs, "
-                 "recorded in the manifest)", id="int8-without-data"),
-    pytest.param(recipe(precisions="[int8]", extra="calibration:\n  data: calib/*.npy\n"), PIPELINE, "recipes/tiny.yaml:14: calibration.data",
-                 "no .npy/.npz file matches 'calib/*.npy'", id="glob-matches-nothing"),
-    pytest.param(recipe(precisions="[int8]", extra=CALIBRATION + "  random: true\n"), PIPELINE, "recipes/tiny.yaml:14: calibration.data",
-                 "give exactly one of data: <glob>, images: {path: ...} or random: true (got data, random)", id="data-and-random"),
-    pytest.param(recipe(precisions="[int8]", extra=CALIBRATION + "  percentile: 99.9\n"), PIPELINE, "recipes/tiny.yaml:15: calibration.percentile",
-                 "percentile applies to method: percentile only", id="percentile-without-method"),
-    pytest.param(recipe(precisions="[int8]", extra="calibration:\n  images: {path: calib, mean: [0.5]}\n"), PIPELINE, "recipes/tiny.yaml:14: calibration.images.mean",
-                 "mean needs 3 value(s), one per RGB channel", id="image-mean-per-channel"),
-    pytest.param(recipe(precisions="[fp16]", extra="autocast: {keep_io_type: true}\n"), PIPELINE, "recipes/tiny.yaml:13: autocast.keep_io_type",
-                 "unknown key 'keep_io_type'", id="autocast-typo"),
-])
-def test_precision_errors_are_refused_before_any_work(tmp_path: Path, text: str, pipeline: str, where: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "text, pipeline, where, message",
+    [
+        pytest.param(
+            recipe(precisions="[fp32, fp8]", extra=CALIBRATION),
+            PIPELINE,
+            "recipes/tiny.yaml:3: precisions[1]",
+            "fp8 needs compute capability >= 8.9, target rtx-ampere is sm_86",
+            id="fp8-on-sm86",
+        ),
+        pytest.param(
+            recipe(precisions="[bf16]", targets="[rtx-turing]"),
+            SM75_PIPELINE,
+            "recipes/tiny.yaml:3: precisions[0]",
+            "bf16 needs compute capability >= 8.0, target rtx-turing is sm_75",
+            id="bf16-on-sm75",
+        ),
+        pytest.param(
+            recipe(
+                precisions="[int8]", targets="[rtx-turing]", extra=CALIBRATION + "quantize: {high_precision: bf16}\n"
+            ),
+            SM75_PIPELINE,
+            "recipes/tiny.yaml:3: precisions[0]",
+            "int8 needs compute capability >= 8.0 (quantize.high_precision is bf16), target rtx-turing",
+            id="bf16-high-precision",
+        ),
+        pytest.param(
+            recipe(precisions="[fp8]", targets="[a100]", extra=CALIBRATION),
+            AMPERE_PLUS_PIPELINE,
+            "recipes/tiny.yaml:3: precisions[0]",
+            "fp8 needs compute capability >= 8.9, target a100 runs on sm_80 and newer (hardware_compatibility "
+            "ampere_plus)",
+            id="fp8-ampere-plus",
+        ),
+        pytest.param(
+            recipe(precisions="[fp32, int8]"),
+            PIPELINE,
+            "recipes/tiny.yaml:3: precisions[1]",
+            "int8 needs calibration data: add calibration: {data: ...} (or calibration: {random: true} to calibrate "
+            "on random inputs, "
+            "recorded in the manifest)",
+            id="int8-without-data",
+        ),
+        pytest.param(
+            recipe(precisions="[int8]", extra="calibration:\n  data: calib/*.npy\n"),
+            PIPELINE,
+            "recipes/tiny.yaml:14: calibration.data",
+            "no .npy/.npz file matches 'calib/*.npy'",
+            id="glob-matches-nothing",
+        ),
+        pytest.param(
+            recipe(precisions="[int8]", extra=CALIBRATION + "  random: true\n"),
+            PIPELINE,
+            "recipes/tiny.yaml:14: calibration.data",
+            "give exactly one of data: <glob>, images: {path: ...} or random: true (got data, random)",
+            id="data-and-random",
+        ),
+        pytest.param(
+            recipe(precisions="[int8]", extra=CALIBRATION + "  percentile: 99.9\n"),
+            PIPELINE,
+            "recipes/tiny.yaml:15: calibration.percentile",
+            "percentile applies to method: percentile only",
+            id="percentile-without-method",
+        ),
+        pytest.param(
+            recipe(precisions="[int8]", extra="calibration:\n  images: {path: calib, mean: [0.5]}\n"),
+            PIPELINE,
+            "recipes/tiny.yaml:14: calibration.images.mean",
+            "mean needs 3 value(s), one per RGB channel",
+            id="image-mean-per-channel",
+        ),
+        pytest.param(
+            recipe(precisions="[fp16]", extra="autocast: {keep_io_type: true}\n"),
+            PIPELINE,
+            "recipes/tiny.yaml:13: autocast.keep_io_type",
+            "unknown key 'keep_io_type'",
+            id="autocast-typo",
+        ),
+    ],
+)
+def test_precision_errors_are_refused_before_any_work(
+    tmp_path: Path, text: str, pipeline: str, where: str, message: str
+) -> None:
     root = write_project(tmp_path / "proj", {"tiny": text}, pipeline)
     _calibration_files(root, 4, {"input": (2, 3, 32, 32)})
     assert_refused(root, where, message)
 
 
-@pytest.mark.parametrize("arrays, message", [
-    pytest.param({"image": (2, 3, 32, 32)}, "calib/batch_00.npz has no array for input 'input' (it holds: image)", id="missing-input"),
-    pytest.param({"input": (16, 3, 32, 32)}, "calib/batch_00.npz: shapes input [16, 3, 32, 32] fit no profile (profile 0: input min [1, 3, 32, 32] max [8, 3, 32, 32])", id="outside-profile"),
-])
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        pytest.param(
+            {"image": (2, 3, 32, 32)},
+            "calib/batch_00.npz has no array for input 'input' (it holds: image)",
+            id="missing-input",
+        ),
+        pytest.param(
+            {"input": (16, 3, 32, 32)},
+            "calib/batch_00.npz: shapes input [16, 3, 32, 32] fit no profile (profile 0: input min [1, 3, 32, 32] max "
+            "[8, 3, 32, 32])",
+            id="outside-profile",
+        ),
+    ],
+)
 def test_calibration_files_that_do_not_fit_the_model_are_refused(tmp_path: Path, arrays: dict, message: str) -> None:
     root = write_project(tmp_path / "proj", {"tiny": recipe(precisions="[int8]", extra=CALIBRATION)})
     _calibration_files(root, 1, arrays)
@@ -76,6 +151,7 @@ def test_calibration_files_that_do_not_fit_the_model_are_refused(tmp_path: Path,
 
 
 # the stage itself: real ModelOpt on the CPU ----------------------------------------------------------------------
+
 
 def _project(tmp_path: Path, model: str, text: str) -> Path:
     root = write_project(tmp_path / "proj", {"m": text})
@@ -112,29 +188,49 @@ PROFILE_YAML = "profiles:\n  - inputs:\n      input: {min: [1, 3, 32, 32], opt: 
 def test_autocast_keeps_in_fp32_what_the_recipes_data_drives_out_of_fp16_range(tmp_path: Path) -> None:
     """Inputs 1000x larger than random ones push activations past AutoCast's data_max: with the recipe's data those
     nodes stay fp32; on random inputs AutoCast cannot know."""
-    recipe = "source: {onnx: models/m.onnx}\nprecisions: [fp16]\ntargets: [rtx-ada]\ncalibration: {data: calib/*.npz}\n" + PROFILE_YAML
+    recipe = (
+        "source: {onnx: models/m.onnx}\nprecisions: [fp16]\ntargets: [rtx-ada]\ncalibration: {data: calib/*.npz}\n"
+        + PROFILE_YAML
+    )
     root = _project(tmp_path, "tiny_cnn", recipe)
     (root / "calib").mkdir()
     for index in range(6):
-        np.savez(root / "calib" / f"big_{index}.npz", input=np.random.default_rng(index).standard_normal((4, 3, 32, 32)).astype(np.float32) * 1000)
+        np.savez(
+            root / "calib" / f"big_{index}.npz",
+            input=np.random.default_rng(index).standard_normal((4, 3, 32, 32)).astype(np.float32) * 1000,
+        )
     _, with_data = _run_node(root, "fp16", tmp_path)
-    assert with_data["autocast_data"]["source"] == "the recipe's calibration samples" and with_data["autocast_data"]["samples"] == 3
+    assert (
+        with_data["autocast_data"]["source"] == "the recipe's calibration samples"
+        and with_data["autocast_data"]["samples"] == 3
+    )
     (root / "recipes" / "m.yaml").write_text(recipe.replace("calibration: {data: calib/*.npz}\n", ""))
     _, random = _run_node(root, "fp16", tmp_path)
     assert random["autocast_data"]["samples"] == 0
-    kept = {name: record["composition"]["nodes_by_dtype"].get("float32", 0) for name, record in (("data", with_data), ("random", random))}
+    kept = {
+        name: record["composition"]["nodes_by_dtype"].get("float32", 0)
+        for name, record in (("data", with_data), ("random", random))
+    }
     assert kept["data"] > kept["random"], kept
 
 
 def test_fp16_and_bf16_by_autocast_keep_fp32_io_and_build(tmp_path: Path) -> None:
-    root = _project(tmp_path, "tiny_cnn", "source: {onnx: models/m.onnx}\nprecisions: [fp16, bf16]\ntargets: [rtx-ada]\n" + PROFILE_YAML)
+    root = _project(
+        tmp_path,
+        "tiny_cnn",
+        "source: {onnx: models/m.onnx}\nprecisions: [fp16, bf16]\ntargets: [rtx-ada]\n" + PROFILE_YAML,
+    )
     for precision, elem in (("fp16", onnx.TensorProto.FLOAT16), ("bf16", onnx.TensorProto.BFLOAT16)):
         model, record = _run_node(root, precision, tmp_path)
         graph = onnx.load(model).graph
         assert {i.data_type for i in graph.initializer} == {elem}
         assert [v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]] == [onnx.TensorProto.FLOAT] * 2
         accuracy = record["accuracy"]
-        assert accuracy["passed"] and accuracy["data"] == "seeded random inputs within the profiles (seed 1)" and accuracy["samples"] == 16
+        assert (
+            accuracy["passed"]
+            and accuracy["data"] == "seeded random inputs within the profiles (seed 1)"
+            and accuracy["samples"] == 16
+        )
         assert accuracy["outputs"][0]["cosine_similarity"] > 0.9999 and accuracy["outputs"][0]["top1_agreement"] == 1.0
         assert (f"{precision} emulated" in accuracy["runtime"]) and record["calibration"] is None
         _build(model, "sm_86", TINY_PROFILE)
@@ -161,14 +257,30 @@ def test_int8_calibrates_a_model_with_two_inputs_symmetrically_and_reproducibly(
     assert record["qdq"]["quantize_nodes"] >= 4 and record["qdq"]["asymmetric_zero_points"] == []
     assert _ops(model)["QuantizeLinear"] == record["qdq"]["quantize_nodes"]
     calibration = record["calibration"]
-    assert (calibration["method"], calibration["samples"], calibration["rows"], calibration["random"]) == ("entropy", 8, 32, False)
+    assert (calibration["method"], calibration["samples"], calibration["rows"], calibration["random"]) == (
+        "entropy",
+        8,
+        32,
+        False,
+    )
     assert record["accuracy"]["held_out"] and record["accuracy"]["samples"] == 4 and record["accuracy"]["passed"]
     again, record_again = _run_node(root, "int8", tmp_path)
-    assert again.read_bytes() == model.read_bytes() and record_again["calibration"]["data_digest"] == calibration["data_digest"]
-    _build(model, "sm_86", {"image": ([1, 3, 16, 16], [4, 3, 16, 16], [8, 3, 16, 16]), "features": ([1, 32], [4, 32], [8, 32])})
+    assert (
+        again.read_bytes() == model.read_bytes()
+        and record_again["calibration"]["data_digest"] == calibration["data_digest"]
+    )
+    _build(
+        model,
+        "sm_86",
+        {"image": ([1, 3, 16, 16], [4, 3, 16, 16], [8, 3, 16, 16]), "features": ([1, 32], [4, 32], [8, 32])},
+    )
 
 
-WIDE = "source: {onnx: models/m.onnx}\nprecisions: [int8, fp8]\ntargets: [rtx-ada]\n" + PROFILE_YAML + "calibration:\n  data: calib/*.npz\n"
+WIDE = (
+    "source: {onnx: models/m.onnx}\nprecisions: [int8, fp8]\ntargets: [rtx-ada]\n"
+    + PROFILE_YAML
+    + "calibration:\n  data: calib/*.npz\n"
+)
 
 
 def test_fp8_quantizes_wide_convolutions_and_builds_for_ada(tmp_path: Path) -> None:
@@ -177,8 +289,12 @@ def test_fp8_quantizes_wide_convolutions_and_builds_for_ada(tmp_path: Path) -> N
     model, record = _run_node(root, "fp8", tmp_path)
     graph = onnx.load(model).graph
     zero_points = {n.input[2] for n in graph.node if n.op_type == "QuantizeLinear"}
-    assert zero_points and {i.data_type for i in graph.initializer if i.name in zero_points} == {onnx.TensorProto.FLOAT8E4M3FN}
-    assert record["calibration"]["method"] == "max" and record["accuracy"]["passed"]  # max: ModelOpt's int8 -> fp8 scale conversion
+    assert zero_points and {i.data_type for i in graph.initializer if i.name in zero_points} == {
+        onnx.TensorProto.FLOAT8E4M3FN
+    }
+    assert (
+        record["calibration"]["method"] == "max" and record["accuracy"]["passed"]
+    )  # max: ModelOpt's int8 -> fp8 scale conversion
     _build(model, "sm_89", TINY_PROFILE)
 
 
@@ -204,8 +320,11 @@ def _scales(model: Path) -> dict[str, float]:
     """Activation scales (the Q nodes whose input is not a weight)."""
     graph = onnx.load(model).graph
     initializers = {i.name: i for i in graph.initializer}
-    return {n.input[1]: float(onnx.numpy_helper.to_array(initializers[n.input[1]]))
-            for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in initializers}
+    return {
+        n.input[1]: float(onnx.numpy_helper.to_array(initializers[n.input[1]]))
+        for n in graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0] not in initializers
+    }
 
 
 def test_fp8_on_a_model_too_small_to_quantize_says_so(tmp_path: Path) -> None:
@@ -216,30 +335,55 @@ def test_fp8_on_a_model_too_small_to_quantize_says_so(tmp_path: Path) -> None:
 
 
 def test_accuracy_out_of_tolerance_fails_with_the_numbers_unless_warn(tmp_path: Path) -> None:
-    strict = "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n" + PROFILE_YAML + \
-        "calibration: {random: true, samples: 4}\naccuracy:\n  samples: 3\n  int8: {min_cosine: 1.0}\n"
+    strict = (
+        "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n"
+        + PROFILE_YAML
+        + "calibration: {random: true, samples: 4}\naccuracy:\n  samples: 3\n  int8: {min_cosine: 1.0}\n"
+    )
     root = _project(tmp_path, "tiny_cnn", strict)
-    with pytest.raises(StageError, match=r"int8 accuracy out of tolerance: output logits cosine similarity 0\.99\d+ < 1\.0 \(max abs error .*"
-                                         r"over 3 samples of seeded random inputs within the profiles \(seed 1\); loosen accuracy\.int8"):
+    with pytest.raises(
+        StageError,
+        match=r"int8 accuracy out of tolerance: output logits cosine similarity 0\.99\d+ < 1\.0 \(max abs error .*"
+        r"over 3 samples of seeded random inputs within the profiles \(seed 1\); loosen accuracy\.int8",
+    ):
         _run_node(root, "int8", tmp_path)
     (root / "recipes" / "m.yaml").write_text(strict + "verify: {on_fail: warn}\n")
     _, record = _run_node(root, "int8", tmp_path)
-    assert record["accuracy"]["passed"] is False and "cosine similarity" in record["accuracy"]["outputs"][0]["problems"][0]
-    assert record["calibration"]["random"] is True and record["calibration"]["source"] == "random" and record["calibration"]["samples"] == 4
+    assert (
+        record["accuracy"]["passed"] is False and "cosine similarity" in record["accuracy"]["outputs"][0]["problems"][0]
+    )
+    assert (
+        record["calibration"]["random"] is True
+        and record["calibration"]["source"] == "random"
+        and record["calibration"]["samples"] == 4
+    )
 
 
 def test_an_image_folder_calibrates_and_its_pixels_are_the_digest(tmp_path: Path) -> None:
     from PIL import Image
 
-    images = "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n" + PROFILE_YAML + \
-        "calibration:\n  images: {path: pictures, resize: 40, crop: 32, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\naccuracy: {samples: 2}\n"
+    images = (
+        "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n"
+        + PROFILE_YAML
+        + (
+            "calibration:\n  images: "
+            "{path: pictures, resize: 40, crop: 32, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\naccuracy: "
+            "{samples: 2}\n"
+        )
+    )
     root = _project(tmp_path, "tiny_cnn", images)
     rng = np.random.default_rng(3)
     (root / "pictures" / "sub").mkdir(parents=True)
     for index in range(6):
-        Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(root / "pictures" / "sub" / f"{index}.png")
+        Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(
+            root / "pictures" / "sub" / f"{index}.png"
+        )
     _, record = _run_node(root, "int8", tmp_path)
-    assert (record["calibration"]["source"], record["calibration"]["samples"], record["accuracy"]["samples"]) == ("images", 4, 2)
+    assert (record["calibration"]["source"], record["calibration"]["samples"], record["accuracy"]["samples"]) == (
+        "images",
+        4,
+        2,
+    )
     calibrated = sorted((f"pictures/sub/{i}.png" for i in range(6)), key=lambda r: rank(0, r))[2]
     Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(root / calibrated)
     assert _run_node(root, "int8", tmp_path)[1]["calibration"]["data_digest"] != record["calibration"]["data_digest"]
@@ -281,7 +425,11 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
     engines = {(e["precision"], e["target"]): e for e in manifest["engines"]}
     assert sorted(engines) == sorted((p, t) for p in ("fp32", "fp16", "int8") for t in ("rtx-ampere", "rtx-ada"))
     int8 = engines[("int8", "rtx-ada")]
-    assert (int8["calibration"]["method"], int8["calibration"]["samples"], int8["calibration"]["rows"]) == ("entropy", 8, 32)
+    assert (int8["calibration"]["method"], int8["calibration"]["samples"], int8["calibration"]["rows"]) == (
+        "entropy",
+        8,
+        32,
+    )
     assert len(int8["calibration"]["data_digest"]) == 64
     for precision in ("fp16", "int8"):
         accuracy = engines[(precision, "rtx-ampere")]["verification"]["precision_accuracy"]
@@ -296,26 +444,46 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
     shown = trtflow(root, "inspect", str(root / "artifacts/packages/tiny")).out
     assert "made of: nodes " in shown and "Q/DQ-fed Conv" in shown
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
-    int8_onnx = root / "artifacts/store/objects" / lock["precision:tiny/int8"]["outputs"]["model"][:2] / lock["precision:tiny/int8"]["outputs"]["model"]
+    int8_onnx = (
+        root
+        / "artifacts/store/objects"
+        / lock["precision:tiny/int8"]["outputs"]["model"][:2]
+        / lock["precision:tiny/int8"]["outputs"]["model"]
+    )
     assert _ops(int8_onnx)["QuantizeLinear"] >= 2 and _ops(int8_onnx)["DequantizeLinear"] >= 2
 
     assert set(_run(root).values()) == {"cached"}  # a rerun is a no-op
-    (root / "calib" / "batch_03.npz").touch()  # same bytes, new mtime: the stat cache re-hashes and finds the same digest
+    (
+        root / "calib" / "batch_03.npz"
+    ).touch()  # same bytes, new mtime: the stat cache re-hashes and finds the same digest
     assert set(_run(root).values()) == {"cached"}
 
-    wider = np.random.default_rng(9).standard_normal((4, 3, 32, 32)).astype(np.float32) * 4  # widens the activation ranges
+    wider = (
+        np.random.default_rng(9).standard_normal((4, 3, 32, 32)).astype(np.float32) * 4
+    )  # widens the activation ranges
     np.savez(root / _late_name(root, 4), input=wider)
     rerun = {node for node, status in _run(root).items() if status == "built"}
     # AutoCast reads the calibration files too: fp16 reruns, and as its model comes out the same, its builds stay cached
-    assert rerun == {"precision:tiny/int8", "build:tiny/int8/rtx-ampere", "build:tiny/int8/rtx-ada", "verify:tiny/int8/rtx-ampere",
-                     "verify:tiny/int8/rtx-ada", "precision:tiny/fp16", "verify:tiny/fp16/rtx-ampere", "verify:tiny/fp16/rtx-ada", "package:tiny"}
+    assert rerun == {
+        "precision:tiny/int8",
+        "build:tiny/int8/rtx-ampere",
+        "build:tiny/int8/rtx-ada",
+        "verify:tiny/int8/rtx-ampere",
+        "verify:tiny/int8/rtx-ada",
+        "precision:tiny/fp16",
+        "verify:tiny/fp16/rtx-ampere",
+        "verify:tiny/fp16/rtx-ada",
+        "package:tiny",
+    }
     manifest = json.loads((root / "artifacts/packages/tiny/manifest.json").read_text())
     recalibrated = next(e for e in manifest["engines"] if e["precision"] == "int8")["calibration"]
     assert recalibrated["samples"] == 9 and recalibrated["data_digest"] != int8["calibration"]["data_digest"]
 
     first = min(rank(0, p.relative_to(root).as_posix()) for p in (root / "calib").glob("*.npz"))
     early = next(f"calib/early_{i}.npz" for i in range(1000) if rank(0, f"calib/early_{i}.npz") < first)
-    np.savez(root / early, input=np.zeros((4, 3, 32, 32), np.float32))  # ranks into the held-out files: fp16 evaluates on it
+    np.savez(
+        root / early, input=np.zeros((4, 3, 32, 32), np.float32)
+    )  # ranks into the held-out files: fp16 evaluates on it
     plan = trtflow(root, "plan", "--explain").out
     assert "precision:tiny/fp16" in plan and f"input holdout:{early} changed" in plan
     (root / "calib" / Path(early).name).unlink()
@@ -327,12 +495,21 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
     states = _run(root)
     assert [states[f"{kind}:tiny/fp16/rtx-ada"] for kind in ("build", "verify")] == ["cached", "built"]
     manifest = json.loads((root / "artifacts/packages/tiny/manifest.json").read_text())
-    assert next(e for e in manifest["engines"] if e["precision"] == "fp16")["verification"]["precision_accuracy"]["samples"] == 2
+    assert (
+        next(e for e in manifest["engines"] if e["precision"] == "fp16")["verification"]["precision_accuracy"][
+            "samples"
+        ]
+        == 2
+    )
 
 
 def test_frozen_rebuild_accepts_int8_engines_that_differ_only_in_kernel_names(tmp_path: Path) -> None:
-    """TensorRT-RTX names int8 kernels after memory addresses: the build must match the lock, its engine bytes need not."""
-    root = write_project(tmp_path / "proj", {"tiny": ACCEPTANCE.replace("[fp32, fp16, int8]", "[int8]").replace("[rtx-ampere, rtx-ada]", "[rtx-ada]")})
+    """TensorRT-RTX names int8 kernels after memory addresses: the build must match the lock, its engine bytes need
+    not."""
+    root = write_project(
+        tmp_path / "proj",
+        {"tiny": ACCEPTANCE.replace("[fp32, fp16, int8]", "[int8]").replace("[rtx-ampere, rtx-ada]", "[rtx-ada]")},
+    )
     _calibration_files(root, 6, {"input": (4, 3, 32, 32)})
     assert set(_run(root).values()) == {"built"}
     shutil.rmtree(root / "artifacts")
@@ -340,4 +517,6 @@ def test_frozen_rebuild_accepts_int8_engines_that_differ_only_in_kernel_names(tm
     assert result.code == 0, result.out + result.err
     assert {node["status"] for node in json.loads(result.out)["nodes"]} == {"built"}
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
-    assert lock["precision:tiny/int8"]["outputs"]["model"]  # the quantized ONNX itself is reproducible: it matched the lock
+    assert lock["precision:tiny/int8"]["outputs"][
+        "model"
+    ]  # the quantized ONNX itself is reproducible: it matched the lock

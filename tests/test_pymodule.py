@@ -14,7 +14,9 @@ from trtflow.recipe.pymodule import ModuleNotFound, import_root, module_file, to
 def root(tmp_path: Path) -> Path:
     (tmp_path / "models" / "vision").mkdir(parents=True)
     (tmp_path / "models" / "net.py").write_text("def make():\n    pass\n")
-    (tmp_path / "models" / "vision" / "__init__.py").write_text("raise SystemExit('imported!')\n")  # would end the test if run
+    (tmp_path / "models" / "vision" / "__init__.py").write_text(
+        "raise SystemExit('imported!')\n"
+    )  # would end the test if run
     (tmp_path / "models" / "vision" / "resnet.py").write_text("from .blocks import *\n")
     return tmp_path
 
@@ -31,14 +33,19 @@ def test_a_project_module_is_found_without_importing_its_packages(root: Path) ->
 def test_the_project_folder_comes_before_the_python_path(root: Path) -> None:
     (root / "json.py").write_text("def make():\n    pass\n")
     assert module_file("json", root) == (root / "json.py").resolve()
-    assert module_file("email.mime.text", root).name == "text.py"  # an installed package, walked down without importing it
+    assert (
+        module_file("email.mime.text", root).name == "text.py"
+    )  # an installed package, walked down without importing it
 
 
-@pytest.mark.parametrize("module, message", [
-    ("models.nothere", "cannot find module 'models.nothere'"),
-    ("models.net.inner", "models.net is"),  # a module, not a package
-    ("models", "namespace package"),
-])
+@pytest.mark.parametrize(
+    "module, message",
+    [
+        ("models.nothere", "cannot find module 'models.nothere'"),
+        ("models.net.inner", "models.net is"),  # a module, not a package
+        ("models", "namespace package"),
+    ],
+)
 def test_what_cannot_hold_a_factory_is_refused(root: Path, module: str, message: str) -> None:
     with pytest.raises(ModuleNotFound, match=message):
         module_file(module, root)
@@ -46,7 +53,10 @@ def test_what_cannot_hold_a_factory_is_refused(root: Path, module: str, message:
 
 def test_top_level_names_are_read_from_the_source(root: Path) -> None:
     code = root / "code.py"
-    code.write_text("import torch.nn as nn\nfrom x import y as z\nA = B = 1\nif True:\n    def make(): pass\nelse:\n    class Net: pass\n")
+    code.write_text(
+        "import torch.nn as nn\nfrom x import y as z\nA = B = 1\nif True:\n    def make(): pass\nelse:\n    class "
+        "Net: pass\n"
+    )
     assert top_level_names(code) == {"nn", "z", "A", "B", "make", "Net"}
     assert top_level_names(root / "models" / "vision" / "resnet.py") is None  # a star import binds names it cannot see
     code.write_text("def make(:\n")

@@ -18,25 +18,35 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import PIPELINE, trtflow, write_project
 
 pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'trtflow[ray]'")
 
-LABELLED = PIPELINE.replace("compute_capabilities: [sm_86]", "compute_capabilities: [sm_86]\n    runs_on: {gpu-class: ampere}") \
-                   .replace("compute_capabilities: [sm_89]", "compute_capabilities: [sm_89]\n    runs_on: {gpu-class: ada}")
-UNSATISFIABLE = PIPELINE.replace("compute_capabilities: [sm_89]", "compute_capabilities: [sm_89]\n    runs_on: {gpu-class: l4}")
+LABELLED = PIPELINE.replace(
+    "compute_capabilities: [sm_86]", "compute_capabilities: [sm_86]\n    runs_on: {gpu-class: ampere}"
+).replace("compute_capabilities: [sm_89]", "compute_capabilities: [sm_89]\n    runs_on: {gpu-class: ada}")
+UNSATISFIABLE = PIPELINE.replace(
+    "compute_capabilities: [sm_89]", "compute_capabilities: [sm_89]\n    runs_on: {gpu-class: l4}"
+)
 
 SCENARIOS = r"""
 set -u
 ip link set lo up
-export RAY_USAGE_STATS_ENABLED=0 RAY_health_check_period_ms=500 RAY_health_check_failure_threshold=4 RAY_health_check_timeout_ms=1000
+export RAY_USAGE_STATS_ENABLED=0 RAY_health_check_period_ms=500
+export RAY_health_check_failure_threshold=4 RAY_health_check_timeout_ms=1000
 cd "$ROOT"
 trtflow() { "$PYTHON" -m trtflow "$@"; }
-timed() { local name=$1; shift; local t0=$(date +%s%N); "$@" > "$name.json" 2> "$name.err"; echo $? > "$name.exit"; echo $(( ($(date +%s%N) - t0) / 1000000 )) > "$name.ms"; }
-worker() { setsid ray start --address "$ADDR" --num-cpus 1 --node-ip-address 127.0.0.1 "$@" --block > "worker-$RANDOM.log" 2>&1 & echo $!; }
+timed() {
+  local name=$1; shift; local t0=$(date +%s%N)
+  "$@" > "$name.json" 2> "$name.err"; echo $? > "$name.exit"
+  echo $(( ($(date +%s%N) - t0) / 1000000 )) > "$name.ms"
+}
+worker() {
+  setsid ray start --address "$ADDR" --num-cpus 1 --node-ip-address 127.0.0.1 "$@" --block > "worker-$RANDOM.log" 2>&1 &
+  echo $!
+}
 alive_nodes() { "$PYTHON" -c "
 import ray, sys, time
 ray.init(address='$ADDR', log_to_driver=False, logging_level='ERROR')
@@ -51,9 +61,11 @@ HOME="$ROOT/home-local" timed local-instance trtflow -C local-instance run --exe
 export HOME="$ROOT/home-cluster"
 
 # 2. a head with no CPUs and two labelled worker nodes
-ray start --head --port 0 --num-cpus 0 --node-ip-address 127.0.0.1 --include-dashboard=false --disable-usage-stats > head.log 2>&1
+ray start --head --port 0 --num-cpus 0 --node-ip-address 127.0.0.1 --include-dashboard=false --disable-usage-stats \
+  > head.log 2>&1
 ADDR=$(grep -o "ray start --address='[^']*'" head.log | head -1 | sed "s/.*='\(.*\)'/\1/")
-AMPERE=$(worker --labels gpu-class=ampere); alive_nodes 2  # one at a time: two raylets starting at once time out on 2 cores
+# one at a time: two raylets starting at once time out on 2 cores
+AMPERE=$(worker --labels gpu-class=ampere); alive_nodes 2
 ADA=$(worker --labels gpu-class=ada); alive_nodes 3
 timed labelled trtflow -C labelled run --ray-address "$ADDR" -j 2 --json
 timed unsatisfiable trtflow -C unsatisfiable run --ray-address "$ADDR" --json
@@ -65,8 +77,11 @@ rm -rf /tmp/trtflow-ray-*
 ( timed node-loss trtflow -C node-loss run --ray-address "$ADDR" -j 1 --json ) &
 RUN=$!
 SEEN=no
-for i in $(seq 1 1200); do SCRATCH=$(ls -d /tmp/trtflow-ray-* 2> /dev/null | head -1); [ -n "$SCRATCH" ] && SEEN=yes && break; sleep 0.05; done
-if [ "$SEEN" = yes ]; then  # the task's worker process (its pid is in the scratch folder's name) and its raylet die first
+for i in $(seq 1 1200); do
+  SCRATCH=$(ls -d /tmp/trtflow-ray-* 2> /dev/null | head -1); [ -n "$SCRATCH" ] && SEEN=yes && break; sleep 0.05
+done
+# the task's worker process (its pid is in the scratch folder's name) and its raylet die first
+if [ "$SEEN" = yes ]; then
   WORKER=$(basename "$SCRATCH" | cut -d- -f3)
   kill -9 "$WORKER" $(ps -o ppid= -p "$WORKER") 2> /dev/null
 fi
@@ -102,8 +117,15 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_project(root / "unsatisfiable", pipeline=UNSATISFIABLE)
     write_project(root / "node-loss")
     (root / "scenarios.sh").write_text(textwrap.dedent(SCENARIOS))
-    env = {**os.environ, "ROOT": str(root), "PYTHON": sys.executable, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    done = subprocess.run(["unshare", "-n", "bash", str(root / "scenarios.sh")], env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "ROOT": str(root),
+        "PYTHON": sys.executable,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["unshare", "-n", "bash", str(root / "scenarios.sh")], env=env, capture_output=True, text=True, timeout=900
+    )
     assert (root / "node-loss.exit").exists(), done.stdout[-3000:] + done.stderr[-3000:]
     return root
 
@@ -115,7 +137,9 @@ def result(root: Path, name: str) -> tuple[int, dict, str]:
     """(exit code, --json summary or {}, stderr without Ray's own native log lines) of one scenario's run."""
     code = int((root / f"{name}.exit").read_text())
     text = (root / f"{name}.json").read_text()
-    err = "".join(line for line in (root / f"{name}.err").read_text().splitlines(keepends=True) if not RAY_NATIVE_LOG.match(line))
+    err = "".join(
+        line for line in (root / f"{name}.err").read_text().splitlines(keepends=True) if not RAY_NATIVE_LOG.match(line)
+    )
     return code, json.loads(text) if text.strip() else {}, err
 
 
@@ -134,15 +158,21 @@ def test_a_local_ray_instance_makes_the_packages_a_local_run_makes(scenarios: Pa
 def test_each_build_runs_on_a_node_with_its_targets_labels(scenarios: Path) -> None:
     code, summary, err = result(scenarios, "labelled")
     assert code == 0, err
-    builds = {node["id"]: node["node"]["labels"].get("gpu-class") for node in summary["nodes"] if node["kind"] == "build"}
+    builds = {
+        node["id"]: node["node"]["labels"].get("gpu-class") for node in summary["nodes"] if node["kind"] == "build"
+    }
     assert builds == {"build:tiny/fp32/rtx-ampere": "ampere", "build:tiny/fp32/rtx-ada": "ada"}
-    assert package_bytes(scenarios / "labelled") == package_bytes(scenarios / "reference")  # runs_on is placement, not content
+    assert package_bytes(scenarios / "labelled") == package_bytes(
+        scenarios / "reference"
+    )  # runs_on is placement, not content
 
 
 def test_labels_no_node_has_fail_fast_naming_them(scenarios: Path) -> None:
     code, _, err = result(scenarios, "unsatisfiable")
     assert code == 4
-    assert "gpu-class=l4" in err and "target rtx-ada" in err and "gpu-class=ada" in err  # what is asked and what there is
+    assert (
+        "gpu-class=l4" in err and "target rtx-ada" in err and "gpu-class=ada" in err
+    )  # what is asked and what there is
     assert len(err.strip().splitlines()) == 1
     assert int((scenarios / "unsatisfiable.ms").read_text()) < 60_000
 

@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import trtflow
 from zoo import zoo_model
 
-MODELS = {"resnet": ["fp32", "fp16", "int8"], "mobilenet": ["fp32", "fp16"], "efficientnet": ["fp32", "fp16"],
-          "encoder": ["fp32", "fp16"], "lstm": ["fp32", "fp16"]}
+MODELS = {
+    "resnet": ["fp32", "fp16", "int8"],
+    "mobilenet": ["fp32", "fp16"],
+    "efficientnet": ["fp32", "fp16"],
+    "encoder": ["fp32", "fp16"],
+    "lstm": ["fp32", "fp16"],
+}
 # Measured (benchmarks/repro.py, this test): hermetic rebuilds of the MobileNetV3-style model still differ in their
 # numbering (a race between the builder's own threads), and so do int8 (Q/DQ) engines between checkouts; the fp32 and
 # fp16 engines of the others came out byte-identical every time.
@@ -26,13 +30,19 @@ BYTE_REPRODUCIBLE = {"fp32", "fp16"}
 def _project(root: Path, cache: Path) -> Path:
     (root / "recipes").mkdir(parents=True)
     (root / "models").mkdir()
-    (root / "pipeline.yaml").write_text(yaml.safe_dump({"targets": {"rtx-ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}}))
+    (root / "pipeline.yaml").write_text(
+        yaml.safe_dump({"targets": {"rtx-ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}})
+    )
     for name, precisions in MODELS.items():
         model = zoo_model(name, cache)
         shutil.copyfile(model.path, root / "models" / f"{name}.onnx")
         model.calibration_batches(root / "calib" / name)
-        recipe = {"source": {"onnx": f"models/{name}.onnx"}, "precisions": precisions, "profiles": [model.recipe_profile()],
-                  "calibration": {"data": f"calib/{name}/*"}}
+        recipe = {
+            "source": {"onnx": f"models/{name}.onnx"},
+            "precisions": precisions,
+            "profiles": [model.recipe_profile()],
+            "calibration": {"data": f"calib/{name}/*"},
+        }
         (root / "recipes" / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
     return root
 
@@ -50,14 +60,24 @@ def test_a_second_checkout_rebuilds_the_release_from_the_lock(tmp_path: Path) ->
     shutil.copytree(first, second, ignore=shutil.ignore_patterns("artifacts"))
     result = trtflow(second, "run", "-j", "2", "--frozen", "--json")
     assert result.code == 0, result.out + result.err
-    said_equivalent = {n["id"] for n in json.loads(result.out)["nodes"] if (n["reason"] or "").startswith("equivalent to trtflow.lock")}
+    said_equivalent = {
+        n["id"] for n in json.loads(result.out)["nodes"] if (n["reason"] or "").startswith("equivalent to trtflow.lock")
+    }
     for name, precisions in MODELS.items():
         before, after = _engines(first, name), _engines(second, name)
         for precision in precisions:
             a, b = before[precision], after[precision]
-            assert a["canonical_sha256"] == b["canonical_sha256"] and a["reproducible"] == "equivalent", (name, precision)
-            assert (a["sha256"] != b["sha256"]) == (f"build:{name}/{precision}/rtx-ada" in said_equivalent), (name, precision)
+            assert a["canonical_sha256"] == b["canonical_sha256"] and a["reproducible"] == "equivalent", (
+                name,
+                precision,
+            )
+            assert (a["sha256"] != b["sha256"]) == (f"build:{name}/{precision}/rtx-ada" in said_equivalent), (
+                name,
+                precision,
+            )
             if name not in RACY and precision in BYTE_REPRODUCIBLE:
                 assert a["sha256"] == b["sha256"], f"{name} {precision}: hermetic rebuild not byte-identical"
         if name not in RACY and set(precisions) <= BYTE_REPRODUCIBLE:
-            assert (first / "artifacts/packages" / f"{name}.tar.gz").read_bytes() == (second / "artifacts/packages" / f"{name}.tar.gz").read_bytes()
+            assert (first / "artifacts/packages" / f"{name}.tar.gz").read_bytes() == (
+                second / "artifacts/packages" / f"{name}.tar.gz"
+            ).read_bytes()

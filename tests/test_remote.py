@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import PIPELINE, TINY_RECIPE, read_remote_record, trtflow, write_project, write_remote_record
 
 pytest.importorskip("s3fs", reason="the S3 remote needs s3fs: pip install s3fs")
@@ -39,8 +38,11 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def s3_endpoint() -> str:
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -60,7 +62,9 @@ def s3_endpoint() -> str:
 def s3_client(endpoint: str):
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key=SECRET, region_name="us-east-1")
+    return boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key=SECRET, region_name="us-east-1"
+    )
 
 
 def bucket(endpoint: str) -> str:
@@ -70,8 +74,15 @@ def bucket(endpoint: str) -> str:
 
 
 def aws_env(endpoint: str) -> dict[str, str]:
-    return {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    return {
+        **os.environ,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
 
 
 def clone(root: Path, remote: str) -> Path:
@@ -81,8 +92,13 @@ def clone(root: Path, remote: str) -> Path:
 
 def run(root: Path, env: dict[str, str], *args: str) -> tuple[int, dict, str]:
     """`trtflow run --json` as a separate process with `env` (the S3 endpoint and credentials, as in CI)."""
-    result = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "--json", *args],
-                            capture_output=True, text=True, env=env, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run", "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}, result.stderr
 
 
@@ -104,7 +120,9 @@ def published(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tup
     return name, first
 
 
-def test_a_second_clone_sharing_only_the_remote_builds_nothing(s3_endpoint: str, published: tuple[str, Path], tmp_path: Path) -> None:
+def test_a_second_clone_sharing_only_the_remote_builds_nothing(
+    s3_endpoint: str, published: tuple[str, Path], tmp_path: Path
+) -> None:
     name, first = published
     second = clone(tmp_path / "second", f"s3://{name}/trtflow")
     code, summary, err = run(second, aws_env(s3_endpoint))
@@ -118,11 +136,17 @@ def test_a_second_clone_sharing_only_the_remote_builds_nothing(s3_endpoint: str,
             assert SECRET.encode() not in path.read_bytes()
 
 
-def test_a_tampered_remote_object_is_rejected_rebuilt_and_repaired(s3_endpoint: str, published: tuple[str, Path], tmp_path: Path) -> None:
+def test_a_tampered_remote_object_is_rejected_rebuilt_and_repaired(
+    s3_endpoint: str, published: tuple[str, Path], tmp_path: Path
+) -> None:
     name, first = published
     client = s3_client(s3_endpoint)
     for item in client.list_objects_v2(Bucket=name, Prefix="trtflow/")["Contents"]:  # a copy of its own to tamper with
-        client.copy_object(Bucket=name, Key="tampered/" + item["Key"].removeprefix("trtflow/"), CopySource={"Bucket": name, "Key": item["Key"]})
+        client.copy_object(
+            Bucket=name,
+            Key="tampered/" + item["Key"].removeprefix("trtflow/"),
+            CopySource={"Bucket": name, "Key": item["Key"]},
+        )
     digest = json.loads((first / "artifacts/packages/tiny/manifest.json").read_text())["engines"][0]["sha256"]
     key = f"tampered/objects/{digest[:2]}/{digest}"
     good = client.get_object(Bucket=name, Key=key)["Body"].read()
@@ -138,7 +162,9 @@ def test_a_tampered_remote_object_is_rejected_rebuilt_and_repaired(s3_endpoint: 
     assert trtflow(second, "cache", "verify").code == 0
 
 
-def test_an_unreachable_remote_warns_once_and_builds_locally_unless_required(published: tuple[str, Path], tmp_path: Path) -> None:
+def test_an_unreachable_remote_warns_once_and_builds_locally_unless_required(
+    published: tuple[str, Path], tmp_path: Path
+) -> None:
     _, first = published
     root = Path(shutil.copytree(first, tmp_path / "p", symlinks=True))
     package = json.loads((root / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]["package"]
@@ -167,7 +193,10 @@ def test_a_file_remote_shares_builds_and_rejects_a_forged_record(tmp_path: Path)
     assert result.code == 0, result.err
     summary = json.loads(result.out)
     assert built(summary) == {"package:tiny"}
-    assert any("rejected the record of package:tiny: its key components do not hash to its key" in w for w in summary["warnings"])
+    assert any(
+        "rejected the record of package:tiny: its key components do not hash to its key" in w
+        for w in summary["warnings"]
+    )
     assert (second / PACKAGE).read_bytes() == (first / PACKAGE).read_bytes()
 
 
@@ -182,7 +211,13 @@ def test_an_unusable_file_remote_is_a_remote_failure(tmp_path: Path) -> None:
 
 
 def test_credentials_in_pipeline_yaml_are_refused(tmp_path: Path) -> None:
-    root = write_project(tmp_path / "p", pipeline=PIPELINE + "cache:\n  remote: s3://b/p\n  options: {client_kwargs: {aws_secret_access_key: x}}\n")
+    root = write_project(
+        tmp_path / "p",
+        pipeline=PIPELINE + "cache:\n  remote: s3://b/p\n  options: {client_kwargs: {aws_secret_access_key: x}}\n",
+    )
     result = trtflow(root, "validate")
     assert result.code == 3
-    assert "credentials do not belong in pipeline.yaml" in result.err and "options.client_kwargs.aws_secret_access_key" in result.err
+    assert (
+        "credentials do not belong in pipeline.yaml" in result.err
+        and "options.client_kwargs.aws_secret_access_key" in result.err
+    )

@@ -10,12 +10,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from browser import Browser, chromium_or_skip
-from conftest import REPO, TINY_RECIPE, settle, trtflow, trtflow_process, write_project
+from conftest import REPO, TINY_RECIPE, trtflow, trtflow_process, write_project
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-IMPOSSIBLE_FP16 = TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp32, fp16]") + "accuracy: {fp16: {max_abs_error: 0.0}}\n"
+IMPOSSIBLE_FP16 = (
+    TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp32, fp16]") + "accuracy: {fp16: {max_abs_error: 0.0}}\n"
+)
 GITHUB_SUMMARY_LIMIT = 1024 * 1024  # bytes GitHub keeps of one step's $GITHUB_STEP_SUMMARY
 
 
@@ -53,7 +54,9 @@ def failing(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = write_project(tmp_path_factory.mktemp("failing") / "proj", {"tiny": IMPOSSIBLE_FP16})
     first = trtflow(root, "run", "--no-report")
     assert first.code == 1 and not (root / "artifacts" / "run.json").exists()
-    (root / "recipes" / "other.yaml").write_text(TINY_RECIPE.replace("targets: [rtx-ampere, rtx-ada]", "targets: [rtx-ada]"))
+    (root / "recipes" / "other.yaml").write_text(
+        TINY_RECIPE.replace("targets: [rtx-ampere, rtx-ada]", "targets: [rtx-ada]")
+    )
     assert trtflow(root, "run").code == 1
     return root
 
@@ -161,52 +164,167 @@ def synthetic_record(recipes: int) -> dict:
         nodes += _recipe_nodes(name, targets, failed, r % 4 == 0, clock)
         packages[name] = _manifest(name, targets, failed)
         accuracy.append(_accuracy_row(name, failed))
-    fleet = [{"compute_capability": ccs[0], "targets": [t], "recipes": {
-        name: {"chosen": f"engines/{t}/{name}-fp16.engine", "precision": "fp16", "target": t, "reason": "exact compute capability match",
-               "refused": [{"file": f"engines/{t}/{name}-fp32.engine", "why": "fits, but fp16 is preferred to fp32"}], "failed": []}
-        for name in sorted(packages)}} for t, ccs in targets.items()]
-    return {"format": 1, "trtflow_version": "0.1.0", "project": "fleet", "finished_at": "2026-11-25T12:00:00+00:00", "seconds": round(max(clock), 3),
-            "jobs": 2, "nodes": nodes, "packages": packages, "targets": targets, "fleet": fleet, "accuracy": accuracy}
+    fleet = [
+        {
+            "compute_capability": ccs[0],
+            "targets": [t],
+            "recipes": {
+                name: {
+                    "chosen": f"engines/{t}/{name}-fp16.engine",
+                    "precision": "fp16",
+                    "target": t,
+                    "reason": "exact compute capability match",
+                    "refused": [
+                        {"file": f"engines/{t}/{name}-fp32.engine", "why": "fits, but fp16 is preferred to fp32"}
+                    ],
+                    "failed": [],
+                }
+                for name in sorted(packages)
+            },
+        }
+        for t, ccs in targets.items()
+    ]
+    return {
+        "format": 1,
+        "trtflow_version": "0.1.0",
+        "project": "fleet",
+        "finished_at": "2026-11-25T12:00:00+00:00",
+        "seconds": round(max(clock), 3),
+        "jobs": 2,
+        "nodes": nodes,
+        "packages": packages,
+        "targets": targets,
+        "fleet": fleet,
+        "accuracy": accuracy,
+    }
 
 
 def _recipe_nodes(name: str, targets: dict, failed: bool, cached: bool, clock: list[float]) -> list[dict]:
-    def node(kind: str, rest: str, deps: list[str], status: str = "cached" if cached else "built", seconds: float = 0.5, **extra) -> dict:
+    def node(
+        kind: str,
+        rest: str,
+        deps: list[str],
+        status: str = "cached" if cached else "built",
+        seconds: float = 0.5,
+        **extra,
+    ) -> dict:
         slot = clock.index(min(clock))
         ran = status == "built" or (status == "failed" and not extra.get("failure_cached"))
         start = clock[slot] if ran else None
         if ran:
             clock[slot] += seconds
-        return {"id": f"{kind}:{rest}", "kind": kind, "recipe": name, "deps": deps, "target": None, "status": status,
-                "failure_cached": extra.get("failure_cached", False), "reason": extra.get("reason", "" if status == "cached" else "new"),
-                "changes": [], "seconds": seconds if ran else None, "recorded_seconds": seconds, "start": start,
-                "end": None if start is None else round(start + seconds, 3), "slot": slot if ran else None, "peak_rss": 200 << 20 if ran else None}
+        return {
+            "id": f"{kind}:{rest}",
+            "kind": kind,
+            "recipe": name,
+            "deps": deps,
+            "target": None,
+            "status": status,
+            "failure_cached": extra.get("failure_cached", False),
+            "reason": extra.get("reason", "" if status == "cached" else "new"),
+            "changes": [],
+            "seconds": seconds if ran else None,
+            "recorded_seconds": seconds,
+            "start": start,
+            "end": None if start is None else round(start + seconds, 3),
+            "slot": slot if ran else None,
+            "peak_rss": 200 << 20 if ran else None,
+        }
 
     found = [node("cleanup", name, [], seconds=1.2)]
     for precision in ("fp32", "fp16"):
         bad = failed and precision == "fp16"
-        found.append(node("precision", f"{name}/{precision}", [f"cleanup:{name}"], **({"status": "failed", "failure_cached": True,
-                          "reason": "fp16 out of the recipe's accuracy limits: max_abs_error 0.00047 > 0"} if bad else {})))
+        found.append(
+            node(
+                "precision",
+                f"{name}/{precision}",
+                [f"cleanup:{name}"],
+                **(
+                    {
+                        "status": "failed",
+                        "failure_cached": True,
+                        "reason": "fp16 out of the recipe's accuracy limits: max_abs_error 0.00047 > 0",
+                    }
+                    if bad
+                    else {}
+                ),
+            )
+        )
         for target in targets:
             extra = {"status": "skipped", "reason": f"upstream precision:{name}/fp16 failed"} if bad else {}
-            found.append(node("build", f"{name}/{precision}/{target}", [f"precision:{name}/{precision}"], seconds=1.0, **extra))
-            found.append(node("verify", f"{name}/{precision}/{target}", [f"build:{name}/{precision}/{target}"], seconds=0.1, **extra))
+            found.append(
+                node("build", f"{name}/{precision}/{target}", [f"precision:{name}/{precision}"], seconds=1.0, **extra)
+            )
+            found.append(
+                node(
+                    "verify",
+                    f"{name}/{precision}/{target}",
+                    [f"build:{name}/{precision}/{target}"],
+                    seconds=0.1,
+                    **extra,
+                )
+            )
     found.append(node("package", name, sorted(n["id"] for n in found if n["kind"] == "verify"), seconds=0.2))
     return found
 
 
 def _manifest(name: str, targets: dict, failed: bool) -> dict:
-    engines = [{"file": f"engines/{t}/{name}-{p}.engine", "precision": p, "target": t, "compute_capabilities": ccs, "size": 900 * 1024,
-                "backend": "tensorrt-rtx", "backend_version": "1.7.1.116", "hardware_compatibility": "none", "version_compatible": False}
-               for p in ("fp32", "fp16") for t, ccs in targets.items() if not (failed and p == "fp16")]
-    missing = [{"precision": "fp16", "target": t, "stage": f"precision:{name}/fp16", "reason": "out of limits", "compute_capabilities": ccs}
-               for t, ccs in targets.items()] if failed else []
+    engines = [
+        {
+            "file": f"engines/{t}/{name}-{p}.engine",
+            "precision": p,
+            "target": t,
+            "compute_capabilities": ccs,
+            "size": 900 * 1024,
+            "backend": "tensorrt-rtx",
+            "backend_version": "1.7.1.116",
+            "hardware_compatibility": "none",
+            "version_compatible": False,
+        }
+        for p in ("fp32", "fp16")
+        for t, ccs in targets.items()
+        if not (failed and p == "fp16")
+    ]
+    missing = (
+        [
+            {
+                "precision": "fp16",
+                "target": t,
+                "stage": f"precision:{name}/fp16",
+                "reason": "out of limits",
+                "compute_capabilities": ccs,
+            }
+            for t, ccs in targets.items()
+        ]
+        if failed
+        else []
+    )
     return {"recipe": name, "engines": engines, "missing": missing}
 
 
 def _accuracy_row(name: str, failed: bool) -> dict:
     if failed:
-        return {"recipe": name, "precision": "fp16", "passed": False, "failure": "fp16 out of the recipe's accuracy limits: max_abs_error 0.00047 > 0"}
-    output = {"name": "logits", "cosine_similarity": 0.99999987, "max_abs_error": 0.00046870112, "top1_agreement": 1.0, "passed": True}
-    return {"recipe": name, "precision": "fp16", "passed": True, "composition": {"nodes_by_dtype": {"float16": 10, "float32": 1},
-            "initializer_bytes_by_dtype": {"float16": 460000, "float32": 40}, "qdq_covered_ops": {}},
-            "accuracy": {"outputs": [output], "tolerance": {"min_cosine": 0.9999, "min_top1": 0.99, "max_abs_error": None}}}
+        return {
+            "recipe": name,
+            "precision": "fp16",
+            "passed": False,
+            "failure": "fp16 out of the recipe's accuracy limits: max_abs_error 0.00047 > 0",
+        }
+    output = {
+        "name": "logits",
+        "cosine_similarity": 0.99999987,
+        "max_abs_error": 0.00046870112,
+        "top1_agreement": 1.0,
+        "passed": True,
+    }
+    return {
+        "recipe": name,
+        "precision": "fp16",
+        "passed": True,
+        "composition": {
+            "nodes_by_dtype": {"float16": 10, "float32": 1},
+            "initializer_bytes_by_dtype": {"float16": 460000, "float32": 40},
+            "qdq_covered_ops": {},
+        },
+        "accuracy": {"outputs": [output], "tolerance": {"min_cosine": 0.9999, "min_top1": 0.99, "max_abs_error": None}},
+    }

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from conftest import TINY_RECIPE, trtflow, write_project
+
 from trtflow.hashing import stage_key
 
 BUILD, VERIFY, PACKAGE = "build:tiny/fp32/rtx-ada", "verify:tiny/fp32/rtx-ada", "package:tiny"
@@ -30,7 +31,9 @@ def _as_if_the_locked_engine_had_other_bytes(root: Path, canonical: str | None =
         nodes[BUILD]["canonical"]["engine"] = canonical
     for node_id, role in ((VERIFY, "engine"), (PACKAGE, "engine:fp32/rtx-ada")):
         nodes[node_id]["inputs"][role] = other
-        nodes[node_id]["key"] = stage_key({k: nodes[node_id][k] for k in ("kind", "version", "params", "fingerprint", "inputs")})
+        nodes[node_id]["key"] = stage_key(
+            {k: nodes[node_id][k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
+        )
     (root / "trtflow.lock").write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
 
 
@@ -40,7 +43,9 @@ def test_frozen_accepts_an_engine_equivalent_to_the_lock_and_says_so(tmp_path: P
     result = trtflow(root, "run", "--frozen", "--json")
     assert result.code == 0, result.out + result.err
     nodes = {n["id"]: n for n in json.loads(result.out)["nodes"]}
-    assert nodes[BUILD]["reason"].startswith("equivalent to trtflow.lock: the engine differs only in the backend's generated numbering")
+    assert nodes[BUILD]["reason"].startswith(
+        "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering"
+    )
     assert {n["status"] for n in nodes.values()} == {"built"}
     manifest = json.loads((root / "artifacts" / "packages" / "tiny" / "manifest.json").read_text())
     [engine] = manifest["engines"]
@@ -54,18 +59,23 @@ def test_frozen_refuses_an_engine_whose_canonical_digest_differs(tmp_path: Path)
     assert result.code == 1
     nodes = {n["id"]: n for n in json.loads(result.out)["nodes"]}
     assert nodes[BUILD]["status"] == "failed"
-    assert nodes[BUILD]["reason"] == "engine differs from trtflow.lock and its canonical digest differs too: not reproducible"
+    assert (
+        nodes[BUILD]["reason"]
+        == "engine differs from trtflow.lock and its canonical digest differs too: not reproducible"
+    )
     assert nodes[VERIFY]["status"] == nodes[PACKAGE]["status"] == "skipped"
 
 
 def test_check_repro_rebuilds_every_engine_in_hermetic_workers_and_reports_each(tmp_path: Path) -> None:
-    """MobileNetV3-style: hermetic rebuilds of it can still differ in numbering (a thread race): identical or equivalent."""
+    """MobileNetV3-style: hermetic rebuilds of it can still differ in numbering (a thread race): identical or
+    equivalent."""
     import yaml
-
     from zoo import zoo_model
 
     model = zoo_model("mobilenet", tmp_path / "zoo")
-    recipe = yaml.safe_dump({"source": {"onnx": "models/mobilenet.onnx"}, "targets": ["rtx-ada"], "profiles": [model.recipe_profile()]})
+    recipe = yaml.safe_dump(
+        {"source": {"onnx": "models/mobilenet.onnx"}, "targets": ["rtx-ada"], "profiles": [model.recipe_profile()]}
+    )
     root = write_project(tmp_path / "p", {"mobilenet": recipe})
     shutil.copyfile(model.path, root / "models" / "mobilenet.onnx")
     result = trtflow(root, "run", "--check-repro", "3", "--json")
@@ -83,4 +93,7 @@ def test_a_rebuild_that_is_not_equivalent_or_fails_is_different() -> None:
     assert EngineRepro("b", 3, identical=3, equivalent=3).verdict == "identical"
     assert EngineRepro("b", 3, identical=1, equivalent=3).verdict == "equivalent"
     assert EngineRepro("b", 3, identical=1, equivalent=2).verdict == "different"
-    assert EngineRepro("b", 3, identical=2, equivalent=2, failures=("hermetic worker failed: killed by SIGSEGV",)).verdict == "different"
+    assert (
+        EngineRepro("b", 3, identical=2, equivalent=2, failures=("hermetic worker failed: killed by SIGSEGV",)).verdict
+        == "different"
+    )

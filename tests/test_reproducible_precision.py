@@ -13,14 +13,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import write_project
 
 pytest.importorskip("torch")
 
 from zoo import zoo_model  # noqa: E402  (imports torch)
 
-CORPUS = {"resnet": ["fp32", "fp16", "int8"], "mobilenet": ["fp32", "fp16", "int8"], "lstm": ["fp32", "fp16"]}  # ModelOpt
+CORPUS = {
+    "resnet": ["fp32", "fp16", "int8"],
+    "mobilenet": ["fp32", "fp16", "int8"],
+    "lstm": ["fp32", "fp16"],
+}  # ModelOpt
 # quantizes no node of the LSTM (GEMV-shaped MatMuls): int8 of it fails by design
 
 
@@ -29,9 +32,15 @@ def _project(root: Path, zoo_dir: Path) -> Path:
     recipes = {}
     for name in CORPUS:
         model = zoo_model(name, zoo_dir)
-        recipes[name] = yaml.safe_dump({"source": {"onnx": f"models/{name}.onnx"}, "profiles": [model.recipe_profile()],
-                                        "targets": ["rtx-ada"], "precisions": CORPUS[name],
-                                        "calibration": {"data": f"calib/{name}/*"}})
+        recipes[name] = yaml.safe_dump(
+            {
+                "source": {"onnx": f"models/{name}.onnx"},
+                "profiles": [model.recipe_profile()],
+                "targets": ["rtx-ada"],
+                "precisions": CORPUS[name],
+                "calibration": {"data": f"calib/{name}/*"},
+            }
+        )
     write_project(root, recipes)
     for name in CORPUS:
         model = zoo_model(name, zoo_dir)
@@ -42,8 +51,13 @@ def _project(root: Path, zoo_dir: Path) -> Path:
 
 def _run(root: Path, seed: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONHASHSEED": seed}
-    return subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2", *args], capture_output=True,
-                          text=True, timeout=900, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
 
 
 def _precision_outputs(root: Path) -> dict[str, dict]:

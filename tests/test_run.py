@@ -9,9 +9,8 @@ import tarfile
 from pathlib import Path
 
 import onnx
-from onnx import TensorProto, helper
-
 from conftest import TINY_RECIPE, settle, trtflow, trtflow_process, write_project
+from onnx import TensorProto, helper
 
 
 def run_json(root: Path, *args: str) -> dict:
@@ -38,17 +37,23 @@ def test_run_packages_one_engine_per_precision_and_target(project: Path) -> None
     package = project / "artifacts" / "packages" / "tiny"
     engines = manifest(project)["engines"]
     assert sorted((e["precision"], e["target"], tuple(e["compute_capabilities"])) for e in engines) == [
-        ("fp32", "rtx-ada", ("sm_89",)), ("fp32", "rtx-ampere", ("sm_86",))]
+        ("fp32", "rtx-ada", ("sm_89",)),
+        ("fp32", "rtx-ampere", ("sm_86",)),
+    ]
     for engine in engines:
         data = (package / engine["file"]).read_bytes()
         assert engine["sha256"] == hashlib.sha256(data).hexdigest() and engine["size"] == len(data) > 10_000
         assert engine["backend"] == "tensorrt-rtx" and engine["backend_version"].startswith("1.")
         assert [t["name"] for t in engine["tensors"]] == ["input", "logits"]
-        assert engine["tensors"][0]["profiles"] == [{"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}]
+        assert engine["tensors"][0]["profiles"] == [
+            {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}
+        ]
     sums = dict(line.split("  ")[::-1] for line in (package / "SHA256SUMS").read_text().splitlines())
     assert sums["manifest.json"] == hashlib.sha256((package / "manifest.json").read_bytes()).hexdigest()
     with tarfile.open(project / "artifacts" / "packages" / "tiny.tar.gz") as tar:
-        assert sorted(tar.getnames()) == sorted(f"tiny/{p.relative_to(package).as_posix()}" for p in package.rglob("*") if p.is_file())
+        assert sorted(tar.getnames()) == sorted(
+            f"tiny/{p.relative_to(package).as_posix()}" for p in package.rglob("*") if p.is_file()
+        )
 
 
 def test_inspect_shows_package_manifest_and_engine(project: Path) -> None:
@@ -74,11 +79,14 @@ def test_second_run_executes_nothing_and_says_so(project: Path) -> None:
 
 def _tree(root: Path) -> dict[str, tuple[int, int, int]]:
     """(mtime_ns, size, inode) of every file and folder under `root`."""
-    return {str(p.relative_to(root)): (p.lstat().st_mtime_ns, p.lstat().st_size, p.lstat().st_ino) for p in root.rglob("*")}
+    return {
+        str(p.relative_to(root)): (p.lstat().st_mtime_ns, p.lstat().st_size, p.lstat().st_ino) for p in root.rglob("*")
+    }
 
 
 def test_a_no_op_run_writes_nothing_at_all(built_project: Path) -> None:
-    """Not the lock, not the store's cache, not a run record, not a lease: every mtime stays (a no-op runs in every CI job).
+    """Not the lock, not the store's cache, not a run record, not a lease: every mtime stays (a no-op runs in every CI
+    job).
 
     The copy gave every file a new inode, so the first run re-hashes them and remembers that (and, the copy being
     settled, the no-op: trtflow.runmemo); the second is the no-op."""
@@ -108,7 +116,9 @@ def test_changing_a_profile_rebuilds_only_that_recipes_builds(tmp_path: Path) ->
     explained = trtflow(root, "plan", "--explain").out
     assert "profiles[0].input.max: [8,3,32,32] -> [16,3,32,32]" in explained
     # cleanup re-proves itself over the new shapes; its bytes are unchanged, so the precision node stays cached
-    assert built(run_json(root)) == {f"{kind}:tiny/fp32/{target}" for kind in ("build", "verify") for target in ("rtx-ampere", "rtx-ada")} | {"cleanup:tiny", "package:tiny"}
+    assert built(run_json(root)) == {
+        f"{kind}:tiny/fp32/{target}" for kind in ("build", "verify") for target in ("rtx-ampere", "rtx-ada")
+    } | {"cleanup:tiny", "package:tiny"}
 
 
 def test_deleted_store_object_is_rebuilt(project: Path) -> None:
@@ -139,39 +149,56 @@ def test_dry_run_writes_nothing(project: Path) -> None:
 def _unsupported_op_model(path: Path) -> None:
     """Valid ONNX (passes the checker) that no TensorRT parser can import: an op from a custom domain."""
     node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     model.ir_version = 8
     onnx.save(model, path)
 
 
 def test_a_failing_stage_stops_its_package_but_not_other_recipes(tmp_path: Path) -> None:
-    root = write_project(tmp_path / "p", {"tiny": TINY_RECIPE, "broken": "source: {onnx: models/broken.onnx}\ntargets: [rtx-ampere]\n"})
+    root = write_project(
+        tmp_path / "p", {"tiny": TINY_RECIPE, "broken": "source: {onnx: models/broken.onnx}\ntargets: [rtx-ampere]\n"}
+    )
     _unsupported_op_model(root / "models" / "broken.onnx")
     result = trtflow(root, "run", "--json")
     assert result.code == 1
     states = statuses(json.loads(result.out))
     # no runtime knows the op: cleanup's ONNX Runtime proof is the first stage to fail, before any build
-    assert states["cleanup:broken"] == "failed" and states["build:broken/fp32/rtx-ampere"] == "skipped" and states["package:broken"] == "skipped"
+    assert (
+        states["cleanup:broken"] == "failed"
+        and states["build:broken/fp32/rtx-ampere"] == "skipped"
+        and states["package:broken"] == "skipped"
+    )
     assert states["package:tiny"] == "built"
     failure = next(n for n in json.loads(result.out)["nodes"] if n["status"] == "failed")
     assert "Frobnicate" in failure["reason"]
-    assert (root / "artifacts" / "packages" / "tiny.tar.gz").is_file() and not (root / "artifacts" / "packages" / "broken").exists()
+    assert (root / "artifacts" / "packages" / "tiny.tar.gz").is_file() and not (
+        root / "artifacts" / "packages" / "broken"
+    ).exists()
 
 
 def test_parallel_run_builds_the_same_package(tmp_path: Path) -> None:
     serial, parallel = write_project(tmp_path / "a"), write_project(tmp_path / "b")
     run_json(serial)
     assert run_json(parallel, "-j", "2")["built"] == 7
-    assert (serial / "artifacts/packages/tiny.tar.gz").read_bytes() == (parallel / "artifacts/packages/tiny.tar.gz").read_bytes()
+    assert (serial / "artifacts/packages/tiny.tar.gz").read_bytes() == (
+        parallel / "artifacts/packages/tiny.tar.gz"
+    ).read_bytes()
 
 
 def test_static_lstm_without_dynamic_dims_builds(tmp_path: Path) -> None:
-    from conftest import example_models
     import numpy as np
+    from conftest import example_models
 
-    root = write_project(tmp_path / "p", {"lstm": "source: {onnx: models/lstm.onnx}\nprofiles:\n  - inputs: {sequence: {shape: [50, 1, 32]}}\n"})
+    root = write_project(
+        tmp_path / "p",
+        {"lstm": "source: {onnx: models/lstm.onnx}\nprofiles:\n  - inputs: {sequence: {shape: [50, 1, 32]}}\n"},
+    )
     onnx.save(example_models().seq_lstm(np.random.default_rng(1)), root / "models" / "lstm.onnx")
     assert run_json(root)["built"] == 7
     tensors = manifest(root, "lstm")["engines"][0]["tensors"]
@@ -182,10 +209,20 @@ def test_lock_records_every_node_and_frozen_passes_when_unchanged(project: Path)
     run_json(project)
     lock_text = (project / "trtflow.lock").read_text()
     nodes = json.loads(lock_text)["nodes"]
-    assert sorted(nodes) == ["build:tiny/fp32/rtx-ada", "build:tiny/fp32/rtx-ampere", "cleanup:tiny", "package:tiny",
-                             "precision:tiny/fp32", "verify:tiny/fp32/rtx-ada", "verify:tiny/fp32/rtx-ampere"]
+    assert sorted(nodes) == [
+        "build:tiny/fp32/rtx-ada",
+        "build:tiny/fp32/rtx-ampere",
+        "cleanup:tiny",
+        "package:tiny",
+        "precision:tiny/fp32",
+        "verify:tiny/fp32/rtx-ada",
+        "verify:tiny/fp32/rtx-ampere",
+    ]
     assert nodes["build:tiny/fp32/rtx-ada"]["params"]["precision"] == "fp32"
-    assert nodes["package:tiny"]["outputs"]["package"] == hashlib.sha256((project / "artifacts/packages/tiny.tar.gz").read_bytes()).hexdigest()
+    assert (
+        nodes["package:tiny"]["outputs"]["package"]
+        == hashlib.sha256((project / "artifacts/packages/tiny.tar.gz").read_bytes()).hexdigest()
+    )
     assert run_json(project, "--frozen")["cached"] == 7
     assert (project / "trtflow.lock").read_text() == lock_text
 
@@ -226,7 +263,9 @@ def test_a_builder_option_reaches_the_engine_the_key_and_the_manifest(built_proj
     before = {e["target"]: e["sha256"] for e in manifest(built_project)["engines"]}
     recipe.write_text(recipe.read_text() + "build: {profiling_verbosity: detailed}\n")
     assert "profiling_verbosity: default -> detailed" in trtflow(built_project, "plan", "--explain").out
-    assert built(run_json(built_project)) == {f"{kind}:tiny/fp32/{target}" for kind in ("build", "verify") for target in ("rtx-ampere", "rtx-ada")} | {"package:tiny"}
+    assert built(run_json(built_project)) == {
+        f"{kind}:tiny/fp32/{target}" for kind in ("build", "verify") for target in ("rtx-ampere", "rtx-ada")
+    } | {"package:tiny"}
     engines = manifest(built_project)["engines"]
     assert all(e["builder"]["profiling_verbosity"] == "detailed" for e in engines)
     assert all(e["sha256"] != before[e["target"]] for e in engines)  # detailed layer information is in the engine
@@ -235,8 +274,13 @@ def test_a_builder_option_reaches_the_engine_the_key_and_the_manifest(built_proj
 def test_a_target_whose_backend_is_not_installed_exits_4_in_one_line_before_any_work(project: Path) -> None:
     pipeline = project / "pipeline.yaml"
     pipeline.write_text(pipeline.read_text() + "  a100:\n    backend: tensorrt\n    compute_capabilities: [sm_80]\n")
-    (project / "recipes" / "tiny.yaml").write_text(TINY_RECIPE.replace("targets: [rtx-ampere, rtx-ada]", "targets: [rtx-ada, a100]"))
+    (project / "recipes" / "tiny.yaml").write_text(
+        TINY_RECIPE.replace("targets: [rtx-ampere, rtx-ada]", "targets: [rtx-ada, a100]")
+    )
     result = trtflow(project, "run")
     assert result.code == 4 and result.out == ""
-    assert result.err == "error: target a100 of recipe tiny: its backend tensorrt is not installed here: pip install 'trtflow[tensorrt]'\n"
+    assert result.err == (
+        "error: target a100 of recipe tiny: its backend tensorrt is not installed here: pip install "
+        "'trtflow[tensorrt]'\n"
+    )
     assert not (project / "artifacts").exists()

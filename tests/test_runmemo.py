@@ -1,4 +1,5 @@
-"""The remembered no-op (trtflow/runmemo.py): answered without loading the project, and never when anything it read changed."""
+"""The remembered no-op (trtflow/runmemo.py): answered without loading the project, and never when anything it read
+changed."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_RECIPE, settle, trtflow
+
 from trtflow import runmemo
 
 
@@ -26,8 +27,12 @@ def remembered_project(built_project: Path) -> Path:
 
 def run_process(root: Path, *args: str) -> tuple[dict, str]:
     """(--json summary, the trtflow modules imported) of `python -X importtime -m trtflow run --json` in `root`."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "trtflow", "-C", str(root), "run", "--json", *args],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "trtflow", "-C", str(root), "run", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout), done.stderr
 
@@ -76,8 +81,11 @@ def _delete_lock(root: Path) -> set[str]:
     return set()
 
 
-@pytest.mark.parametrize("change", [_edit_profile, _add_recipe, _delete_engine_object, _edit_package_file, _delete_lock],
-                         ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "change",
+    [_edit_profile, _add_recipe, _delete_engine_object, _edit_package_file, _delete_lock],
+    ids=lambda f: f.__name__.strip("_"),
+)
 def test_any_change_to_what_the_no_op_read_is_seen(built_project: Path, change) -> None:
     root = remembered_project(built_project)
     lock, manifest = (root / "trtflow.lock").read_bytes(), (root / "artifacts/packages/tiny/manifest.json").read_bytes()
@@ -95,8 +103,13 @@ def test_a_signing_key_in_the_environment_is_a_change(built_project: Path, tmp_p
     provenance = root / "artifacts/packages/tiny.intoto.jsonl"
     unsigned = provenance.read_bytes()
     assert trtflow(root, "keygen", str(tmp_path / "ci")).code == 0
-    done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "--json"], capture_output=True, text=True,
-                          env={**os.environ, "TRTFLOW_SIGNING_KEY_FILE": str(tmp_path / "ci.key")}, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRTFLOW_SIGNING_KEY_FILE": str(tmp_path / "ci.key")},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert provenance.read_bytes() != unsigned and json.loads(provenance.read_bytes())["signatures"]
 
@@ -110,7 +123,16 @@ def test_a_run_that_builds_forgets_the_memo_and_a_racy_no_op_writes_none(built_p
     assert not runmemo.memo_path(root).exists()
 
 
-@pytest.mark.parametrize("memo", [b"", b"{", b"[]", b'{"format": 1, "nodes": "x"}', b'{"format": 1, "nodes": [1], "paths": [], "globs": {}, "versions": {}, "fingerprint": null}'])
+@pytest.mark.parametrize(
+    "memo",
+    [
+        b"",
+        b"{",
+        b"[]",
+        b'{"format": 1, "nodes": "x"}',
+        b'{"format": 1, "nodes": [1], "paths": [], "globs": {}, "versions": {}, "fingerprint": null}',
+    ],
+)
 def test_a_damaged_memo_is_a_normal_run(built_project: Path, memo: bytes) -> None:
     root = remembered_project(built_project)
     runmemo.memo_path(root).write_bytes(memo)

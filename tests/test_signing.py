@@ -15,10 +15,18 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from conftest import PIPELINE, read_remote_record, trtflow, write_project, write_remote_record
-from trtflow.signing import (KEY_FILE_ENV, RECORD_TYPE, STATEMENT_TYPE, SignatureRejected, generate_key_pair, pae,
-                             signer_from_environment, trusted_keys)
+
+from trtflow.signing import (
+    KEY_FILE_ENV,
+    RECORD_TYPE,
+    STATEMENT_TYPE,
+    SignatureRejected,
+    generate_key_pair,
+    pae,
+    signer_from_environment,
+    trusted_keys,
+)
 
 pytest.importorskip("fsspec", reason="the remote cache needs fsspec")
 
@@ -91,7 +99,9 @@ def test_a_signature_covers_the_type_and_every_byte(keys: dict[str, Path]) -> No
 
 
 @pytest.mark.parametrize("content, message", [(None, "is not a file"), (b"not a key", "is not a PEM public key")])
-def test_a_bad_trusted_key_is_a_project_error_naming_the_field(tmp_path: Path, keys: dict[str, Path], content, message) -> None:
+def test_a_bad_trusted_key_is_a_project_error_naming_the_field(
+    tmp_path: Path, keys: dict[str, Path], content, message
+) -> None:
     root = project(tmp_path / "p", tmp_path / "remote", keys)
     if content is None:
         (root / "keys" / "ci.pub").unlink()
@@ -101,7 +111,9 @@ def test_a_bad_trusted_key_is_a_project_error_naming_the_field(tmp_path: Path, k
     assert result.code == 3 and f"pipeline.yaml: cache.trust[0]: {root / 'keys' / 'ci.pub'} {message}" in result.err
 
 
-def test_a_bad_signing_key_is_exit_4_before_any_work(tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_signing_key_is_exit_4_before_any_work(
+    tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = project(tmp_path / "p", tmp_path / "remote", keys)
     monkeypatch.setenv(KEY_FILE_ENV, str(keys["ci"].with_suffix(".pub")))
     result = trtflow(root, "run")
@@ -132,10 +144,13 @@ def test_signed_records_are_pulled(tmp_path: Path, keys: dict[str, Path], publis
     assert envelope["payloadType"] == RECORD_TYPE and len(envelope["signatures"]) == 1
 
 
-@pytest.mark.parametrize("how, rejection", [("keep", "does not verify"), ("unsigned", "it is not signed"),
-                                            ("mallory", "signed by no trusted key")])
-def test_a_forged_pairing_is_rejected_and_built_locally(tmp_path: Path, keys: dict[str, Path], published: tuple[Path, dict],
-                                                        how: str, rejection: str) -> None:
+@pytest.mark.parametrize(
+    "how, rejection",
+    [("keep", "does not verify"), ("unsigned", "it is not signed"), ("mallory", "signed by no trusted key")],
+)
+def test_a_forged_pairing_is_rejected_and_built_locally(
+    tmp_path: Path, keys: dict[str, Path], published: tuple[Path, dict], how: str, rejection: str
+) -> None:
     remote, lock = published
     path = remote / "records" / f"{lock[ADA]['key']}.json"
     envelope = json.loads(path.read_text())
@@ -147,13 +162,17 @@ def test_a_forged_pairing_is_rejected_and_built_locally(tmp_path: Path, keys: di
     summary = run(second)
     assert summary["code"] == 0, summary["err"]
     assert status(summary, ADA)[0] == "built"
-    assert any(f"rejected the record of {ADA}: " in w and rejection in w for w in summary["warnings"]), summary["warnings"]
+    assert any(f"rejected the record of {ADA}: " in w and rejection in w for w in summary["warnings"]), summary[
+        "warnings"
+    ]
     manifest = json.loads((second / "artifacts/packages/tiny/manifest.json").read_text())
     engines = {e["target"]: e["sha256"] for e in manifest["engines"]}
     assert engines["rtx-ada"] != lock[AMPERE]["outputs"]["engine"]  # never the sm_86 engine under the sm_89 name
 
 
-def test_without_trust_a_forged_pairing_is_refused_by_frozen(tmp_path: Path, keys: dict[str, Path], published: tuple[Path, dict]) -> None:
+def test_without_trust_a_forged_pairing_is_refused_by_frozen(
+    tmp_path: Path, keys: dict[str, Path], published: tuple[Path, dict]
+) -> None:
     """No trust configured: the forged record passes every check but the lock's; --frozen refuses it."""
     remote, lock = published
     forge_pairing(remote, lock)
@@ -169,7 +188,9 @@ def test_trust_without_a_signing_key_reads_but_never_pushes(tmp_path: Path, keys
     remote = tmp_path / "remote"
     summary = run(project(tmp_path / "p", remote, keys))
     assert summary["code"] == 0
-    assert [w for w in summary["warnings"] if "not pushing" in w and KEY_FILE_ENV in w] and len(summary["warnings"]) == 1
+    assert [w for w in summary["warnings"] if "not pushing" in w and KEY_FILE_ENV in w] and len(
+        summary["warnings"]
+    ) == 1
     assert not (remote / "records").exists()
 
 
@@ -186,11 +207,23 @@ def signed_package(tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.Mo
 
 
 def provision(packages: Path, target: str, *args: str):
-    return trtflow(packages, "provision", str(packages / target), "--gpu", "sm_89", "--dest", str(packages.parent / "dest"), "--json", *args)
+    return trtflow(
+        packages,
+        "provision",
+        str(packages / target),
+        "--gpu",
+        "sm_89",
+        "--dest",
+        str(packages.parent / "dest"),
+        "--json",
+        *args,
+    )
 
 
 @pytest.mark.parametrize("target", ["tiny", "tiny.tar.gz", "tiny/manifest.json"])
-def test_provision_accepts_a_package_a_trusted_key_signed(signed_package: Path, keys: dict[str, Path], target: str) -> None:
+def test_provision_accepts_a_package_a_trusted_key_signed(
+    signed_package: Path, keys: dict[str, Path], target: str
+) -> None:
     result = provision(signed_package, target, "--require-signature", "--trust", str(keys["ci"].with_suffix(".pub")))
     assert result.code == 0, result.err
     assert json.loads(result.out)["signed_by"] == signer(keys["ci"]).keyid
@@ -202,7 +235,9 @@ def test_provision_accepts_a_package_a_trusted_key_signed(signed_package: Path, 
 def test_provision_refuses_what_the_signature_does_not_cover(signed_package: Path, keys: dict[str, Path]) -> None:
     trust = ("--require-signature", "--trust", str(keys["ci"].with_suffix(".pub")))
     assert provision(signed_package, "tiny", "--require-signature").code == 2  # no --trust
-    untrusted = provision(signed_package, "tiny", "--require-signature", "--trust", str(keys["mallory"].with_suffix(".pub")))
+    untrusted = provision(
+        signed_package, "tiny", "--require-signature", "--trust", str(keys["mallory"].with_suffix(".pub"))
+    )
     assert untrusted.code == 3 and "signed by no trusted key" in untrusted.err
     manifest = signed_package / "tiny" / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"passed": true', '"passed": false', 1))
@@ -217,26 +252,46 @@ def test_provision_refuses_what_the_signature_does_not_cover(signed_package: Pat
     assert not (signed_package.parent / "dest").exists()
 
 
-def test_a_published_package_is_checked_against_its_signed_provenance_at_the_url(signed_package: Path, keys: dict[str, Path], tmp_path: Path) -> None:
+def test_a_published_package_is_checked_against_its_signed_provenance_at_the_url(
+    signed_package: Path, keys: dict[str, Path], tmp_path: Path
+) -> None:
     url = (tmp_path / "share" / "tiny").as_uri()
     assert trtflow(signed_package, "publish", str(signed_package / "tiny"), url).code == 0
     trust = ("--require-signature", "--trust", str(keys["ci"].with_suffix(".pub")))
-    accepted = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json", *trust)
+    accepted = trtflow(
+        signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json", *trust
+    )
     assert accepted.code == 0, accepted.err
     record = json.loads(accepted.out)
     share, version = tmp_path / "share" / "tiny", record["version"]
-    assert record["signed_by"] == signer(keys["ci"]).keyid and set(record["transfer"]["files"]) == {  # issue 29: the channel layout
-        "channels/stable.json", f"versions/{version}/manifest.json", f"versions/{version}/provenance.intoto.jsonl",
-        f"engines/{record['chosen']['manifest_entry']['sha256']}.engine"}
-    edited = (share / "versions" / version / "manifest.json").read_text().replace('"passed": true', '"passed": false', 1).encode()
+    assert record["signed_by"] == signer(keys["ci"]).keyid and set(
+        record["transfer"]["files"]
+    ) == {  # issue 29: the channel layout
+        "channels/stable.json",
+        f"versions/{version}/manifest.json",
+        f"versions/{version}/provenance.intoto.jsonl",
+        f"engines/{record['chosen']['manifest_entry']['sha256']}.engine",
+    }
+    edited = (
+        (share / "versions" / version / "manifest.json")
+        .read_text()
+        .replace('"passed": true', '"passed": false', 1)
+        .encode()
+    )
     other = hashlib.sha256(edited).hexdigest()  # a self-consistent version the provenance does not cover
     (share / "versions" / other).mkdir()
     (share / "versions" / other / "manifest.json").write_bytes(edited)
-    shutil.copyfile(share / "versions" / version / "provenance.intoto.jsonl", share / "versions" / other / "provenance.intoto.jsonl")
+    shutil.copyfile(
+        share / "versions" / version / "provenance.intoto.jsonl", share / "versions" / other / "provenance.intoto.jsonl"
+    )
     channel = json.loads((share / "channels" / "stable.json").read_text())
     (share / "channels" / "stable.json").write_text(json.dumps({**channel, "history": [other, version]}))
     changed = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "d2"), *trust)
-    assert changed.code == 3 and f"{url}/versions/{other}/provenance.intoto.jsonl: the signed provenance does not cover this manifest.json" in changed.err
+    assert (
+        changed.code == 3
+        and f"{url}/versions/{other}/provenance.intoto.jsonl: the signed provenance does not cover this manifest.json"
+        in changed.err
+    )
     (share / "versions" / other / "provenance.intoto.jsonl").unlink()
     missing = trtflow(signed_package, "provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "d2"), *trust)
     assert missing.code == 3 and "provenance.intoto.jsonl: not found (--require-signature)" in missing.err
@@ -247,8 +302,18 @@ def test_an_unsigned_run_writes_unsigned_provenance(built_project: Path, keys: d
     packages = built_project / "artifacts" / "packages"
     envelope = json.loads((packages / "tiny.intoto.jsonl").read_text())
     assert envelope["signatures"] == [] and envelope["payloadType"] == STATEMENT_TYPE
-    result = trtflow(built_project, "provision", str(packages / "tiny"), "--gpu", "sm_89", "--dest", str(built_project / "d"),
-                     "--require-signature", "--trust", str(keys["ci"].with_suffix(".pub")))
+    result = trtflow(
+        built_project,
+        "provision",
+        str(packages / "tiny"),
+        "--gpu",
+        "sm_89",
+        "--dest",
+        str(built_project / "d"),
+        "--require-signature",
+        "--trust",
+        str(keys["ci"].with_suffix(".pub")),
+    )
     assert result.code == 3 and "it is not signed" in result.err
 
 

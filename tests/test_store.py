@@ -9,11 +9,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from conftest import record_for
 
 from trtflow.hashing import sha256_file
 from trtflow.store import Store
-
-from conftest import record_for
 
 
 def test_add_object_moves_file_under_its_digest_read_only(tmp_path: Path) -> None:
@@ -58,7 +57,11 @@ def test_records_are_files_checked_against_their_key(tmp_path: Path) -> None:
     assert any("malformed" in note and "do not hash to its key" in note for note in store.take_notes())
 
 
-@pytest.mark.parametrize("content", [b"", b"\x00\xff", b"[]", b'{"key": 1}', b"{" * 100_000], ids=["empty", "binary", "list", "no-outputs", "deep"])
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\x00\xff", b"[]", b'{"key": 1}', b"{" * 100_000],
+    ids=["empty", "binary", "list", "no-outputs", "deep"],
+)
 def test_a_malformed_record_is_set_aside_never_a_traceback(tmp_path: Path, content: bytes) -> None:
     store = Store.create(tmp_path / "store")
     key, _ = record_for("0" * 64)
@@ -130,13 +133,22 @@ def test_an_old_diskcache_index_is_imported_without_following_its_file_names(tmp
     key, record = record_for(digest)
     bad_key, _ = record_for(digest, "build:other/fp32/t")
     with sqlite3.connect(store_dir / "index" / "cache.db") as db:
-        db.execute("CREATE TABLE Cache (rowid INTEGER PRIMARY KEY, key BLOB, raw INTEGER, store_time REAL, expire_time REAL,"
-                   " access_time REAL, access_count INTEGER, tag BLOB, size INTEGER, mode INTEGER, filename TEXT, value BLOB)")
-        db.execute("INSERT INTO Cache (key, raw, mode, filename, value) VALUES (?, 1, 1, NULL, ?)", (f"stage:{key}", json.dumps(record)))
-        db.execute("INSERT INTO Cache (key, raw, mode, filename, value) VALUES (?, 1, 3, ?, NULL)", (f"stage:{bad_key}", str(victim)))
+        db.execute(
+            "CREATE TABLE Cache (rowid INTEGER PRIMARY KEY, key BLOB, raw INTEGER, store_time REAL, expire_time REAL,"
+            " access_time REAL, access_count INTEGER, tag BLOB, size INTEGER, mode INTEGER, filename TEXT, value BLOB)"
+        )
+        db.execute(
+            "INSERT INTO Cache (key, raw, mode, filename, value) VALUES (?, 1, 1, NULL, ?)",
+            (f"stage:{key}", json.dumps(record)),
+        )
+        db.execute(
+            "INSERT INTO Cache (key, raw, mode, filename, value) VALUES (?, 1, 3, ?, NULL)",
+            (f"stage:{bad_key}", str(victim)),
+        )
     planning = Store.existing(store_dir)  # plan sees the old records too
     assert planning is not None and planning.take_notes() == [
-        "imported 1 stage record(s) from the store's old index/ into records/ and removed it"]
+        "imported 1 stage record(s) from the store's old index/ into records/ and removed it"
+    ]
     store = Store.create(store_dir)
     assert store.stage_record(key) == record and store.stage_record(bad_key) is None
     assert victim.read_text() == "keep me" and not (store_dir / "index").exists() and store.take_notes() == []

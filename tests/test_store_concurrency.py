@@ -28,8 +28,13 @@ ONE_TARGET = TINY_RECIPE.replace("targets: [rtx-ampere, rtx-ada]", "targets: [rt
 
 
 def start_run(root: Path, *args: str, **popen: object) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trtflow", "-C", str(root), "run", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def verify_ok(root: Path) -> None:
@@ -46,7 +51,7 @@ def test_four_concurrent_runs_build_every_key_exactly_once(tmp_path: Path) -> No
     assert [run.returncode for run in runs] == [0, 0, 0, 0], [err for _, err in outputs]
     builders: dict[str, list[int]] = {}
     keys = set()
-    for run, (out, _) in zip(runs, outputs):
+    for run, (out, _) in zip(runs, outputs, strict=True):
         for node in json.loads(out)["nodes"]:
             keys.add(node["key"])
             if node["status"] == "built":
@@ -105,9 +110,17 @@ def test_a_waiting_run_goes_on_once_the_lock_holder_is_killed(tmp_path: Path) ->
     session.close()
     locks = root / "artifacts" / "store" / "locks"
     locks.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from trtflow.store.locks import KeyLocks;"
-                               f"locks = KeyLocks(Path({str(locks)!r})); assert locks.claim({key!r}); print('held', flush=True); time.sleep(120)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from trtflow.store.locks import KeyLocks;"
+            f"locks = KeyLocks(Path({str(locks)!r})); assert locks.claim({key!r}); print('held', flush=True); "
+            "time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         run = start_run(root)
@@ -137,7 +150,9 @@ def test_a_run_killed_mid_build_leaves_a_store_the_next_run_completes(tmp_path: 
     again = trtflow(root, "run", "--json")
     assert again.code == 0, again.err
     summary = json.loads(again.out)
-    assert summary["failed"] == 0 and "build:tiny/fp32/rtx-ada" in {n["id"] for n in summary["nodes"] if n["status"] == "built"}
+    assert summary["failed"] == 0 and "build:tiny/fp32/rtx-ada" in {
+        n["id"] for n in summary["nodes"] if n["status"] == "built"
+    }
     assert not list(tmp.iterdir())  # swept: its lock was free
     verify_ok(root)
 
@@ -154,7 +169,8 @@ for i in range(1000):
     digest = store.add_object(source)
     components = {"kind": "build", "node": f"build:w{os.getpid()}/{i}", "inputs": {}}
     key = stage_key(components)
-    store.put_stage_record(key, {"key": key, "components": components, "node": components["node"], "outputs": {"engine": digest}})
+    record = {"key": key, "components": components, "node": components["node"], "outputs": {"engine": digest}}
+    store.put_stage_record(key, record)
     store.record_run([key])
     print(i, flush=True)
 """

@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import record_for, trtflow
 
 from trtflow.store import RUN_HISTORY, ObjectMismatch, Store

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO, trtflow, write_project
+from conftest import REPO, trtflow
 
 OLDER_ONNXSLIM = "0.1.90"
 
@@ -30,13 +29,30 @@ def example_copy(root: Path) -> Path:
 def run_with(path_first: Path, root: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m trtflow` with `path_first` ahead of the installed packages (an older tool installed there)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(path_first), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), *args], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "trtflow", "-C", str(root), *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def pip_target(target: Path, requirement: str) -> None:
     """Install one requirement (no dependencies) into `target`, replacing what is there."""
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target", str(target), requirement],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--upgrade",
+            "--target",
+            str(target),
+            requirement,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def test_toolchain_prints_every_tool_the_lock_names_at_its_version() -> None:
@@ -47,7 +63,9 @@ def test_toolchain_prints_every_tool_the_lock_names_at_its_version() -> None:
     fingerprints = [entry.get("fingerprint", {}) for entry in lock.values()]
     assert pins["onnxslim"] == next(f["onnxslim"] for f in fingerprints if "onnxslim" in f)
     assert pins["nvidia-modelopt"] == next(f["modelopt"] for f in fingerprints if "modelopt" in f)
-    assert pins["tensorrt-rtx"] == next(f["backend_version"] for f in fingerprints if f.get("backend") == "tensorrt-rtx")
+    assert pins["tensorrt-rtx"] == next(
+        f["backend_version"] for f in fingerprints if f.get("backend") == "tensorrt-rtx"
+    )
     assert set(pins) == {"numpy", "nvidia-modelopt", "onnx", "onnxruntime", "onnxslim", "tensorrt-rtx"}
 
 
@@ -74,7 +92,9 @@ def test_an_older_tool_fails_frozen_naming_it_and_the_toolchain_fixes_it(tmp_pat
     assert "install the locked ones: trtflow toolchain > toolchain.txt && pip install -r toolchain.txt" in frozen.stderr
     assert frozen.stderr.count("onnxslim") == 1  # named once, not once per stage
     doctor = run_with(older, root, "doctor")
-    assert doctor.returncode == 1 and re.search(rf"onnxslim\s+{re.escape(locked.split('==')[1])}\s+{OLDER_ONNXSLIM}\s+DIFFERS", doctor.stdout)
+    assert doctor.returncode == 1 and re.search(
+        rf"onnxslim\s+{re.escape(locked.split('==')[1])}\s+{OLDER_ONNXSLIM}\s+DIFFERS", doctor.stdout
+    )
 
     pip_target(older, locked)  # the line `trtflow toolchain` printed
     assert run_with(older, root, "doctor").returncode == 0
@@ -84,7 +104,9 @@ def test_an_older_tool_fails_frozen_naming_it_and_the_toolchain_fixes_it(tmp_pat
     held = summary["frozen"]["identical"] + len(summary["frozen"]["equivalent"])
     assert held >= 10 and all(node_id.startswith("build:") for node_id in summary["frozen"]["equivalent"])
     plain = run_with(older, root, "run", "--frozen")
-    assert re.search(r"^frozen: \d+ stage\(s\) identical to trtflow.lock, \d+ engine\(s\) equivalent", plain.stdout, re.M)
+    assert re.search(
+        r"^frozen: \d+ stage\(s\) identical to trtflow.lock, \d+ engine\(s\) equivalent", plain.stdout, re.M
+    )
 
 
 def test_an_updated_package_is_not_reported_as_restored(project: Path) -> None:

@@ -8,20 +8,34 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from conftest import example_models, trtflow
+
 from trtflow.errors import StageError
-from trtflow.stages.base import Upstream
 from trtflow.stages import compare, verify
+from trtflow.stages.base import Upstream
 
 PROFILES = [{"input": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}]
-TENSORS = [{"name": "input", "mode": "input", "dtype": "float32", "shape": [-1, 3, 32, 32]},
-           {"name": "logits", "mode": "output", "dtype": "float32", "shape": [-1, 10]}]
+TENSORS = [
+    {"name": "input", "mode": "input", "dtype": "float32", "shape": [-1, 3, 32, 32]},
+    {"name": "logits", "mode": "output", "dtype": "float32", "shape": [-1, 10]},
+]
 
 
 def _params(on_fail: str = "fail") -> verify.Params:
-    return verify.Params(profiles=PROFILES, rtol=1e-3, atol=1e-4, samples=3, seed=0, on_fail=on_fail, onnxruntime=None, local_gpus=[],
-                         backend="tensorrt-rtx", backend_version=None, compute_capabilities=["sm_86"], hardware_compatibility="none")
+    return verify.Params(
+        profiles=PROFILES,
+        rtol=1e-3,
+        atol=1e-4,
+        samples=3,
+        seed=0,
+        on_fail=on_fail,
+        onnxruntime=None,
+        local_gpus=[],
+        backend="tensorrt-rtx",
+        backend_version=None,
+        compute_capabilities=["sm_86"],
+        hardware_compatibility="none",
+    )
 
 
 def _save(tmp_path: Path, name: str, seed: int) -> Path:
@@ -32,9 +46,11 @@ def _save(tmp_path: Path, name: str, seed: int) -> Path:
 def _inputs(tmp_path: Path, tensors: list = TENSORS) -> dict:
     model = _save(tmp_path, "model.onnx", 0)
     equality = compare.prove_equal(model, model, PROFILES, _params().model_dump())
-    return {"reference": Upstream(files={"model": model}, record={"equality": equality}),
-            "model": Upstream(files={"model": model}, record={"accuracy": None}),
-            "engine": Upstream(files={"engine": tmp_path / "none.engine"}, record={"tensors": tensors})}
+    return {
+        "reference": Upstream(files={"model": model}, record={"equality": equality}),
+        "model": Upstream(files={"model": model}, record={"accuracy": None}),
+        "engine": Upstream(files={"engine": tmp_path / "none.engine"}, record={"tensors": tensors}),
+    }
 
 
 def test_equal_models_prove_equal(tmp_path: Path) -> None:
@@ -44,9 +60,13 @@ def test_equal_models_prove_equal(tmp_path: Path) -> None:
 
 
 def test_different_models_fail_naming_the_output(tmp_path: Path) -> None:
-    proof = compare.prove_equal(_save(tmp_path, "a.onnx", 0), _save(tmp_path, "b.onnx", 1), PROFILES, _params().model_dump())
+    proof = compare.prove_equal(
+        _save(tmp_path, "a.onnx", 0), _save(tmp_path, "b.onnx", 1), PROFILES, _params().model_dump()
+    )
     assert proof["passed"] is False and proof["outputs"][0]["max_abs_error"] > 1e-3
-    assert compare.failure_message("onnx_compare", proof).startswith("onnx_compare out of tolerance (rtol 0.001, atol 0.0001): first differing output logits max abs")
+    assert compare.failure_message("onnx_compare", proof).startswith(
+        "onnx_compare out of tolerance (rtol 0.001, atol 0.0001): first differing output logits max abs"
+    )
 
 
 def test_verify_carries_the_proofs_and_the_engine_run_is_not_faked(tmp_path: Path) -> None:
@@ -78,7 +98,9 @@ def test_every_packaged_engine_records_what_verification_ran(project: Path) -> N
     manifest = json.loads((project / "artifacts/packages/tiny/manifest.json").read_text())
     for engine in manifest["engines"]:
         check = engine["verification"]
-        assert check["cleanup_equality"]["passed"] and check["cleanup_equality"]["samples"] == 3  # one profile: opt, min, max
+        assert (
+            check["cleanup_equality"]["passed"] and check["cleanup_equality"]["samples"] == 3
+        )  # one profile: opt, min, max
         assert check["engine_checks"] == {"io_names_and_dtypes": "pass", "profile_shapes": "pass", "problems": []}
         assert check["engine_run"]["status"].startswith("not run (no GPU")
 

@@ -37,8 +37,12 @@ def check_structure(wf):
     cache = step_index(steps, lambda s: s.get("uses", "").startswith("actions/cache@"), "uses actions/cache")
     run = step_index(steps, lambda s: "trtflow run --frozen" in s.get("run", ""), "runs `trtflow run --frozen`")
     upload = step_index(
-        steps, lambda s: s.get("uses", "").startswith("actions/upload-artifact@") and "packages" in str(s.get("with", {}).get("path", "")),
-        "uploads the packages with actions/upload-artifact"
+        steps,
+        lambda s: (
+            s.get("uses", "").startswith("actions/upload-artifact@")
+            and "packages" in str(s.get("with", {}).get("path", ""))
+        ),
+        "uploads the packages with actions/upload-artifact",
     )
     assert cache < run < upload, "the store must be restored before the build, packages uploaded after it"
 
@@ -49,9 +53,14 @@ def check_structure(wf):
     upload_path = steps[upload].get("with", {}).get("path", "")
     assert upload_path.startswith("artifacts/packages/"), f"upload path: {upload_path}"
 
-    summary = step_index(steps, lambda s: "trtflow report --format md" in s.get("run", "") and "GITHUB_STEP_SUMMARY" in s.get("run", ""),
-                         "puts `trtflow report --format md` on the job summary")
-    report = step_index(steps, lambda s: "artifacts/report.html" in str(s.get("with", {}).get("path", "")), "uploads report.html")
+    summary = step_index(
+        steps,
+        lambda s: "trtflow report --format md" in s.get("run", "") and "GITHUB_STEP_SUMMARY" in s.get("run", ""),
+        "puts `trtflow report --format md` on the job summary",
+    )
+    report = step_index(
+        steps, lambda s: "artifacts/report.html" in str(s.get("with", {}).get("path", "")), "uploads report.html"
+    )
     assert run < summary and run < report, "the report is drawn after the build"
 
     assert any("bash .ci/run" in s.get("run", "") for s in jobs["tests"]["steps"]), "tests job must run .ci/run"

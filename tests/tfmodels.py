@@ -1,4 +1,5 @@
-"""Keras models for the TensorFlow-source tests, generated at test time (run as a script: TensorFlow stays out of pytest).
+"""Keras models for the TensorFlow-source tests, generated at test time (run as a script: TensorFlow stays out of
+pytest).
 
     python tests/tfmodels.py OUT_DIR [--seed N] [--only cnn]
 

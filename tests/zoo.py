@@ -127,8 +127,9 @@ Activation = Callable[[], nn.Module]
 class ConvBNAct(nn.Sequential):
     """Conv2d (no bias, 'same' padding) -> BatchNorm2d -> optional activation."""
 
-    def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1,
-                 act: Activation | None = nn.ReLU) -> None:
+    def __init__(
+        self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1, act: Activation | None = nn.ReLU
+    ) -> None:
         layers = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
         super().__init__(*layers, *([act()] if act else []))
 
@@ -138,8 +139,9 @@ class SqueezeExcite(nn.Module):
 
     def __init__(self, channels: int, reduced: int, act: Activation, gate: Activation) -> None:
         super().__init__()
-        self.score = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(channels, reduced, 1), act(),
-                                   nn.Conv2d(reduced, channels, 1), gate())
+        self.score = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Conv2d(channels, reduced, 1), act(), nn.Conv2d(reduced, channels, 1), gate()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.score(x)
@@ -162,8 +164,9 @@ class BasicBlock(nn.Module):
 class InvertedResidual(nn.Module):
     """MobileNetV3 bneck / EfficientNet MBConv: 1x1 expand, depthwise kxk, optional SE, 1x1 project, residual."""
 
-    def __init__(self, cin: int, cout: int, expanded: int, kernel: int, stride: int, se: bool,
-                 act: Activation, gate: Activation) -> None:
+    def __init__(
+        self, cin: int, cout: int, expanded: int, kernel: int, stride: int, se: bool, act: Activation, gate: Activation
+    ) -> None:
         super().__init__()
         layers = [] if expanded == cin else [ConvBNAct(cin, expanded, 1, act=act)]
         layers.append(ConvBNAct(expanded, expanded, kernel, stride, groups=expanded, act=act))
@@ -186,7 +189,7 @@ def _image_classifier(stem: nn.Module, blocks: list[nn.Module], *head: nn.Module
 def _mlp(*widths: int, act: Activation = nn.ReLU) -> nn.Sequential:
     """Linear layers widths[0] -> ... -> widths[-1], an activation between each two."""
     layers: list[nn.Module] = []
-    for index, (cin, cout) in enumerate(zip(widths, widths[1:])):
+    for index, (cin, cout) in enumerate(zip(widths, widths[1:], strict=False)):
         layers += [nn.Linear(cin, cout)] + ([act()] if index < len(widths) - 2 else [])
     return nn.Sequential(*layers)
 
@@ -211,6 +214,7 @@ def _settled(model: nn.Module, *example: int, batches: int = 3) -> nn.Module:
 
 # --- the torch architectures (public: usable as `source.torch.factory`) ------------------------------------------
 
+
 def resnet(classes: int = 10) -> nn.Module:
     """ResNet-18 layout (2 basic blocks per stage, 4 stages) at small widths, for [N,3,64,64]."""
     widths, blocks, cin = (16, 32, 64, 128), [], 16
@@ -223,9 +227,16 @@ def resnet(classes: int = 10) -> nn.Module:
 
 
 # MobileNetV3-small's bneck table (kernel, expanded, out, SE, hardswish, stride) at its real widths.
-MOBILENET_V3_SMALL = [(3, 16, 16, True, False, 2), (3, 72, 24, False, False, 2), (3, 88, 24, False, False, 1),
-                      (5, 96, 40, True, True, 2), (5, 240, 40, True, True, 1), (5, 120, 48, True, True, 1),
-                      (5, 288, 96, True, True, 2), (5, 576, 96, True, True, 1)]
+MOBILENET_V3_SMALL = [
+    (3, 16, 16, True, False, 2),
+    (3, 72, 24, False, False, 2),
+    (3, 88, 24, False, False, 1),
+    (5, 96, 40, True, True, 2),
+    (5, 240, 40, True, True, 1),
+    (5, 120, 48, True, True, 1),
+    (5, 288, 96, True, True, 2),
+    (5, 576, 96, True, True, 1),
+]
 
 
 def mobilenet(classes: int = 10) -> nn.Module:
@@ -237,13 +248,22 @@ def mobilenet(classes: int = 10) -> nn.Module:
             blocks.append(InvertedResidual(cin, cout, expanded, kernel, stride, se, act, nn.Hardsigmoid))
             cin = cout
         blocks.append(ConvBNAct(cin, 288, 1, act=nn.Hardswish))
-        model = _image_classifier(ConvBNAct(3, 16, 3, 2, act=nn.Hardswish), blocks, *_mlp(288, 256, classes, act=nn.Hardswish))
+        model = _image_classifier(
+            ConvBNAct(3, 16, 3, 2, act=nn.Hardswish), blocks, *_mlp(288, 256, classes, act=nn.Hardswish)
+        )
         return _settled(model, 3, 64, 64)
 
 
 # EfficientNet-B0's stages (expand ratio, kernel, stride, out channels, repeats), halved widths and one repeat fewer.
-EFFICIENTNET_B0 = [(1, 3, 1, 8, 1), (6, 3, 2, 12, 1), (6, 5, 2, 20, 1), (6, 3, 2, 40, 2), (6, 5, 1, 56, 2),
-                   (6, 5, 2, 96, 2), (6, 3, 1, 160, 1)]
+EFFICIENTNET_B0 = [
+    (1, 3, 1, 8, 1),
+    (6, 3, 2, 12, 1),
+    (6, 5, 2, 20, 1),
+    (6, 3, 2, 40, 2),
+    (6, 5, 1, 56, 2),
+    (6, 5, 2, 96, 2),
+    (6, 3, 1, 160, 1),
+]
 
 
 def efficientnet(classes: int = 10) -> nn.Module:
@@ -252,8 +272,11 @@ def efficientnet(classes: int = 10) -> nn.Module:
     with _seeded():
         for ratio, kernel, stride, cout, repeats in EFFICIENTNET_B0:
             for index in range(repeats):
-                blocks.append(InvertedResidual(cin, cout, cin * ratio, kernel, stride if index == 0 else 1, True,
-                                               nn.SiLU, nn.Sigmoid))
+                blocks.append(
+                    InvertedResidual(
+                        cin, cout, cin * ratio, kernel, stride if index == 0 else 1, True, nn.SiLU, nn.Sigmoid
+                    )
+                )
                 cin = cout
         blocks.append(ConvBNAct(cin, 320, 1, act=nn.SiLU))
         model = _image_classifier(ConvBNAct(3, 16, 3, 2, act=nn.SiLU), blocks, nn.Dropout(0.2), nn.Linear(320, classes))
@@ -305,6 +328,7 @@ def classifier(features: int = 64, classes: int = 10) -> nn.Module:
 
 # --- models written with onnx.helper -----------------------------------------------------------------------------
 
+
 def _weight(rng: np.random.Generator, name: str, *shape: int, scale: float = 0.1) -> onnx.TensorProto:
     """A seeded float32 initializer."""
     return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
@@ -315,15 +339,27 @@ def _constant(name: str, values: list | float, dtype: type = np.int64) -> onnx.T
     return numpy_helper.from_array(np.array(values, dtype=dtype), name)
 
 
-def _onnx_model(name: str, nodes: list, inputs: dict[str, list], outputs: dict[str, list], initializers: list,
-                opset: int, ir_version: int, initializers_as_inputs: bool = False) -> onnx.ModelProto:
+def _onnx_model(
+    name: str,
+    nodes: list,
+    inputs: dict[str, list],
+    outputs: dict[str, list],
+    initializers: list,
+    opset: int,
+    ir_version: int,
+    initializers_as_inputs: bool = False,
+) -> onnx.ModelProto:
     """A float32 graph; with `initializers_as_inputs` every initializer is also a graph input (IR < 4 style)."""
     graph_inputs = [helper.make_tensor_value_info(key, TensorProto.FLOAT, shape) for key, shape in inputs.items()]
     if initializers_as_inputs:
         graph_inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in initializers]
-    graph = helper.make_graph(nodes, name, graph_inputs,
-                              [helper.make_tensor_value_info(key, TensorProto.FLOAT, shape) for key, shape in outputs.items()],
-                              initializers)
+    graph = helper.make_graph(
+        nodes,
+        name,
+        graph_inputs,
+        [helper.make_tensor_value_info(key, TensorProto.FLOAT, shape) for key, shape in outputs.items()],
+        initializers,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="trtflow-zoo")
     model.ir_version = ir_version
     onnx.checker.check_model(model)
@@ -333,63 +369,106 @@ def _onnx_model(name: str, nodes: list, inputs: dict[str, list], outputs: dict[s
 def legacy_cnn(opset: int, batch: int | str, seed: int = 3) -> onnx.ModelProto:
     """The old model zoo's form: IR 3, opset 7-8, initializers also graph inputs, BN/Dropout/Softmax left in."""
     rng = np.random.default_rng(seed)
-    inits = [_weight(rng, "conv1_w_0", 16, 3, 3, 3), _weight(rng, "conv1_b_0", 16),
-             numpy_helper.from_array(1 + 0.1 * rng.random(16, dtype=np.float32), "bn1_scale_0"), _weight(rng, "bn1_b_0", 16),
-             _weight(rng, "bn1_mean_0", 16), numpy_helper.from_array(0.5 + rng.random(16, dtype=np.float32), "bn1_var_0"),
-             _weight(rng, "conv2_w_0", 32, 16, 3, 3), _weight(rng, "conv2_b_0", 32),
-             _weight(rng, "fc_w_0", 10, 32), _weight(rng, "fc_b_0", 10)]
-    nodes = [helper.make_node("Conv", ["data_0", "conv1_w_0", "conv1_b_0"], ["conv1_1"], pads=[1, 1, 1, 1]),
-             helper.make_node("BatchNormalization", ["conv1_1", "bn1_scale_0", "bn1_b_0", "bn1_mean_0", "bn1_var_0"],
-                              ["bn1_1"], epsilon=1e-5),
-             helper.make_node("Relu", ["bn1_1"], ["relu1_1"]),
-             helper.make_node("MaxPool", ["relu1_1"], ["pool1_1"], kernel_shape=[2, 2], strides=[2, 2]),
-             helper.make_node("Conv", ["pool1_1", "conv2_w_0", "conv2_b_0"], ["conv2_1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["conv2_1"], ["relu2_1"]),
-             helper.make_node("GlobalAveragePool", ["relu2_1"], ["pool2_1"]),
-             helper.make_node("Flatten", ["pool2_1"], ["flat_1"], axis=1),
-             helper.make_node("Dropout", ["flat_1"], ["drop_1"]),
-             helper.make_node("Gemm", ["drop_1", "fc_w_0", "fc_b_0"], ["fc_1"], transB=1),
-             helper.make_node("Softmax", ["fc_1"], ["softmax_1"])]
-    return _onnx_model("legacy_cnn", nodes, {"data_0": [batch, 3, 32, 32]}, {"softmax_1": [batch, 10]}, inits,
-                       opset=opset, ir_version=3, initializers_as_inputs=True)
+    inits = [
+        _weight(rng, "conv1_w_0", 16, 3, 3, 3),
+        _weight(rng, "conv1_b_0", 16),
+        numpy_helper.from_array(1 + 0.1 * rng.random(16, dtype=np.float32), "bn1_scale_0"),
+        _weight(rng, "bn1_b_0", 16),
+        _weight(rng, "bn1_mean_0", 16),
+        numpy_helper.from_array(0.5 + rng.random(16, dtype=np.float32), "bn1_var_0"),
+        _weight(rng, "conv2_w_0", 32, 16, 3, 3),
+        _weight(rng, "conv2_b_0", 32),
+        _weight(rng, "fc_w_0", 10, 32),
+        _weight(rng, "fc_b_0", 10),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["data_0", "conv1_w_0", "conv1_b_0"], ["conv1_1"], pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "BatchNormalization",
+            ["conv1_1", "bn1_scale_0", "bn1_b_0", "bn1_mean_0", "bn1_var_0"],
+            ["bn1_1"],
+            epsilon=1e-5,
+        ),
+        helper.make_node("Relu", ["bn1_1"], ["relu1_1"]),
+        helper.make_node("MaxPool", ["relu1_1"], ["pool1_1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["pool1_1", "conv2_w_0", "conv2_b_0"], ["conv2_1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv2_1"], ["relu2_1"]),
+        helper.make_node("GlobalAveragePool", ["relu2_1"], ["pool2_1"]),
+        helper.make_node("Flatten", ["pool2_1"], ["flat_1"], axis=1),
+        helper.make_node("Dropout", ["flat_1"], ["drop_1"]),
+        helper.make_node("Gemm", ["drop_1", "fc_w_0", "fc_b_0"], ["fc_1"], transB=1),
+        helper.make_node("Softmax", ["fc_1"], ["softmax_1"]),
+    ]
+    return _onnx_model(
+        "legacy_cnn",
+        nodes,
+        {"data_0": [batch, 3, 32, 32]},
+        {"softmax_1": [batch, 10]},
+        inits,
+        opset=opset,
+        ir_version=3,
+        initializers_as_inputs=True,
+    )
 
 
 def _runtime_weight(prefix: str, seed: onnx.TensorProto, repeats: list[int], nodes: list, inits: list) -> str:
     """Nodes computing the weight Tile(seed, repeats) * (1 + sin(row index)); returns its name."""
     shape = [size * times for size, times in zip(seed.dims, repeats, strict=True)]
     rows = shape[0]
-    inits += [seed, _constant(f"{prefix}_repeats", repeats), _constant(f"{prefix}_start", 0.0, np.float32),
-              _constant(f"{prefix}_limit", float(rows), np.float32), _constant(f"{prefix}_delta", 1.0, np.float32),
-              _constant(f"{prefix}_row_shape", [rows] + [1] * (len(shape) - 1)), _constant(f"{prefix}_ones_shape", [1] * len(shape))]
-    nodes += [helper.make_node("Tile", [seed.name, f"{prefix}_repeats"], [f"{prefix}_tiled"]),
-              helper.make_node("Range", [f"{prefix}_start", f"{prefix}_limit", f"{prefix}_delta"], [f"{prefix}_range"]),
-              helper.make_node("Sin", [f"{prefix}_range"], [f"{prefix}_sin"]),
-              helper.make_node("Reshape", [f"{prefix}_sin", f"{prefix}_row_shape"], [f"{prefix}_rows"]),
-              helper.make_node("ConstantOfShape", [f"{prefix}_ones_shape"], [f"{prefix}_one"],
-                               value=numpy_helper.from_array(np.array([1.0], dtype=np.float32))),
-              helper.make_node("Add", [f"{prefix}_rows", f"{prefix}_one"], [f"{prefix}_scale"]),
-              helper.make_node("Mul", [f"{prefix}_tiled", f"{prefix}_scale"], [prefix])]
+    inits += [
+        seed,
+        _constant(f"{prefix}_repeats", repeats),
+        _constant(f"{prefix}_start", 0.0, np.float32),
+        _constant(f"{prefix}_limit", float(rows), np.float32),
+        _constant(f"{prefix}_delta", 1.0, np.float32),
+        _constant(f"{prefix}_row_shape", [rows] + [1] * (len(shape) - 1)),
+        _constant(f"{prefix}_ones_shape", [1] * len(shape)),
+    ]
+    nodes += [
+        helper.make_node("Tile", [seed.name, f"{prefix}_repeats"], [f"{prefix}_tiled"]),
+        helper.make_node("Range", [f"{prefix}_start", f"{prefix}_limit", f"{prefix}_delta"], [f"{prefix}_range"]),
+        helper.make_node("Sin", [f"{prefix}_range"], [f"{prefix}_sin"]),
+        helper.make_node("Reshape", [f"{prefix}_sin", f"{prefix}_row_shape"], [f"{prefix}_rows"]),
+        helper.make_node(
+            "ConstantOfShape",
+            [f"{prefix}_ones_shape"],
+            [f"{prefix}_one"],
+            value=numpy_helper.from_array(np.array([1.0], dtype=np.float32)),
+        ),
+        helper.make_node("Add", [f"{prefix}_rows", f"{prefix}_one"], [f"{prefix}_scale"]),
+        helper.make_node("Mul", [f"{prefix}_tiled", f"{prefix}_scale"], [prefix]),
+    ]
     return prefix
 
 
 def opweights(seed: int = 4) -> onnx.ModelProto:
-    """Conv 3->32 on [N,3,16,16], then Gemm 8192 -> 1024 -> 10; the conv and the 8192x1024 (32 MiB) weights are computed."""
+    """Conv 3->32 on [N,3,16,16], then Gemm 8192 -> 1024 -> 10; the conv and the 8192x1024 (32 MiB) weights are
+    computed."""
     rng = np.random.default_rng(seed)
     nodes: list = []
-    inits = [_weight(rng, "conv_b", 32), _weight(rng, "fc1_b", 1024), _weight(rng, "fc2_w", 1024, 10), _weight(rng, "fc2_b", 10)]
+    inits = [
+        _weight(rng, "conv_b", 32),
+        _weight(rng, "fc1_b", 1024),
+        _weight(rng, "fc2_w", 1024, 10),
+        _weight(rng, "fc2_b", 10),
+    ]
     conv_w = _runtime_weight("conv_w", _weight(rng, "conv_seed", 8, 3, 3, 3), [4, 1, 1, 1], nodes, inits)
     fc1_w = _runtime_weight("fc1_w", _weight(rng, "fc1_seed", 64, 32, scale=0.01), [128, 32], nodes, inits)
-    nodes += [helper.make_node("Conv", ["input", conv_w, "conv_b"], ["conv"], pads=[1, 1, 1, 1]),
-              helper.make_node("Relu", ["conv"], ["relu"]),
-              helper.make_node("Flatten", ["relu"], ["flat"], axis=1),
-              helper.make_node("Gemm", ["flat", fc1_w, "fc1_b"], ["fc1"]),
-              helper.make_node("Relu", ["fc1"], ["hidden"]),
-              helper.make_node("Gemm", ["hidden", "fc2_w", "fc2_b"], ["logits"])]
-    return _onnx_model("opweights", nodes, {"input": ["batch", 3, 16, 16]}, {"logits": ["batch", 10]}, inits,
-                       opset=17, ir_version=8)
+    nodes += [
+        helper.make_node("Conv", ["input", conv_w, "conv_b"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("Flatten", ["relu"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", fc1_w, "fc1_b"], ["fc1"]),
+        helper.make_node("Relu", ["fc1"], ["hidden"]),
+        helper.make_node("Gemm", ["hidden", "fc2_w", "fc2_b"], ["logits"]),
+    ]
+    return _onnx_model(
+        "opweights", nodes, {"input": ["batch", 3, 16, 16]}, {"logits": ["batch", 10]}, inits, opset=17, ir_version=8
+    )
 
 
 # --- the registry ------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Spec:
@@ -405,14 +484,25 @@ _SPECS: dict[str, _Spec] = {
     "mobilenet": _Spec(mobilenet, IMAGE, "MobileNetV3-small: depthwise separable, SE, hardswish/hardsigmoid"),
     "efficientnet": _Spec(efficientnet, IMAGE, "EfficientNet-B0 style MBConv with SiLU and SE"),
     "lstm": _Spec(lstm, {"sequence": Shapes.batched(50, 32)}, "2-layer LSTM, 50 steps, Linear head on the last step"),
-    "encoder": _Spec(encoder, {"embeddings": Shapes.batched(16, 64)}, "4-layer TransformerEncoder, d_model 64, 4 heads"),
+    "encoder": _Spec(
+        encoder, {"embeddings": Shapes.batched(16, 64)}, "4-layer TransformerEncoder, d_model 64, 4 heads"
+    ),
     "classifier": _Spec(classifier, {"features": Shapes.batched(64, opt=16, high=64)}, "MLP, three Gemm layers"),
-    "legacy_ir3": _Spec(lambda: legacy_cnn(opset=8, batch=1), {"data_0": Shapes.static(1, 3, 32, 32)},
-                        "IR 3, opset 8, static batch 1, initializers also graph inputs"),
-    "legacy_ir3_dynamic": _Spec(lambda: legacy_cnn(opset=7, batch="N"), {"data_0": Shapes.batched(3, 32, 32)},
-                                "IR 3, opset 7, batch N, initializers also graph inputs"),
-    "opweights": _Spec(opweights, {"input": Shapes.batched(3, 16, 16)},
-                       "conv + MLP whose weights are computed by ConstantOfShape/Range/Sin/Tile/Reshape/Mul"),
+    "legacy_ir3": _Spec(
+        lambda: legacy_cnn(opset=8, batch=1),
+        {"data_0": Shapes.static(1, 3, 32, 32)},
+        "IR 3, opset 8, static batch 1, initializers also graph inputs",
+    ),
+    "legacy_ir3_dynamic": _Spec(
+        lambda: legacy_cnn(opset=7, batch="N"),
+        {"data_0": Shapes.batched(3, 32, 32)},
+        "IR 3, opset 7, batch N, initializers also graph inputs",
+    ),
+    "opweights": _Spec(
+        opweights,
+        {"input": Shapes.batched(3, 16, 16)},
+        "conv + MLP whose weights are computed by ConstantOfShape/Range/Sin/Tile/Reshape/Mul",
+    ),
 }
 
 ZOO: tuple[str, ...] = tuple(_SPECS)
@@ -448,11 +538,21 @@ def _export(model: nn.Module, profile: dict[str, Shapes], path: Path) -> None:
     """torch.onnx.export(dynamo=True) at the profile's opt shapes, the batch axis dynamic over the profile's range."""
     generator = torch.Generator().manual_seed(SEED)
     examples = tuple(torch.randn(shapes.opt, generator=generator) for shapes in profile.values())
-    batch = torch.export.Dim("batch", min=min(s.min[0] for s in profile.values()), max=max(s.max[0] for s in profile.values()))
+    batch = torch.export.Dim(
+        "batch", min=min(s.min[0] for s in profile.values()), max=max(s.max[0] for s in profile.values())
+    )
     dynamic = tuple({0: batch} if shapes.min[0] != shapes.max[0] else None for shapes in profile.values())
     with _quiet():
-        program = torch.onnx.export(model, examples, dynamo=True, opset_version=OPSET, input_names=list(profile),
-                                    output_names=["logits"], dynamic_shapes=dynamic, verbose=False)
+        program = torch.onnx.export(
+            model,
+            examples,
+            dynamo=True,
+            opset_version=OPSET,
+            input_names=list(profile),
+            output_names=["logits"],
+            dynamic_shapes=dynamic,
+            verbose=False,
+        )
     for graph in [program.model.graph, *program.model.functions.values()]:
         for node in graph.all_nodes():
             node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)

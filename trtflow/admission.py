@@ -13,14 +13,13 @@ with a warning: waiting could not make room, and refusing would leave the projec
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from trtflow.plan import Resolution
 from trtflow.store.objects import Store
-from trtflow.util.memory import available_bytes, expected_peak, SHARE_OF_AVAILABLE, shown
+from trtflow.util.memory import SHARE_OF_AVAILABLE, available_bytes, expected_peak, shown
 
 
-def default_budget() -> Optional[int]:
+def default_budget() -> int | None:
     """What a run may use when --memory is not given: a share of the memory available now (None if unknown)."""
     available = available_bytes()
     return int(available * SHARE_OF_AVAILABLE) if available else None
@@ -29,7 +28,7 @@ def default_budget() -> Optional[int]:
 class MemoryAdmission:
     """Decides whether a stage may start now, from the expected peaks of the stages already running."""
 
-    def __init__(self, budget: Optional[int], store: Store):
+    def __init__(self, budget: int | None, store: Store):
         self.budget, self.store = budget, store
 
     def expected(self, resolution: Resolution) -> int:
@@ -41,11 +40,13 @@ class MemoryAdmission:
         """Whether a stage expected to peak at `expected` may start beside stages expected to peak at `running`."""
         return self.budget is None or not running or sum(running) + expected <= self.budget
 
-    def alone_over(self, expected: int) -> Optional[str]:
+    def alone_over(self, expected: int) -> str | None:
         """The warning for a stage that alone exceeds the budget (it runs with nothing beside it), else None."""
         if self.budget is None or expected <= self.budget:
             return None
-        return f"expects {shown(expected)}, more than the {shown(self.budget)} this run may use (--memory): it runs alone"
+        return (
+            f"expects {shown(expected)}, more than the {shown(self.budget)} this run may use (--memory): it runs alone"
+        )
 
     def _largest_input(self, resolution: Resolution) -> int:
         """Bytes of the node's largest input file: a store object by its digest, or a source file outside the store."""
@@ -56,7 +57,7 @@ class MemoryAdmission:
         return max(sizes, default=0)
 
 
-def _size(path: "os.PathLike[str]") -> int:
+def _size(path: os.PathLike[str]) -> int:
     try:
         return os.stat(path).st_size
     except (OSError, ValueError):

@@ -25,7 +25,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import ProjectError, StageError
 from trtflow.runmemo import note_glob
@@ -33,8 +33,8 @@ from trtflow.runmemo import note_glob
 if TYPE_CHECKING:
     import numpy as np
 
-    from trtflow.recipe.precision import Calibration
     from trtflow.recipe.load import RecipeFile
+    from trtflow.recipe.precision import Calibration
 
 DATA_SUFFIXES = (".npy", ".npz")
 IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".png", ".ppm", ".tif", ".tiff", ".webp")
@@ -52,19 +52,20 @@ class Split:
 
 # plan time: stdlib only -----------------------------------------------------------------------------------
 
+
 def rank(seed: int, relative: str) -> str:
     """The sort key that decides selection: stable across machines, Python versions and file order."""
     return hashlib.sha256(f"{seed}:{relative}".encode()).hexdigest()
 
 
-def split(files: list[str], seed: int, held_out: int, samples: Optional[int]) -> Split:
+def split(files: list[str], seed: int, held_out: int, samples: int | None) -> Split:
     """Held-out files first in rank order, then up to `samples` calibration files."""
     ranked = sorted(files, key=lambda relative: rank(seed, relative))
     rest = ranked[held_out:]
     return Split(held_out=tuple(ranked[:held_out]), calibration=tuple(rest if samples is None else rest[:samples]))
 
 
-def declared_pattern(spec: "Calibration") -> Optional[tuple[str, str]]:
+def declared_pattern(spec: Calibration) -> tuple[str, str] | None:
     """(field, pattern) of the declared files, e.g. ("data", "calib/*.npz"); None for random calibration."""
     if spec.data is not None:
         return "data", spec.data
@@ -73,7 +74,7 @@ def declared_pattern(spec: "Calibration") -> Optional[tuple[str, str]]:
     return None
 
 
-def matching_files(spec: "Calibration", root: Path) -> list[str]:
+def matching_files(spec: Calibration, root: Path) -> list[str]:
     """Relative paths of every file the declaration matches, sorted (an image folder is searched recursively)."""
     declared = declared_pattern(spec)
     if declared is None:
@@ -88,10 +89,12 @@ def matching_files(spec: "Calibration", root: Path) -> list[str]:
         matches = glob.glob(str(root / pattern), recursive=True)
         note_glob("glob", str(root / pattern), matches)
         paths = [Path(p) for p in matches]
-    return sorted(Path(os.path.relpath(p, root)).as_posix() for p in paths if not p.is_dir() and p.suffix.lower() in suffixes)
+    return sorted(
+        Path(os.path.relpath(p, root)).as_posix() for p in paths if not p.is_dir() and p.suffix.lower() in suffixes
+    )
 
 
-def plan_split(item: "RecipeFile", root: Path) -> Optional[Split]:
+def plan_split(item: RecipeFile, root: Path) -> Split | None:
     """The files a recipe's precision nodes use; None without calibration files. A declaration that matches
     nothing is a ProjectError when the DAG is made, so validate and run refuse it before any work."""
     spec = item.recipe.calibration
@@ -105,12 +108,14 @@ def plan_split(item: "RecipeFile", root: Path) -> Optional[Split]:
     special = next((name for name in files if not (root / name).is_file()), None)
     if special is not None:
         field, _ = declared_pattern(spec)
-        raise ProjectError(f"{item.where('calibration', *field.split('.'))}: {special} is not a regular file (a FIFO, a device or a "
-                           "broken link); calibration reads files only")
+        raise ProjectError(
+            f"{item.where('calibration', *field.split('.'))}: {special} is not a regular file (a FIFO, a device or a "
+            "broken link); calibration reads files only"
+        )
     return split(files, spec.seed, min(item.recipe.accuracy.samples, len(files) // 2), spec.samples)
 
 
-def sources(selection: Optional[Split], root: Path) -> tuple[tuple[str, Path], ...]:
+def sources(selection: Split | None, root: Path) -> tuple[tuple[str, Path], ...]:
     """A reduced precision's sources: the held-out files (accuracy report) and the calibration files (AutoCast, PTQ)."""
     if selection is None:
         return ()
@@ -119,7 +124,7 @@ def sources(selection: Optional[Split], root: Path) -> tuple[tuple[str, Path], .
     return tuple(found)
 
 
-def reading_params(spec: Optional["Calibration"]) -> Optional[dict]:
+def reading_params(spec: Calibration | None) -> dict | None:
     """How the stage reads the files (part of the key): the kind, the seed that orders them, image preprocessing."""
     if spec is None or declared_pattern(spec) is None:
         return None
@@ -130,12 +135,13 @@ def reading_params(spec: Optional["Calibration"]) -> Optional[dict]:
 
 # stage time: numpy (and Pillow for images) ------------------------------------------------------------------
 
+
 @dataclass
 class Sample:
     """One feed for the model: {input name: array}, from one file (or `batch` images)."""
 
     origin: str
-    feed: dict[str, "np.ndarray"]
+    feed: dict[str, np.ndarray]
 
 
 def samples_from_inputs(files: dict[str, Path], reading: dict, model_inputs: dict[str, dict]) -> list[Sample]:
@@ -146,7 +152,7 @@ def samples_from_inputs(files: dict[str, Path], reading: dict, model_inputs: dic
     return [Sample(relative, arrays_from_file(relative, files[relative], model_inputs)) for relative in ordered]
 
 
-def arrays_from_file(relative: str, path: Path, model_inputs: dict[str, dict]) -> dict[str, "np.ndarray"]:
+def arrays_from_file(relative: str, path: Path, model_inputs: dict[str, dict]) -> dict[str, np.ndarray]:
     """One batch per input name from a .npz, or the only input's batch from a .npy (never unpickling anything)."""
     import numpy as np
 
@@ -159,14 +165,18 @@ def arrays_from_file(relative: str, path: Path, model_inputs: dict[str, dict]) -
         raise StageError(f"{relative}: cannot read it: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
 
 
-def _npy(relative: str, array: "np.ndarray", model_inputs: dict[str, dict]) -> dict[str, "np.ndarray"]:
+def _npy(relative: str, array: np.ndarray, model_inputs: dict[str, dict]) -> dict[str, np.ndarray]:
     if len(model_inputs) != 1:
-        raise StageError(f"{relative}: a .npy file holds one array but the model has inputs "
-                         f"{', '.join(model_inputs)}: use .npz files with one array per input name")
+        raise StageError(
+            f"{relative}: a .npy file holds one array but the model has inputs "
+            f"{', '.join(model_inputs)}: use .npz files with one array per input name"
+        )
     return {next(iter(model_inputs)): array}
 
 
-def _image_samples(ordered: list[str], files: dict[str, Path], reading: dict, model_inputs: dict[str, dict]) -> list[Sample]:
+def _image_samples(
+    ordered: list[str], files: dict[str, Path], reading: dict, model_inputs: dict[str, dict]
+) -> list[Sample]:
     """Whole batches of `batch` preprocessed images; a last, partial batch is left out."""
     import numpy as np
 
@@ -174,13 +184,17 @@ def _image_samples(ordered: list[str], files: dict[str, Path], reading: dict, mo
     size = reading["batch"]
     samples = []
     for start in range(0, len(ordered) - size + 1, size):
-        group = ordered[start:start + size]
-        samples.append(Sample(group[0] if size == 1 else f"{group[0]} (+{size - 1})",
-                              {name: np.stack([preprocess_image(files[r], reading, r) for r in group])}))
+        group = ordered[start : start + size]
+        samples.append(
+            Sample(
+                group[0] if size == 1 else f"{group[0]} (+{size - 1})",
+                {name: np.stack([preprocess_image(files[r], reading, r) for r in group])},
+            )
+        )
     return samples
 
 
-def preprocess_image(path: Path, reading: dict, relative: str = "") -> "np.ndarray":
+def preprocess_image(path: Path, reading: dict, relative: str = "") -> np.ndarray:
     """Decode, convert, resize (shorter side or exact), center-crop, scale to [0,1], normalize, lay out, cast."""
     import numpy as np
     from PIL import Image
@@ -218,7 +232,7 @@ def _center_crop(image: Any, size: Any) -> Any:
     return image.crop((left, top, left + width, top + height))
 
 
-def _normalized(pixels: "np.ndarray", reading: dict) -> "np.ndarray":
+def _normalized(pixels: np.ndarray, reading: dict) -> np.ndarray:
     import numpy as np
 
     values = pixels.astype(np.float32) / 255.0
@@ -229,12 +243,14 @@ def _normalized(pixels: "np.ndarray", reading: dict) -> "np.ndarray":
     return values
 
 
-def check_sample(sample: Sample, model_inputs: dict[str, dict], profiles: list[dict]) -> Optional[str]:
+def check_sample(sample: Sample, model_inputs: dict[str, dict], profiles: list[dict]) -> str | None:
     """Why a sample cannot be fed to the model (names, dtypes, shapes within a profile), or None if it can."""
     missing = [name for name in model_inputs if name not in sample.feed]
     extra = [name for name in sample.feed if name not in model_inputs]
     if missing:
-        return f"{sample.origin} has no array for input {missing[0]!r} (it holds: {', '.join(sample.feed) or 'nothing'})"
+        return (
+            f"{sample.origin} has no array for input {missing[0]!r} (it holds: {', '.join(sample.feed) or 'nothing'})"
+        )
     if extra:
         return f"{sample.origin} holds {extra[0]!r}, which is not a model input (inputs: {', '.join(model_inputs)})"
     for name, meta in model_inputs.items():
@@ -243,7 +259,7 @@ def check_sample(sample: Sample, model_inputs: dict[str, dict], profiles: list[d
     return _shape_problem(sample, model_inputs, profiles) or _non_finite(sample)
 
 
-def _non_finite(sample: Sample) -> Optional[str]:
+def _non_finite(sample: Sample) -> str | None:
     """NaN or infinite values would poison the calibration ranges (and every scale computed from them)."""
     import numpy as np
 
@@ -254,27 +270,32 @@ def _non_finite(sample: Sample) -> Optional[str]:
     return None
 
 
-def _shape_problem(sample: Sample, model_inputs: dict[str, dict], profiles: list[dict]) -> Optional[str]:
+def _shape_problem(sample: Sample, model_inputs: dict[str, dict], profiles: list[dict]) -> str | None:
     shapes = {name: list(array.shape) for name, array in sample.feed.items()}
     if any(_fits(shapes, profile) for profile in profiles):
         return None
     if not profiles and all(_fits_dims(shapes[name], meta["dims"]) for name, meta in model_inputs.items()):
         return None
     name = next(iter(shapes))
-    allowed = "; ".join(f"profile {i}: {name} min {p[name]['min']} max {p[name]['max']}" for i, p in enumerate(profiles) if name in p)
+    allowed = "; ".join(
+        f"profile {i}: {name} min {p[name]['min']} max {p[name]['max']}" for i, p in enumerate(profiles) if name in p
+    )
     allowed = allowed or f"the model's {name} is {['?' if d is None else d for d in model_inputs[name]['dims']]}"
     shown = ", ".join(f"{n} {s}" for n, s in shapes.items())
     return f"{sample.origin}: shapes {shown} fit no profile ({allowed})"
 
 
 def _fits(shapes: dict[str, list[int]], profile: dict) -> bool:
-    return all(name in profile and len(shape) == len(profile[name]["min"])
-               and all(lo <= d <= hi for d, lo, hi in zip(shape, profile[name]["min"], profile[name]["max"]))
-               for name, shape in shapes.items())
+    return all(
+        name in profile
+        and len(shape) == len(profile[name]["min"])
+        and all(lo <= d <= hi for d, lo, hi in zip(shape, profile[name]["min"], profile[name]["max"], strict=True))
+        for name, shape in shapes.items()
+    )
 
 
-def _fits_dims(shape: list[int], dims: list[Optional[int]]) -> bool:
-    return len(shape) == len(dims) and all(d is None or d == s for d, s in zip(dims, shape))
+def _fits_dims(shape: list[int], dims: list[int | None]) -> bool:
+    return len(shape) == len(dims) and all(d is None or d == s for d, s in zip(dims, shape, strict=True))
 
 
 def samples_digest(samples: list[Sample]) -> str:
@@ -296,11 +317,14 @@ def rows(samples: list[Sample]) -> int:
 
 # validate time --------------------------------------------------------------------------------------------
 
-def check_calibration_data(item: "RecipeFile", root: Path) -> None:
+
+def check_calibration_data(item: RecipeFile, root: Path) -> None:
     """Read the selected files (only the first batch of images: they share one preprocessing) and check them
     against the model's inputs and the profiles; raises ProjectError naming the calibration field and the file."""
-    profiles = [{name: dict(zip(("min", "opt", "max"), shape.triple())) for name, shape in profile.inputs.items()}
-                for profile in item.recipe.profiles]
+    profiles = [
+        {name: dict(zip(("min", "opt", "max"), shape.triple(), strict=True)) for name, shape in profile.inputs.items()}
+        for profile in item.recipe.profiles
+    ]
     selection = plan_split(item, root)
     reading = reading_params(item.recipe.calibration)
     if selection is None or reading is None:
@@ -311,7 +335,7 @@ def check_calibration_data(item: "RecipeFile", root: Path) -> None:
     where = item.where("calibration", "data" if reading["kind"] == "arrays" else "images")
     _check_image_input(item, reading, model_inputs)
     names = list(selection.held_out + selection.calibration)
-    names = names[:reading["batch"]] if reading["kind"] == "images" else names
+    names = names[: reading["batch"]] if reading["kind"] == "images" else names
     try:
         for sample in samples_from_inputs({r: root / r for r in names}, reading, model_inputs):
             problem = check_sample(sample, model_inputs, profiles)
@@ -321,22 +345,27 @@ def check_calibration_data(item: "RecipeFile", root: Path) -> None:
         raise ProjectError(f"{where}: {exc}") from None
 
 
-def _declared_inputs(item: "RecipeFile", root: Path, profiles: list[dict]) -> dict[str, dict]:
+def _declared_inputs(item: RecipeFile, root: Path, profiles: list[dict]) -> dict[str, dict]:
     """The ONNX source's inputs; for a torch source (no ONNX before export) the profiles' names, dtype unchecked."""
     if getattr(item.recipe.source, "onnx", None):
         return model_input_types(item.source_path(root))
     return {name: {"dtype": None, "dims": None} for name in (profiles[0] if profiles else {})}
 
 
-def _check_image_input(item: "RecipeFile", reading: dict, model_inputs: dict[str, dict]) -> None:
+def _check_image_input(item: RecipeFile, reading: dict, model_inputs: dict[str, dict]) -> None:
     if reading["kind"] != "images":
         return
     name = reading["input"]
     if name is None and len(model_inputs) != 1:
-        raise ProjectError(f"{item.where('calibration', 'images')}: the model has inputs {', '.join(model_inputs)}: "
-                           "name the one the images feed with input: <name>")
+        raise ProjectError(
+            f"{item.where('calibration', 'images')}: the model has inputs {', '.join(model_inputs)}: "
+            "name the one the images feed with input: <name>"
+        )
     if name is not None and name not in model_inputs:
-        raise ProjectError(f"{item.where('calibration', 'images', 'input')}: the model has no input {name!r} (its inputs: {', '.join(model_inputs)})")
+        raise ProjectError(
+            f"{item.where('calibration', 'images', 'input')}: the model has no input {name!r} (its inputs: "
+            f"{', '.join(model_inputs)})"
+        )
 
 
 def model_input_types(path: Path) -> dict[str, dict]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from trtflow.deploy.plugins import PluginDir, missing_plugin
 from trtflow.device import no_gpu_reason, query_compute_capabilities
@@ -62,12 +61,12 @@ class Device:
     compute_capabilities: tuple[str, ...]
     label: str
     source: str
-    runtime_version: Optional[str] = None
-    backend: Optional[str] = None
-    precision: Optional[str] = None
+    runtime_version: str | None = None
+    backend: str | None = None
+    precision: str | None = None
     prefer: tuple[str, ...] = DEFAULT_PREFERENCE
     allow_failed: bool = False
-    plugins: Optional[PluginDir] = None  # --plugin-dir: the plugin libraries this device has
+    plugins: PluginDir | None = None  # --plugin-dir: the plugin libraries this device has
     by_drop: bool = False  # --prefer drop: the measured task accuracy drop ranks first
 
 
@@ -77,8 +76,8 @@ class Verdict:
 
     engine: Engine
     index: int
-    fit: Optional[str] = None
-    refusal: Optional[str] = None
+    fit: str | None = None
+    refusal: str | None = None
 
 
 def judge(engine: Engine, index: int, device: Device) -> Verdict:
@@ -88,7 +87,9 @@ def judge(engine: Engine, index: int, device: Device) -> Verdict:
     if device.precision and engine.precision != device.precision:
         return Verdict(engine, index, refusal=f"precision {engine.precision}, not the requested {device.precision}")
     fits = [_hardware_fit(engine, cc) for cc in device.compute_capabilities]
-    refusal = next((reason for fit, reason in fits if fit is None), None) or _runtime_refusal(engine, device.runtime_version)
+    refusal = next((reason for fit, reason in fits if fit is None), None) or _runtime_refusal(
+        engine, device.runtime_version
+    )
     refusal = refusal or missing_plugin(engine, device.plugins)
     refusal = refusal or (None if device.allow_failed else failed_checks(engine))
     if refusal:
@@ -96,17 +97,21 @@ def judge(engine: Engine, index: int, device: Device) -> Verdict:
     return Verdict(engine, index, fit=EXACT if all(fit == EXACT for fit, _ in fits) else AMPERE_PLUS)
 
 
-def _hardware_fit(engine: Engine, cc: str) -> tuple[Optional[str], str]:
+def _hardware_fit(engine: Engine, cc: str) -> tuple[str | None, str]:
     """(how the engine fits `cc`, "") or (None, why it cannot run there)."""
     listed = ", ".join(engine.compute_capabilities)
     if cc in engine.compute_capabilities:
         return EXACT, ""
     if engine.hardware_compatibility == "ampere_plus":
-        return (AMPERE_PLUS, "") if ComputeCapability.parse(cc) >= "sm_80" else (None, f"ampere_plus build needs sm_80 or newer, {cc} is older")
+        return (
+            (AMPERE_PLUS, "")
+            if ComputeCapability.parse(cc) >= "sm_80"
+            else (None, f"ampere_plus build needs sm_80 or newer, {cc} is older")
+        )
     return None, f"built for {listed} only, not {cc} (hardware_compatibility: {engine.hardware_compatibility})"
 
 
-def _runtime_refusal(engine: Engine, runtime: Optional[str]) -> Optional[str]:
+def _runtime_refusal(engine: Engine, runtime: str | None) -> str | None:
     """Why `runtime` cannot load the engine, or None (also when no runtime version was given)."""
     if runtime is None:
         return None
@@ -117,31 +122,45 @@ def _runtime_refusal(engine: Engine, runtime: Optional[str]) -> Optional[str]:
         return _version_compatible_refusal(engine.backend_version, built, wanted, runtime)
     if wanted == built:
         return None
-    return f"{engine.backend} {engine.backend_version} engines load only on the same release ({'.'.join(map(str, built))}), not runtime {runtime}"
+    return (
+        f"{engine.backend} {engine.backend_version} engines load only on the same release "
+        f"({'.'.join(map(str, built))}), not runtime {runtime}"
+    )
 
 
-def _version_compatible_refusal(shown: str, built: tuple[int, int, int], wanted: tuple[int, int, int], runtime: str) -> Optional[str]:
+def _version_compatible_refusal(
+    shown: str, built: tuple[int, int, int], wanted: tuple[int, int, int], runtime: str
+) -> str | None:
     """Why a version-compatible TensorRT engine cannot load on `runtime`, or None (the support matrix's rules)."""
     if (wanted[0] == built[0] and wanted >= built) or wanted[0] in CROSS_MAJOR_RUNTIMES.get(built[0], ()):
         return None
     later = " or ".join(f"{major}.x" for major in CROSS_MAJOR_RUNTIMES.get(built[0], ()))
-    return (f"version-compatible build from tensorrt {shown} needs a {built[0]}.x runtime at least that new"
-            + (f" or a {later} runtime" if later else "") + f", not {runtime}")
+    return (
+        f"version-compatible build from tensorrt {shown} needs a {built[0]}.x runtime at least that new"
+        + (f" or a {later} runtime" if later else "")
+        + f", not {runtime}"
+    )
 
 
-def failed_checks(engine: Engine) -> Optional[str]:
+def failed_checks(engine: Engine) -> str | None:
     """`failed verification: ...` when a check recorded for the engine did not pass, else None."""
     proofs = engine.verification
     if proofs is None:
         return None
-    failed = [name for name, passed in (("cleanup equality", proofs.cleanup_equality.passed),
-                                        ("accuracy vs fp32", proofs.precision_accuracy.passed if proofs.precision_accuracy else None),
-                                        ("engine run", proofs.engine_run.passed)) if passed is False]
+    failed = [
+        name
+        for name, passed in (
+            ("cleanup equality", proofs.cleanup_equality.passed),
+            ("accuracy vs fp32", proofs.precision_accuracy.passed if proofs.precision_accuracy else None),
+            ("engine run", proofs.engine_run.passed),
+        )
+        if passed is False
+    ]
     failed += ["engine I/O checks"] if proofs.engine_checks.get("problems") else []
     return f"failed verification ({', '.join(failed)}); --allow-failed to take it anyway" if failed else None
 
 
-def _version(text: str) -> Optional[tuple[int, int, int]]:
+def _version(text: str) -> tuple[int, int, int] | None:
     """major.minor.patch of '10.13.3.9' or '1.7' (missing parts are 0); None if not a version."""
     match = re.fullmatch(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.\d+)?", text.strip())
     return None if match is None else tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
@@ -154,17 +173,29 @@ def _rank(verdict: Verdict, device: Device) -> tuple:
     prefer, effective = device.prefer, effective_precision(verdict.engine)
     precision = prefer.index(effective) if effective in prefer else len(prefer)
     drop = measured_drop(verdict.engine) if device.by_drop else 0.0
-    return (drop, precision, effective != verdict.engine.precision, verdict.fit != EXACT, tuple(-part for part in version), verdict.index)
+    return (
+        drop,
+        precision,
+        effective != verdict.engine.precision,
+        verdict.fit != EXACT,
+        tuple(-part for part in version),
+        verdict.index,
+    )
 
 
-MOSTLY = 0.5  # a reduced-precision engine with less than this share of its weights or MACs in its precision is ranked as fp32
+# a reduced-precision engine with less than this share of its weights or MACs in its precision is ranked as fp32
+MOSTLY = 0.5
 
 
 def effective_precision(engine: Engine) -> str:
     """What an engine really computes in, for ranking: its precision, or fp32 when its composition says most of its
     weights or multiply-accumulates stayed fp32 (an "fp16" engine AutoCast left mostly fp32 is no faster)."""
     composition = getattr(engine.verification, "precision_composition", None)
-    shares = [share for share in (getattr(composition, "weight_share", None), getattr(composition, "mac_share", None)) if share is not None]
+    shares = [
+        share
+        for share in (getattr(composition, "weight_share", None), getattr(composition, "mac_share", None))
+        if share is not None
+    ]
     return "fp32" if engine.precision != "fp32" and shares and min(shares) < MOSTLY else engine.precision
 
 
@@ -191,20 +222,36 @@ def _outranked(verdict: Verdict, chosen: Verdict, device: Device) -> str:
     """Why a fitting engine lost to the chosen one, in the order the ranking decides."""
     mine, theirs = _rank(verdict, device), _rank(chosen, device)
     if mine[0] != theirs[0]:
-        return (f"fits, but {chosen.engine.precision} lost less task accuracy ({theirs[0]:g}) than {verdict.engine.precision} "
-                f"({mine[0]:g}) (--prefer drop)")
+        return (
+            f"fits, but {chosen.engine.precision} lost less task accuracy ({theirs[0]:g}) than "
+            f"{verdict.engine.precision} "
+            f"({mine[0]:g}) (--prefer drop)"
+        )
     if mine[1] != theirs[1] or mine[2] != theirs[2]:
-        mostly = " (its composition is mostly fp32: ranked as fp32)" if effective_precision(verdict.engine) != verdict.engine.precision else ""
-        return f"fits, but {chosen.engine.precision} is preferred to {verdict.engine.precision}{mostly} (--prefer {','.join(device.prefer)})"
+        mostly = (
+            " (its composition is mostly fp32: ranked as fp32)"
+            if effective_precision(verdict.engine) != verdict.engine.precision
+            else ""
+        )
+        return (
+            f"fits, but {chosen.engine.precision} is preferred to {verdict.engine.precision}{mostly} (--prefer "
+            f"{','.join(device.prefer)})"
+        )
     if verdict.fit != chosen.fit:
         return f"fits ({verdict.fit}), but an exact compute capability match is preferred"
     if mine[4] != theirs[4]:
-        return f"fits, but {chosen.engine.backend} {chosen.engine.backend_version} is newer than {verdict.engine.backend_version}"
+        return (
+            f"fits, but {chosen.engine.backend} {chosen.engine.backend_version} is newer than "
+            f"{verdict.engine.backend_version}"
+        )
     return "fits equally well, but comes later in the manifest"
 
 
 def _describe(engine: Engine) -> str:
-    return f"{engine.file} ({engine.precision}, {engine.backend} {engine.backend_version}, {', '.join(engine.compute_capabilities)})"
+    return (
+        f"{engine.file} ({engine.precision}, {engine.backend} {engine.backend_version}, "
+        f"{', '.join(engine.compute_capabilities)})"
+    )
 
 
 def _no_fit_message(manifest: Manifest, device: Device, verdicts: list[Verdict]) -> str:
@@ -212,15 +259,27 @@ def _no_fit_message(manifest: Manifest, device: Device, verdicts: list[Verdict])
     lines = [f"no engine in package {manifest.recipe} fits {device.label} ({runtime}):"]
     lines += [f"  {_describe(v.engine)}: {v.refusal}" for v in verdicts] or ["  the package holds no engines"]
     failed = failed_for(manifest, device)
-    lines += [f"  {m.target} {m.precision} ({', '.join(m.compute_capabilities)}): not built, {m.stage} failed: {m.reason}" for m in failed]
+    lines += [
+        f"  {m.target} {m.precision} ({', '.join(m.compute_capabilities)}): not built, {m.stage} failed: {m.reason}"
+        for m in failed
+    ]
     if failed:
         targets = ", ".join(dict.fromkeys(m.target for m in failed))
-        lines.append(f"the engines for {device.label} (target {targets}) failed to build: fix the cause above and run `trtflow run`, "
-                     "or provision for another --gpu")
+        lines.append(
+            f"the engines for {device.label} (target {targets}) failed to build: fix the cause above and run `trtflow "
+            "run`, "
+            "or provision for another --gpu"
+        )
     elif any((v.refusal or "").startswith("needs plugin ") for v in verdicts):
-        lines.append("put the plugin library in the folder --plugin-dir names, or package it with the recipe's package: {plugins: carry}")
+        lines.append(
+            "put the plugin library in the folder --plugin-dir names, or package it with the recipe's package: "
+            "{plugins: carry}"
+        )
     else:
-        lines.append(f"add a pipeline target that fits {device.label} and run `trtflow run`, or provision for another --gpu / --runtime-version")
+        lines.append(
+            f"add a pipeline target that fits {device.label} and run `trtflow run`, or provision for another --gpu / "
+            "--runtime-version"
+        )
     return "\n".join(lines)
 
 
@@ -228,21 +287,37 @@ def failed_for(manifest: Manifest, device: Device) -> list[MissingEngine]:
     """The engines the recipe asked for the device's GPU that failed to build (left out of the package), by the
     compute capabilities of their target; those of another precision or backend than asked for are not named."""
     wanted = set(device.compute_capabilities)
-    return [m for m in manifest.missing if wanted & set(m.compute_capabilities)
-            and device.precision in (None, m.precision)]
+    return [
+        m for m in manifest.missing if wanted & set(m.compute_capabilities) and device.precision in (None, m.precision)
+    ]
 
 
-def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[str] = None, backend: Optional[str] = None,
-                        precision: Optional[str] = None, prefer: Optional[str] = None, allow_failed: bool = False,
-                        plugin_dir: Optional[Path] = None) -> Device:
+def device_from_options(
+    gpu: str,
+    manifest: Manifest,
+    runtime_version: str | None = None,
+    backend: str | None = None,
+    precision: str | None = None,
+    prefer: str | None = None,
+    allow_failed: bool = False,
+    plugin_dir: Path | None = None,
+) -> Device:
     """--gpu auto (nvidia-smi), a compute capability (sm_86, 8.6) or a target name of the package."""
     if runtime_version is not None and _version(runtime_version) is None:
-        raise BadRequest(f"--runtime-version {runtime_version!r} is not a version: pass it as X.Y.Z, e.g. 10.13.3 or 1.7.1")
+        raise BadRequest(
+            f"--runtime-version {runtime_version!r} is not a version: pass it as X.Y.Z, e.g. 10.13.3 or 1.7.1"
+        )
     by_drop = _by_drop(prefer, manifest)
     precisions = ",".join(p for p in prefer.split(",") if p.strip() != "drop") if by_drop and prefer else prefer
-    extra = {"runtime_version": runtime_version, "backend": backend, "precision": precision, "by_drop": by_drop,
-             "prefer": _preference(precisions or None), "allow_failed": allow_failed,
-             "plugins": PluginDir(plugin_dir) if plugin_dir is not None else None}
+    extra = {
+        "runtime_version": runtime_version,
+        "backend": backend,
+        "precision": precision,
+        "by_drop": by_drop,
+        "prefer": _preference(precisions or None),
+        "allow_failed": allow_failed,
+        "plugins": PluginDir(plugin_dir) if plugin_dir is not None else None,
+    }
     if gpu == "auto":
         ccs = detect_compute_capabilities()
         return Device(tuple(ccs), "+".join(ccs), "auto-detected", **extra)
@@ -251,24 +326,31 @@ def device_from_options(gpu: str, manifest: Manifest, runtime_version: Optional[
         return Device((cc,), cc, "given", **extra)
     except ValueError:
         pass
-    ccs = sorted({cc for e in manifest.engines if e.target == gpu for cc in e.compute_capabilities}, key=lambda cc: (len(cc), cc))
+    ccs = sorted(
+        {cc for e in manifest.engines if e.target == gpu for cc in e.compute_capabilities}, key=lambda cc: (len(cc), cc)
+    )
     if not ccs:
         targets = ", ".join(sorted({e.target for e in manifest.engines})) or "none"
-        raise BadRequest(f"--gpu {gpu!r} is neither auto, a compute capability (sm_86, 8.6) nor a target of package {manifest.recipe} (its targets: {targets})")
+        raise BadRequest(
+            f"--gpu {gpu!r} is neither auto, a compute capability (sm_86, 8.6) nor a target of package "
+            f"{manifest.recipe} (its targets: {targets})"
+        )
     return Device(tuple(ccs), f"{gpu} ({', '.join(ccs)})", f"target {gpu} of the manifest", **extra)
 
 
-def _by_drop(prefer: Optional[str], manifest: Manifest) -> bool:
+def _by_drop(prefer: str | None, manifest: Manifest) -> bool:
     """--prefer drop[,fp16,...]: rank by the measured task accuracy drop, which the manifest must record."""
     if prefer is None or "drop" not in {p.strip() for p in prefer.split(",")}:
         return False
     if not any(e.precision != "fp32" and measured_drop(e) != float("inf") for e in manifest.engines):
-        raise BadRequest(f"--prefer drop: package {manifest.recipe} records no task accuracy drop; its recipe needs "
-                         "accuracy: {data: <glob>, labels: <file.npy>} and a reduced precision")
+        raise BadRequest(
+            f"--prefer drop: package {manifest.recipe} records no task accuracy drop; its recipe needs "
+            "accuracy: {data: <glob>, labels: <file.npy>} and a reduced precision"
+        )
     return True
 
 
-def _preference(text: Optional[str]) -> tuple[str, ...]:
+def _preference(text: str | None) -> tuple[str, ...]:
     """--prefer fp16,int8: those first in that order, then the default order for the rest."""
     if text is None:
         return DEFAULT_PREFERENCE
@@ -283,5 +365,7 @@ def detect_compute_capabilities() -> list[str]:
     """The local GPUs' compute capabilities (an engine must fit all of them); EnvironmentProblem if none."""
     ccs = list(query_compute_capabilities())
     if not ccs:
-        raise EnvironmentProblem(f"{no_gpu_reason()}; pass --gpu sm_XY (or 8.6, or a target name) for the device to provision")
+        raise EnvironmentProblem(
+            f"{no_gpu_reason()}; pass --gpu sm_XY (or 8.6, or a target name) for the device to provision"
+        )
     return ccs

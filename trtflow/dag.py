@@ -5,7 +5,8 @@ For each recipe: [export, for a torch source] -> cleanup -> one precision node p
 rtx-ampere, rtx-ada:
 
     export:tiny                   (torch sources only; inputs: the factory's module file, the weights, `files`)
-    cleanup:tiny                  (input: the source model and its external data files, or export's model; proves its output equal to it)
+    cleanup:tiny                  (input: the source model and its external data files, or export's model; proves its
+    output equal to it)
     precision:tiny/fp32           (model <- cleanup:tiny; fp16/int8... convert or quantize here, shared by targets)
     build:tiny/fp32/rtx-ampere    (model <- precision:tiny/fp32)
     verify:tiny/fp32/rtx-ampere   (model <- precision, reference <- cleanup:tiny, engine <- the build)
@@ -22,7 +23,7 @@ params are is the stage's business (stages/<kind>.py).
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from trtflow.recipe.load import Project
 from trtflow.stages import build, cleanup, export, package, precision, verify
@@ -49,7 +50,7 @@ class Dag:
                 found.add(node.id)
         return [n for n in self.nodes if n in found and n != node_id]
 
-    def for_recipes(self, names: Iterable[str]) -> "Dag":
+    def for_recipes(self, names: Iterable[str]) -> Dag:
         """The nodes of the named recipes only (recipes never share nodes)."""
         wanted = set(names)
         return Dag(node for node in self if node.recipe in wanted)
@@ -71,6 +72,5 @@ def recipe_nodes(ctx: RecipeContext) -> list[Node]:
     builds = build.nodes(ctx, models)
     verifies = verify.nodes(ctx, builds, cleaned)
     packaged = package.node(ctx, builds, verifies, cleaned)
-    pairs = [n for pair in zip(builds, verifies) for n in pair]
+    pairs = [n for pair in zip(builds, verifies, strict=True) for n in pair]
     return [*([exported] if exported else []), cleaned, *models.values(), *pairs, packaged]
-

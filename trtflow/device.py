@@ -13,7 +13,7 @@ import subprocess
 from trtflow.util.cc import ComputeCapability
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def local_compute_capabilities() -> tuple[str, ...]:
     """query_compute_capabilities(), asked once per process (planning needs it for every verify node)."""
     return query_compute_capabilities()
@@ -24,7 +24,12 @@ def query_compute_capabilities() -> tuple[str, ...]:
     if shutil.which("nvidia-smi") is None:
         return ()
     try:
-        result = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ()
     if result.returncode != 0:

@@ -35,4 +35,3 @@ class InternalError(TrtflowError):
     """A broken internal assumption: a bug in trtflow, please report it."""
 
     exit_code = 70
-

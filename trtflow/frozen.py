@@ -9,7 +9,6 @@ pass); anything else says what the lock has instead.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from trtflow.dag import Node
 from trtflow.plan import Resolution, Resolver
@@ -17,10 +16,13 @@ from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.objects import Store
 
-EQUIVALENT = "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering (canonical digest matches)"
+EQUIVALENT = (
+    "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering "
+    "(canonical digest matches)"
+)
 
 
-def canonical_outputs(record: dict) -> Optional[dict[str, str]]:
+def canonical_outputs(record: dict) -> dict[str, str] | None:
     """The canonical digests a stage recorded for its outputs (an engine's), or None."""
     return record["record"].get("canonical_sha256")
 
@@ -36,23 +38,26 @@ def _first_difference(outputs: dict[str, str], locked: dict[str, str]) -> str:
 class FrozenCheck:
     """The lock's entry per node (None: not a frozen run, every check passes) and what the run found against it."""
 
-    def __init__(self, expected: Optional[dict[str, LockEntry]], resolver: Resolver, store: Store):
+    def __init__(self, expected: dict[str, LockEntry] | None, resolver: Resolver, store: Store):
         self.expected, self.resolver, self.store = expected, resolver, store
         self.equivalent: dict[str, dict] = {}  # nodes whose engine is equivalent to the lock's, not identical
         self.identical: set[str] = set()  # nodes whose outputs are the lock's, byte for byte
 
-    def off_lock(self, resolution: Resolution, finished: dict[str, dict]) -> Optional[NodeState]:
+    def off_lock(self, resolution: Resolution, finished: dict[str, dict]) -> NodeState | None:
         """The failed state of a node whose key left the lock (an upstream made different bytes), else None."""
         if self.expected is None:
             return None
         entry = self.expected[resolution.node.id]
         if resolution.key == entry.key or self._key_through_equivalent(resolution.node, finished) == entry.key:
             return None
-        why = f"trtflow.lock has it {entry.status}, but its upstreams built now" if entry.skipped is not None else \
-            "key differs from trtflow.lock: an upstream stage produced different bytes"
+        why = (
+            f"trtflow.lock has it {entry.status}, but its upstreams built now"
+            if entry.skipped is not None
+            else "key differs from trtflow.lock: an upstream stage produced different bytes"
+        )
         return NodeState(resolution.node, FAILED, why + ": refused under --frozen", key=resolution.key, exit_code=1)
 
-    def _key_through_equivalent(self, node: Node, finished: dict[str, dict]) -> Optional[str]:
+    def _key_through_equivalent(self, node: Node, finished: dict[str, dict]) -> str | None:
         """The node's key with the lock's outputs standing in for upstream engines that are equivalent to the lock's.
 
         An engine rebuilt from identical inputs may differ from the locked one in the backend's generated numbering
@@ -66,11 +71,17 @@ class FrozenCheck:
         return self.resolver.resolve(node, standing_in).key
 
     def verdict(self, state: NodeState, record: dict) -> NodeState:
-        """A finished node against the lock: as it was, equivalent (said in its state), held through its key, or failed."""
+        """A finished node against the lock: as it was, equivalent (said in its state), held through its key, or
+        failed."""
         entry = (self.expected or {}).get(state.node.id)
         if entry is not None and entry.failed is not None:
-            return NodeState(state.node, FAILED, f"builds now, but trtflow.lock records it as failed ({entry.failed}): refused under --frozen",
-                             key=state.key, exit_code=1)
+            return NodeState(
+                state.node,
+                FAILED,
+                f"builds now, but trtflow.lock records it as failed ({entry.failed}): refused under --frozen",
+                key=state.key,
+                exit_code=1,
+            )
         if entry is None or record["outputs"] == entry.outputs:
             if entry is not None:
                 self.identical.add(state.node.id)
@@ -78,21 +89,43 @@ class FrozenCheck:
         if state.node.kind != "build":
             if any(d.node in self.equivalent for d in state.node.deps):
                 return state
-            return NodeState(state.node, FAILED, f"output differs from trtflow.lock ({_first_difference(record['outputs'], entry.outputs)}): "
-                             "refused under --frozen", key=state.key, exit_code=1)
+            return NodeState(
+                state.node,
+                FAILED,
+                f"output differs from trtflow.lock ({_first_difference(record['outputs'], entry.outputs)}): "
+                "refused under --frozen",
+                key=state.key,
+                exit_code=1,
+            )
         canonical = self._canonical_of(record)  # recomputed from the bytes: a record's own claim is not evidence
         if canonical and canonical == entry.canonical:
             self.equivalent[state.node.id] = entry.outputs
-            return NodeState(state.node, state.status, EQUIVALENT, key=state.key, components=state.components, seconds=state.seconds)
-        why = "its canonical digest differs too" if canonical and entry.canonical else "it has no canonical form to compare"
-        return NodeState(state.node, FAILED, f"engine differs from trtflow.lock and {why}: not reproducible", key=state.key, exit_code=1)
+            return NodeState(
+                state.node, state.status, EQUIVALENT, key=state.key, components=state.components, seconds=state.seconds
+            )
+        why = (
+            "its canonical digest differs too"
+            if canonical and entry.canonical
+            else "it has no canonical form to compare"
+        )
+        return NodeState(
+            state.node,
+            FAILED,
+            f"engine differs from trtflow.lock and {why}: not reproducible",
+            key=state.key,
+            exit_code=1,
+        )
 
-    def _canonical_of(self, record: dict) -> Optional[dict[str, str]]:
+    def _canonical_of(self, record: dict) -> dict[str, str] | None:
         """The canonical digests of the engines a build record names, computed from the store's objects."""
         from trtflow.backends.engine_identity import canonical_digest
 
         claimed = canonical_outputs(record) or {}
-        digests = {role: canonical_digest(self.store.object_path(record["outputs"][role])) for role in claimed if role in record["outputs"]}
+        digests = {
+            role: canonical_digest(self.store.object_path(record["outputs"][role]))
+            for role in claimed
+            if role in record["outputs"]
+        }
         return digests if digests and all(digests.values()) else None
 
     def as_locked(self, state: NodeState) -> NodeState:
@@ -102,7 +135,9 @@ class FrozenCheck:
         if entry is None:
             return state
         if state.status == SKIPPED or (state.recorded and entry.failed == state.reason and entry.key == state.key):
-            return dataclasses.replace(state, expected=state.status == SKIPPED and entry.skipped is not None or state.status == FAILED)
+            return dataclasses.replace(
+                state, expected=state.status == SKIPPED and entry.skipped is not None or state.status == FAILED
+            )
         if state.status == FAILED and "trtflow.lock" not in state.reason:
             return dataclasses.replace(state, reason=f"{state.reason} (trtflow.lock has it {entry.status})")
         return state

@@ -15,8 +15,9 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, MutableMapping, Optional
+from typing import Any, BinaryIO
 
 from trtflow.runmemo import note_path
 
@@ -37,7 +38,8 @@ def sha256_text(text: str) -> str:
 
 
 def stage_key(components: dict[str, Any]) -> str:
-    """The key of a stage: sha256 of the canonical JSON of its components (kind, version, params, inputs, fingerprint)."""
+    """The key of a stage: sha256 of the canonical JSON of its components (kind, version, params, inputs,
+    fingerprint)."""
     return sha256_text(canonical_json(components))
 
 
@@ -70,7 +72,7 @@ class FileDigests:
     provides a persistent one so an unchanged multi-GB model is not re-read on every run.
     """
 
-    def __init__(self, memory: Optional[MutableMapping[str, Any]] = None):
+    def __init__(self, memory: MutableMapping[str, Any] | None = None):
         self._memory: MutableMapping[str, Any] = memory if memory is not None else {}
         self.hashed_bytes = 0
 
@@ -91,7 +93,8 @@ class FileDigests:
         return digest
 
     def digest_with_companions(self, path: Path, companions_of: Callable[[Path], list[str]]) -> dict[str, str]:
-        """Digests of a file and of the files it refers to (an ONNX graph's external data), by name relative to its folder.
+        """Digests of a file and of the files it refers to (an ONNX graph's external data), by name relative to its
+        folder.
 
         `companions_of` parses the file, so its answer is remembered beside the file's digest (it depends
         on the content alone) and an unchanged model is not parsed again:
@@ -108,7 +111,7 @@ class FileDigests:
                 self._memory[str(path)] = {**entry, "companions": names}
         return {"": main, **{name: self.digest(path.parent / name) for name in names}}
 
-    def adopt(self, other: "FileDigests") -> None:
+    def adopt(self, other: FileDigests) -> None:
         """Remember what another (in-memory) instance learned, so nothing is hashed twice in a run."""
         if isinstance(other._memory, dict):
             for path, entry in other._memory.items():

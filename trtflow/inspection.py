@@ -31,8 +31,14 @@ def engine_format(path: Path) -> str:
 def inspect_engine(path: Path) -> dict:
     """Header format, sha256 and size; and the manifest entry describing it when it sits inside a package."""
     digest = sha256_file(path)
-    result = {"kind": "engine", "path": str(path), "format": engine_format(path), "sha256": digest,
-              "size": path.stat().st_size, "manifest_entry": None}
+    result = {
+        "kind": "engine",
+        "path": str(path),
+        "format": engine_format(path),
+        "sha256": digest,
+        "size": path.stat().st_size,
+        "manifest_entry": None,
+    }
     for folder in path.resolve().parents:
         if (folder / MANIFEST_FILE).is_file():
             try:

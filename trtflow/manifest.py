@@ -7,14 +7,15 @@ the same inputs must give a byte-identical manifest (and package).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
 
-SCHEMA_VERSION = 4  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
+SCHEMA_VERSION = (
+    4  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
+)
 # 4: complete/missing (a package holds the engines that built; the others are listed with why), precision_composition,
 # canonical_sha256 and reproducible per engine; missing engines name their target's compute capabilities
 MANIFEST_FILE = "manifest.json"
@@ -26,7 +27,9 @@ SUMS_FILE = "SHA256SUMS"
 TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
 ComputeCapabilityName = Annotated[str, Field(pattern=r"^sm_[0-9]{2,3}$")]
 Dimension = Annotated[int, Field(ge=-1, le=(1 << 63) - 1)]  # -1: dynamic; beyond int64 no runtime has a shape
-PluginName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")]  # a file name on a device, never a path
+PluginName = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+]  # a file name on a device, never a path
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -53,13 +56,14 @@ class Tensor(_Model):
 
 
 class OutputError(_Model):
-    """One output against its reference within rtol/atol: the largest errors, or the problem that prevented comparing."""
+    """One output against its reference within rtol/atol: the largest errors, or the problem that prevented
+    comparing."""
 
     name: str
-    max_abs_error: Optional[float]
-    max_rel_error: Optional[float]
+    max_abs_error: float | None
+    max_rel_error: float | None
     passed: bool
-    problem: Optional[str] = None
+    problem: str | None = None
 
 
 class OnnxComparison(_Model):
@@ -76,23 +80,24 @@ class OnnxComparison(_Model):
 class Tolerance(_Model):
     """The accuracy limits a reduced-precision model was held to; a null limit was not checked."""
 
-    min_cosine: Optional[float] = None
-    min_top1: Optional[float] = None
-    max_abs_error: Optional[float] = None
-    max_mean_rel_error: Optional[float] = None
-    min_share: Optional[float] = None  # of weights and of MACs in the precision (composition)
+    min_cosine: float | None = None
+    min_top1: float | None = None
+    max_abs_error: float | None = None
+    max_mean_rel_error: float | None = None
+    min_share: float | None = None  # of weights and of MACs in the precision (composition)
 
 
 class OutputAccuracy(_Model):
-    """One output of the reduced-precision model vs fp32; None where a metric does not apply (top-1 of a non-2-D output)."""
+    """One output of the reduced-precision model vs fp32; None where a metric does not apply (top-1 of a non-2-D
+    output)."""
 
     name: str
-    max_abs_error: Optional[float]
-    mean_rel_error: Optional[float]  # sum |a - e| / sum |e|
-    cosine_similarity: Optional[float]  # the lowest over the samples
-    top1_agreement: Optional[float]  # share of rows whose argmax agrees, for [rows, classes] outputs
+    max_abs_error: float | None
+    mean_rel_error: float | None  # sum |a - e| / sum |e|
+    cosine_similarity: float | None  # the lowest over the samples
+    top1_agreement: float | None  # share of rows whose argmax agrees, for [rows, classes] outputs
     non_finite: int = 0
-    reference_abs_max: Optional[float] = None  # the fp32 output's largest |value| (range diagnosis)
+    reference_abs_max: float | None = None  # the fp32 output's largest |value| (range diagnosis)
     problems: list[str] = []
     passed: bool
 
@@ -105,7 +110,7 @@ class TaskAccuracy(_Model):
     value: float
     drop: float  # how much worse than fp32 (fp32 - value for top-k, value - fp32 for mse)
     rows: int
-    max_drop: Optional[float] = None  # the recipe's accuracy.<precision>.max_drop; None: recorded, not checked
+    max_drop: float | None = None  # the recipe's accuracy.<precision>.max_drop; None: recorded, not checked
     passed: bool
 
 
@@ -121,7 +126,9 @@ class PrecisionAccuracy(_Model):
     outputs: list[OutputAccuracy]
     problems: list[str] = []  # beyond the outputs: a composition below min_share, a task drop past max_drop
     passed: bool
-    task: Optional[TaskAccuracy] = None  # only with labelled data (left out of the JSON otherwise: manifests stay as they were)
+    task: TaskAccuracy | None = (
+        None  # only with labelled data (left out of the JSON otherwise: manifests stay as they were)
+    )
 
     @model_serializer(mode="wrap")
     def _without_absent_task(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -135,7 +142,7 @@ class Calibration(_Model):
     """How an int8/fp8 model's activation ranges were found (ModelOpt PTQ on ONNX Runtime, CPU)."""
 
     method: Literal["entropy", "max", "percentile"]
-    percentile: Optional[float] = None
+    percentile: float | None = None
     source: Literal["arrays", "images", "random"]
     random: bool  # true: seeded random inputs, declared with calibration: {random: true}
     seed: int
@@ -148,10 +155,10 @@ class EngineRun(_Model):
     """The engine itself executed and compared; `status` is `not run (<reason>)` where it could not be."""
 
     status: str
-    gpu: Optional[str] = None
-    samples: Optional[int] = None
+    gpu: str | None = None
+    samples: int | None = None
     outputs: list[OutputError] = []
-    passed: Optional[bool] = None
+    passed: bool | None = None
 
 
 class KeptNode(_Model):
@@ -170,10 +177,10 @@ class Composition(_Model):
     nodes_by_dtype: dict[str, int]  # by the element type of each node's first output; Q/DQ nodes as "q/dq"
     initializer_bytes_by_dtype: dict[str, int]
     qdq_covered_ops: dict[str, int]  # ops fed by a DequantizeLinear (int8/fp8), by op type
-    precision: Optional[str] = None
-    weight_share: Optional[float] = None  # of weight elements in nodes that run in `precision`
-    mac_share: Optional[float] = None  # of multiply-accumulates in such nodes
-    kept_nodes: Optional[int] = None  # nodes with weights or MACs kept in higher precision
+    precision: str | None = None
+    weight_share: float | None = None  # of weight elements in nodes that run in `precision`
+    mac_share: float | None = None  # of multiply-accumulates in such nodes
+    kept_nodes: int | None = None  # nodes with weights or MACs kept in higher precision
     kept: list[KeptNode] = []  # the top ones, by weights then MACs
 
 
@@ -181,8 +188,8 @@ class Verification(_Model):
     """The proofs behind an engine: each transformation checked where it happened, then the engine itself."""
 
     cleanup_equality: OnnxComparison
-    precision_accuracy: Optional[PrecisionAccuracy] = None  # None for fp32 (the cleaned model itself)
-    precision_composition: Optional[Composition] = None  # None for fp32
+    precision_accuracy: PrecisionAccuracy | None = None  # None for fp32 (the cleaned model itself)
+    precision_composition: Composition | None = None  # None for fp32
     engine_checks: dict[str, object]
     engine_run: EngineRun
 
@@ -206,7 +213,8 @@ class NetworkFacts(_Model):
 
 
 class Plugin(_Model):
-    """A plugin library an engine needs where it runs: its file name, sha256 and size, and whether the package carries it
+    """A plugin library an engine needs where it runs: its file name, sha256 and size, and whether the package carries
+    it
     (as `plugins/<sha256>-<name>`, listed in SHA256SUMS); `provision --plugin-dir` finds the others by sha256."""
 
     name: PluginName
@@ -221,13 +229,14 @@ class Plugin(_Model):
 
 
 class Engine(_Model):
-    """One engine file of the package: digest, precision, target GPUs, exact backend, build settings, tensors, proofs."""
+    """One engine file of the package: digest, precision, target GPUs, exact backend, build settings, tensors,
+    proofs."""
 
     file: str
     sha256: str
     size: int = Field(ge=0)
     precision: str
-    calibration: Optional[Calibration] = None  # int8/fp8 only
+    calibration: Calibration | None = None  # int8/fp8 only
     target: TargetName
     compute_capabilities: list[ComputeCapabilityName]
     backend: str
@@ -236,14 +245,14 @@ class Engine(_Model):
     version_compatible: bool
     builder: BuilderOptions
     tensors: list[Tensor]
-    verification: Optional[Verification] = None  # always filled by trtflow run; absent only in hand-made manifests
+    verification: Verification | None = None  # always filled by trtflow run; absent only in hand-made manifests
     stage_key: str
     # The engine's digest with the backend's generated numbering abstracted (backends.engine_identity), and what a
     # rebuild from the same inputs is held to: the same canonical digest (`equivalent`; the bytes may differ in that
     # numbering), or the same bytes (`bytes`: an engine with no canonical form).
-    canonical_sha256: Optional[str] = None
-    network: Optional[NetworkFacts] = None  # absent in packages made before trtflow 0.2.0
-    reproducible: Optional[Literal["bytes", "equivalent"]] = None
+    canonical_sha256: str | None = None
+    network: NetworkFacts | None = None  # absent in packages made before trtflow 0.2.0
+    reproducible: Literal["bytes", "equivalent"] | None = None
     plugins: list[Plugin] = []  # absent when the engine needs none (manifest_bytes leaves it out)
 
     def as_json(self) -> dict:
@@ -270,7 +279,8 @@ class MissingEngine(_Model):
 
 
 class Manifest(_Model):
-    """manifest.json: the recipe, the trtflow version that built it, its source model and every engine in the package."""
+    """manifest.json: the recipe, the trtflow version that built it, its source model and every engine in the
+    package."""
 
     schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
     recipe: str
@@ -283,7 +293,8 @@ class Manifest(_Model):
 
 def manifest_bytes(manifest: Manifest) -> bytes:
     """manifest.json's bytes. An engine that needs no plugin has no `plugins` key, so a package without plugins keeps
-    the bytes it had before plugins existed (and an older trtflow, whose schema forbids the key, refuses one with them)."""
+    the bytes it had before plugins existed (and an older trtflow, whose schema forbids the key, refuses one with
+    them)."""
     plain = {index: {"plugins"} for index, engine in enumerate(manifest.engines) if not engine.plugins}
     return (manifest.model_dump_json(indent=2, exclude={"engines": plain} if plain else None) + "\n").encode()
 

@@ -11,20 +11,20 @@ Only the graph is read (external weights are not loaded, only looked for).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from trtflow.errors import ProjectError
-from trtflow.recipe.pymodule import top_level_names
 from trtflow.backends.base import backend_version, get_backend
 from trtflow.backends.limits import describe, unsupported_nodes
+from trtflow.errors import ProjectError
 from trtflow.recipe.load import RecipeFile
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
+from trtflow.recipe.pymodule import top_level_names
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import Pipeline
 from trtflow.stages.modelfile import external_locations
 from trtflow.util.onnxio import model_io
 
-Dims = list[Optional[int]]  # None marks a dynamic dimension
+Dims = list[int | None]  # None marks a dynamic dimension
 # What ModelOpt's ONNX PTQ places Q/DQ on (int8's and fp8's compute ops; the rest only follows them): a graph with
 # none of these comes out with nothing quantized (measured: a 2-layer LSTM, ModelOpt 0.47).
 PTQ_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -57,10 +57,14 @@ def check_builder_options(item: RecipeFile, pipeline: Pipeline) -> None:
     for target in item.target_names(pipeline) if names else []:
         backend = pipeline.targets[target].backend
         version = backend_version(backend)
-        missing = get_backend(backend).unsupported_options(names) if version is not None else []  # absent: check_backends
+        missing = (
+            get_backend(backend).unsupported_options(names) if version is not None else []
+        )  # absent: check_backends
         if missing:
-            raise ProjectError(f"{item.where('build', missing[0])}: {backend} {version} (target {target}) has no {missing[0]} "
-                               f"setting; remove it, or use a {backend} release that has it (see docs: builder options)")
+            raise ProjectError(
+                f"{item.where('build', missing[0])}: {backend} {version} (target {target}) has no {missing[0]} "
+                f"setting; remove it, or use a {backend} release that has it (see docs: builder options)"
+            )
 
 
 def check_torch_factory(item: RecipeFile, root: Path) -> None:
@@ -90,7 +94,9 @@ def _load(item: RecipeFile, path: Path) -> Any:
     try:
         model = onnx.load(path, load_external_data=False)
     except Exception as exc:
-        raise ProjectError(f"{item.where('source', 'onnx')}: cannot parse ONNX model {item.recipe.source.onnx}: {_first_line(exc)}") from None
+        raise ProjectError(
+            f"{item.where('source', 'onnx')}: cannot parse ONNX model {item.recipe.source.onnx}: {_first_line(exc)}"
+        ) from None
     if not model.graph.node and not model.graph.output:
         raise ProjectError(f"{item.where('source', 'onnx')}: {item.recipe.source.onnx} holds no ONNX graph")
     _check_external_data(item, model, path)
@@ -101,7 +107,10 @@ def _load(item: RecipeFile, path: Path) -> Any:
 def _check_acyclic(item: RecipeFile, model: Any) -> None:
     """A node that (through others) consumes its own output makes a cycle no tool can order: refuse it by name."""
     producers = {output: index for index, node in enumerate(model.graph.node) for output in node.output if output}
-    waiting = {index: {producers[name] for name in node.input if name in producers} for index, node in enumerate(model.graph.node)}
+    waiting = {
+        index: {producers[name] for name in node.input if name in producers}
+        for index, node in enumerate(model.graph.node)
+    }
     ready = [index for index, deps in waiting.items() if not deps]
     consumers: dict[int, list[int]] = {}
     for index, deps in waiting.items():
@@ -116,8 +125,10 @@ def _check_acyclic(item: RecipeFile, model: Any) -> None:
         waiting.pop(done)
     if waiting:
         node = model.graph.node[min(waiting)]
-        raise ProjectError(f"{item.where('source', 'onnx')}: the graph has a cycle through node {node.name or node.op_type!r} "
-                           f"({len(waiting)} node(s) depend on their own outputs): not a valid ONNX model")
+        raise ProjectError(
+            f"{item.where('source', 'onnx')}: the graph has a cycle through node {node.name or node.op_type!r} "
+            f"({len(waiting)} node(s) depend on their own outputs): not a valid ONNX model"
+        )
 
 
 def _backend_limit_refusals(item: RecipeFile, model: Any, pipeline: Pipeline) -> list[Refusal]:
@@ -125,9 +136,20 @@ def _backend_limit_refusals(item: RecipeFile, model: Any, pipeline: Pipeline) ->
     refusals = []
     for precision, target in item.pairs(pipeline):
         spec = pipeline.targets[target]
-        found = {cc: unsupported_nodes(spec.backend, cc, model) for cc in spec.compute_capabilities} if precision == "fp32" else {}
-        problem = next((f"{precision} cannot build for target {target} ({cc}) with {spec.backend}: {describe(nodes)} "
-                        "(build fp16 for it, or exclude the pair)" for cc, nodes in found.items() if nodes), None)
+        found = (
+            {cc: unsupported_nodes(spec.backend, cc, model) for cc in spec.compute_capabilities}
+            if precision == "fp32"
+            else {}
+        )
+        problem = next(
+            (
+                f"{precision} cannot build for target {target} ({cc}) with {spec.backend}: {describe(nodes)} "
+                "(build fp16 for it, or exclude the pair)"
+                for cc, nodes in found.items()
+                if nodes
+            ),
+            None,
+        )
         if problem:
             where = item.where("precisions", item.recipe.precisions.index(precision))
             refusals.append(Refusal(item.display, where, precision, target, problem))
@@ -142,9 +164,18 @@ def _quantizable_refusals(item: RecipeFile, model: Any, pipeline: Pipeline) -> l
         return []
     built = {precision for precision, _ in item.pairs(pipeline)}
     shown = ", ".join(sorted(ops)[:6]) + (" ..." if len(ops) > 6 else "")
-    return [Refusal(item.display, item.where("precisions", index), precision, None,
-                    f"{precision}: ModelOpt PTQ quantizes {', '.join(PTQ_OP_TYPES)} nodes and this model has none (its ops: {shown})")
-            for index, precision in enumerate(item.recipe.precisions) if precision in QUANTIZED_PRECISIONS and precision in built]
+    return [
+        Refusal(
+            item.display,
+            item.where("precisions", index),
+            precision,
+            None,
+            f"{precision}: ModelOpt PTQ quantizes {', '.join(PTQ_OP_TYPES)} nodes and this model has none (its ops: "
+            f"{shown})",
+        )
+        for index, precision in enumerate(item.recipe.precisions)
+        if precision in QUANTIZED_PRECISIONS and precision in built
+    ]
 
 
 def _check_external_data(item: RecipeFile, model: Any, path: Path) -> None:
@@ -155,7 +186,9 @@ def _check_external_data(item: RecipeFile, model: Any, path: Path) -> None:
         raise ProjectError(f"{item.where('source', 'onnx')}: {exc}") from None
     for location in locations:
         if not (path.parent / location).is_file():
-            raise ProjectError(f"{item.where('source', 'onnx')}: external data file {location} not found beside {path.name}")
+            raise ProjectError(
+                f"{item.where('source', 'onnx')}: external data file {location} not found beside {path.name}"
+            )
 
 
 def _first_line(exc: Exception) -> str:
@@ -168,7 +201,10 @@ def _check_profile_names(item: RecipeFile, inputs: dict[str, Dims]) -> None:
         for name in profile.inputs:
             if name not in inputs:
                 known = ", ".join(inputs) or "none"
-                raise ProjectError(f"{item.where('profiles', index, 'inputs', name)}: the model has no input {name!r} (its inputs: {known})")
+                raise ProjectError(
+                    f"{item.where('profiles', index, 'inputs', name)}: the model has no input {name!r} (its inputs: "
+                    f"{known})"
+                )
 
 
 def _check_dynamic_inputs_covered(item: RecipeFile, inputs: dict[str, Dims]) -> None:
@@ -176,13 +212,20 @@ def _check_dynamic_inputs_covered(item: RecipeFile, inputs: dict[str, Dims]) -> 
     for name, dims in inputs.items():
         if None in dims and name not in named:
             shown = "[" + ",".join("?" if d is None else str(d) for d in dims) + "]"
-            raise ProjectError(f"{item.where('profiles')}: input {name!r} has dynamic shape {shown}: give its min/opt/max in every profile")
+            raise ProjectError(
+                f"{item.where('profiles')}: input {name!r} has dynamic shape {shown}: give its min/opt/max in every "
+                "profile"
+            )
 
 
 def _check_shape(item: RecipeFile, loc: tuple, dims: Dims, triple: tuple) -> None:
-    for field, shape in zip(("min", "opt", "max"), triple):
+    for field, shape in zip(("min", "opt", "max"), triple, strict=True):
         if len(shape) != len(dims):
-            raise ProjectError(f"{item.where(*loc, field)}: rank {len(shape)} but the model's input has rank {len(dims)}")
-        for axis, (want, have) in enumerate(zip(dims, shape)):
+            raise ProjectError(
+                f"{item.where(*loc, field)}: rank {len(shape)} but the model's input has rank {len(dims)}"
+            )
+        for axis, (want, have) in enumerate(zip(dims, shape, strict=True)):
             if want is not None and want != have:
-                raise ProjectError(f"{item.where(*loc, field)}: dimension {axis} is fixed to {want} in the model, not {have}")
+                raise ProjectError(
+                    f"{item.where(*loc, field)}: dimension {axis} is fixed to {want} in the model, not {have}"
+                )

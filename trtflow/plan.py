@@ -20,7 +20,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.dag import Dag, Node
 from trtflow.errors import ProjectError
@@ -28,10 +28,9 @@ from trtflow.hashing import FileDigests, stage_key
 from trtflow.stages import stage_module
 from trtflow.stages.base import NodeId
 from trtflow.stages.modelfile import MODEL, companions, external_data_locations
+from trtflow.states import CACHED, FAILED, NEW, SKIPPED, STALE, NodeState, recorded_failure
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.objects import Store
-
-from trtflow.states import CACHED, FAILED, NEW, SKIPPED, STALE, NodeState, recorded_failure
 
 
 @dataclass
@@ -40,12 +39,12 @@ class Resolution:
     no output yet), the cached record for that key, and why it must run if it is not cached."""
 
     node: Node
-    components: Optional[dict]
-    key: Optional[str]
-    record: Optional[dict]
+    components: dict | None
+    key: str | None
+    record: dict | None
     waiting_on: tuple[str, ...]
     force: bool
-    resolver: "Resolver" = field(repr=False)
+    resolver: Resolver = field(repr=False)
     missing: dict[str, str] = field(default_factory=dict)  # upstream node id -> why it has no output
 
     @functools.cached_property
@@ -53,14 +52,23 @@ class Resolution:
         """`cached`, or `new` / `stale: <first change>` with every change listed, computed once."""
         failure = recorded_failure(self.record)
         if failure is not None:
-            return NodeState(self.node, FAILED, failure_shown(self.node, failure), key=self.key, components=self.components, record=self.record,
-                             exit_code=1, recorded=True, from_cache=True)
+            return NodeState(
+                self.node,
+                FAILED,
+                failure_shown(self.node, failure),
+                key=self.key,
+                components=self.components,
+                record=self.record,
+                exit_code=1,
+                recorded=True,
+                from_cache=True,
+            )
         if self.record is not None:
             return NodeState(self.node, CACHED, key=self.key, components=self.components, record=self.record)
         return self.resolver.stale_state(self)
 
     @property
-    def output(self) -> Optional[dict]:
+    def output(self) -> dict | None:
         """The record of the node's outputs when it is cached with some (not a recorded failure), else None."""
         return self.record if self.record is not None and recorded_failure(self.record) is None else None
 
@@ -74,7 +82,7 @@ class Resolution:
 class Resolver:
     """Resolves nodes against the store: keys from input digests, cached records, explanations (memoized)."""
 
-    def __init__(self, store: Optional[Store], digests: FileDigests, retry_failed: bool = False):
+    def __init__(self, store: Store | None, digests: FileDigests, retry_failed: bool = False):
         self.store = store
         self.digests = digests
         self.retry_failed = retry_failed  # a recorded failure counts as no record: the stage runs again
@@ -83,9 +91,11 @@ class Resolver:
         # with the records planning found resolves it without re-hashing its sources. The records stay referenced
         # by the memo, so their identities are not reused.
         self._same_upstream: dict[tuple, tuple[tuple, Resolution]] = {}
-        self._last_runs: dict[str, Optional[dict]] = {}
+        self._last_runs: dict[str, dict | None] = {}
 
-    def resolve(self, node: Node, finished: dict[str, dict], force: bool = False, missing: Optional[dict[str, str]] = None) -> Resolution:
+    def resolve(
+        self, node: Node, finished: dict[str, dict], force: bool = False, missing: dict[str, str] | None = None
+    ) -> Resolution:
         """The node's Resolution given the finished upstream records (`finished[node id]["outputs"]`).
 
         `missing`: upstream node id -> why it has no output, for a stage that runs without some inputs (a
@@ -103,8 +113,12 @@ class Resolver:
             key = stage_key(components) if components is not None else None
             record = self.store.stage_record(key, components) if key and self.store and not force else None
             record = None if self.retry_failed and recorded_failure(record) is not None else record
-            waiting = tuple(dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished))  # one upstream, several roles: once
-            found = self._memo[memo_key] = Resolution(node, components, key, record, waiting, force, self, dict(missing or {}))
+            waiting = tuple(
+                dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished)
+            )  # one upstream, several roles: once
+            found = self._memo[memo_key] = Resolution(
+                node, components, key, record, waiting, force, self, dict(missing or {})
+            )
         if not missing:
             self._same_upstream[(node.id, force)] = (upstream, found)
         return found
@@ -114,7 +128,7 @@ class Resolver:
         self._memo = {k: v for k, v in self._memo.items() if k[0] != node_id}
         self._same_upstream = {k: v for k, v in self._same_upstream.items() if k[0] != node_id}
 
-    def inputs(self, node: Node, finished: dict[str, dict], missing: dict[str, str]) -> Optional[dict[str, str]]:
+    def inputs(self, node: Node, finished: dict[str, dict], missing: dict[str, str]) -> dict[str, str] | None:
         """Input role -> digest (`missing: <reason>` for a missing one), or None while an upstream has no record yet."""
         inputs: dict[str, str] = {}
         for role, path in node.sources:
@@ -128,13 +142,13 @@ class Resolver:
             outputs = finished[dep.node]["outputs"]
             inputs[dep.role] = outputs[dep.output]
             for name, digest in companions(outputs, dep.output).items():  # a model's external data is part of it
-                inputs[dep.role + name[len(dep.output):]] = digest
+                inputs[dep.role + name[len(dep.output) :]] = digest
         return inputs
 
     def source_digests(self, node: Node, role: str, path: Path) -> dict[str, str]:
         """A source file's digest; a source model's also one per external data file its graph names.
 
-            {"model": <model.onnx>, "model.data:weights.bin": <weights.bin>}
+        {"model": <model.onnx>, "model.data:weights.bin": <weights.bin>}
         """
         if role != MODEL:
             return {role: self.digests.digest(path)}
@@ -144,7 +158,7 @@ class Resolver:
             raise ProjectError(f"{node.info.get('where', node.id)}: {_source_problem(exc, Path(path))}") from None
         return {(f"{role}.data:{name}" if name else role): digest for name, digest in found.items()}
 
-    def last_run(self, node: Node) -> Optional[dict]:
+    def last_run(self, node: Node) -> dict | None:
         """The key components the node had when it last finished (for explanations), remembered per node."""
         if node.id not in self._last_runs:
             self._last_runs[node.id] = self.store.last_run(node.id) if self.store else None
@@ -161,7 +175,11 @@ class Resolver:
         changes = diff_components(last["components"], components or node.known_parts)
         if not changes:
             waiting_on = resolution.waiting_on
-            changes = [f"upstream {', '.join(waiting_on)} will run first"] if waiting_on else ["output missing from the store"]
+            changes = (
+                [f"upstream {', '.join(waiting_on)} will run first"]
+                if waiting_on
+                else ["output missing from the store"]
+            )
         reason = changes[0] + (f" (+{len(changes) - 1} more)" if len(changes) > 1 else "")
         return NodeState(node, STALE, reason, key=key, components=components, changes=changes)
 
@@ -181,7 +199,7 @@ def failure_shown(node: Node, reason: str) -> str:
     return hint(node, reason) if hint is not None else reason
 
 
-def upstream_outcome(node: Node, ended: dict[str, str]) -> tuple[Optional[str], Optional[str], dict[str, str]]:
+def upstream_outcome(node: Node, ended: dict[str, str]) -> tuple[str | None, str | None, dict[str, str]]:
     """What the upstreams that ended without output mean for a node: (why it is skipped, the root failure behind
     that), or (None, None, {upstream id: root failure}) for the inputs it goes on without (a package of the engines
     that built). `ended`: node id -> `<id of the failed node>: <its reason>` of every node that ended without output.
@@ -294,7 +312,11 @@ def frozen_differences(dag: Dag, resolver: Resolver, lock: dict[str, LockEntry],
             continue
         skip, root, missing = upstream_outcome(node, ended)
         if skip is not None or entry.skipped is not None:
-            lines += [] if skip is not None and entry.skipped is not None else [f"{node.id}: {_skip_difference(entry, skip)}"]
+            lines += (
+                []
+                if skip is not None and entry.skipped is not None
+                else [f"{node.id}: {_skip_difference(entry, skip)}"]
+            )
             ended[node.id] = root or f"{node.id}: skipped"
             continue
         resolution = resolver.resolve(node, locked, missing=missing)
@@ -307,7 +329,7 @@ def frozen_differences(dag: Dag, resolver: Resolver, lock: dict[str, LockEntry],
     return lines + [f"{node_id}: in the lock but no longer in the project" for node_id in sorted(gone)]
 
 
-def _skip_difference(entry: LockEntry, skip: Optional[str]) -> str:
+def _skip_difference(entry: LockEntry, skip: str | None) -> str:
     """Why a node's skip in the lock and in the plan disagree."""
     if skip is None:
         return f"trtflow.lock has it skipped ({entry.skipped}), but its upstreams no longer fail there"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow import __version__
 from trtflow.errors import TrtflowError
@@ -45,47 +45,82 @@ def provenance_path(package: Path) -> Path:
 def statement(recipe: str, archive_sha256: str, manifest_sha256: str, manifest: dict, package_key: str) -> dict:
     """The in-toto Statement (SLSA provenance v1 predicate) of one package."""
     engines = manifest.get("engines", [])
-    subjects = [{"name": f"{recipe}.tar.gz", "digest": {"sha256": archive_sha256}},
-                {"name": f"{recipe}/{MANIFEST_FILE}", "digest": {"sha256": manifest_sha256}}]
+    subjects = [
+        {"name": f"{recipe}.tar.gz", "digest": {"sha256": archive_sha256}},
+        {"name": f"{recipe}/{MANIFEST_FILE}", "digest": {"sha256": manifest_sha256}},
+    ]
     subjects += [{"name": f"{recipe}/{e['file']}", "digest": {"sha256": e["sha256"]}} for e in engines]
     source = manifest.get("source", {})
-    materials = [{"name": "source model", "digest": {"sha256": source.get("sha256")}},
-                 {"name": "cleaned model", "digest": {"sha256": source.get("cleaned_sha256")}}]
-    materials += [{"name": f"calibration data of {e['precision']} ({e['target']})", "digest": {"sha256": e["calibration"]["data_digest"]}}
-                  for e in engines if e.get("calibration")]
-    builds = [{"file": e["file"], "target": e["target"], "precision": e["precision"], "compute_capabilities": e["compute_capabilities"],
-               "builder": e.get("builder"), "stage_key": e.get("stage_key")} for e in engines]
+    materials = [
+        {"name": "source model", "digest": {"sha256": source.get("sha256")}},
+        {"name": "cleaned model", "digest": {"sha256": source.get("cleaned_sha256")}},
+    ]
+    materials += [
+        {
+            "name": f"calibration data of {e['precision']} ({e['target']})",
+            "digest": {"sha256": e["calibration"]["data_digest"]},
+        }
+        for e in engines
+        if e.get("calibration")
+    ]
+    builds = [
+        {
+            "file": e["file"],
+            "target": e["target"],
+            "precision": e["precision"],
+            "compute_capabilities": e["compute_capabilities"],
+            "builder": e.get("builder"),
+            "stage_key": e.get("stage_key"),
+        }
+        for e in engines
+    ]
     versions = {"trtflow": __version__, **{e["backend"]: e["backend_version"] for e in engines}}
     return {
         "_type": STATEMENT,
         "subject": subjects,
         "predicateType": PREDICATE,
         "predicate": {
-            "buildDefinition": {"buildType": BUILD_TYPE, "externalParameters": {"recipe": recipe},
-                                "internalParameters": {"package_stage_key": package_key, "engines": builds,
-                                                       "missing": manifest.get("missing", [])},
-                                "resolvedDependencies": materials},
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {"recipe": recipe},
+                "internalParameters": {
+                    "package_stage_key": package_key,
+                    "engines": builds,
+                    "missing": manifest.get("missing", []),
+                },
+                "resolvedDependencies": materials,
+            },
             "runDetails": {"builder": {"id": BUILDER, "version": versions}},
         },
     }
 
 
-def envelope_line(statement_: dict, signer: Optional[Signer]) -> bytes:
+def envelope_line(statement_: dict, signer: Signer | None) -> bytes:
     """The provenance file's bytes: one DSSE envelope as a JSON line."""
     return json.dumps(envelope_of(STATEMENT_TYPE, statement_, signer), sort_keys=True).encode() + b"\n"
 
 
-def check(path: Path, trust: TrustedKeys, recipe: str, manifest_sha256: str, archive_sha256: Optional[str]) -> tuple[dict, str]:
-    """(the verified statement of a package, the id of the key that signed it), or UntrustedPackage naming what is wrong."""
+def check(
+    path: Path, trust: TrustedKeys, recipe: str, manifest_sha256: str, archive_sha256: str | None
+) -> tuple[dict, str]:
+    """(the verified statement of a package, the id of the key that signed it), or UntrustedPackage naming what is
+    wrong."""
     statement_, keyid = _open(path, trust)
     subjects = statement_.get("subject") if isinstance(statement_.get("subject"), list) else []
-    digests = {s["name"]: s["digest"].get("sha256") for s in subjects
-               if isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("digest"), dict)}
+    digests = {
+        s["name"]: s["digest"].get("sha256")
+        for s in subjects
+        if isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("digest"), dict)
+    }
     if digests.get(f"{recipe}/{MANIFEST_FILE}") != manifest_sha256:
-        raise UntrustedPackage(f"{path}: the signed provenance does not cover this {MANIFEST_FILE} (it was changed or "
-                               "belongs to another package)")
+        raise UntrustedPackage(
+            f"{path}: the signed provenance does not cover this {MANIFEST_FILE} (it was changed or "
+            "belongs to another package)"
+        )
     if archive_sha256 is not None and digests.get(f"{recipe}.tar.gz") != archive_sha256:
-        raise UntrustedPackage(f"{path}: the signed provenance does not cover this archive (it was changed or belongs to another build)")
+        raise UntrustedPackage(
+            f"{path}: the signed provenance does not cover this archive (it was changed or belongs to another build)"
+        )
     return statement_, keyid
 
 
@@ -93,7 +128,9 @@ def _open(path: Path, trust: TrustedKeys) -> tuple[dict, str]:
     """The statement inside the provenance file, if a trusted key signed it."""
     try:
         if not path.is_file():
-            raise UntrustedPackage(f"{path}: no provenance beside the package (--require-signature); fetch {path.name} with it")
+            raise UntrustedPackage(
+                f"{path}: no provenance beside the package (--require-signature); fetch {path.name} with it"
+            )
         if path.stat().st_size > MAX_BYTES:
             raise UntrustedPackage(f"{path}: over {MAX_BYTES >> 20} MiB: not a provenance file")
         envelope = loads_bounded(read_regular(path, MAX_BYTES + 1).splitlines()[0], MAX_BYTES)
@@ -104,6 +141,10 @@ def _open(path: Path, trust: TrustedKeys) -> tuple[dict, str]:
         raise UntrustedPackage(f"{path}: not a provenance file ({why})") from None
     except SignatureRejected as exc:
         raise UntrustedPackage(f"{path}: the provenance is refused: {exc}") from None
-    if not isinstance(statement_, dict) or statement_.get("_type") != STATEMENT or statement_.get("predicateType") != PREDICATE:
+    if (
+        not isinstance(statement_, dict)
+        or statement_.get("_type") != STATEMENT
+        or statement_.get("predicateType") != PREDICATE
+    ):
         raise UntrustedPackage(f"{path}: not an in-toto SLSA provenance statement")
     return statement_, keyid

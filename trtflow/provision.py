@@ -10,23 +10,36 @@ import hashlib
 import re
 import tarfile
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, BinaryIO
 
 from pydantic import ValidationError
 
+from trtflow.choice import (  # noqa: F401  (re-exported: callers name them from here)
+    AMPERE_PLUS,
+    DEFAULT_PREFERENCE,
+    EXACT,
+    BadRequest,
+    Device,
+    NoEngineFits,
+    Verdict,
+    _runtime_refusal,
+    choose,
+    detect_compute_capabilities,
+    device_from_options,
+    failed_for,
+    measured_drop,
+)
 from trtflow.deploy.channels import engine_file, version_file
 from trtflow.deploy.install import install
 from trtflow.deploy.plugins import plugin_installs
 from trtflow.deploy.remote import PROVENANCE_FILE, RemoteFolder
-from trtflow.util.archive import UnsafeArchive, read_member
 from trtflow.errors import TrtflowError
 from trtflow.hashing import sha256_file
 from trtflow.manifest import MANIFEST_FILE, Engine, Manifest, Plugin
-from trtflow.choice import (  # noqa: F401  (re-exported: callers name them from here)
-    AMPERE_PLUS, DEFAULT_PREFERENCE, EXACT, BadRequest, Device, NoEngineFits, Verdict, _runtime_refusal, choose, detect_compute_capabilities,
-    device_from_options, failed_for, measured_drop)
+from trtflow.util.archive import UnsafeArchive, read_member
 
 if TYPE_CHECKING:
     from trtflow.signing import TrustedKeys
@@ -54,11 +67,11 @@ class Package:
 
     path: Path | str  # as messages and records show it (a URL without credentials for a remote)
     manifest: Manifest
-    root: Optional[Path]
+    root: Path | None
     manifest_sha256: str  # of the exact bytes parsed: what a signed provenance must name
-    signed_by: Optional[str] = None  # the trusted key id whose provenance covers it (require_signature)
-    remote: Optional[RemoteFolder] = None
-    version: Optional[str] = None  # a content-addressed remote's version: engines are engines/<sha256>.engine there
+    signed_by: str | None = None  # the trusted key id whose provenance covers it (require_signature)
+    remote: RemoteFolder | None = None
+    version: str | None = None  # a content-addressed remote's version: engines are engines/<sha256>.engine there
 
     def where(self, file: str) -> str:
         """A file of the package as messages name it."""
@@ -94,30 +107,35 @@ def open_package(location: str) -> Package:
     return load_remote_package(location) if is_url(location) else load_package(Path(location))
 
 
-def load_remote_package(url: str, options: Optional[dict] = None) -> Package:
+def load_remote_package(url: str, options: dict | None = None) -> Package:
     """A published package (`trtflow publish`) at an fsspec URL: only its manifest.json is read."""
     remote = RemoteFolder(url, options)
     try:
         data = remote.read(MANIFEST_FILE, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
-        raise BadPackage(f"{remote.where(MANIFEST_FILE)}: not found; publish the package there with `trtflow publish`") from None
+        raise BadPackage(
+            f"{remote.where(MANIFEST_FILE)}: not found; publish the package there with `trtflow publish`"
+        ) from None
     return Package(remote.shown, _parse_manifest(remote.where(MANIFEST_FILE), data), None, _sha256(data), remote=remote)
 
 
-def require_signature(package: Package, trust: "TrustedKeys", provenance_file: Optional[Path] = None) -> Package:
-    """The package if a trusted key signed a provenance covering its manifest (and archive); else UntrustedPackage (exit 3)."""
+def require_signature(package: Package, trust: TrustedKeys, provenance_file: Path | None = None) -> Package:
+    """The package if a trusted key signed a provenance covering its manifest (and archive); else UntrustedPackage
+    (exit 3)."""
     from trtflow import provenance
 
     if package.remote is not None and provenance_file is None:
         _, keyid = _check_remote_provenance(package, trust)
         return dataclasses.replace(package, signed_by=keyid)
-    path = provenance_file or provenance.provenance_path(package.root if package.root is not None else Path(package.path))
+    path = provenance_file or provenance.provenance_path(
+        package.root if package.root is not None else Path(package.path)
+    )
     archive = sha256_file(Path(package.path)) if package.root is None and package.remote is None else None
     _, keyid = provenance.check(path, trust, package.manifest.recipe, package.manifest_sha256, archive)
     return dataclasses.replace(package, signed_by=keyid)
 
 
-def _check_remote_provenance(package: Package, trust: "TrustedKeys") -> tuple[dict, str]:
+def _check_remote_provenance(package: Package, trust: TrustedKeys) -> tuple[dict, str]:
     """provenance.check on the remote package's provenance.intoto.jsonl, fetched to a temporary file."""
     from trtflow import provenance
 
@@ -127,8 +145,9 @@ def _check_remote_provenance(package: Package, trust: "TrustedKeys") -> tuple[di
     try:
         data = remote.read(where, provenance.MAX_BYTES)
     except FileNotFoundError:
-        raise provenance.UntrustedPackage(f"{remote.where(where)}: not found (--require-signature); publish the package "
-                                          "with its provenance") from None
+        raise provenance.UntrustedPackage(
+            f"{remote.where(where)}: not found (--require-signature); publish the package with its provenance"
+        ) from None
     with tempfile.TemporaryDirectory(prefix="trtflow-provenance-") as folder:
         path = Path(folder) / PROVENANCE_FILE
         path.write_bytes(data or b"")
@@ -138,32 +157,45 @@ def _check_remote_provenance(package: Package, trust: "TrustedKeys") -> tuple[di
             raise provenance.UntrustedPackage(str(exc).replace(str(path), remote.where(where))) from None
 
 
-def _sha256(data: Optional[bytes]) -> str:
+def _sha256(data: bytes | None) -> str:
     return hashlib.sha256(data or b"").hexdigest()
 
 
 def _read_manifest(path: Path) -> bytes:
     """A manifest file's bytes, refused above MAX_MANIFEST_BYTES (a real one is kilobytes)."""
     if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise BadPackage(f"{path}: {path.stat().st_size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}: not a trtflow package")
+        raise BadPackage(
+            f"{path}: {path.stat().st_size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}: not a trtflow package"
+        )
     return path.read_bytes()
 
 
-def _parse_manifest(path: Path | str, data: Optional[bytes]) -> Manifest:
+def _parse_manifest(path: Path | str, data: bytes | None) -> Manifest:
     if data is None:
         raise BadPackage(f"{path}: not a package (no {MANIFEST_FILE})")
     try:
         return Manifest.model_validate_json(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise BadPackage(f"{path}: not a trtflow manifest: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise BadPackage(
+            f"{path}: not a trtflow manifest: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        ) from None
 
 
 def _safe_relative(package: Package, file: str) -> str:
     """The manifest's engine path, refused when it could point outside the package."""
     parts = PurePosixPath(file).parts
-    if not parts or file.startswith("/") or "\\" in file or PureWindowsPath(file).drive or any(p in ("..", ".") for p in parts):
-        raise BadPackage(f"{package.path}: manifest names engine file {file!r}, which escapes the package; refusing it (rebuild the package with `trtflow run`)")
+    if (
+        not parts
+        or file.startswith("/")
+        or "\\" in file
+        or PureWindowsPath(file).drive
+        or any(p in ("..", ".") for p in parts)
+    ):
+        raise BadPackage(
+            f"{package.path}: manifest names engine file {file!r}, which escapes the package; refusing it (rebuild "
+            "the package with `trtflow run`)"
+        )
     return file
 
 
@@ -178,19 +210,26 @@ def _open_engine(package: Package, engine: Engine | Plugin) -> Iterator[BinaryIO
             with package.remote.open(relative) as source:
                 yield source
         except FileNotFoundError:
-            raise BadPackage(f"{package.where(relative)}: the {what} file is missing; publish the package again") from None
+            raise BadPackage(
+                f"{package.where(relative)}: the {what} file is missing; publish the package again"
+            ) from None
         return
     if package.root is not None:
         path = package.root / relative
         if not path.is_file() or not path.resolve().is_relative_to(package.root.resolve()):
-            raise BadPackage(f"{path}: the {what} file is missing or outside the package; rebuild the package with `trtflow run`")
+            raise BadPackage(
+                f"{path}: the {what} file is missing or outside the package; rebuild the package with `trtflow run`"
+            )
         with open(path, "rb") as source:
             yield source
         return
     with tarfile.open(package.path, "r:gz") as tar:
         member = next((m for m in tar if m.name == f"{package.manifest.recipe}/{relative}"), None)
         if member is None or not member.isfile():
-            raise BadPackage(f"{package.path}: no regular file {package.manifest.recipe}/{relative} in the archive; fetch the package again")
+            raise BadPackage(
+                f"{package.path}: no regular file {package.manifest.recipe}/{relative} in the archive; fetch the "
+                "package again"
+            )
         with tar.extractfile(member) as source:  # type: ignore[union-attr]
             yield source
 
@@ -200,7 +239,11 @@ def _source_of(package: Package, item: Engine | Plugin) -> str:
     the engine under its sha256 and a plugin beside the version's manifest."""
     if package.version is None:
         return _safe_relative(package, item.file)
-    return engine_file(item.sha256) if isinstance(item, Engine) else version_file(package.version, _safe_relative(package, item.file))
+    return (
+        engine_file(item.sha256)
+        if isinstance(item, Engine)
+        else version_file(package.version, _safe_relative(package, item.file))
+    )
 
 
 def copy_verified(package: Package, engine: Engine | Plugin, sink: BinaryIO) -> None:
@@ -211,15 +254,22 @@ def copy_verified(package: Package, engine: Engine | Plugin, sink: BinaryIO) -> 
         for chunk in iter(lambda: source.read(CHUNK), b""):
             written += len(chunk)
             if written > engine.size:  # never write more than the manifest promised
-                raise TamperedEngine(f"{where}: larger than the {engine.size} bytes the manifest records; the package is corrupt or "
-                                     "tampered with: fetch or rebuild it")
+                raise TamperedEngine(
+                    f"{where}: larger than the {engine.size} bytes the manifest records; the package is corrupt or "
+                    "tampered with: fetch or rebuild it"
+                )
             digest.update(chunk)
             sink.write(chunk)
     if digest.hexdigest() != engine.sha256:
-        raise TamperedEngine(f"{where}: sha256 {digest.hexdigest()} does not match the manifest's {engine.sha256}; the package is corrupt or tampered with: fetch or rebuild it")
+        raise TamperedEngine(
+            f"{where}: sha256 {digest.hexdigest()} does not match the manifest's {engine.sha256}; the package is "
+            "corrupt or tampered with: fetch or rebuild it"
+        )
 
 
-def provision(package: Package, device: Device, dest: Path, keep: int = 2, check: Optional[Callable[[Engine, Path], dict]] = None) -> dict:
+def provision(
+    package: Package, device: Device, dest: Path, keep: int = 2, check: Callable[[Engine, Path], dict] | None = None
+) -> dict:
     """Choose, verify and install the engine as `<dest>/<recipe>/current/<recipe>.engine`; returns the JSON record.
 
     The engine is verified while it is copied into a folder that is renamed into place whole, so a tampered one
@@ -227,30 +277,70 @@ def provision(package: Package, device: Device, dest: Path, keep: int = 2, check
     command) runs on the installed bytes before `current` flips; what it raises leaves `current` as it was."""
     chosen, others = choose(package.manifest, device)
     recipe = package.manifest.recipe
-    for field, value in (("recipe", recipe), ("precision", chosen.engine.precision)):  # from the package, into DEST's names
+    for field, value in (
+        ("recipe", recipe),
+        ("precision", chosen.engine.precision),
+    ):  # from the package, into DEST's names
         if not SAFE_NAME.fullmatch(value):
-            raise BadPackage(f"{package.path}: {field} {value!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
-    plugins, extras = plugin_installs(chosen.engine, device.plugins, lambda plugin, sink: copy_verified(package, plugin, sink))
+            raise BadPackage(
+                f"{package.path}: {field} {value!r} is not a plain file name; refusing it (rebuild the package with "
+                "`trtflow run`)"
+            )
+    plugins, extras = plugin_installs(
+        chosen.engine, device.plugins, lambda plugin, sink: copy_verified(package, plugin, sink)
+    )
     record = {**_record(package, device, chosen, others), **({"plugins": plugins} if plugins else {})}
     checked: dict = {}
-    installed = install(dest, recipe, chosen.engine.sha256, chosen.engine.size, lambda sink: copy_verified(package, chosen.engine, sink),
-                        record, keep, None if check is None else lambda path: checked.update(check(chosen.engine, path)), extras)
-    written = {"engine": str(installed.current / installed.engine.name), "version": str(installed.engine.parent),
-               "record": str(installed.record), "sha256": chosen.engine.sha256}
+    installed = install(
+        dest,
+        recipe,
+        chosen.engine.sha256,
+        chosen.engine.size,
+        lambda sink: copy_verified(package, chosen.engine, sink),
+        record,
+        keep,
+        None if check is None else lambda path: checked.update(check(chosen.engine, path)),
+        extras,
+    )
+    written = {
+        "engine": str(installed.current / installed.engine.name),
+        "version": str(installed.engine.parent),
+        "record": str(installed.record),
+        "sha256": chosen.engine.sha256,
+    }
     written.update({"plugins": [str(installed.engine.parent / name) for name in extras]} if extras else {})
-    transfer = None if package.remote is None else {"from": package.remote.shown, "bytes": package.remote.transfer.total,
-                                                   "files": package.remote.transfer.files, "engine_size": chosen.engine.size}
+    transfer = (
+        None
+        if package.remote is None
+        else {
+            "from": package.remote.shown,
+            "bytes": package.remote.transfer.total,
+            "files": package.remote.transfer.files,
+            "engine_size": chosen.engine.size,
+        }
+    )
     return {**record, "action": installed.action, "written": written, "transfer": transfer, "checks": checked or None}
 
 
 def _record(package: Package, device: Device, chosen: Verdict, others: list[tuple[Verdict, str]]) -> dict:
     rules = "applied" if device.runtime_version else "not applied: no --runtime-version given"
     return {
-        "package": str(package.path), "recipe": package.manifest.recipe, "package_complete": package.manifest.complete,
+        "package": str(package.path),
+        "recipe": package.manifest.recipe,
+        "package_complete": package.manifest.complete,
         "signed_by": package.signed_by,
         "package_missing": [m.model_dump() for m in package.manifest.missing],
-        "device": {"gpu": device.label, "compute_capabilities": list(device.compute_capabilities), "source": device.source, "backend": device.backend, "precision": device.precision},
+        "device": {
+            "gpu": device.label,
+            "compute_capabilities": list(device.compute_capabilities),
+            "source": device.source,
+            "backend": device.backend,
+            "precision": device.precision,
+        },
         "runtime": {"version": device.runtime_version, "version_rules": rules},
         "chosen": {"file": chosen.engine.file, "reason": chosen.fit, "manifest_entry": chosen.engine.as_json()},
-        "not_chosen": [{"file": v.engine.file, "target": v.engine.target, "precision": v.engine.precision, "reason": reason} for v, reason in others],
+        "not_chosen": [
+            {"file": v.engine.file, "target": v.engine.target, "precision": v.engine.precision, "reason": reason}
+            for v, reason in others
+        ],
     }

@@ -11,9 +11,9 @@ from __future__ import annotations
 import concurrent.futures as futures
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from trtflow.dag import Dag, Node
 from trtflow.executors import StageTask
@@ -46,12 +46,25 @@ class EngineRepro:
 
     def to_json(self) -> dict:
         """The engine's entry in `--json` output."""
-        return {"id": self.node_id, "verdict": self.verdict, "rebuilds": self.rebuilds, "identical": self.identical,
-                "equivalent": self.equivalent, "failures": list(self.failures)}
+        return {
+            "id": self.node_id,
+            "verdict": self.verdict,
+            "rebuilds": self.rebuilds,
+            "identical": self.identical,
+            "equivalent": self.equivalent,
+            "failures": list(self.failures),
+        }
 
 
-def check_builds(dag: Dag, finished: dict[str, dict], store: Store, resolver: Resolver, times: int, jobs: int,
-                 progress: Optional[Callable[[EngineRepro], None]] = None) -> list[EngineRepro]:
+def check_builds(
+    dag: Dag,
+    finished: dict[str, dict],
+    store: Store,
+    resolver: Resolver,
+    times: int,
+    jobs: int,
+    progress: Callable[[EngineRepro], None] | None = None,
+) -> list[EngineRepro]:
     """Rebuild each finished build node `times` times, `jobs` at once, and compare with the engine in the store."""
     builds = [node for node in dag if node.kind == "build" and node.id in finished]
     settings = Settings.from_environ()
@@ -65,7 +78,9 @@ def check_builds(dag: Dag, finished: dict[str, dict], store: Store, resolver: Re
     return found
 
 
-def _check(node: Node, finished: dict[str, dict], store: Store, resolver: Resolver, times: int, settings: Settings) -> EngineRepro:
+def _check(
+    node: Node, finished: dict[str, dict], store: Store, resolver: Resolver, times: int, settings: Settings
+) -> EngineRepro:
     """N hermetic rebuilds of one engine, each compared by bytes and by canonical digest."""
     record = finished[node.id]
     digest, canonical = record["outputs"]["engine"], (record["record"].get("canonical_sha256") or {}).get("engine")
@@ -74,7 +89,13 @@ def _check(node: Node, finished: dict[str, dict], store: Store, resolver: Resolv
     for _ in range(times):
         workdir = Path(tempfile.mkdtemp(dir=store.tmp, prefix="repro-"))
         try:
-            task = StageTask(node.id, node.kind, node.params, task_inputs(resolver.resolve(node, finished), finished, store, workdir), workdir)
+            task = StageTask(
+                node.id,
+                node.kind,
+                node.params,
+                task_inputs(resolver.resolve(node, finished), finished, store, workdir),
+                workdir,
+            )
             result = run_hermetic(task, settings)
             if result.error is not None:
                 failures.append(result.error)

@@ -24,8 +24,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional
+from typing import NamedTuple
 
 from trtflow.states import CACHED, FAILED, SKIPPED, NodeState
 
@@ -42,10 +43,10 @@ class Reads:
     def __init__(self) -> None:
         self.paths: set[str] = set()
         self.globs: dict[str, list[str]] = {}  # "glob:<pattern>" or "rglob:<folder>" -> sorted matches
-        self.versions: dict[str, Optional[str]] = {}
+        self.versions: dict[str, str | None] = {}
 
 
-_reads: Optional[Reads] = None
+_reads: Reads | None = None
 
 
 @contextlib.contextmanager
@@ -62,7 +63,7 @@ def recording() -> Iterator[Reads]:
         _reads = None
 
 
-def note_path(path: "os.PathLike[str] | str") -> None:
+def note_path(path: os.PathLike[str] | str) -> None:
     """A file or folder the run's result depends on (nothing happens outside a recording)."""
     if _reads is not None:
         _reads.paths.add(os.path.abspath(path))
@@ -74,7 +75,7 @@ def note_glob(kind: str, pattern: str, matches: list[str]) -> None:
         _reads.globs[f"{kind}:{pattern}"] = sorted(matches)
 
 
-def note_version(distribution: str, version: Optional[str]) -> None:
+def note_version(distribution: str, version: str | None) -> None:
     """The installed version of a tool the stage keys depend on."""
     if _reads is not None:
         _reads.versions[distribution] = version
@@ -87,7 +88,7 @@ def expand(kind: str, pattern: str) -> list[str]:
     return sorted(str(p) for p in Path(pattern).rglob("*")) if os.path.isdir(pattern) else []
 
 
-def signature(path: str) -> Optional[list[int]]:
+def signature(path: str) -> list[int] | None:
     """(type, size, mtime_ns, ctime_ns, inode) of a path, not following a symlink; None if it is not there."""
     try:
         seen = os.stat(path, follow_symlinks=False)
@@ -97,7 +98,8 @@ def signature(path: str) -> Optional[list[int]]:
 
 
 def environment() -> str:
-    """A digest of what the process brings: interpreter, trtflow's version and the environment variables trtflow reads."""
+    """A digest of what the process brings: interpreter, trtflow's version and the environment variables trtflow
+    reads."""
     from trtflow import __version__
     from trtflow.util.settings import PASSED_THROUGH
 
@@ -112,7 +114,7 @@ def own_code() -> list[str]:
     return sorted(str(p) for p in package.rglob("*.py"))
 
 
-def fingerprint(paths: list[str], globs: dict[str, list[str]], versions: dict[str, Optional[str]]) -> Optional[str]:
+def fingerprint(paths: list[str], globs: dict[str, list[str]], versions: dict[str, str | None]) -> str | None:
     """The digest of every signature, glob result and version as they are now; None if they cannot be trusted."""
     from trtflow.util.versions import installed_version
 
@@ -148,7 +150,9 @@ def remembered_state(entry: dict) -> NodeState:
     (exit 1 as before), or skipped below one."""
     node = RememberedNode(entry["id"], entry["kind"], entry["recipe"])
     if entry.get("status") == FAILED:
-        return NodeState(node, FAILED, str(entry.get("reason") or ""), key=entry["key"], exit_code=1, recorded=True, from_cache=True)
+        return NodeState(
+            node, FAILED, str(entry.get("reason") or ""), key=entry["key"], exit_code=1, recorded=True, from_cache=True
+        )
     if entry.get("status") == SKIPPED:
         return NodeState(node, SKIPPED, str(entry.get("reason") or ""))
     return NodeState(node, CACHED, key=entry["key"])
@@ -159,7 +163,7 @@ def memo_path(project_dir: Path) -> Path:
     return project_dir / MEMO_DIR / MEMO_FILE
 
 
-def remembered_nodes(project_dir: Path) -> Optional[list[dict]]:
+def remembered_nodes(project_dir: Path) -> list[dict] | None:
     """The `--json` node entries of the last no-op, if nothing it read has changed since; None otherwise.
 
     A remembered no-op still removes the work folders of dead runs (runs_died_in), as any run does."""
@@ -172,7 +176,11 @@ def remembered_nodes(project_dir: Path) -> Optional[list[dict]]:
     except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
     nodes = memo["nodes"]
-    if now is None or now != memo.get("fingerprint") or not all(isinstance(n, dict) and _NODE_FIELDS <= n.keys() for n in nodes):
+    if (
+        now is None
+        or now != memo.get("fingerprint")
+        or not all(isinstance(n, dict) and _NODE_FIELDS <= n.keys() for n in nodes)
+    ):
         return None
     if isinstance(memo.get("store"), str) and runs_died_in(Path(memo["store"])):
         from trtflow.store.locks import sweep_dead_runs_locked  # only then: the store's modules cost a no-op 10 ms
@@ -193,7 +201,7 @@ def runs_died_in(store: Path) -> bool:
 _NODE_FIELDS = {"id", "kind", "recipe", "key"}
 
 
-def remember(project_dir: Path, reads: Reads, nodes: list[dict], started_ns: int, store: Optional[Path] = None) -> None:
+def remember(project_dir: Path, reads: Reads, nodes: list[dict], started_ns: int, store: Path | None = None) -> None:
     """Write the memo of a no-op run that started at `started_ns` (not when something it read was touched since
     shortly before then: the run may have read an older version). Never fails the run."""
     paths = sorted(reads.paths | set(own_code()))
@@ -204,8 +212,15 @@ def remember(project_dir: Path, reads: Reads, nodes: list[dict], started_ns: int
     if now is None:
         forget(project_dir)
         return
-    memo = {"format": FORMAT, "fingerprint": now, "paths": paths, "globs": reads.globs, "versions": reads.versions, "nodes": nodes,
-            "store": str(store) if store is not None else None}
+    memo = {
+        "format": FORMAT,
+        "fingerprint": now,
+        "paths": paths,
+        "globs": reads.globs,
+        "versions": reads.versions,
+        "nodes": nodes,
+        "store": str(store) if store is not None else None,
+    }
     text = json.dumps(memo, sort_keys=True)
     path = memo_path(project_dir)
     with contextlib.suppress(OSError):

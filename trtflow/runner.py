@@ -19,20 +19,21 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
-from trtflow.dag import Dag, Node
 from trtflow.admission import MemoryAdmission
+from trtflow.dag import Dag, Node
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.frozen import FrozenCheck
 from trtflow.plan import Resolution, Resolver, failure_shown, upstream_outcome
-from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, recorded_failure
 from trtflow.stages import stage_module
 from trtflow.stages.base import Placement, Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side
+from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, recorded_failure
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.locks import KeyLocks
 from trtflow.store.objects import Store, write_failure
@@ -55,12 +56,12 @@ class RunOptions:
     jobs: int = 1
     force: bool = False
     retry_failed: bool = False  # run again the stages whose own failure is recorded under their key
-    memory: Optional[int] = None  # bytes the stages running at once may take together (None: no limit)
+    memory: int | None = None  # bytes the stages running at once may take together (None: no limit)
     frozen: bool = False
     remote_required: bool = False
     check_repro: int = 0  # after the run, rebuild every selected engine this many times in hermetic workers (repro.py)
-    executor: Optional[str] = None  # "local" or "ray"; None: what pipeline.yaml says (local if nothing)
-    ray_address: Optional[str] = None  # overrides executor.ray.address of pipeline.yaml
+    executor: str | None = None  # "local" or "ray"; None: what pipeline.yaml says (local if nothing)
+    ray_address: str | None = None  # overrides executor.ray.address of pipeline.yaml
 
 
 @dataclass
@@ -72,24 +73,38 @@ class _Running:
     started: float
     slot: int = 0  # which of the -j job slots it ran in (the report's timeline rows)
     expected: int = 0  # the peak memory it was admitted with (admission.MemoryAdmission)
-    oom_kills: Optional[int] = None  # the cgroup's OOM kill count when it started: a kill since then is a lack of memory
+    oom_kills: int | None = None  # the cgroup's OOM kill count when it started: a kill since then is a lack of memory
 
 
 class Runner:
     """Runs one DAG against one store through an Executor; `run()` returns the final state of every node."""
 
-    def __init__(self, dag: Dag, store: Store, resolver: Resolver, placement: Placement, options: RunOptions, executor: Executor,
-                 listener: Optional[Listener] = None, expected_keys: Optional[dict[str, LockEntry]] = None,
-                 remote: Optional["Remote"] = None, workroot: Optional[Callable[[], Path]] = None):
+    def __init__(
+        self,
+        dag: Dag,
+        store: Store,
+        resolver: Resolver,
+        placement: Placement,
+        options: RunOptions,
+        executor: Executor,
+        listener: Listener | None = None,
+        expected_keys: dict[str, LockEntry] | None = None,
+        remote: Remote | None = None,
+        workroot: Callable[[], Path] | None = None,
+    ):
         self.dag, self.store, self.resolver, self.placement = dag, store, resolver, placement
         self.frozen = FrozenCheck(expected_keys, resolver, store)  # --frozen: every node held to trtflow.lock
         self.options, self.executor = options, executor
         self.listener = listener or (lambda event, state: None)
         self.finished: dict[str, dict] = {}
         self.states: dict[str, NodeState] = {}
-        self.ended: dict[str, str] = {}  # node id -> `<failed node id>: <reason>` behind each node that ended without output
+        self.ended: dict[
+            str, str
+        ] = {}  # node id -> `<failed node id>: <reason>` behind each node that ended without output
         self.remote = remote
-        self._workroot = workroot or (lambda: store.tmp)  # the run lease's tmp dir (taken on first use): swept if this process dies
+        self._workroot = workroot or (
+            lambda: store.tmp
+        )  # the run lease's tmp dir (taken on first use): swept if this process dies
         self.keys = KeyLocks(store.locks)
         self.run_id = f"{os.getpid()}-{time.time_ns()}"
         self.warnings: list[str] = []
@@ -102,7 +117,9 @@ class Runner:
         self._reported = 0
         self._running_jobs: list[_Running] = []
         self.t0 = time.perf_counter()
-        self.timeline: dict[str, dict] = {}  # node id -> {start, end (s from the run's start), slot, peak_rss}: for the report
+        self.timeline: dict[
+            str, dict
+        ] = {}  # node id -> {start, end (s from the run's start), slot, peak_rss}: for the report
 
     def run(self) -> dict[str, NodeState]:
         """Dispatch every node as its upstreams finish, until all are settled; returns each node's final state."""
@@ -138,7 +155,10 @@ class Runner:
             skip, root, missing = upstream_outcome(node, self.ended)
             if skip is not None:
                 self._settle(NodeState(node, SKIPPED, skip), root)
-            elif any(d.node not in self.finished and d.node not in self.ended for d in node.deps) or len(running) >= self.options.jobs:
+            elif (
+                any(d.node not in self.finished and d.node not in self.ended for d in node.deps)
+                or len(running) >= self.options.jobs
+            ):
                 still.append(node)
             elif not self._resolved(node, running, missing):
                 still.append(node)
@@ -160,7 +180,8 @@ class Runner:
         return self._claim(resolution, running)
 
     def _claim(self, resolution: Resolution, running: dict) -> bool:
-        """Start the node holding its key's lock, or use what was made meanwhile; False: wait (key busy, input corrupt)."""
+        """Start the node holding its key's lock, or use what was made meanwhile; False: wait (key busy, input
+        corrupt)."""
         node, key = resolution.node, resolution.key
         if not self.keys.claim(key):
             self._lock_waits += 1
@@ -169,7 +190,11 @@ class Runner:
                 self.listener("wait", NodeState(node, WAITING, "another run is building the same stage", key=key))
             return False
         record, reason = self._made_meanwhile(node, key)
-        if record is None and getattr(stage_module(node.kind), "VERIFY_INPUTS", False) and self._reopen_corrupt_inputs(node):
+        if (
+            record is None
+            and getattr(stage_module(node.kind), "VERIFY_INPUTS", False)
+            and self._reopen_corrupt_inputs(node)
+        ):
             self.keys.release(key)
             return False
         if record is not None:
@@ -192,7 +217,7 @@ class Runner:
             self._memory_noted.add(node.id)
             self._warn(f"{node.id} {warning}")
 
-    def _made_meanwhile(self, node: Node, key: str) -> tuple[Optional[dict], str]:
+    def _made_meanwhile(self, node: Node, key: str) -> tuple[dict | None, str]:
         """With the key's lock held: the record this run, another run or the remote cache has for it."""
         if key in self._built_here:
             return self._built_here[key], "same stage as another node of this run"
@@ -218,9 +243,13 @@ class Runner:
         return bool(bad)
 
     def _report(self) -> None:
-        """Pass on, once each, the objects the store quarantined, what it did on its own, and the remote cache's warnings."""
-        messages = [f"object {digest} was corrupt (its bytes no longer match its name): moved to {self.store.corrupt}; "
-                    "what needs it is rebuilt" for digest in self.store.quarantined[self._reported:]]
+        """Pass on, once each, the objects the store quarantined, what it did on its own, and the remote cache's
+        warnings."""
+        messages = [
+            f"object {digest} was corrupt (its bytes no longer match its name): moved to {self.store.corrupt}; "
+            "what needs it is rebuilt"
+            for digest in self.store.quarantined[self._reported :]
+        ]
         self._reported = len(self.store.quarantined)
         messages += self.store.take_notes()
         messages += self.remote.take_warnings() if self.remote is not None else []
@@ -237,10 +266,20 @@ class Runner:
         node = resolution.node
         self.listener("start", resolution.state)
         workdir = Path(tempfile.mkdtemp(dir=self._workroot(), prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
-        task = StageTask(node.id, node.kind, node.params, task_inputs(resolution, self.finished, self.store, workdir), workdir)
+        task = StageTask(
+            node.id, node.kind, node.params, task_inputs(resolution, self.finished, self.store, workdir), workdir
+        )
         busy = {job.slot for job in self._running_jobs}
-        job = _Running(node, resolution.key, resolution.components, workdir, time.perf_counter(), min(set(range(len(busy) + 1)) - busy),
-                       expected, oom_kills())
+        job = _Running(
+            node,
+            resolution.key,
+            resolution.components,
+            workdir,
+            time.perf_counter(),
+            min(set(range(len(busy) + 1)) - busy),
+            expected,
+            oom_kills(),
+        )
         self._running_jobs.append(job)
         return self.executor.submit(task), job
 
@@ -248,23 +287,51 @@ class Runner:
         """Store a finished stage's outputs and record, or settle its failure; always release its key and work dir."""
         seconds = round(time.perf_counter() - job.started, 3)
         self._running_jobs.remove(job)
-        self.timeline[job.node.id] = {"start": round(job.started - self.t0, 3), "end": round(job.started - self.t0 + seconds, 3),
-                                      "slot": job.slot, "peak_rss": result.peak_rss, "expected_rss": job.expected}
+        self.timeline[job.node.id] = {
+            "start": round(job.started - self.t0, 3),
+            "end": round(job.started - self.t0 + seconds, 3),
+            "slot": job.slot,
+            "peak_rss": result.peak_rss,
+            "expected_rss": job.expected,
+        }
         self.store.remember_peak(job.node.id, result.peak_rss)
         result = self._as_lack_of_memory(job, result)
         try:
             if result.error is not None:
                 self._raise_if_store_full(job, result.errno)
                 recorded = result.deterministic and self._record_failure(job, result, seconds)
-                self._settle(NodeState(job.node, FAILED, result.error, key=job.key, components=job.components, seconds=seconds,
-                                       detail=result.detail, exit_code=result.exit_code, where=result.node, recorded=recorded))
+                self._settle(
+                    NodeState(
+                        job.node,
+                        FAILED,
+                        result.error,
+                        key=job.key,
+                        components=job.components,
+                        seconds=seconds,
+                        detail=result.detail,
+                        exit_code=result.exit_code,
+                        where=result.node,
+                        recorded=recorded,
+                    )
+                )
                 return
             outputs = {name: self.store.add_object(Path(path)) for name, path in result.files.items()}
-            record = {"key": job.key, "node": job.node.id, "outputs": outputs, "record": result.record, "components": job.components,
-                      "seconds": seconds, "peak_rss": result.peak_rss, "built_by": {"run": self.run_id, "pid": os.getpid()}}
+            record = {
+                "key": job.key,
+                "node": job.node.id,
+                "outputs": outputs,
+                "record": result.record,
+                "components": job.components,
+                "seconds": seconds,
+                "peak_rss": result.peak_rss,
+                "built_by": {"run": self.run_id, "pid": os.getpid()},
+            }
             record = self.store.put_stage_record(job.key, record)
             self._built_here[job.key] = record
-            self._finish(NodeState(job.node, BUILT, key=job.key, components=job.components, seconds=seconds, where=result.node), record)
+            self._finish(
+                NodeState(job.node, BUILT, key=job.key, components=job.components, seconds=seconds, where=result.node),
+                record,
+            )
             if self.remote is not None:
                 self.remote.push(job.key, record, self.store)
         finally:
@@ -277,24 +344,38 @@ class Runner:
         now = oom_kills()
         if result.error is None or job.oom_kills is None or now is None or now <= job.oom_kills:
             return result
-        return StageResult.failure(f"{job.node.id} was killed for lack of memory (the kernel's OOM killer; it was expected to need "
-                                   f"{shown(job.expected)}): run fewer stages at once (-j, --memory) or on a machine with more memory",
-                                   EnvironmentProblem.exit_code, result.detail, node=result.node)
+        return StageResult.failure(
+            f"{job.node.id} was killed for lack of memory (the kernel's OOM killer; it was expected to need "
+            f"{shown(job.expected)}): run fewer stages at once (-j, --memory) or on a machine with more memory",
+            EnvironmentProblem.exit_code,
+            result.detail,
+            node=result.node,
+        )
 
     def _record_failure(self, job: _Running, result: StageResult, seconds: float) -> bool:
         """Record a stage's own failure under its key: the same key fails the same way, so the next run reports it
         instead of doing the work again (until the key changes or --retry-failed). Never pushed to a remote cache."""
         failure = {"reason": result.error, "exit_code": result.exit_code, "log": result.detail[-4000:]}
-        record = {"key": job.key, "node": job.node.id, "outputs": {}, "record": {}, "failure": failure, "components": job.components,
-                  "seconds": seconds, "built_by": {"run": self.run_id, "pid": os.getpid()}}
+        record = {
+            "key": job.key,
+            "node": job.node.id,
+            "outputs": {},
+            "record": {},
+            "failure": failure,
+            "components": job.components,
+            "seconds": seconds,
+            "built_by": {"run": self.run_id, "pid": os.getpid()},
+        }
         self._built_here[job.key] = self.store.put_stage_record(job.key, record)
         self.store.set_last_run(job.node.id, {"key": job.key, "components": job.components})
         return True
 
-    def _raise_if_store_full(self, job: _Running, code: Optional[int]) -> None:
+    def _raise_if_store_full(self, job: _Running, code: int | None) -> None:
         """A stage that could not write its output fails the run with one line, not every stage after it."""
         if code in STORE_FULL_ERRNOS:
-            raise write_failure(self.store.root, OSError(code, os.strerror(code)), f"({job.node.id} writing its output)")
+            raise write_failure(
+                self.store.root, OSError(code, os.strerror(code)), f"({job.node.id} writing its output)"
+            )
 
     def _finish(self, state: NodeState, record: dict) -> None:
         """A node is done (built or cached): its stage's finish hook places what it made (or refuses a cached result
@@ -303,8 +384,19 @@ class Runner:
         failure = recorded_failure(record)
         if failure is not None:
             self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
-            self._settle(NodeState(state.node, FAILED, failure, key=state.key, components=state.components, exit_code=1,
-                                   detail=record["failure"].get("log") or "", recorded=True, from_cache=True))
+            self._settle(
+                NodeState(
+                    state.node,
+                    FAILED,
+                    failure,
+                    key=state.key,
+                    components=state.components,
+                    exit_code=1,
+                    detail=record["failure"].get("log") or "",
+                    recorded=True,
+                    from_cache=True,
+                )
+            )
             return
         finish = getattr(stage_module(state.node.kind), "finish", None)
         try:
@@ -322,7 +414,7 @@ class Runner:
         self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
         self._settle(state)
 
-    def _settle(self, state: NodeState, root: Optional[str] = None) -> None:
+    def _settle(self, state: NodeState, root: str | None = None) -> None:
         """A node's final state; a node without output is remembered with the failure behind it (`root`, for a skip)."""
         if state.status == FAILED:
             state = dataclasses.replace(state, reason=failure_shown(state.node, state.reason))
@@ -333,12 +425,13 @@ class Runner:
         self.listener("done", state)
 
 
-
 def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store, workdir: Path) -> dict[str, Upstream]:
     """Each input role's files (store objects; a model and its external data side by side), record and digests."""
     node, digests = resolution.node, resolution.components["inputs"]
-    inputs = {role: Upstream(files={role: path}, sha256=companions(digests, role) | {role: digests[role]})
-              for role, path in node.sources}  # a source model's digests include its external data files'
+    inputs = {
+        role: Upstream(files={role: path}, sha256=companions(digests, role) | {role: digests[role]})
+        for role, path in node.sources
+    }  # a source model's digests include its external data files'
     for dep in node.deps:
         if dep.node in resolution.missing:
             inputs[dep.role] = Upstream(files={}, missing=resolution.missing[dep.node])

@@ -9,34 +9,34 @@ again, so gc cannot have deleted what it finds). A run that finds everything cac
 from __future__ import annotations
 
 import dataclasses
-
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING
 
 from trtflow.admission import default_budget
-from trtflow.calibration import check_calibration_data
-from trtflow.taskdata import check_task_data
 from trtflow.backends.base import BACKENDS
+from trtflow.calibration import check_calibration_data
 from trtflow.dag import Dag, dag_from_project
 from trtflow.errors import EnvironmentProblem, ProjectError
 from trtflow.executors.local import LocalExecutor
+from trtflow.frozen import canonical_outputs
 from trtflow.hashing import FileDigests
-from trtflow.toolchain import check_installed
-from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, read_lock, write_lock
 from trtflow.modelcheck import check_builder_options, check_recipe_model
 from trtflow.plan import Resolver, frozen_differences, plan
-from trtflow.states import FAILED, PULLED, SKIPPED, NodeState
 from trtflow.recipe.load import Project, load_project
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import RaySpec
 from trtflow.runmemo import note_path, signature
-from trtflow.frozen import canonical_outputs
-from trtflow.runner import Listener, RunOptions, Runner
+from trtflow.runner import Listener, Runner, RunOptions
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import Placement
+from trtflow.states import FAILED, PULLED, SKIPPED, NodeState
 from trtflow.store import Store
-from trtflow.store.objects import EXCHANGE_DIR
+from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, read_lock, write_lock
 from trtflow.store.locks import LazyLease, holding
+from trtflow.store.objects import EXCHANGE_DIR
+from trtflow.taskdata import check_task_data
+from trtflow.toolchain import check_installed
 
 if TYPE_CHECKING:
     from trtflow.executors import Executor
@@ -54,20 +54,28 @@ class Session:
         full = dag_from_project(project)
         self.all_node_ids = set(full.nodes)
         self.dag: Dag = full.for_recipes(names) if names else full
-        self.store: Optional[Store] = Store.existing(project.store_dir)
+        self.store: Store | None = Store.existing(project.store_dir)
         digests = self.store.file_digests() if self.store else FileDigests()
         self.resolver = Resolver(self.store, digests)
         self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
         self.repro: list = []  # --check-repro: one repro.EngineRepro per engine
-        self.repro_skipped: dict[str, str] = {}  # --check-repro: engines not rebuilt (their build failed or was skipped) and why
-        self.frozen: Optional[dict] = None  # --frozen: how the run's outputs compare with trtflow.lock (identical, equivalent)
-        self.signer: Optional[Signer] = None  # the environment's signing key, read when a run starts
-        self.timeline: dict[str, dict] = {}  # the last run's node id -> {start, end, slot, peak_rss} (runner.Runner.timeline)
+        self.repro_skipped: dict[
+            str, str
+        ] = {}  # --check-repro: engines not rebuilt (their build failed or was skipped) and why
+        self.frozen: dict | None = (
+            None  # --frozen: how the run's outputs compare with trtflow.lock (identical, equivalent)
+        )
+        self.signer: Signer | None = None  # the environment's signing key, read when a run starts
+        self.timeline: dict[
+            str, dict
+        ] = {}  # the last run's node id -> {start, end, slot, peak_rss} (runner.Runner.timeline)
         self.finished: dict[str, dict] = {}  # the last run's store record per node that built or was found cached
-        self.planned: dict[str, NodeState] = {}  # the last run's plan: why each stage ran (`plan --explain`), for the report
+        self.planned: dict[
+            str, NodeState
+        ] = {}  # the last run's plan: why each stage ran (`plan --explain`), for the report
 
     @classmethod
-    def open(cls, root: Path, recipes: Iterable[str] = (), keep_refusals: bool = False) -> "Session":
+    def open(cls, root: Path, recipes: Iterable[str] = (), keep_refusals: bool = False) -> Session:
         """Load the project at `root` (ProjectError naming file and line on any problem; pairs that cannot be built
         are kept for `validate` to list with the ones the models show, if `keep_refusals`)."""
         return cls(load_project(root, keep_refusals), recipes)
@@ -80,7 +88,7 @@ class Session:
         """Plan afresh (a gc may have run since the last plan), with recorded failures run again if asked."""
         self.resolver = Resolver(self.store, self.resolver.digests, retry_failed)
 
-    def check_models(self, states: Optional[dict[str, NodeState]] = None) -> list[Refusal]:
+    def check_models(self, states: dict[str, NodeState] | None = None) -> list[Refusal]:
         """Parse every model that will be used (all of them if `states` is None) against its recipe; the pairs
         the graphs show cannot be built, of every recipe (`validate` lists them, `run` refuses them all at once)."""
         refusals = []
@@ -98,7 +106,7 @@ class Session:
                 check_task_data(item, self.project.root)
         return refusals
 
-    def _will_run(self, node_id: str, states: Optional[dict[str, NodeState]]) -> bool:
+    def _will_run(self, node_id: str, states: dict[str, NodeState] | None) -> bool:
         return node_id in self.dag.nodes and (states is None or not states[node_id].settled)
 
     @property
@@ -110,20 +118,27 @@ class Session:
         """The lock's entry per node, after checking the plan matches it (ProjectError naming each change)."""
         lock = read_lock(self.lock_path)
         if lock is None:
-            raise ProjectError(f"{LOCK_FILE}: not found; --frozen needs one: run `trtflow run` once and commit {LOCK_FILE}")
-        check_installed({node.id: lock[node.id] for node in self.dag if node.id in lock})  # each tool named, not each stage
+            raise ProjectError(
+                f"{LOCK_FILE}: not found; --frozen needs one: run `trtflow run` once and commit {LOCK_FILE}"
+            )
+        check_installed(
+            {node.id: lock[node.id] for node in self.dag if node.id in lock}
+        )  # each tool named, not each stage
         changes = frozen_differences(self.dag, self.resolver, lock, self.all_node_ids)
         if changes:
-            raise ProjectError(f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n" + "\n".join(f"  {line}" for line in changes))
+            raise ProjectError(
+                f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n"
+                + "\n".join(f"  {line}" for line in changes)
+            )
         return {node.id: lock[node.id] for node in self.dag}
 
-    def run(self, options: RunOptions, listener: Optional[Listener] = None) -> dict[str, NodeState]:
+    def run(self, options: RunOptions, listener: Listener | None = None) -> dict[str, NodeState]:
         """Plan, pre-check the models that will be read, then execute what is not cached; update the lock."""
         expected = self.frozen_keys() if options.frozen else None
         self.signer = signer_from_environment()
         remote = self._remote(options)
         lease = LazyLease(self.store.root, self.store.notes) if self.store is not None else None
-        executor: Optional["Executor"] = None
+        executor: Executor | None = None
         try:
             if options.retry_failed:
                 self._new_resolver(True)
@@ -136,35 +151,59 @@ class Session:
                 self._new_resolver(options.retry_failed)
                 planned = self.plan(options.force)
             executor = self._executor(options, planned)
-            executor.prepare({s.node.kind for s in planned.values() if not s.settled})  # workers start while models are checked
+            executor.prepare(
+                {s.node.kind for s in planned.values() if not s.settled}
+            )  # workers start while models are checked
             self.project.refuse(self.check_models(planned))
             check_backends(planned)
             if self.store is not None:  # what a killed run left beside the packages and the lock
                 from trtflow.store.housekeeping import sweep_leftovers
 
-                sweep_leftovers(self.store, self.project.packages_dir, self.project.root, lease.tmp().name if lease.taken else None,
-                                runs_died=True if lease.swept else None)
+                sweep_leftovers(
+                    self.store,
+                    self.project.packages_dir,
+                    self.project.root,
+                    lease.tmp().name if lease.taken else None,
+                    runs_died=True if lease.swept else None,
+                )
             if self.store is None:
                 self._create_store()
                 lease = LazyLease(self.store.root, self.store.notes)
                 lease.tmp()
             placement = Placement(self.store, self.project.packages_dir, self.resolver.digests, self.signer)
-            runner = Runner(self.dag, self.store, self.resolver, placement, _with_memory_budget(options, executor), executor, listener,
-                            expected, remote=remote, workroot=lease.tmp)
+            runner = Runner(
+                self.dag,
+                self.store,
+                self.resolver,
+                placement,
+                _with_memory_budget(options, executor),
+                executor,
+                listener,
+                expected,
+                remote=remote,
+                workroot=lease.tmp,
+            )
             self.planned = planned
             if listener is not None:
                 listener("plan", self.estimates(planned))
             states = runner.run()
             self.warnings, self.timeline, self.finished = runner.warnings, runner.timeline, runner.finished
             if options.frozen:
-                self.frozen = {"identical": len(runner.frozen.identical), "equivalent": sorted(runner.frozen.equivalent)}
+                self.frozen = {
+                    "identical": len(runner.frozen.identical),
+                    "equivalent": sorted(runner.frozen.equivalent),
+                }
             if not options.frozen:
                 self._update_lock(runner.finished, states)
-            self.store.record_run([record["key"] for record in runner.finished.values()] +
-                                  [state.key for state in states.values() if state.recorded and state.key])
+            self.store.record_run(
+                [record["key"] for record in runner.finished.values()]
+                + [state.key for state in states.values() if state.recorded and state.key]
+            )
             if options.check_repro:
                 self.repro = self._check_repro(runner.finished, options, listener)
-                self.repro_skipped = {n: states[n].label for n in states if self.dag.nodes[n].kind == "build" and n not in runner.finished}
+                self.repro_skipped = {
+                    n: states[n].label for n in states if self.dag.nodes[n].kind == "build" and n not in runner.finished
+                }
         finally:
             if executor is not None:
                 executor.shutdown()  # already done by the runner, unless a check refused the run first
@@ -172,9 +211,10 @@ class Session:
                 lease.close()
         return states
 
-    def estimates(self, planned: dict[str, NodeState]) -> dict[str, Optional[float]]:
-        """Seconds each node that will run took the last time it ran (from the store's records; None: never ran), for an ETA."""
-        guesses: dict[str, Optional[float]] = {}
+    def estimates(self, planned: dict[str, NodeState]) -> dict[str, float | None]:
+        """Seconds each node that will run took the last time it ran (from the store's records; None: never ran), for
+        an ETA."""
+        guesses: dict[str, float | None] = {}
         for node_id, state in planned.items():
             if state.settled:
                 continue
@@ -183,7 +223,7 @@ class Session:
             guesses[node_id] = record.get("seconds") if isinstance(record, dict) else None
         return guesses
 
-    def _check_repro(self, finished: dict[str, dict], options: RunOptions, listener: Optional[Listener]) -> list:
+    def _check_repro(self, finished: dict[str, dict], options: RunOptions, listener: Listener | None) -> list:
         """Rebuild every engine of the run `options.check_repro` times in hermetic workers (the release gate)."""
         from trtflow.repro import check_builds
 
@@ -196,28 +236,44 @@ class Session:
         digests.adopt(self.resolver.digests)
         self.resolver = Resolver(self.store, digests)
 
-    def _remote(self, options: RunOptions) -> Optional["Remote"]:
+    def _remote(self, options: RunOptions) -> Remote | None:
         """The remote cache pipeline.yaml names, if any (fsspec is imported only then)."""
         url = self.project.pipeline.cache.remote
         if url is None:
             if options.remote_required:
-                raise ProjectError("--remote-required: pipeline.yaml names no remote cache (add cache: {remote: s3://bucket/prefix})")
+                raise ProjectError(
+                    "--remote-required: pipeline.yaml names no remote cache (add cache: {remote: s3://bucket/prefix})"
+                )
             return None
         from trtflow.store.remote import Remote
 
-        return Remote(url, self.project.pipeline.cache.options, required=options.remote_required,
-                      signer=self.signer, trust=self.project.trusted_keys())
+        return Remote(
+            url,
+            self.project.pipeline.cache.options,
+            required=options.remote_required,
+            signer=self.signer,
+            trust=self.project.trusted_keys(),
+        )
 
     def _update_lock(self, finished: dict[str, dict], states: dict[str, NodeState]) -> None:
         """Entries of this run's nodes replace old ones (a recorded failure and what it skipped included: the lock
         holds every stage); nodes gone from the project are dropped. A node that failed for a reason of the machine
         (killed, a missing package) keeps its old entry."""
-        ours = {node_id: LockEntry(key=record["key"], components=record["components"], outputs=record["outputs"],
-                                   canonical=canonical_outputs(record)) for node_id, record in finished.items()}
+        ours = {
+            node_id: LockEntry(
+                key=record["key"],
+                components=record["components"],
+                outputs=record["outputs"],
+                canonical=canonical_outputs(record),
+            )
+            for node_id, record in finished.items()
+        }
         ours.update(_failure_entries(states, ours))
         note_path(self.lock_path)
         with holding(self.store.locks / "trtflow-lock.lock"):  # concurrent runs of one project merge, not overwrite
-            if self.all_node_ids <= ours.keys() and self._lock_holds(entries_digest({k: ours[k] for k in self.all_node_ids})):
+            if self.all_node_ids <= ours.keys() and self._lock_holds(
+                entries_digest({k: ours[k] for k in self.all_node_ids})
+            ):
                 return  # a no-op of the whole project: the lock is the one the last run wrote or read, unchanged
             try:
                 previous = read_lock(self.lock_path) or {}
@@ -230,11 +286,12 @@ class Session:
             self.store.remember_lock(str(self.lock_path), signature(str(self.lock_path)), entries_digest(entries))
 
     def _lock_holds(self, digest: str) -> bool:
-        """Whether the lock file is, byte for byte, one this store saw holding entries of `digest` (no need to read it)."""
+        """Whether the lock file is, byte for byte, one this store saw holding entries of `digest` (no need to read
+        it)."""
         seen = signature(str(self.lock_path))  # type, size, mtime, ctime, inode: the same file, untouched
         return seen is not None and self.store.remembered_lock(str(self.lock_path)) == [seen, digest]
 
-    def _executor(self, options: RunOptions, planned: dict[str, NodeState]) -> "Executor":
+    def _executor(self, options: RunOptions, planned: dict[str, NodeState]) -> Executor:
         """The local process pool, or a Ray executor (--executor ray, or executor.ray in pipeline.yaml) checked to
         have a node for every label set the stages to run need."""
         spec = self.project.pipeline.executor.ray
@@ -246,11 +303,22 @@ class Session:
         spec = spec or RaySpec()
         cache = self.project.pipeline.cache
         exchange = spec.exchange or cache.remote or str(self.project.store_dir / EXCHANGE_DIR)
-        labels = {node.id: self.project.pipeline.targets[node.info["target"]].runs_on for node in self.dag if node.kind == "build"}
-        executor = RayExecutor(options.jobs, options.ray_address or spec.address, exchange, labels,
-                               cache.options if exchange == cache.remote else None)
+        labels = {
+            node.id: self.project.pipeline.targets[node.info["target"]].runs_on
+            for node in self.dag
+            if node.kind == "build"
+        }
+        executor = RayExecutor(
+            options.jobs,
+            options.ray_address or spec.address,
+            exchange,
+            labels,
+            cache.options if exchange == cache.remote else None,
+        )
         try:
-            executor.check_labels({f"target {self.dag.nodes[n].info['target']} ({n})": labels[n] for n in sorted(stale & labels.keys())})
+            executor.check_labels(
+                {f"target {self.dag.nodes[n].info['target']} ({n})": labels[n] for n in sorted(stale & labels.keys())}
+            )
         except BaseException:
             executor.shutdown()
             raise
@@ -260,8 +328,12 @@ class Session:
         """Whether this finished run may be remembered as the project's no-op (runmemo): every stage found cached
         locally (or its recorded failure found, or skipped below one), no warning, and no remote cache (a run with
         one talks to it)."""
-        return (self.store is not None and self.project.pipeline.cache.remote is None and not self.warnings
-                and all(s.settled and s.reason != PULLED for s in states))
+        return (
+            self.store is not None
+            and self.project.pipeline.cache.remote is None
+            and not self.warnings
+            and all(s.settled and s.reason != PULLED for s in states)
+        )
 
     def store_notes(self) -> list[str]:
         """What the store did on its own while planning (a cache started anew, a malformed record set aside)."""
@@ -273,7 +345,7 @@ class Session:
             self.store.close()
 
 
-def _with_memory_budget(options: RunOptions, executor: "Executor") -> RunOptions:
+def _with_memory_budget(options: RunOptions, executor: Executor) -> RunOptions:
     """Local stages share this machine's memory: without --memory, a share of what is available now. A Ray cluster
     schedules by its own resources (None: no budget here)."""
     if options.memory is not None or not isinstance(executor, LocalExecutor):
@@ -287,7 +359,9 @@ def _failure_entries(states: dict[str, NodeState], built: dict[str, LockEntry]) 
     entries: dict[str, LockEntry] = {}
     for node_id, state in states.items():
         if state.status == FAILED and state.recorded and node_id not in built:
-            entries[node_id] = LockEntry(key=state.key, components=state.components or {}, outputs={}, failed=state.reason)
+            entries[node_id] = LockEntry(
+                key=state.key, components=state.components or {}, outputs={}, failed=state.reason
+            )
         elif state.status == SKIPPED and _below_recorded(state, states, entries):
             entries[node_id] = LockEntry(key=None, components={}, outputs={}, skipped=state.reason)
     return entries
@@ -295,7 +369,11 @@ def _failure_entries(states: dict[str, NodeState], built: dict[str, LockEntry]) 
 
 def _below_recorded(state: NodeState, states: dict[str, NodeState], entries: dict[str, LockEntry]) -> bool:
     """Whether every upstream a skipped node lost has a failure or skip entry already (nodes come in DAG order)."""
-    lost = [dep.node for dep in state.node.deps if states.get(dep.node) is not None and states[dep.node].status in (FAILED, SKIPPED)]
+    lost = [
+        dep.node
+        for dep in state.node.deps
+        if states.get(dep.node) is not None and states[dep.node].status in (FAILED, SKIPPED)
+    ]
     return bool(lost) and all(node_id in entries for node_id in lost)
 
 
@@ -304,5 +382,8 @@ def check_backends(states: dict[str, NodeState]) -> None:
     for state in states.values():
         params = state.node.params
         if state.node.kind == "build" and not state.settled and params.backend_version is None:
-            raise EnvironmentProblem(f"target {state.node.info['target']} of recipe {state.node.recipe}: its backend {params.backend} is not "
-                                     f"installed here: pip install 'trtflow[{BACKENDS[params.backend].extra}]'")
+            raise EnvironmentProblem(
+                f"target {state.node.info['target']} of recipe {state.node.recipe}: its backend {params.backend} is "
+                "not "
+                f"installed here: pip install 'trtflow[{BACKENDS[params.backend].extra}]'"
+            )

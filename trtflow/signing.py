@@ -15,13 +15,14 @@ import base64
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from trtflow.errors import EnvironmentProblem, ProjectError, TrtflowError
-from trtflow.util.fs import atomic_write
 from trtflow.runmemo import note_path
+from trtflow.util.fs import atomic_write
 
 KEY_FILE_ENV = "TRTFLOW_SIGNING_KEY_FILE"
 KEY_TEXT_ENV = "TRTFLOW_SIGNING_KEY"
@@ -55,8 +56,11 @@ class Signer:
     def envelope(self, payload_type: str, body: bytes) -> dict:
         """A DSSE envelope of `body` with this key's signature."""
         signature = self.key.sign(pae(payload_type, body))
-        return {"payloadType": payload_type, "payload": base64.b64encode(body).decode(),
-                "signatures": [{"keyid": self.keyid, "sig": base64.b64encode(signature).decode()}]}
+        return {
+            "payloadType": payload_type,
+            "payload": base64.b64encode(body).decode(),
+            "signatures": [{"keyid": self.keyid, "sig": base64.b64encode(signature).decode()}],
+        }
 
 
 def unsigned_envelope(payload_type: str, body: bytes) -> dict:
@@ -64,7 +68,7 @@ def unsigned_envelope(payload_type: str, body: bytes) -> dict:
     return {"payloadType": payload_type, "payload": base64.b64encode(body).decode(), "signatures": []}
 
 
-def envelope_of(payload_type: str, value: Any, signer: Optional[Signer]) -> dict:
+def envelope_of(payload_type: str, value: Any, signer: Signer | None) -> dict:
     """A DSSE envelope of `value`'s canonical JSON, signed by `signer` when there is one."""
     body = canonical_bytes(value)
     return signer.envelope(payload_type, body) if signer is not None else unsigned_envelope(payload_type, body)
@@ -114,7 +118,7 @@ def _b64(value: Any) -> bytes:
     return base64.b64decode(value, validate=True)
 
 
-def signer_from_environment(environ: Optional[dict] = None) -> Optional[Signer]:
+def signer_from_environment(environ: dict | None = None) -> Signer | None:
     """The signing key the environment names, or None; a key that cannot be used is exit 4, one line."""
     environ = os.environ if environ is None else environ
     if environ.get(KEY_FILE_ENV):
@@ -166,10 +170,15 @@ def generate_key_pair(stem: Path) -> tuple[Path, Path, str]:
     if not stem.parent.is_dir():
         raise ProjectError(f"{stem.parent} is not a folder")
     key = Ed25519PrivateKey.generate()
-    atomic_write(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()), mode=0o600)
-    atomic_write(public, key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                       serialization.PublicFormat.SubjectPublicKeyInfo))
+    atomic_write(
+        private,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        mode=0o600,
+    )
+    atomic_write(
+        public,
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+    )
     return private, public, key_id(_raw_public(key.public_key()))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 # The fixed status vocabulary shown by plan, run and --json, in one place.
 CACHED, NEW, STALE, BUILT, FAILED, SKIPPED, WAITING = "cached", "new", "stale", "built", "failed", "skipped", "waiting"
@@ -12,22 +12,25 @@ PULLED = "pulled from the remote cache"  # the reason of a cached node the remot
 
 @dataclass
 class NodeState:
-    """A node's status in the fixed vocabulary, with its reason, key and (when failed) the exit code its error carries."""
+    """A node's status in the fixed vocabulary, with its reason, key and (when failed) the exit code its error
+    carries."""
 
     node: Any  # a dag.Node; a summary needs only its id, kind and recipe (runmemo.RememberedNode has just those)
     status: str
     reason: str = ""
-    key: Optional[str] = None
-    components: Optional[dict] = None
+    key: str | None = None
+    components: dict | None = None
     changes: list[str] = field(default_factory=list)
-    seconds: Optional[float] = None
+    seconds: float | None = None
     detail: str = ""
-    record: Optional[dict] = field(default=None, repr=False)  # the store record of a cached node
+    record: dict | None = field(default=None, repr=False)  # the store record of a cached node
     exit_code: int = 0
-    where: Optional[dict] = None  # the node a distributed executor ran it on: {"id": ..., "labels": {...}}
+    where: dict | None = None  # the node a distributed executor ran it on: {"id": ..., "labels": {...}}
     recorded: bool = False  # a failure of the stage's own (deterministic): recorded under its key, kept in trtflow.lock
     from_cache: bool = False  # a recorded failure found in the store: reported, not redone (--retry-failed redoes it)
-    expected: bool = False  # --frozen: a failure (or skip) exactly as trtflow.lock records it: no reason to fail the run
+    expected: bool = (
+        False  # --frozen: a failure (or skip) exactly as trtflow.lock records it: no reason to fail the run
+    )
 
     @property
     def label(self) -> str:
@@ -42,15 +45,22 @@ class NodeState:
 
     def to_json(self) -> dict:
         """The node's entry in `--json` output."""
-        entry = {"id": self.node.id, "kind": self.node.kind, "recipe": self.node.recipe, "status": self.status,
-                 "reason": self.reason or None, "key": self.key, "changes": self.changes, "seconds": self.seconds}
+        entry = {
+            "id": self.node.id,
+            "kind": self.node.kind,
+            "recipe": self.node.recipe,
+            "status": self.status,
+            "reason": self.reason or None,
+            "key": self.key,
+            "changes": self.changes,
+            "seconds": self.seconds,
+        }
         if self.status == FAILED:
             entry.update(failure_cached=self.from_cache, failure_recorded=self.recorded, failure_expected=self.expected)
         return {**entry, "node": self.where} if self.where is not None else entry
 
 
-def recorded_failure(record: Optional[dict]) -> Optional[str]:
+def recorded_failure(record: dict | None) -> str | None:
     """The one-line reason of a store record that records a stage's failure, or None for an ordinary record."""
     failure = record.get("failure") if isinstance(record, dict) else None
     return failure["reason"] if isinstance(failure, dict) and isinstance(failure.get("reason"), str) else None
-

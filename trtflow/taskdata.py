@@ -14,7 +14,7 @@ import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from trtflow.calibration import DATA_SUFFIXES, arrays_from_file
 from trtflow.errors import ProjectError, StageError
@@ -37,29 +37,37 @@ class TaskFiles:
     labels: str
 
 
-def plan_files(item: "RecipeFile", root: Path) -> Optional[TaskFiles]:
+def plan_files(item: RecipeFile, root: Path) -> TaskFiles | None:
     """The files `accuracy.data`/`labels` name; None when the recipe declares none. Missing files are a ProjectError."""
     options = item.recipe.accuracy
     if options.data is None:
         return None
     matches = glob.glob(str(root / options.data), recursive=True)
     note_glob("glob", str(root / options.data), matches)
-    data = sorted(Path(os.path.relpath(p, root)).as_posix() for p in matches if Path(p).is_file() and Path(p).suffix.lower() in DATA_SUFFIXES)
+    data = sorted(
+        Path(os.path.relpath(p, root)).as_posix()
+        for p in matches
+        if Path(p).is_file() and Path(p).suffix.lower() in DATA_SUFFIXES
+    )
     if not data:
         raise ProjectError(f"{item.where('accuracy', 'data')}: no .npy/.npz file matches {options.data!r}")
     if not (root / options.labels).is_file():
-        raise ProjectError(f"{item.where('accuracy', 'labels')}: {options.labels} not found (a .npy of one label per data row)")
+        raise ProjectError(
+            f"{item.where('accuracy', 'labels')}: {options.labels} not found (a .npy of one label per data row)"
+        )
     return TaskFiles(tuple(data), Path(options.labels).as_posix())
 
 
-def sources(files: Optional[TaskFiles], root: Path) -> tuple[tuple[str, Path], ...]:
+def sources(files: TaskFiles | None, root: Path) -> tuple[tuple[str, Path], ...]:
     """A reduced precision's task sources: every data file, then the labels."""
     if files is None:
         return ()
-    return tuple((DATA_ROLE + relative, root / relative) for relative in files.data) + ((LABELS_ROLE, root / files.labels),)
+    return tuple((DATA_ROLE + relative, root / relative) for relative in files.data) + (
+        (LABELS_ROLE, root / files.labels),
+    )
 
 
-def load(data: dict[str, Path], labels: Path, model_inputs: dict[str, dict]) -> tuple[list[dict], "np.ndarray"]:
+def load(data: dict[str, Path], labels: Path, model_inputs: dict[str, dict]) -> tuple[list[dict], np.ndarray]:
     """(one feed per data file in sorted path order, the labels) after checking they pair up row for row."""
     import numpy as np
 
@@ -67,24 +75,32 @@ def load(data: dict[str, Path], labels: Path, model_inputs: dict[str, dict]) -> 
     try:
         values = np.load(labels, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise StageError(f"accuracy.labels: cannot read it: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
+        raise StageError(
+            f"accuracy.labels: cannot read it: {(str(exc).splitlines() or [type(exc).__name__])[0]}"
+        ) from None
     rows = sum(int(next(iter(feed.values())).shape[0]) for feed in feeds)
     if values.ndim < 1 or values.shape[0] != rows:
-        raise StageError(f"accuracy.labels: holds {values.shape[0] if values.ndim else 0} label(s) but the data holds {rows} row(s); "
-                         "give one label per row, in sorted file order")
+        raise StageError(
+            f"accuracy.labels: holds {values.shape[0] if values.ndim else 0} label(s) but the data holds {rows} "
+            "row(s); "
+            "give one label per row, in sorted file order"
+        )
     return feeds, values
 
 
-def metric_problem(labels: "np.ndarray", metric: str) -> Optional[str]:
+def metric_problem(labels: np.ndarray, metric: str) -> str | None:
     """Why `metric` cannot measure these labels, or None."""
     if metric in ("top1", "top5") and (labels.dtype.kind not in "iu" or labels.ndim != 1):
-        return f"{metric} needs integer class ids of shape [rows], the labels are {labels.dtype} {list(labels.shape)} (use metric: mse for float targets)"
+        return (
+            f"{metric} needs integer class ids of shape [rows], the labels are {labels.dtype} {list(labels.shape)} "
+            "(use metric: mse for float targets)"
+        )
     if metric == "mse" and labels.dtype.kind not in "fiu":
         return f"mse needs numeric targets, the labels are {labels.dtype}"
     return None
 
 
-def check_task_data(item: "RecipeFile", root: Path) -> None:
+def check_task_data(item: RecipeFile, root: Path) -> None:
     """Read the labelled data and labels and check they pair up and fit the metric (ProjectError naming the field)."""
     files = plan_files(item, root)
     if files is None:
@@ -92,7 +108,9 @@ def check_task_data(item: "RecipeFile", root: Path) -> None:
     from trtflow.calibration import model_input_types
 
     onnx_source = getattr(item.recipe.source, "onnx", None)
-    model_inputs = model_input_types(item.source_path(root)) if onnx_source else {"input": {"dtype": None, "dims": None}}
+    model_inputs = (
+        model_input_types(item.source_path(root)) if onnx_source else {"input": {"dtype": None, "dims": None}}
+    )
     try:
         _, labels = load({r: root / r for r in files.data}, root / files.labels, model_inputs)
     except StageError as exc:
@@ -100,7 +118,9 @@ def check_task_data(item: "RecipeFile", root: Path) -> None:
         raise ProjectError(f"{item.where('accuracy', field)}: {str(exc).removeprefix('accuracy.labels: ')}") from None
     problem = metric_problem(labels, item.recipe.accuracy.metric or "top1")
     if problem:
-        raise ProjectError(f"{item.where('accuracy', 'metric' if item.recipe.accuracy.metric else 'labels')}: {problem}")
+        raise ProjectError(
+            f"{item.where('accuracy', 'metric' if item.recipe.accuracy.metric else 'labels')}: {problem}"
+        )
 
 
 def summary_line(precision: str, task: dict) -> str:

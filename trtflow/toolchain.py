@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from trtflow.backends.base import BACKENDS
 from trtflow.errors import ProjectError
@@ -25,9 +24,17 @@ from trtflow.util.versions import installed_version
 # Fingerprint field -> the distributions that provide it, the first the one to install (the others, alternatives
 # installed instead: ONNX Runtime's GPU build, the `tensorflow` package). Backends are named by the `backend` field.
 TOOL_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    "onnx": ("onnx",), "onnxruntime": ("onnxruntime", "onnxruntime-gpu"), "onnxslim": ("onnxslim",), "numpy": ("numpy",),
-    "modelopt": ("nvidia-modelopt",), "pillow": ("pillow",), "torch": ("torch",), "onnxscript": ("onnxscript",),
-    "tensorflow": ("tensorflow-cpu", "tensorflow"), "keras": ("keras",), "tf2onnx": ("tf2onnx",),
+    "onnx": ("onnx",),
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+    "onnxslim": ("onnxslim",),
+    "numpy": ("numpy",),
+    "modelopt": ("nvidia-modelopt",),
+    "pillow": ("pillow",),
+    "torch": ("torch",),
+    "onnxscript": ("onnxscript",),
+    "tensorflow": ("tensorflow-cpu", "tensorflow"),
+    "keras": ("keras",),
+    "tf2onnx": ("tf2onnx",),
 }
 INSTALL_HINT = "trtflow toolchain > toolchain.txt && pip install -r toolchain.txt"
 
@@ -45,7 +52,7 @@ class Tool:
         """The distribution to install."""
         return self.distributions[0]
 
-    def installed(self) -> Optional[str]:
+    def installed(self) -> str | None:
         """The installed version of the first distribution found, or None."""
         return next(filter(None, (installed_version(d) for d in self.distributions)), None)
 
@@ -60,7 +67,9 @@ def locked_tools(lock: dict[str, LockEntry]) -> list[Tool]:
     for distributions, versions in sorted(found.items()):
         if len(versions) > 1:
             shown = "; ".join(f"{v} ({nodes[0]})" for v, nodes in sorted(versions.items()))
-            raise ProjectError(f"{LOCK_FILE}: stages name several versions of {distributions[0]}: {shown}; run `trtflow run` to relock")
+            raise ProjectError(
+                f"{LOCK_FILE}: stages name several versions of {distributions[0]}: {shown}; run `trtflow run` to relock"
+            )
         [(version, nodes)] = versions.items()
         tools.append(Tool(distributions, version, tuple(nodes)))
     return tools
@@ -69,8 +78,11 @@ def locked_tools(lock: dict[str, LockEntry]) -> list[Tool]:
 def _entry_tools(entry: LockEntry) -> list[tuple[tuple[str, ...], str]]:
     """(distributions, version) of each tool one lock entry's fingerprint names."""
     fingerprint = entry.components.get("fingerprint") or {}
-    tools = [(TOOL_DISTRIBUTIONS[field], version) for field, version in fingerprint.items()
-             if field in TOOL_DISTRIBUTIONS and isinstance(version, str)]
+    tools = [
+        (TOOL_DISTRIBUTIONS[field], version)
+        for field, version in fingerprint.items()
+        if field in TOOL_DISTRIBUTIONS and isinstance(version, str)
+    ]
     backend, version = fingerprint.get("backend"), fingerprint.get("backend_version")
     if backend in BACKENDS and isinstance(version, str):
         tools.append(((BACKENDS[backend].distribution,), version))
@@ -103,8 +115,12 @@ def differences(tools: list[Tool]) -> list[str]:
 
 
 def check_installed(lock: dict[str, LockEntry]) -> None:
-    """Refuse (one error listing every tool) a toolchain that differs from the lock's, with the command that fixes it."""
+    """Refuse (one error listing every tool) a toolchain that differs from the lock's, with the command that fixes
+    it."""
     lines = differences(locked_tools(lock))
     if lines:
-        raise ProjectError(f"{LOCK_FILE}: the installed tools differ from the ones it was made with (--frozen):\n"
-                           + "\n".join(f"  {line}" for line in lines) + f"\ninstall the locked ones: {INSTALL_HINT}")
+        raise ProjectError(
+            f"{LOCK_FILE}: the installed tools differ from the ones it was made with (--frozen):\n"
+            + "\n".join(f"  {line}" for line in lines)
+            + f"\ninstall the locked ones: {INSTALL_HINT}"
+        )

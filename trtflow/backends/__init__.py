@@ -1,0 +1,1 @@
+"""TensorRT flavours trtflow builds with: TensorRT-RTX and full TensorRT, behind one Backend interface."""

@@ -11,7 +11,7 @@ import importlib
 import importlib.metadata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from trtflow.errors import EnvironmentProblem
 
@@ -29,7 +29,9 @@ class BuildRequest:
     options: dict[str, Any] = field(default_factory=dict)  # builder options by name (trt_common.BUILDER_OPTIONS)
     hardware_compatibility: str = "none"
     version_compatible: bool = False
-    plugins: dict[str, Path] = field(default_factory=dict)  # name -> shared library, loaded into the builder's plugin registry first
+    plugins: dict[str, Path] = field(
+        default_factory=dict
+    )  # name -> shared library, loaded into the builder's plugin registry first
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,17 @@ class TensorSpec:
 
 @dataclass
 class BuildResult:
-    """What a build produced: backend and exact version, the engine's I/O tensors, its size, the builder's last warnings."""
+    """What a build produced: backend and exact version, the engine's I/O tensors, its size, the builder's last
+    warnings."""
 
     backend: str
     backend_version: str
     tensors: list[TensorSpec]
     engine_bytes: int
     log: list[str] = field(default_factory=list)
-    network: dict = field(default_factory=dict)  # what the builder's network says of its layers (trt_common.network_facts)
+    network: dict = field(
+        default_factory=dict
+    )  # what the builder's network says of its layers (trt_common.network_facts)
 
     def to_record(self) -> dict:
         """The result as plain JSON-ready values (tensors included), for the build stage's record."""
@@ -59,7 +64,8 @@ class BuildResult:
 
 
 class Backend(Protocol):
-    """A TensorRT flavour: its name, the module it imports lazily, the pip extra that installs it, and how it builds and runs."""
+    """A TensorRT flavour: its name, the module it imports lazily, the pip extra that installs it, and how it builds
+    and runs."""
 
     name: str
     module: str
@@ -68,8 +74,9 @@ class Backend(Protocol):
     def engine_from_onnx(self, request: BuildRequest) -> BuildResult:
         """Build `request.onnx_path` into `request.engine_path` for the requested compute capabilities and profiles."""
 
-    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: Optional[dict[str, Path]] = None) -> dict:
-        """Run the engine once on the local GPU with `feeds` (input name -> array), `plugins` loaded; its outputs by name."""
+    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: dict[str, Path] | None = None) -> dict:
+        """Run the engine once on the local GPU with `feeds` (input name -> array), `plugins` loaded; its outputs by
+        name."""
 
     def unsupported_options(self, names: set[str]) -> list[str]:
         """The recipe `build:` options among `names` this backend's installed version has no API for."""
@@ -77,7 +84,8 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """Where a backend lives: its trtflow module, the distribution that provides TensorRT, the extra that installs it."""
+    """Where a backend lives: its trtflow module, the distribution that provides TensorRT, the extra that installs
+    it."""
 
     module: str
     distribution: str
@@ -90,8 +98,8 @@ BACKENDS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def backend_version(name: str) -> Optional[str]:
+@functools.cache
+def backend_version(name: str) -> str | None:
     """Installed version of a backend's package without importing it (cheap enough for every plan)."""
     try:
         return importlib.metadata.version(BACKENDS[name].distribution)

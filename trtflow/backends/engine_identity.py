@@ -27,9 +27,10 @@ import mmap
 import re
 import struct
 from pathlib import Path
-from typing import Optional
 
-CANONICAL_FORM = "tensorrt-rtx-1 myelin-text-v2"  # recorded beside each digest; bump it and stages.build.VERSION together
+CANONICAL_FORM = (
+    "tensorrt-rtx-1 myelin-text-v2"  # recorded beside each digest; bump it and stages.build.VERSION together
+)
 _SYMBOL = re.compile(rb"__mye\d+")
 _COUNTER_SUFFIX = re.compile(rb"(\.\d+)_\d+\b")
 _KERNEL_ARG = re.compile(rb"(__myln_k_arg__bb\d+_|__cma_[A-Za-z]+\d+_)\d+")
@@ -39,7 +40,7 @@ _HEADER_LENGTHS = (0x10, 0x50, 0x60)  # total size, engine section size, weights
 CHUNK = 1 << 20
 
 
-def canonical_digest(path: Path) -> Optional[str]:
+def canonical_digest(path: Path) -> str | None:
     """sha256 of the engine's canonical form, or None when its layout is not one this form knows."""
     with open(path, "rb") as handle:
         try:
@@ -53,7 +54,7 @@ def canonical_digest(path: Path) -> Optional[str]:
             return _digest(data, parts)
 
 
-def _layout(data: mmap.mmap) -> Optional[dict]:
+def _layout(data: mmap.mmap) -> dict | None:
     """Offsets of the parts, or None if this is not the layout described above."""
     if len(data) < 0x70 or data[0:4] != b"vtrt" or data[0x40:0x44] != b"NGNE" or data[0x58:0x5C] != b"THGW":
         return None
@@ -66,8 +67,15 @@ def _layout(data: mmap.mmap) -> Optional[dict]:
     text = marker + 16
     if text + text_length > engine + engine_size:
         return None
-    return {"engine": engine, "engine_end": engine + engine_size, "marker": marker, "text": text, "text_end": text + text_length,
-            "weights": weights, "weights_end": weights + weights_size}
+    return {
+        "engine": engine,
+        "engine_end": engine + engine_size,
+        "marker": marker,
+        "text": text,
+        "text_end": text + text_length,
+        "weights": weights,
+        "weights_end": weights + weights_size,
+    }
 
 
 def _digest(data: mmap.mmap, at: dict) -> str:
@@ -75,16 +83,18 @@ def _digest(data: mmap.mmap, at: dict) -> str:
     digest = hashlib.sha256()
     header = bytearray(data[:0x70])
     for offset in _HEADER_LENGTHS:
-        header[offset:offset + 8] = bytes(8)
+        header[offset : offset + 8] = bytes(8)
     digest.update(header)
-    digest.update(data[at["engine"]:at["engine"] + 8])  # `ptrt`, u32: the inner size after them varies
-    digest.update(data[at["engine"] + 16:at["marker"] - 8])  # the engine head up to the Myelin blob size
-    digest.update(data[at["marker"]:at["marker"] + 8])  # `NLYM`, u32: the text length after them varies
-    digest.update(canonical_text(bytes(data[at["text"]:at["text_end"]])))
-    digest.update(_SYMBOL.sub(b"__mye#", data[at["text_end"]:at["engine_end"]]))  # kernel table: names the symbols too
+    digest.update(data[at["engine"] : at["engine"] + 8])  # `ptrt`, u32: the inner size after them varies
+    digest.update(data[at["engine"] + 16 : at["marker"] - 8])  # the engine head up to the Myelin blob size
+    digest.update(data[at["marker"] : at["marker"] + 8])  # `NLYM`, u32: the text length after them varies
+    digest.update(canonical_text(bytes(data[at["text"] : at["text_end"]])))
+    digest.update(
+        _SYMBOL.sub(b"__mye#", data[at["text_end"] : at["engine_end"]])
+    )  # kernel table: names the symbols too
     for start in range(at["weights"], at["weights_end"], CHUNK):
-        digest.update(data[start:min(start + CHUNK, at["weights_end"])])
-    digest.update(data[at["weights_end"]:])
+        digest.update(data[start : min(start + CHUNK, at["weights_end"])])
+    digest.update(data[at["weights_end"] :])
     return digest.hexdigest()
 
 

@@ -29,10 +29,14 @@ def unsupported_nodes(backend: str, cc: str, model: Any) -> dict[str, list[str]]
         return {}
     types, ranks = value_types(model)
     found = {
-        "FP32 GEMM is not supported on Turing (sm_75)": [_name(n) for n in model.graph.node
-                                                        if n.op_type in GEMM_OPS and types.get(n.input[0]) == FLOAT32],
-        "3D convolutions are not supported on Turing (sm_75)": [_name(n) for n in model.graph.node
-                                                               if n.op_type in CONV_OPS and len(n.input) > 1 and ranks.get(n.input[1]) == 5],
+        "FP32 GEMM is not supported on Turing (sm_75)": [
+            _name(n) for n in model.graph.node if n.op_type in GEMM_OPS and types.get(n.input[0]) == FLOAT32
+        ],
+        "3D convolutions are not supported on Turing (sm_75)": [
+            _name(n)
+            for n in model.graph.node
+            if n.op_type in CONV_OPS and len(n.input) > 1 and ranks.get(n.input[1]) == 5
+        ],
     }
     return {limit: nodes for limit, nodes in found.items() if nodes}
 

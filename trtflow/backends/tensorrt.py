@@ -8,11 +8,11 @@ engine and every declared capability is Ampere or newer).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
-from trtflow.device import no_gpu_reason, query_compute_capabilities
 from trtflow.backends.trt_common import build_engine, outputs_from_engine, unsupported_options
+from trtflow.device import no_gpu_reason, query_compute_capabilities
 from trtflow.errors import EnvironmentProblem, StageError
 from trtflow.util.cc import ComputeCapability
 
@@ -35,7 +35,8 @@ class TensorRTBackend:
             self._trt = import_or_explain(self.module, self.extra, "from NVIDIA's package index, needs a GPU")
 
     def engine_from_onnx(self, request: BuildRequest) -> BuildResult:
-        """Build on this machine's GPU after checking it matches the target, with the requested compatibility settings."""
+        """Build on this machine's GPU after checking it matches the target, with the requested compatibility
+        settings."""
         self.load()
         trt = self._trt
         _check_local_gpu(request)
@@ -55,8 +56,9 @@ class TensorRTBackend:
         self.load()
         return unsupported_options(self._trt, names)
 
-    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: Optional[dict[str, Path]] = None) -> dict:
-        """Execute the engine on the local GPU with its plugin libraries loaded (verify calls this only where one exists)."""
+    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: dict[str, Path] | None = None) -> dict:
+        """Execute the engine on the local GPU with its plugin libraries loaded (verify calls this only where one
+        exists)."""
         self.load()
         return outputs_from_engine(self._trt, engine_path, feeds, plugins)
 
@@ -68,11 +70,19 @@ def _check_local_gpu(request: BuildRequest) -> None:
         raise EnvironmentProblem(f"the tensorrt backend builds on a GPU, and this machine has {no_gpu_reason()}")
     wanted = set(request.compute_capabilities)
     if request.hardware_compatibility == "ampere_plus":
-        if all(ComputeCapability.parse(cc) >= "sm_80" for cc in wanted) and any(ComputeCapability.parse(cc) >= "sm_80" for cc in local):
+        if all(ComputeCapability.parse(cc) >= "sm_80" for cc in wanted) and any(
+            ComputeCapability.parse(cc) >= "sm_80" for cc in local
+        ):
             return
-        raise StageError(f"an ampere_plus engine needs an Ampere+ GPU here and Ampere+ targets (local: {local}, target: {sorted(wanted)})")
+        raise StageError(
+            f"an ampere_plus engine needs an Ampere+ GPU here and Ampere+ targets (local: {local}, target: "
+            f"{sorted(wanted)})"
+        )
     if len(wanted) != 1 or not wanted <= set(local):
-        raise StageError(f"the tensorrt backend builds for the local GPU ({', '.join(local)}); the target declares {', '.join(sorted(wanted))}")
+        raise StageError(
+            f"the tensorrt backend builds for the local GPU ({', '.join(local)}); the target declares "
+            f"{', '.join(sorted(wanted))}"
+        )
 
 
 BACKEND = TensorRTBackend()

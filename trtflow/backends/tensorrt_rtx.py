@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.backends.base import BuildRequest, BuildResult, import_or_explain
 from trtflow.backends.trt_common import build_engine, outputs_from_engine, unsupported_options
@@ -44,8 +44,9 @@ class TensorRTRTXBackend:
         self.load()
         return unsupported_options(self._trt, names)
 
-    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: Optional[dict[str, Path]] = None) -> dict:
-        """Execute the engine on the local GPU with its plugin libraries loaded (verify calls this only where one exists)."""
+    def outputs_from_engine(self, engine_path: Path, feeds: dict, plugins: dict[str, Path] | None = None) -> dict:
+        """Execute the engine on the local GPU with its plugin libraries loaded (verify calls this only where one
+        exists)."""
         self.load()
         return outputs_from_engine(self._trt, engine_path, feeds, plugins)
 

@@ -7,16 +7,26 @@ serves both backends; the backend modules only add what differs (targets, compat
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from trtflow.backends.base import BuildRequest, BuildResult, TensorSpec
 from trtflow.errors import StageError
 
 DTYPE_NAMES = {
-    "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
-    "INT64": "int64", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8e4m3", "INT4": "int4", "FP4": "float4e2m1",
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "BF16": "bfloat16",
+    "INT8": "int8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "FP8": "float8e4m3",
+    "INT4": "int4",
+    "FP4": "float4e2m1",
 }
 
 
@@ -67,10 +77,15 @@ def network_facts(network: Any) -> dict:
     for index in range(network.num_layers):
         layer = network.get_layer(index)
         dtype = layer.get_output(0).dtype.name if layer.num_outputs else "none"
-        layers.append({"name": layer.name, "type": layer.type.name.lower(), "dtype": DTYPE_NAMES.get(dtype, dtype.lower())})
-    return {"layers": layers, "by_type": _counted(layer["type"] for layer in layers),
-            "by_output_dtype": _counted(layer["dtype"] for layer in layers),
-            "device_memory": "not known: the engine inspector needs a GPU to deserialize the engine"}
+        layers.append(
+            {"name": layer.name, "type": layer.type.name.lower(), "dtype": DTYPE_NAMES.get(dtype, dtype.lower())}
+        )
+    return {
+        "layers": layers,
+        "by_type": _counted(layer["type"] for layer in layers),
+        "by_output_dtype": _counted(layer["dtype"] for layer in layers),
+        "device_memory": "not known: the engine inspector needs a GPU to deserialize the engine",
+    }
 
 
 def _counted(values: Any) -> dict[str, int]:
@@ -110,8 +125,10 @@ def _setting(attribute: str) -> Callable[[Any, Any, Any], None]:
 
 def _flag(name: str) -> Callable[[Any, Any, bool], None]:
     """Set (true) or clear (false) one BuilderFlag."""
+
     def apply(trt: Any, config: Any, on: bool) -> None:
         (config.set_flag if on else config.clear_flag)(getattr(trt.BuilderFlag, name))
+
     return apply
 
 
@@ -126,7 +143,11 @@ class BuilderOption:
     def supported(self, trt: Any) -> bool:
         """Whether the imported TensorRT module has the API this option sets."""
         kind, name = self.needs.split(".")
-        owner = {"config": getattr(trt, "IBuilderConfig", None), "flag": getattr(trt, "BuilderFlag", None), "enum": trt}[kind]
+        owner = {
+            "config": getattr(trt, "IBuilderConfig", None),
+            "flag": getattr(trt, "BuilderFlag", None),
+            "enum": trt,
+        }[kind]
         return owner is not None and hasattr(owner, name)
 
 
@@ -134,9 +155,12 @@ class BuilderOption:
 BUILDER_OPTIONS: dict[str, BuilderOption] = {
     "workspace_mib": BuilderOption(_workspace, "config.set_memory_pool_limit"),
     "optimization_level": BuilderOption(_setting("builder_optimization_level"), "config.builder_optimization_level"),
-    "profiling_verbosity": BuilderOption(_enum_setting("profiling_verbosity", "ProfilingVerbosity"), "config.profiling_verbosity"),
-    "tiling_optimization_level": BuilderOption(_enum_setting("tiling_optimization_level", "TilingOptimizationLevel"),
-                                               "enum.TilingOptimizationLevel"),
+    "profiling_verbosity": BuilderOption(
+        _enum_setting("profiling_verbosity", "ProfilingVerbosity"), "config.profiling_verbosity"
+    ),
+    "tiling_optimization_level": BuilderOption(
+        _enum_setting("tiling_optimization_level", "TilingOptimizationLevel"), "enum.TilingOptimizationLevel"
+    ),
     "l2_limit_for_tiling": BuilderOption(_setting("l2_limit_for_tiling"), "config.l2_limit_for_tiling"),
     "max_aux_streams": BuilderOption(_setting("max_aux_streams"), "config.max_aux_streams"),
     "max_num_tactics": BuilderOption(_setting("max_num_tactics"), "config.max_num_tactics"),
@@ -156,7 +180,10 @@ def unsupported_options(trt: Any, names: set[str]) -> list[str]:
 def tensors_from_network(network: Any) -> list[TensorSpec]:
     """The I/O tensors as the network declares them, inputs first."""
     tensors = []
-    for mode, count, get in (("input", network.num_inputs, network.get_input), ("output", network.num_outputs, network.get_output)):
+    for mode, count, get in (
+        ("input", network.num_inputs, network.get_input),
+        ("output", network.num_outputs, network.get_output),
+    ):
         for index in range(count):
             tensor = get(index)
             dtype = DTYPE_NAMES.get(tensor.dtype.name, tensor.dtype.name.lower())
@@ -178,17 +205,22 @@ def load_plugins(registry: Any, logger: Any, plugins: dict[str, Path]) -> list[A
 
 
 def _load_error(lines: list[str]) -> str:
-    """TensorRT's reason from its log, without its source locations: `SymbolAddress for getCreators could not be loaded`."""
+    """TensorRT's reason from its log, without its source locations: `SymbolAddress for getCreators could not be
+    loaded`."""
     found = next((line for line in lines if "loadLibrary" in line or "load library" in line.lower()), None)
     if found is None:
-        return "no reason logged (a plugin library exports getCreators and setLoggerFinder: the V3 plugin library interface)"
+        return (
+            "no reason logged (a plugin library exports getCreators and setLoggerFinder: "
+            "the V3 plugin library interface)"
+        )
     reason = found.split("(", 1)[1].rsplit(")", 1)[0] if "(" in found else found
     reason = re.sub(r" In \w+ at \S+$", "", reason).strip()
     return re.sub(r"/\S*/", "", reason)  # a path would make the same library fail differently from another folder
 
 
 def build_engine(trt: Any, request: BuildRequest, configure: Callable[[Any, Any], None], backend: str) -> BuildResult:
-    """Load plugins, parse, configure (`configure(config, logger)` adds backend specifics), build, write the engine file."""
+    """Load plugins, parse, configure (`configure(config, logger)` adds backend specifics), build, write the engine
+    file."""
     logger = make_logger(trt)
     builder = trt.Builder(logger)
     registry = builder.get_plugin_registry() if request.plugins else None
@@ -200,7 +232,9 @@ def build_engine(trt: Any, request: BuildRequest, configure: Callable[[Any, Any]
             registry.deregister_library(handle)
 
 
-def _build(trt: Any, builder: Any, logger: Any, request: BuildRequest, configure: Callable[[Any, Any], None], backend: str) -> BuildResult:
+def _build(
+    trt: Any, builder: Any, logger: Any, request: BuildRequest, configure: Callable[[Any, Any], None], backend: str
+) -> BuildResult:
     """Parse, configure, build and write the engine file with a builder whose plugins are loaded."""
     network, _parser = network_from_onnx(trt, builder, logger, str(request.onnx_path))
     config = config_from_request(trt, builder, request)
@@ -220,7 +254,7 @@ def _build(trt: Any, builder: Any, logger: Any, request: BuildRequest, configure
     )
 
 
-def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict, plugins: Optional[dict[str, Path]] = None) -> dict:
+def outputs_from_engine(trt: Any, engine_path: Any, feeds: dict, plugins: dict[str, Path] | None = None) -> dict:
     """Run a serialized engine once on this machine's GPU, with device buffers from torch.
 
     Only reached where a GPU exists (verify checks first); raises StageError when it cannot run.
@@ -260,14 +294,24 @@ def _bind_input(context: Any, name: str, array: Any, torch: Any) -> Any:
     return tensor
 
 
-TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "int32": "int32", "int64": "int64",
-                "int8": "int8", "uint8": "uint8", "bool": "bool"}
+TORCH_DTYPES = {
+    "float32": "float32",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "int32": "int32",
+    "int64": "int64",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bool": "bool",
+}
 
 
 def _bind_output(trt: Any, engine: Any, context: Any, name: str, torch: Any) -> Any:
     dtype_name = DTYPE_NAMES.get(engine.get_tensor_dtype(name).name)
     if dtype_name not in TORCH_DTYPES:
         raise StageError(f"output {name} has dtype {dtype_name}, which engine runs cannot read back yet")
-    tensor = torch.empty(tuple(context.get_tensor_shape(name)), dtype=getattr(torch, TORCH_DTYPES[dtype_name]), device="cuda")
+    tensor = torch.empty(
+        tuple(context.get_tensor_shape(name)), dtype=getattr(torch, TORCH_DTYPES[dtype_name]), device="cuda"
+    )
     context.set_tensor_address(name, tensor.data_ptr())
     return tensor

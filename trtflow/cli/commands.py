@@ -12,13 +12,13 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import click
 
 from trtflow import __version__
-from trtflow.errors import InternalError, TrtflowError
 from trtflow.cli import output
+from trtflow.errors import InternalError, TrtflowError
 from trtflow.states import CACHED, FAILED
 
 
@@ -48,7 +48,15 @@ pass_context = click.make_pass_decorator(Context)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-C", "--project", "project_dir", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True, help="Folder holding pipeline.yaml.")
+@click.option(
+    "-C",
+    "--project",
+    "project_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=".",
+    show_default=True,
+    help="Folder holding pipeline.yaml.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show details (tracebacks of failed stages, build logs).")
 @click.version_option(__version__, prog_name="trtflow")
 @click.pass_context
@@ -64,7 +72,9 @@ def validate(ctx: Context) -> None:
     session = ctx.session(keep_refusals=True)
     project = session.project
     project.refuse([refusal for item in project.recipes for refusal in item.refusals] + session.check_models())
-    click.echo(f"ok: {len(project.recipes)} recipe(s), {len(project.pipeline.targets)} target(s), {len(session.dag)} stage(s)")
+    click.echo(
+        f"ok: {len(project.recipes)} recipe(s), {len(project.pipeline.targets)} target(s), {len(session.dag)} stage(s)"
+    )
 
 
 @cli.command()
@@ -93,23 +103,76 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
 
 @cli.command()
 @click.argument("recipes", nargs=-1)
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Stages to run at once (TensorRT-RTX builds use one core each).")
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Stages to run at once (TensorRT-RTX builds use one core each).",
+)
 @click.option("--force", is_flag=True, help="Run every selected stage even if cached.")
-@click.option("--retry-failed", is_flag=True, help="Run again the stages whose own failure is recorded (default: report it, exit 1).")
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Run again the stages whose own failure is recorded (default: report it, exit 1).",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would run, run nothing.")
-@click.option("--frozen", is_flag=True, help="Fail before building anything if the plan differs from trtflow.lock (for CI).")
+@click.option(
+    "--frozen", is_flag=True, help="Fail before building anything if the plan differs from trtflow.lock (for CI)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (no progress display).")
-@click.option("--remote-required", is_flag=True, help="Fail if the remote cache of pipeline.yaml cannot be reached (default: warn and build locally).")
-@click.option("--check-repro", type=click.IntRange(min=1), metavar="N",
-              help="Release gate: then rebuild every selected engine N times in hermetic workers; exit 1 if one is not equivalent.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), help="Where stages run (default: executor: in pipeline.yaml, else local processes).")
-@click.option("--ray-address", metavar="HOST:PORT|auto", help="The Ray cluster to run on (default: executor.ray.address, else a local Ray instance).")
-@click.option("--memory", metavar="SIZE", callback=lambda ctx, param, value: _size_option(value),
-              help="Memory the stages running at once may take together, e.g. 16G (default: 90% of what is available at the start).")
-@click.option("--no-report", is_flag=True, help="Do not write run.json and report.html beside the packages (written after a run that did something).")
+@click.option(
+    "--remote-required",
+    is_flag=True,
+    help="Fail if the remote cache of pipeline.yaml cannot be reached (default: warn and build locally).",
+)
+@click.option(
+    "--check-repro",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Release gate: then rebuild every selected engine N times in hermetic workers; "
+    "exit 1 if one is not equivalent.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    help="Where stages run (default: executor: in pipeline.yaml, else local processes).",
+)
+@click.option(
+    "--ray-address",
+    metavar="HOST:PORT|auto",
+    help="The Ray cluster to run on (default: executor.ray.address, else a local Ray instance).",
+)
+@click.option(
+    "--memory",
+    metavar="SIZE",
+    callback=lambda ctx, param, value: _size_option(value),
+    help="Memory the stages running at once may take together, e.g. 16G "
+    "(default: 90% of what is available at the start).",
+)
+@click.option(
+    "--no-report",
+    is_flag=True,
+    help="Do not write run.json and report.html beside the packages (written after a run that did something).",
+)
 @pass_context
-def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_failed: bool, dry_run: bool, frozen: bool, as_json: bool,
-        remote_required: bool, check_repro: Optional[int], executor: Optional[str], ray_address: Optional[str], memory: Optional[int], no_report: bool) -> None:
+def run(
+    ctx: Context,
+    recipes: tuple[str, ...],
+    jobs: int,
+    force: bool,
+    retry_failed: bool,
+    dry_run: bool,
+    frozen: bool,
+    as_json: bool,
+    remote_required: bool,
+    check_repro: int | None,
+    executor: str | None,
+    ray_address: str | None,
+    memory: int | None,
+    no_report: bool,
+) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow import runmemo
 
@@ -124,20 +187,37 @@ def run(ctx: Context, recipes: tuple[str, ...], jobs: int, force: bool, retry_fa
     from trtflow.runner import RunOptions
 
     with runmemo.recording() as reads:
-        options = RunOptions(jobs=jobs, force=force, retry_failed=retry_failed, frozen=frozen, remote_required=remote_required, check_repro=check_repro or 0,
-                             executor="ray" if ray_address and executor is None else executor, ray_address=ray_address,
-                             memory=memory)
+        options = RunOptions(
+            jobs=jobs,
+            force=force,
+            retry_failed=retry_failed,
+            frozen=frozen,
+            remote_required=remote_required,
+            check_repro=check_repro or 0,
+            executor="ray" if ray_address and executor is None else executor,
+            ray_address=ray_address,
+            memory=memory,
+        )
         states, session = _run_session(ctx, recipes, options, dry_run, as_json)
     if states is None:
         return  # a dry run: printed already
     if whole_project and session.remembers_no_op(states):
-        runmemo.remember(session.project.root, reads, [s.to_json() for s in states], started_ns, session.project.store_dir)
+        runmemo.remember(
+            session.project.root, reads, [s.to_json() for s in states], started_ns, session.project.store_dir
+        )
     elif any(s.status != CACHED for s in states):
         runmemo.forget(session.project.root)
     if not no_report and any(not s.settled for s in states):  # a run that did nothing writes nothing (runmemo)
         _write_report(session, states, time.perf_counter() - started, jobs)
-    output.print_summary(states, as_json, time.perf_counter() - started, warnings=session.warnings, repro=session.repro,
-                         repro_skipped=session.repro_skipped, frozen=session.frozen)
+    output.print_summary(
+        states,
+        as_json,
+        time.perf_counter() - started,
+        warnings=session.warnings,
+        repro=session.repro,
+        repro_skipped=session.repro_skipped,
+        frozen=session.frozen,
+    )
     _exit_if_failed(states)
     if any(check.verdict == "different" for check in session.repro):
         sys.exit(1)
@@ -162,13 +242,29 @@ def _write_report(session: Any, states: list, seconds: float, jobs: int) -> None
 
 
 @cli.command()
-@click.option("--from", "source", type=click.Path(dir_okay=False, path_type=Path), help="The run record (default: run.json beside the project's packages).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write (default: report.html beside run.json; md: stdout).")
-@click.option("--format", "fmt", type=click.Choice(["html", "md"]), default="html", show_default=True,
-              help="html: the self-contained report; md: a compact summary for $GITHUB_STEP_SUMMARY.")
+@click.option(
+    "--from",
+    "source",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The run record (default: run.json beside the project's packages).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write (default: report.html beside run.json; md: stdout).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["html", "md"]),
+    default="html",
+    show_default=True,
+    help="html: the self-contained report; md: a compact summary for $GITHUB_STEP_SUMMARY.",
+)
 @pass_context
-def report(ctx: Context, source: Optional[Path], out: Optional[Path], fmt: str) -> None:
-    """Draw the last run: DAG by status, timeline per job slot, accuracy and composition, engines, what each GPU gets."""
+def report(ctx: Context, source: Path | None, out: Path | None, fmt: str) -> None:
+    """Draw the last run: DAG by status, timeline per job slot, accuracy and composition, engines, what each GPU
+    gets."""
     from trtflow.report import REPORT_FILE, RUN_FILE, html, markdown
     from trtflow.report.record import read_record
     from trtflow.util.fs import atomic_write
@@ -188,7 +284,7 @@ def report(ctx: Context, source: Optional[Path], out: Optional[Path], fmt: str) 
     click.echo(f"wrote {target}", err=True)
 
 
-def _size_option(value: Optional[str]) -> Optional[int]:
+def _size_option(value: str | None) -> int | None:
     """--memory 16G -> bytes; a bad size is a usage error (exit 2) naming it."""
     if value is None:
         return None
@@ -208,7 +304,9 @@ def _exit_if_failed(states: list) -> None:
         sys.exit(max(failed))
 
 
-def _run_session(ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: bool, as_json: bool) -> tuple[Optional[list], Any]:
+def _run_session(
+    ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: bool, as_json: bool
+) -> tuple[list | None, Any]:
     """(final states, the session) of a run; (None, session) after printing a dry run's plan."""
     session = ctx.session(recipes)
     try:
@@ -230,7 +328,9 @@ def _run_session(ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--layers", is_flag=True, help="Also list every layer of each engine's network (name, type, output type).")
+@click.option(
+    "--layers", is_flag=True, help="Also list every layer of each engine's network (name, type, output type)."
+)
 def inspect(path: Path, as_json: bool, layers: bool) -> None:
     """Show a package (folder or .tar.gz), a manifest.json, or an engine file."""
     from trtflow.inspection import inspect_path
@@ -260,28 +360,97 @@ def schema(what: str) -> None:
 
 @cli.command()
 @click.argument("package", metavar="PACKAGE|URL")
-@click.option("--gpu", default="auto", show_default=True, help="auto (nvidia-smi), a compute capability (sm_86 or 8.6), or a target name of the package.")
-@click.option("--runtime-version", help="TensorRT or TensorRT-RTX version on the device, e.g. 10.13.3; without it version rules are not applied.")
-@click.option("--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="Consider only engines of this backend.")
+@click.option(
+    "--gpu",
+    default="auto",
+    show_default=True,
+    help="auto (nvidia-smi), a compute capability (sm_86 or 8.6), or a target name of the package.",
+)
+@click.option(
+    "--runtime-version",
+    help="TensorRT or TensorRT-RTX version on the device, e.g. 10.13.3; without it version rules are not applied.",
+)
+@click.option(
+    "--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="Consider only engines of this backend."
+)
 @click.option("--precision", help="Consider only engines of this precision.")
-@click.option("--prefer", help="Precisions in order of preference, e.g. fp16,int8 (default: fp8,int8,fp16,bf16,fp32: fewest bits first); "
-              "drop first ranks by the task accuracy drop the manifest measured (lowest first).")
-@click.option("--allow-failed", is_flag=True, help="Also consider engines whose verification or accuracy check failed (recorded with on_fail: warn).")
-@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder to install into: <recipe>/current -> <sha256>/ holding <recipe>.engine and provision.json.")
-@click.option("--keep", type=click.IntRange(min=1), default=2, show_default=True, help="Engine versions to keep per recipe (the current one included).")
-@click.option("--require-signature", is_flag=True, help="Refuse a package unless a --trust key signed its provenance (<recipe>.intoto.jsonl beside it).")
-@click.option("--trust", "trust", multiple=True, type=click.Path(path_type=Path), help="An Ed25519 public key (PEM) whose signatures are accepted; repeatable.")
-@click.option("--provenance", "provenance_file", type=click.Path(path_type=Path), help="The provenance file, if not beside the package.")
-@click.option("--channel", default="stable", show_default=True, help="For a URL: the channel to follow (channels/<name>.json).")
-@click.option("--device-id", help="For a URL: this device's id, which decides whether it is in a rollout's share (default: the host name).")
-@click.option("--no-preflight", is_flag=True, help="Do not check the engine against the installed runtime before `current` flips.")
-@click.option("--plugin-dir", type=click.Path(path_type=Path), help="The plugin libraries this device has (found by sha256); "
-              "an engine needing one neither here nor carried by the package is refused.")
+@click.option(
+    "--prefer",
+    help="Precisions in order of preference, e.g. fp16,int8 (default: fp8,int8,fp16,bf16,fp32: fewest bits first); "
+    "drop first ranks by the task accuracy drop the manifest measured (lowest first).",
+)
+@click.option(
+    "--allow-failed",
+    is_flag=True,
+    help="Also consider engines whose verification or accuracy check failed (recorded with on_fail: warn).",
+)
+@click.option(
+    "--dest",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to install into: <recipe>/current -> <sha256>/ holding <recipe>.engine and provision.json.",
+)
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Engine versions to keep per recipe (the current one included).",
+)
+@click.option(
+    "--require-signature",
+    is_flag=True,
+    help="Refuse a package unless a --trust key signed its provenance (<recipe>.intoto.jsonl beside it).",
+)
+@click.option(
+    "--trust",
+    "trust",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="An Ed25519 public key (PEM) whose signatures are accepted; repeatable.",
+)
+@click.option(
+    "--provenance",
+    "provenance_file",
+    type=click.Path(path_type=Path),
+    help="The provenance file, if not beside the package.",
+)
+@click.option(
+    "--channel", default="stable", show_default=True, help="For a URL: the channel to follow (channels/<name>.json)."
+)
+@click.option(
+    "--device-id",
+    help="For a URL: this device's id, which decides whether it is in a rollout's share (default: the host name).",
+)
+@click.option(
+    "--no-preflight", is_flag=True, help="Do not check the engine against the installed runtime before `current` flips."
+)
+@click.option(
+    "--plugin-dir",
+    type=click.Path(path_type=Path),
+    help="The plugin libraries this device has (found by sha256); "
+    "an engine needing one neither here nor carried by the package is refused.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
-def provision(package: str, gpu: str, runtime_version: Optional[str], backend: Optional[str], precision: Optional[str], prefer: Optional[str],
-              allow_failed: bool, dest: Path, keep: int, require_signature: bool, trust: tuple[Path, ...], provenance_file: Optional[Path],
-              channel: str, device_id: Optional[str], no_preflight: bool, plugin_dir: Optional[Path], as_json: bool) -> None:
+def provision(
+    package: str,
+    gpu: str,
+    runtime_version: str | None,
+    backend: str | None,
+    precision: str | None,
+    prefer: str | None,
+    allow_failed: bool,
+    dest: Path,
+    keep: int,
+    require_signature: bool,
+    trust: tuple[Path, ...],
+    provenance_file: Path | None,
+    channel: str,
+    device_id: str | None,
+    no_preflight: bool,
+    plugin_dir: Path | None,
+    as_json: bool,
+) -> None:
     """Install the engine of PACKAGE (folder, .tar.gz, manifest.json, or a URL `trtflow publish` wrote) that fits a GPU.
 
     From a URL: the channel's version for this device, its manifest and the chosen engine are fetched (nothing but
@@ -289,8 +458,23 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
     from trtflow.cli.fleet import ProvisionOptions, provision_once
 
     failed: list[dict] = []  # for --json: the engines for this GPU that failed to build
-    options = ProvisionOptions(gpu, runtime_version, backend, precision, prefer, allow_failed, dest, keep, require_signature, trust,
-                               provenance_file, channel, device_id, not no_preflight, plugin_dir=plugin_dir)
+    options = ProvisionOptions(
+        gpu,
+        runtime_version,
+        backend,
+        precision,
+        prefer,
+        allow_failed,
+        dest,
+        keep,
+        require_signature,
+        trust,
+        provenance_file,
+        channel,
+        device_id,
+        not no_preflight,
+        plugin_dir=plugin_dir,
+    )
 
     def install() -> dict:
         return provision_once(package, options, failed)
@@ -301,8 +485,11 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
     try:
         record = install()
     except TrtflowError as exc:  # --json: one JSON object on stdout on failure too; the one line still goes to stderr
-        click.echo(json.dumps({"action": "failed", "exit_code": exc.exit_code, "error": str(exc),
-                               "failed_engines": failed}, indent=2))
+        click.echo(
+            json.dumps(
+                {"action": "failed", "exit_code": exc.exit_code, "error": str(exc), "failed_engines": failed}, indent=2
+            )
+        )
         raise
     click.echo(json.dumps({**record, "exit_code": 0}, indent=2))
 
@@ -310,7 +497,12 @@ def provision(package: str, gpu: str, runtime_version: Optional[str], backend: O
 @cli.command()
 @click.argument("package", type=click.Path(path_type=Path))
 @click.argument("url")
-@click.option("--channel", default="stable", show_default=True, help="The channel whose newest version it becomes (e.g. stable, canary).")
+@click.option(
+    "--channel",
+    default="stable",
+    show_default=True,
+    help="The channel whose newest version it becomes (e.g. stable, canary).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was sent as JSON.")
 def publish(package: Path, url: str, channel: str, as_json: bool) -> None:
     """Upload a package folder to URL (s3://bucket/prefix, file:///shared/...) as a version, then flip CHANNEL to it.
@@ -325,11 +517,14 @@ def publish(package: Path, url: str, channel: str, as_json: bool) -> None:
         click.echo(json.dumps(summary, indent=2))
         return
     unchanged = f", {len(summary['engines_unchanged'])} unchanged" if summary["engines_unchanged"] else ""
-    click.echo(f"published {summary['recipe']} to {summary['url']} as version {summary['version'][:12]} on channel {channel}: "
-               f"{len(summary['engines_sent'])} engine(s) sent{unchanged}, {summary['files_sent']} file(s), {summary['bytes_sent']} bytes")
+    click.echo(
+        f"published {summary['recipe']} to {summary['url']} as version {summary['version'][:12]} on channel {channel}: "
+        f"{len(summary['engines_sent'])} engine(s) sent{unchanged}, {summary['files_sent']} file(s), "
+        f"{summary['bytes_sent']} bytes"
+    )
 
 
-def main(argv: Optional[list[str]] = None) -> Any:
+def main(argv: list[str] | None = None) -> Any:
     """Entry point: run the CLI, turning expected errors into one line and an exit code."""
     verbose = "-v" in (argv if argv is not None else sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
     try:
@@ -363,5 +558,9 @@ def _exit_if_write_failed(exc: Exception) -> None:
 
     if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
         where = f" {exc.filename}" if exc.filename else ""
-        click.echo(f"error: cannot write{where}: {exc.strerror} (disk full, file size limit or quota reached, or no permission?)", err=True)
+        click.echo(
+            f"error: cannot write{where}: {exc.strerror} (disk full, file size limit or quota reached, or no "
+            "permission?)",
+            err=True,
+        )
         sys.exit(EnvironmentProblem.exit_code)

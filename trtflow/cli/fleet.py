@@ -7,7 +7,6 @@ import random
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import click
 
@@ -19,22 +18,22 @@ class ProvisionOptions:
     """What `provision` and `agent` are told about the device and where to install."""
 
     gpu: str
-    runtime_version: Optional[str]
-    backend: Optional[str]
-    precision: Optional[str]
-    prefer: Optional[str]
+    runtime_version: str | None
+    backend: str | None
+    precision: str | None
+    prefer: str | None
     allow_failed: bool
     dest: Path
     keep: int
     require_signature: bool
     trust: tuple[Path, ...]
-    provenance_file: Optional[Path]
+    provenance_file: Path | None
     channel: str
-    device_id: Optional[str]
+    device_id: str | None
     preflight: bool = True
-    health_cmd: Optional[str] = None
+    health_cmd: str | None = None
     health_timeout: float = 300.0
-    plugin_dir: Optional[Path] = None  # the plugin libraries this device has (found by sha256)
+    plugin_dir: Path | None = None  # the plugin libraries this device has (found by sha256)
 
 
 def device_id_of(options: ProvisionOptions) -> str:
@@ -60,13 +59,19 @@ def _check(options: ProvisionOptions):
         return None
 
     def check(engine, path: Path) -> dict:  # noqa: ANN001
-        done = preflight(engine, path, options.runtime_version) if options.preflight else {"preflight": "skipped: --no-preflight"}
+        done = (
+            preflight(engine, path, options.runtime_version)
+            if options.preflight
+            else {"preflight": "skipped: --no-preflight"}
+        )
         return {**done, **(health(engine, path) if health else {})}
+
     return check
 
 
 def provision_once(package: str, options: ProvisionOptions, failed: list) -> dict:
-    """One provision of a package path or URL (a URL through its channel); `failed` gets the engines that failed to build."""
+    """One provision of a package path or URL (a URL through its channel); `failed` gets the engines that failed to
+    build."""
     from trtflow import provision as prov
     from trtflow.util.fsurl import is_url
 
@@ -79,8 +84,16 @@ def provision_once(package: str, options: ProvisionOptions, failed: list) -> dic
         keys = trusted_keys(((path, f"--trust {path}") for path in options.trust), prov.BadRequest)
 
     def make_device(manifest):  # noqa: ANN001
-        device = prov.device_from_options(options.gpu, manifest, options.runtime_version, options.backend, options.precision,
-                                          options.prefer, options.allow_failed, options.plugin_dir)
+        device = prov.device_from_options(
+            options.gpu,
+            manifest,
+            options.runtime_version,
+            options.backend,
+            options.precision,
+            options.prefer,
+            options.allow_failed,
+            options.plugin_dir,
+        )
         failed.extend(m.model_dump() for m in prov.failed_for(manifest, device))
         return device
 
@@ -88,7 +101,9 @@ def provision_once(package: str, options: ProvisionOptions, failed: list) -> dic
         from trtflow.deploy.rollout import Request, provision_channel
 
         choice = (options.runtime_version, options.backend, options.precision, options.prefer, options.allow_failed)
-        request = Request(package, options.channel, device_id_of(options), options.gpu, options.dest, options.keep, choice, keys)
+        request = Request(
+            package, options.channel, device_id_of(options), options.gpu, options.dest, options.keep, choice, keys
+        )
         return provision_channel(request, make_device, _check(options))
     loaded = prov.open_package(package)
     if keys is not None:
@@ -99,17 +114,28 @@ def provision_once(package: str, options: ProvisionOptions, failed: list) -> dic
 @cli.command()
 @click.argument("url")
 @click.option("--channel", default="stable", show_default=True, help="The channel to change.")
-@click.option("--share", required=True, help="The part of the channel's devices that take the version, e.g. 10% (by a hash of each device id).")
-@click.option("--from", "source", default="canary", show_default=True, help="The channel whose newest version is promoted.")
+@click.option(
+    "--share",
+    required=True,
+    help="The part of the channel's devices that take the version, e.g. 10% (by a hash of each device id).",
+)
+@click.option(
+    "--from", "source", default="canary", show_default=True, help="The channel whose newest version is promoted."
+)
 @click.option("--version", help="Promote this version (sha256, as publish --json prints it) instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print the channel as JSON.")
-def promote(url: str, channel: str, share: str, source: str, version: Optional[str], as_json: bool) -> None:
-    """Give the newest version of --from (or --version) to --share of CHANNEL's devices; the rest keep the previous one."""
+def promote(url: str, channel: str, share: str, source: str, version: str | None, as_json: bool) -> None:
+    """Give the newest version of --from (or --version) to --share of CHANNEL's devices; the rest keep the previous
+    one."""
     from trtflow.deploy.channels import promote as do
 
     done = do(url, channel, share, source, version)
-    _say(done, as_json, f"{channel}: {done['version'][:12]} for {done['share_bp'] / 100:g}% of devices, previous "
-                        f"{(done['previous'] or 'none')[:12]} for the rest")
+    _say(
+        done,
+        as_json,
+        f"{channel}: {done['version'][:12]} for {done['share_bp'] / 100:g}% of devices, previous "
+        f"{(done['previous'] or 'none')[:12]} for the rest",
+    )
 
 
 @cli.command()
@@ -130,30 +156,112 @@ def _say(done: dict, as_json: bool, line: str) -> None:
 
 @cli.command()
 @click.argument("url")
-@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="The destination this agent keeps (one agent each).")
-@click.option("--gpu", default="auto", show_default=True, help="auto (nvidia-smi), a compute capability (sm_86), or a target name.")
-@click.option("--runtime-version", help="TensorRT or TensorRT-RTX version on the device (default: the installed runtime's, for the preflight).")
+@click.option(
+    "--dest",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The destination this agent keeps (one agent each).",
+)
+@click.option(
+    "--gpu",
+    default="auto",
+    show_default=True,
+    help="auto (nvidia-smi), a compute capability (sm_86), or a target name.",
+)
+@click.option(
+    "--runtime-version",
+    help="TensorRT or TensorRT-RTX version on the device (default: the installed runtime's, for the preflight).",
+)
 @click.option("--channel", default="stable", show_default=True, help="The channel to follow.")
 @click.option("--device-id", help="This device's id (default: the host name).")
-@click.option("--interval", type=click.FloatRange(min=1), default=300, show_default=True, help="Seconds between polls (+-10% jitter).")
-@click.option("--backoff", type=click.FloatRange(min=0.1), default=10, show_default=True, help="First retry delay after a failure, doubling up to --backoff-cap.")
-@click.option("--backoff-cap", type=click.FloatRange(min=0.1), default=900, show_default=True, help="Longest delay between retries.")
-@click.option("--health-cmd", help="Run `CMD <engine>` (TRTFLOW_ENGINE set) before `current` flips; non-zero keeps the old engine.")
-@click.option("--health-timeout", type=click.FloatRange(min=1), default=300, show_default=True, help="Seconds the health command may take.")
-@click.option("--keep", type=click.IntRange(min=2), default=2, show_default=True, help="Engine versions kept (the previous one for an instant rollback).")
-@click.option("--report", is_flag=True, help="Also send status.json to <url>/devices/<device-id>.json (for `trtflow fleet status`).")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=1),
+    default=300,
+    show_default=True,
+    help="Seconds between polls (+-10% jitter).",
+)
+@click.option(
+    "--backoff",
+    type=click.FloatRange(min=0.1),
+    default=10,
+    show_default=True,
+    help="First retry delay after a failure, doubling up to --backoff-cap.",
+)
+@click.option(
+    "--backoff-cap",
+    type=click.FloatRange(min=0.1),
+    default=900,
+    show_default=True,
+    help="Longest delay between retries.",
+)
+@click.option(
+    "--health-cmd",
+    help="Run `CMD <engine>` (TRTFLOW_ENGINE set) before `current` flips; non-zero keeps the old engine.",
+)
+@click.option(
+    "--health-timeout",
+    type=click.FloatRange(min=1),
+    default=300,
+    show_default=True,
+    help="Seconds the health command may take.",
+)
+@click.option(
+    "--keep",
+    type=click.IntRange(min=2),
+    default=2,
+    show_default=True,
+    help="Engine versions kept (the previous one for an instant rollback).",
+)
+@click.option(
+    "--report",
+    is_flag=True,
+    help="Also send status.json to <url>/devices/<device-id>.json (for `trtflow fleet status`).",
+)
 @click.option("--once", is_flag=True, help="One poll, then exit with its exit code (for cron).")
-@click.option("--max-runtime", type=click.FloatRange(min=0), help="Stop after this many seconds (default: run until stopped).")
+@click.option(
+    "--max-runtime", type=click.FloatRange(min=0), help="Stop after this many seconds (default: run until stopped)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the last status as JSON.")
-def agent(url: str, dest: Path, gpu: str, runtime_version: Optional[str], channel: str, device_id: Optional[str], interval: float,
-          backoff: float, backoff_cap: float, health_cmd: Optional[str], health_timeout: float, keep: int, report: bool, once: bool,
-          max_runtime: Optional[float], as_json: bool) -> None:
+def agent(
+    url: str,
+    dest: Path,
+    gpu: str,
+    runtime_version: str | None,
+    channel: str,
+    device_id: str | None,
+    interval: float,
+    backoff: float,
+    backoff_cap: float,
+    health_cmd: str | None,
+    health_timeout: float,
+    keep: int,
+    report: bool,
+    once: bool,
+    max_runtime: float | None,
+    as_json: bool,
+) -> None:
     """Keep DEST on the version URL's CHANNEL says for this device: poll, back off on failure, write status.json."""
     from trtflow.deploy import agent as agents
     from trtflow.deploy.remote import RemoteFolder
 
-    options = ProvisionOptions(gpu, runtime_version, None, None, None, False, dest, keep, False, (), None, channel, device_id,
-                               health_cmd=health_cmd, health_timeout=health_timeout)
+    options = ProvisionOptions(
+        gpu,
+        runtime_version,
+        None,
+        None,
+        None,
+        False,
+        dest,
+        keep,
+        False,
+        (),
+        None,
+        channel,
+        device_id,
+        health_cmd=health_cmd,
+        health_timeout=health_timeout,
+    )
     identity = {"device_id": device_id_of(options), "channel": channel, "url": RemoteFolder(url).shown, "gpu": gpu}
 
     def one_round() -> tuple:
@@ -171,10 +279,16 @@ def agent(url: str, dest: Path, gpu: str, runtime_version: Optional[str], channe
         if once:
             status, error = one_round()
         else:
-            status, error = agents.run(one_round, agents.Schedule(interval, backoff, backoff_cap), max_runtime, random.Random()), None
-    click.echo(json.dumps(status, indent=2) if as_json else
-               f"{status['device_id']}: {status.get('action')} {(status.get('version') or '-')[:12]} ({channel})"
-               + (f"; error: {status['last_error']}" if status.get("last_error") else ""))
+            status, error = (
+                agents.run(one_round, agents.Schedule(interval, backoff, backoff_cap), max_runtime, random.Random()),
+                None,
+            )
+    click.echo(
+        json.dumps(status, indent=2)
+        if as_json
+        else f"{status['device_id']}: {status.get('action')} {(status.get('version') or '-')[:12]} ({channel})"
+        + (f"; error: {status['last_error']}" if status.get("last_error") else "")
+    )
     if error is not None:
         raise error
 
@@ -186,7 +300,13 @@ def fleet() -> None:
 
 @fleet.command("status")
 @click.argument("url")
-@click.option("--stale", type=click.FloatRange(min=0), default=3600, show_default=True, help="Seconds after which a silent device counts as stale.")
+@click.option(
+    "--stale",
+    type=click.FloatRange(min=0),
+    default=3600,
+    show_default=True,
+    help="Seconds after which a silent device counts as stale.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def fleet_status(url: str, stale: float, as_json: bool) -> None:
     """Devices by channel, version and GPU, from the reports at URL/devices/ (agent --report)."""
@@ -200,7 +320,10 @@ def fleet_status(url: str, stale: float, as_json: bool) -> None:
         return
     click.echo(f"{'channel':<12} {'version':<14} {'gpu':<10} {'devices':>8} {'errors':>7} {'stale':>6}")
     for row in rows:
-        click.echo(f"{row['channel'][:12]:<12} {row['version'][:12]:<14} {row['gpu'][:10]:<10} {row['devices']:>8} {row['with_error']:>7} {row['stale']:>6}")
+        click.echo(
+            f"{row['channel'][:12]:<12} {row['version'][:12]:<14} {row['gpu'][:10]:<10} {row['devices']:>8} "
+            f"{row['with_error']:>7} {row['stale']:>6}"
+        )
     for line in refused:
         click.echo(f"note: report set aside: {line}", err=True)
 
@@ -212,8 +335,20 @@ def remote() -> None:
 
 @remote.command("gc")
 @click.argument("url")
-@click.option("--keep", type=click.IntRange(min=2), default=5, show_default=True, help="Newest versions kept per channel (2 at least: rollback).")
-@click.option("--grace", type=click.FloatRange(min=0), default=3600, show_default=True, help="Never delete what is younger (a publish in progress).")
+@click.option(
+    "--keep",
+    type=click.IntRange(min=2),
+    default=5,
+    show_default=True,
+    help="Newest versions kept per channel (2 at least: rollback).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=3600,
+    show_default=True,
+    help="Never delete what is younger (a publish in progress).",
+)
 @click.option("--yes", is_flag=True, help="Delete (without it, only say what would be deleted).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def remote_gc(url: str, keep: int, grace: float, yes: bool, as_json: bool) -> None:
@@ -222,5 +357,10 @@ def remote_gc(url: str, keep: int, grace: float, yes: bool, as_json: bool) -> No
 
     done = gc_remote(url, keep, grace, yes)
     verb = "deleted" if yes else "to delete"
-    _say(done, as_json, f"{done['url']}: {len(done[f'versions_{verb}'.replace(' ', '_')])} version(s) and "
-                        f"{len(done[f'engines_{verb}'.replace(' ', '_')])} engine(s) {verb}; kept {len(done['kept_versions'])} version(s)")
+    _say(
+        done,
+        as_json,
+        f"{done['url']}: {len(done[f'versions_{verb}'.replace(' ', '_')])} version(s) and "
+        f"{len(done[f'engines_{verb}'.replace(' ', '_')])} engine(s) {verb}; kept {len(done['kept_versions'])} "
+        "version(s)",
+    )

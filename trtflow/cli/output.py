@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import click
 
@@ -19,8 +19,16 @@ def counts(states: list[NodeState]) -> str:
     return ", ".join(f"{n} {status}" for status, n in counts.items()) or "nothing to do"
 
 
-def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_run: bool = False, warnings: tuple = (),
-                  repro: list = (), repro_skipped: Optional[dict[str, str]] = None, frozen: Optional[dict] = None) -> None:
+def print_summary(
+    states: list[NodeState],
+    as_json: bool,
+    seconds: float,
+    dry_run: bool = False,
+    warnings: tuple = (),
+    repro: list = (),
+    repro_skipped: dict[str, str] | None = None,
+    frozen: dict | None = None,
+) -> None:
     """Print the end of `trtflow run`: failures and totals, the would-run table of --dry-run, or JSON."""
     if as_json:
         for warning in warnings:
@@ -29,24 +37,42 @@ def print_summary(states: list[NodeState], as_json: bool, seconds: float, dry_ru
         counts["failed_cached"] = sum(s.status == FAILED and s.from_cache for s in states)
         checks = {"reproducibility": [check.to_json() for check in repro]} if repro or repro_skipped else {}
         if repro_skipped:
-            checks["reproducibility_not_checked"] = [{"id": node_id, "why": why} for node_id, why in repro_skipped.items()]
+            checks["reproducibility_not_checked"] = [
+                {"id": node_id, "why": why} for node_id, why in repro_skipped.items()
+            ]
         checks.update({"frozen": frozen} if frozen is not None else {})
-        click.echo(json.dumps({"dry_run": dry_run, "seconds": round(seconds, 3), **counts, "warnings": list(warnings),
-                               "nodes": [s.to_json() for s in states], **checks}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "dry_run": dry_run,
+                    "seconds": round(seconds, 3),
+                    **counts,
+                    "warnings": list(warnings),
+                    "nodes": [s.to_json() for s in states],
+                    **checks,
+                },
+                indent=2,
+            )
+        )
         return
     if dry_run:
         for state in states:
             click.echo(f"{'would run' if not state.settled else state.status:<10} {state.node.id:<48} {state.label}")
-        click.echo(f"dry run: {sum(not s.settled for s in states)} stage(s) would run, {sum(s.status == CACHED for s in states)} cached"
-                   + _failed_before(states))
+        click.echo(
+            f"dry run: {sum(not s.settled for s in states)} stage(s) would run, "
+            f"{sum(s.status == CACHED for s in states)} cached" + _failed_before(states)
+        )
         return
     for state in states:
         if state.status in (FAILED, SKIPPED):
             click.echo(f"{state.label.split(':')[0]:<8} {state.node.id}: {state.reason}", err=True)
     click.echo(_totals(states, seconds))
     if frozen is not None:
-        click.echo(f"frozen: {frozen['identical']} stage(s) identical to trtflow.lock, {len(frozen['equivalent'])} engine(s) equivalent "
-                   "(only the backend's generated numbering differs: same canonical digest)")
+        click.echo(
+            f"frozen: {frozen['identical']} stage(s) identical to trtflow.lock, {len(frozen['equivalent'])} engine(s) "
+            "equivalent "
+            "(only the backend's generated numbering differs: same canonical digest)"
+        )
     _print_repro(repro, repro_skipped or {})
 
 
@@ -62,7 +88,10 @@ def _totals(states: list[NodeState], seconds: float) -> str:
     failed = [s for s in states if s.status == FAILED]
     cached_failures = sum(s.from_cache for s in failed)
     shown = f"{len(failed)} failed" + (f" ({cached_failures} cached)" if cached_failures else "")
-    line = f"{built} built, {sum(s.status == CACHED for s in states)} cached, {shown}, {sum(s.status == SKIPPED for s in states)} skipped in {seconds:.2f} s"
+    line = (
+        f"{built} built, {sum(s.status == CACHED for s in states)} cached, {shown}, "
+        f"{sum(s.status == SKIPPED for s in states)} skipped in {seconds:.2f} s"
+    )
     pulled = sum(s.status == CACHED and s.reason == PULLED for s in states)
     expected = sum(s.expected for s in failed)
     if pulled:
@@ -90,7 +119,9 @@ def _print_repro(repro: list, skipped: dict[str, str]) -> None:
 
 def repro_line(check: Any) -> str:
     """`identical   build:x/fp32/t: 3/3 byte-identical` (or equivalent, or different with the first failure)."""
-    detail = f"{check.identical}/{check.rebuilds} byte-identical, {check.equivalent}/{check.rebuilds} same canonical digest"
+    detail = (
+        f"{check.identical}/{check.rebuilds} byte-identical, {check.equivalent}/{check.rebuilds} same canonical digest"
+    )
     if check.failures:
         detail += f"; {len(check.failures)} rebuild(s) failed: {check.failures[0]}"
     return f"{check.verdict:<11} {check.node_id}: {detail}"
@@ -99,16 +130,25 @@ def repro_line(check: Any) -> str:
 def print_manifest(path: str, manifest: dict, layers: bool = False) -> None:
     """Print a package manifest for `trtflow inspect`: each engine's target, backend, tensors and evidence."""
     click.echo(f"package {manifest['recipe']}  ({path})")
-    click.echo(f"  trtflow {manifest['trtflow_version']}, manifest schema {manifest['schema_version']}, source sha256 {manifest['source']['sha256'][:16]}")
+    click.echo(
+        f"  trtflow {manifest['trtflow_version']}, manifest schema {manifest['schema_version']}, source sha256 "
+        f"{manifest['source']['sha256'][:16]}"
+    )
     for line in missing_lines(manifest):
         click.echo(f"  {line}")
     for engine in manifest["engines"]:
         click.echo(f"  {engine['file']}")
-        click.echo(f"    target {engine['target']} ({', '.join(engine['compute_capabilities'])}), {engine['precision']}, {engine['backend']} {engine['backend_version']}")
+        click.echo(
+            f"    target {engine['target']} ({', '.join(engine['compute_capabilities'])}), {engine['precision']}, "
+            f"{engine['backend']} {engine['backend_version']}"
+        )
         click.echo(f"    {engine['size']} bytes, sha256 {engine['sha256']}")
         for tensor in engine["tensors"]:
             ranges = "; ".join(f"{p['min']}..{p['max']} opt {p['opt']}" for p in tensor["profiles"])
-            click.echo(f"    {tensor['mode']:<6} {tensor['name']} {tensor['dtype']} {tensor['shape']}" + (f"  profiles: {ranges}" if ranges else ""))
+            click.echo(
+                f"    {tensor['mode']:<6} {tensor['name']} {tensor['dtype']} {tensor['shape']}"
+                + (f"  profiles: {ranges}" if ranges else "")
+            )
         for line in evidence_lines(engine):
             click.echo(f"    {line}")
         for line in network_lines(engine.get("network"), layers):
@@ -121,8 +161,13 @@ def network_lines(network: Any, layers: bool) -> list[str]:
         return []
     counted = ", ".join(f"{kind} {n}" for kind, n in network["by_type"].items())
     types = ", ".join(f"{dtype} {n}" for dtype, n in network["by_output_dtype"].items())
-    lines = [f"network: {len(network['layers'])} layers ({counted}); output types {types}; device memory {network['device_memory']}"]
-    return lines + ([f"  {layer['type']:<16} {layer['dtype']:<10} {layer['name']}" for layer in network["layers"]] if layers else [])
+    lines = [
+        f"network: {len(network['layers'])} layers ({counted}); output types {types}; device memory "
+        f"{network['device_memory']}"
+    ]
+    return lines + (
+        [f"  {layer['type']:<16} {layer['dtype']:<10} {layer['name']}" for layer in network["layers"]] if layers else []
+    )
 
 
 def missing_lines(manifest: dict) -> list[str]:
@@ -130,8 +175,10 @@ def missing_lines(manifest: dict) -> list[str]:
     missing = manifest.get("missing") or []
     if not missing:
         return []
-    return [f"INCOMPLETE: {len(missing)} engine(s) of the recipe failed and are not in this package:",
-            *(f"  missing {m['precision']}/{m['target']}: {m['stage']}: {m['reason']}" for m in missing)]
+    return [
+        f"INCOMPLETE: {len(missing)} engine(s) of the recipe failed and are not in this package:",
+        *(f"  missing {m['precision']}/{m['target']}: {m['stage']}: {m['reason']}" for m in missing),
+    ]
 
 
 def evidence_lines(engine: dict) -> list[str]:
@@ -139,17 +186,25 @@ def evidence_lines(engine: dict) -> list[str]:
     lines = []
     calibration = engine.get("calibration")
     if calibration:
-        data = "random inputs" if calibration.get("random") else f"data sha256 {str(calibration.get('data_digest'))[:16]}"
+        data = (
+            "random inputs" if calibration.get("random") else f"data sha256 {str(calibration.get('data_digest'))[:16]}"
+        )
         lines.append(f"calibration: {calibration.get('method')}, {calibration.get('samples')} samples, {data}")
     check = engine.get("verification") or {}
     if check.get("cleanup_equality"):
         proof = check["cleanup_equality"]
         worst = max((o["max_abs_error"] or 0.0 for o in proof["outputs"]), default=0.0)
-        lines.append(f"cleanup == source: {'passed' if proof['passed'] else 'FAILED'} (max abs error {worst:.3g}, {proof['samples']} samples)")
+        lines.append(
+            f"cleanup == source: {'passed' if proof['passed'] else 'FAILED'} (max abs error {worst:.3g}, "
+            f"{proof['samples']} samples)"
+        )
     accuracy = check.get("precision_accuracy")
     if accuracy:
         cosine = min((o.get("cosine_similarity") or 0.0 for o in accuracy.get("outputs", [])), default=0.0)
-        lines.append(f"{engine['precision']} vs fp32: {'passed' if accuracy.get('passed') else 'FAILED'} (min cosine {cosine:.8f}, {accuracy.get('samples')} samples)")
+        lines.append(
+            f"{engine['precision']} vs fp32: {'passed' if accuracy.get('passed') else 'FAILED'} (min cosine "
+            f"{cosine:.8f}, {accuracy.get('samples')} samples)"
+        )
         if accuracy.get("task"):
             lines.append(task_line(engine["precision"], accuracy["task"]))
     if check.get("precision_composition"):
@@ -168,7 +223,8 @@ def task_line(precision: str, task: dict) -> str:
 
 
 def composition_line(parts: dict) -> str:
-    """`made of: nodes float16 40, float32 3, q/dq 12; weights float16 5.3 MiB, float32 1.2 KiB; Q/DQ-fed Conv 20, Gemm 1`."""
+    """`made of: nodes float16 40, float32 3, q/dq 12; weights float16 5.3 MiB, float32 1.2 KiB; Q/DQ-fed Conv 20, Gemm
+    1`."""
     nodes = ", ".join(f"{k} {v}" for k, v in parts["nodes_by_dtype"].items())
     weights = ", ".join(f"{k} {size(v)}" for k, v in parts["initializer_bytes_by_dtype"].items())
     covered = ", ".join(f"{k} {v}" for k, v in parts["qdq_covered_ops"].items())
@@ -179,9 +235,14 @@ def kept_lines(parts: dict, top: int = 5) -> list[str]:
     """`fp16 share: weights 12.0%, MACs 30.1%; 40 node(s) kept higher, the largest:` then one line per kept node."""
     if parts.get("weight_share") is None:
         return []
-    lines = [f"{parts['precision']} share: weights {parts['weight_share']:.1%}, MACs {parts['mac_share']:.1%}; "
-             f"{parts['kept_nodes']} node(s) kept in higher precision" + (", the largest:" if parts["kept"] else "")]
-    lines += [f"  {k['name']} ({k['op']}, {k['weights']} weights, {k['macs']} MACs): {k['reason']}" for k in parts["kept"][:top]]
+    lines = [
+        f"{parts['precision']} share: weights {parts['weight_share']:.1%}, MACs {parts['mac_share']:.1%}; "
+        f"{parts['kept_nodes']} node(s) kept in higher precision" + (", the largest:" if parts["kept"] else "")
+    ]
+    lines += [
+        f"  {k['name']} ({k['op']}, {k['weights']} weights, {k['macs']} MACs): {k['reason']}"
+        for k in parts["kept"][:top]
+    ]
     return lines
 
 
@@ -192,11 +253,15 @@ def print_engine(info: dict) -> None:
     if entry is None:
         click.echo("  no manifest describes it (inspect the package folder it came from for details)")
         return
-    click.echo(f"  recipe {info['recipe']}, target {entry['target']} ({', '.join(entry['compute_capabilities'])}), {entry['precision']}, {entry['backend']} {entry['backend_version']}")
+    click.echo(
+        f"  recipe {info['recipe']}, target {entry['target']} ({', '.join(entry['compute_capabilities'])}), "
+        f"{entry['precision']}, {entry['backend']} {entry['backend_version']}"
+    )
 
 
 def outcome(state: NodeState) -> str:
-    """What follows a finished stage's line: the one-line reason of a failure or skip, why a cached one was (pulled...)."""
+    """What follows a finished stage's line: the one-line reason of a failure or skip, why a cached one was
+    (pulled...)."""
     if state.status in (FAILED, SKIPPED):
         return f": {state.reason}"
     return f"  ({state.reason})" if state.status == CACHED and state.reason else ""
@@ -210,6 +275,7 @@ class PlainView:
         self.done = 0
 
     def __call__(self, event: str, state: Any) -> None:
+        """Show one runner event (a stage started or finished)."""
         if event == "plan":
             return
         if event == "warning":
@@ -241,7 +307,7 @@ class Eta:
     def __init__(self, jobs: int = 1):
         self.jobs, self.left, self.total, self.done, self.failed = max(jobs, 1), {}, 0, 0, 0
 
-    def plan(self, estimates: dict[str, Optional[float]]) -> None:
+    def plan(self, estimates: dict[str, float | None]) -> None:
         """The nodes that will run and their seconds last time (None: unknown)."""
         known = [s for s in estimates.values() if s is not None]
         by_kind: dict[str, list[float]] = {}
@@ -273,7 +339,8 @@ class Eta:
 
 
 class RichView(PlainView):
-    """A live progress bar on a terminal (total, done, failed, ETA from earlier runs), with finished stages printed above it."""
+    """A live progress bar on a terminal (total, done, failed, ETA from earlier runs), with finished stages printed
+    above it."""
 
     def __init__(self, verbose: bool, jobs: int = 1):
         super().__init__(verbose)
@@ -281,12 +348,18 @@ class RichView(PlainView):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.eta = Eta(jobs)
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
-                                 console=Console(stderr=True))
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
         self.task = self.progress.add_task("running", total=None, counts="")
         self.progress.start()
 
     def __call__(self, event: str, state: Any) -> None:
+        """Show one runner event (a stage started or finished)."""
         if event == "plan":
             self.eta.plan(state)
             self.progress.update(self.task, total=self.eta.total or None, counts=self.eta.line())
@@ -296,11 +369,15 @@ class RichView(PlainView):
             self.progress.console.print(shown, markup=False, highlight=False)
             return
         if event in ("start", "wait"):
-            self.progress.update(self.task, description=f"{'running' if event == 'start' else 'waiting for'} {state.node.id}")
+            self.progress.update(
+                self.task, description=f"{'running' if event == 'start' else 'waiting for'} {state.node.id}"
+            )
             return
         if state.status != CACHED:
             timing = f" in {state.seconds:.2f} s" if state.seconds is not None else ""
-            self.progress.console.print(f"{state.label.split(':')[0]:<8} {state.node.id}{timing}{outcome(state)}", markup=False, highlight=False)
+            self.progress.console.print(
+                f"{state.label.split(':')[0]:<8} {state.node.id}{timing}{outcome(state)}", markup=False, highlight=False
+            )
         self.eta.finished(state)
         self.progress.update(self.task, completed=self.eta.done, counts=self.eta.line())
 
@@ -323,8 +400,11 @@ def print_verify(report: dict) -> None:
         click.echo(f"missing  {gone['digest']} of {gone['node']} (key {gone['key'][:12]}): the next run rebuilds it")
     for path in report["leftovers"]:
         click.echo(f"leftover {path} (a killed write; `trtflow cache gc --yes` removes it)")
-    click.echo(f"verified {report['objects']} objects ({size(report['bytes'])}) in {report['seconds']:.2f} s: "
-               f"{len(report['corrupt'])} corrupt, {len(report['missing'])} missing, {len(report['set_aside'])} malformed records  [{report['store']}]")
+    click.echo(
+        f"verified {report['objects']} objects ({size(report['bytes'])}) in {report['seconds']:.2f} s: "
+        f"{len(report['corrupt'])} corrupt, {len(report['missing'])} missing, {len(report['set_aside'])} malformed "
+        f"records  [{report['store']}]"
+    )
 
 
 def print_warnings(messages: list[str]) -> None:
@@ -356,22 +436,26 @@ def print_provision(record: dict) -> None:
         verb = "installed" if record["action"] == "installed" else "switched back to"
         click.echo(f"{verb} {written['version']}; {written['engine']} now points to it")
     for plugin in record.get("plugins", []):
-        where = plugin["path"] if plugin["source"] == "plugin-dir" else f"{written['version']}/{plugin['file']} (carried by the package)"
+        where = (
+            plugin["path"]
+            if plugin["source"] == "plugin-dir"
+            else f"{written['version']}/{plugin['file']} (carried by the package)"
+        )
         click.echo(f"  plugin {plugin['name']}: {where}")
     if record.get("transfer"):
         transfer = record["transfer"]
         click.echo(f"  fetched {transfer['bytes']} bytes from {transfer['from']} ({', '.join(transfer['files'])})")
 
 
-
-
-def print_doctor(rows: list[dict], version: str, hint: Optional[str]) -> None:
+def print_doctor(rows: list[dict], version: str, hint: str | None) -> None:
     """`trtflow doctor`: each tool the lock names, its locked and installed version, and what to do if they differ."""
     click.echo(f"trtflow {version}, python {sys.version.split()[0]}")
     width = max([len(row["tool"]) for row in rows] + [4])
     click.echo(f"{'tool':<{width}}  {'trtflow.lock':<14} {'installed':<14}")
     for row in rows:
         state = "ok" if row["installed"] == row["locked"] else "DIFFERS"
-        click.echo(f"{row['tool']:<{width}}  {row['locked']:<14} {str(row['installed'] or 'not installed'):<14} {state}")
+        click.echo(
+            f"{row['tool']:<{width}}  {row['locked']:<14} {str(row['installed'] or 'not installed'):<14} {state}"
+        )
     if hint:
         click.echo(f"install the locked tools: {hint}")

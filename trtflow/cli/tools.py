@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import click
 
@@ -22,11 +23,19 @@ def export() -> None:
 
 @export.command("ort-context")
 @click.argument("package", metavar="PACKAGE|URL")
-@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for <recipe>-<target>-<precision>_ctx.onnx and its engine.")
-@click.option("--embed", is_flag=True, help="Put the engine bytes inside the model (embed_mode 1) instead of beside it.")
+@click.option(
+    "--dest",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for <recipe>-<target>-<precision>_ctx.onnx and its engine.",
+)
+@click.option(
+    "--embed", is_flag=True, help="Put the engine bytes inside the model (embed_mode 1) instead of beside it."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def export_ort_context(package: str, dest: Path, embed: bool, as_json: bool) -> None:
-    """Write one ONNX model per engine whose EPContext node ONNX Runtime's TensorRT(-RTX) provider loads without compiling."""
+    """Write one ONNX model per engine whose EPContext node ONNX Runtime's TensorRT(-RTX) provider loads without
+    compiling."""
     from trtflow.deploy.ort_context import export_ort_context as write
     from trtflow.provision import open_package
 
@@ -41,13 +50,33 @@ def export_ort_context(package: str, dest: Path, embed: bool, as_json: bool) -> 
 
 @export.command("triton")
 @click.argument("packages", nargs=-1, required=True, metavar="PACKAGE|URL...")
-@click.option("--repo", required=True, type=click.Path(file_okay=False, path_type=Path), help="The Triton model repository folder.")
+@click.option(
+    "--repo",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The Triton model repository folder.",
+)
 @click.option("--model-name", help="The Triton model's name (default: the recipe).")
-@click.option("--version", "version", type=click.IntRange(min=1), default=1, show_default=True, help="The model version folder to write.")
+@click.option(
+    "--version",
+    "version",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="The model version folder to write.",
+)
 @click.option("--precision", help="The precision to serve, when the packages hold several.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export_triton(packages: tuple[str, ...], repo: Path, model_name: Optional[str], version: int, precision: Optional[str], as_json: bool) -> None:
-    """Write a Triton model (config.pbtxt + <version>/<target>.plan) serving full TensorRT engines on every GPU they were built for."""
+def export_triton(
+    packages: tuple[str, ...],
+    repo: Path,
+    model_name: str | None,
+    version: int,
+    precision: str | None,
+    as_json: bool,
+) -> None:
+    """Write a Triton model (config.pbtxt + <version>/<target>.plan) serving full TensorRT engines on every GPU they
+    were built for."""
     from trtflow.deploy.triton import export_triton as write
     from trtflow.provision import open_package
 
@@ -58,14 +87,17 @@ def export_triton(packages: tuple[str, ...], repo: Path, model_name: Optional[st
     for note in written["notes"]:
         click.echo(f"note: {note}", err=True)
     ccs = ", ".join(f"{cc} -> {file}" for cc, file in written["cc_model_filenames"].items())
-    click.echo(f"wrote {written['config']} and version {written['version']}: max_batch_size {written['max_batch_size']}, "
-               f"cc_model_filenames {ccs or 'none'}, default {written['default_model_filename']}")
+    click.echo(
+        f"wrote {written['config']} and version {written['version']}: max_batch_size {written['max_batch_size']}, "
+        f"cc_model_filenames {ccs or 'none'}, default {written['default_model_filename']}"
+    )
 
 
 @cli.command()
 @click.argument("stem", type=click.Path(path_type=Path))
 def keygen(stem: Path) -> None:
-    """Make an Ed25519 key pair STEM.key (private, mode 0600: give it to CI as TRTFLOW_SIGNING_KEY_FILE) and STEM.pub."""
+    """Make an Ed25519 key pair STEM.key (private, mode 0600: give it to CI as TRTFLOW_SIGNING_KEY_FILE) and
+    STEM.pub."""
     from trtflow.signing import KEY_FILE_ENV, generate_key_pair
 
     private, public, keyid = generate_key_pair(stem)
@@ -96,7 +128,11 @@ def doctor(ctx: Context, as_json: bool) -> None:
     rows = [{"tool": t.name, "locked": t.version, "installed": t.installed(), "stages": len(t.named_by)} for t in tools]
     differ = [row for row in rows if row["installed"] != row["locked"]]
     if as_json:
-        click.echo(json.dumps({"trtflow": __version__, "python": sys.version.split()[0], "tools": rows, "ok": not differ}, indent=2))
+        click.echo(
+            json.dumps(
+                {"trtflow": __version__, "python": sys.version.split()[0], "tools": rows, "ok": not differ}, indent=2
+            )
+        )
     else:
         output.print_doctor(rows, __version__, INSTALL_HINT if differ else None)
     if differ:
@@ -115,7 +151,9 @@ def cache_ls(ctx: Context, as_json: bool) -> None:
     """Records and bytes per recipe and stage, how many of them trtflow.lock uses, and store totals."""
     from trtflow.store import housekeeping
 
-    info = _on_store(ctx, as_json, lambda project, store: housekeeping.usage(store, housekeeping.lock_keys(project.root)))
+    info = _on_store(
+        ctx, as_json, lambda project, store: housekeeping.usage(store, housekeeping.lock_keys(project.root))
+    )
     if info is None:
         return
     if as_json:
@@ -123,17 +161,24 @@ def cache_ls(ctx: Context, as_json: bool) -> None:
         return
     click.echo(f"{'recipe':<24} {'stage':<10} {'records':>7} {'in lock':>7} {'size':>10}")
     for row in info["stages"]:
-        click.echo(f"{row['recipe']:<24} {row['stage']:<10} {row['records']:>7} {row['in_lock']:>7} {output.size(row['bytes']):>10}")
+        click.echo(
+            f"{row['recipe']:<24} {row['stage']:<10} {row['records']:>7} {row['in_lock']:>7} "
+            f"{output.size(row['bytes']):>10}"
+        )
     objects, loose = info["objects"], info["unreferenced"]
-    click.echo(f"objects: {objects['count']} ({output.size(objects['bytes'])}); used by no record: {loose['count']} ({output.size(loose['bytes'])}); "
-               f"quarantined: {output.size(info['corrupt'])}; work dirs: {output.size(info['tmp'])}  [{info['store']}]")
+    click.echo(
+        f"objects: {objects['count']} ({output.size(objects['bytes'])}); used by no record: {loose['count']} "
+        f"({output.size(loose['bytes'])}); "
+        f"quarantined: {output.size(info['corrupt'])}; work dirs: {output.size(info['tmp'])}  [{info['store']}]"
+    )
 
 
 @cache.command("verify")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
 def cache_verify(ctx: Context, as_json: bool) -> None:
-    """Re-hash every object and check every record; name bad ones (exit 1) and move them aside so the next run rebuilds them."""
+    """Re-hash every object and check every record; name bad ones (exit 1) and move them aside so the next run rebuilds
+    them."""
     from trtflow.store import housekeeping
 
     report = _on_store(ctx, as_json, lambda project, store: housekeeping.verify(store))
@@ -148,7 +193,9 @@ def cache_verify(ctx: Context, as_json: bool) -> None:
 
 
 @cache.command("gc")
-@click.option("--keep-last", type=click.IntRange(min=0), default=0, show_default=True, help="Also keep what the last N runs used.")
+@click.option(
+    "--keep-last", type=click.IntRange(min=0), default=0, show_default=True, help="Also keep what the last N runs used."
+)
 @click.option("--yes", is_flag=True, help="Delete (without it, only say what would be deleted).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
@@ -162,7 +209,9 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
         if not yes:
             return housekeeping.garbage(store, keep)
         report = housekeeping.collect_garbage(store, keep)
-        report["leftovers"] = [str(p) for p in housekeeping.sweep_leftovers(store, project.packages_dir, project.root, runs_died=True)]
+        report["leftovers"] = [
+            str(p) for p in housekeeping.sweep_leftovers(store, project.packages_dir, project.root, runs_died=True)
+        ]
         return report
 
     report = _on_store(ctx, as_json, sweep)
@@ -174,16 +223,23 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
         return
     verb = "deleted" if yes else "would delete"
     freed = report["freed"]
-    click.echo(f"{verb} {len(report['records'])} records, {len(report['objects'])} objects ({output.size(freed['objects'])}), "
-               f"{output.size(freed['corrupt'])} quarantined, {output.size(freed['tmp'])} of dead runs' work dirs and leftovers: {output.size(report['freed_bytes'])} in all")
+    click.echo(
+        f"{verb} {len(report['records'])} records, {len(report['objects'])} objects ({output.size(freed['objects'])}), "
+        f"{output.size(freed['corrupt'])} quarantined, {output.size(freed['tmp'])} of dead runs' work dirs and "
+        f"leftovers: {output.size(report['freed_bytes'])} in all"
+    )
     kept = "trtflow.lock and the packages use" + (f", and the last {keep_last} run(s) used" if keep_last else "")
-    click.echo(f"kept {report['kept_records']} records, {report['kept_objects']} objects ({output.size(report['kept_bytes'])}): what {kept}")
+    click.echo(
+        f"kept {report['kept_records']} records, {report['kept_objects']} objects "
+        f"({output.size(report['kept_bytes'])}): what {kept}"
+    )
     if not yes:
         click.echo("dry run: pass --yes to delete")
 
 
-def _on_store(ctx: Context, as_json: bool, work: Callable[[Any, Any], dict]) -> Optional[dict]:
-    """`work(project, store)` on the project's store, closed afterwards; None (said to the user) if nothing has run yet."""
+def _on_store(ctx: Context, as_json: bool, work: Callable[[Any, Any], dict]) -> dict | None:
+    """`work(project, store)` on the project's store, closed afterwards; None (said to the user) if nothing has run
+    yet."""
     project, store = ctx.store()
     if store is None:
         _no_store(project.store_dir, as_json)

@@ -17,10 +17,10 @@ import random
 import shlex
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 from filelock import FileLock, Timeout
 
@@ -65,18 +65,26 @@ def next_delay(failures: int, schedule: Schedule, rng: random.Random) -> float:
 
 def health_check(command: str, timeout: float) -> Callable[[Engine, Path], dict]:
     """A check running `command <engine path>` with TRTFLOW_ENGINE (and _SHA256) set; exit 0 passes."""
+
     def check(engine: Engine, path: Path) -> dict:
         env = {**os.environ, "TRTFLOW_ENGINE": str(path), "TRTFLOW_ENGINE_SHA256": engine.sha256}
         try:
-            done = subprocess.run([*shlex.split(command), str(path)], capture_output=True, text=True, env=env, timeout=timeout)
+            done = subprocess.run(
+                [*shlex.split(command), str(path)], capture_output=True, text=True, env=env, timeout=timeout
+            )
         except subprocess.TimeoutExpired:
-            raise HealthCheckFailed(f"--health-cmd {command!r} on {path}: no answer within {timeout:g} s; `current` left as it was") from None
+            raise HealthCheckFailed(
+                f"--health-cmd {command!r} on {path}: no answer within {timeout:g} s; `current` left as it was"
+            ) from None
         except OSError as exc:
             raise HealthCheckFailed(f"--health-cmd {command!r}: cannot run it: {exc.strerror or exc}") from None
         if done.returncode != 0:
             said = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1][:300]
-            raise HealthCheckFailed(f"--health-cmd {command!r} on {path}: exit {done.returncode}: {said}; `current` left as it was")
+            raise HealthCheckFailed(
+                f"--health-cmd {command!r} on {path}: exit {done.returncode}: {said}; `current` left as it was"
+            )
         return {"health": f"passed: {command} (exit 0)"}
+
     return check
 
 
@@ -108,7 +116,9 @@ def read_status(dest: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def one_round(poll: Callable[[], dict], dest: Path, identity: dict, now: Callable[[], float] = time.time) -> tuple[dict, Optional[TrtflowError]]:
+def one_round(
+    poll: Callable[[], dict], dest: Path, identity: dict, now: Callable[[], float] = time.time
+) -> tuple[dict, TrtflowError | None]:
     """Poll once; (the new status, written to status.json, and the error if the poll failed)."""
     before = read_status(dest)
     stamp = datetime.fromtimestamp(now(), timezone.utc).isoformat(timespec="seconds")
@@ -116,20 +126,42 @@ def one_round(poll: Callable[[], dict], dest: Path, identity: dict, now: Callabl
     error = None
     try:
         record = poll()
-        status = {**identity, "version": record.get("version"), "recipe": record.get("recipe"), "engine_sha256": record["written"]["sha256"],
-                  "action": record.get("action"), "share_bp": record.get("share_bp"), "last_check": stamp, "last_success": stamp,
-                  "last_error": None, "consecutive_failures": 0, "transfer_bytes": (record.get("transfer") or {}).get("bytes")}
+        status = {
+            **identity,
+            "version": record.get("version"),
+            "recipe": record.get("recipe"),
+            "engine_sha256": record["written"]["sha256"],
+            "action": record.get("action"),
+            "share_bp": record.get("share_bp"),
+            "last_check": stamp,
+            "last_success": stamp,
+            "last_error": None,
+            "consecutive_failures": 0,
+            "transfer_bytes": (record.get("transfer") or {}).get("bytes"),
+        }
     except TrtflowError as exc:
         error = exc
-        status = {**identity, **kept, "action": "failed", "last_check": stamp, "last_error": str(exc).splitlines()[0][:500],
-                  "consecutive_failures": int(before.get("consecutive_failures") or 0) + 1}
+        status = {
+            **identity,
+            **kept,
+            "action": "failed",
+            "last_check": stamp,
+            "last_error": str(exc).splitlines()[0][:500],
+            "consecutive_failures": int(before.get("consecutive_failures") or 0) + 1,
+        }
     if real_dir(dest):
         write_nofollow(dest / STATUS_FILE, (json.dumps(status, indent=1) + "\n").encode())
     return status, error
 
 
-def run(round_: Callable[[], tuple[dict, Optional[TrtflowError]]], schedule: Schedule, max_runtime: Optional[float], rng: random.Random,
-        sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict:
+def run(
+    round_: Callable[[], tuple[dict, TrtflowError | None]],
+    schedule: Schedule,
+    max_runtime: float | None,
+    rng: random.Random,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict:
     """Rounds until `max_runtime` seconds have passed (forever without it); the last status."""
     deadline = None if max_runtime is None else clock() + max_runtime
     while True:

@@ -22,7 +22,6 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Optional
 
 from trtflow.deploy.remote import PROVENANCE_FILE, NotPublishable, RemoteFolder
 from trtflow.errors import TrtflowError
@@ -58,16 +57,23 @@ class Channel:
     share_bp: int = FULL_SHARE
 
     @property
-    def version(self) -> Optional[str]:
+    def version(self) -> str | None:
+        """The version the channel serves now (None before the first promote)."""
         return self.history[0] if self.history else None
 
     @property
-    def previous(self) -> Optional[str]:
+    def previous(self) -> str | None:
+        """The version served before the current one: what a rollback returns to."""
         return self.history[1] if len(self.history) > 1 else None
 
     def to_json(self) -> bytes:
-        return json.dumps({"schema": 1, "channel": self.name, "history": list(self.history), "share_bp": self.share_bp},
-                          indent=1).encode() + b"\n"
+        """The channel file's canonical bytes."""
+        return (
+            json.dumps(
+                {"schema": 1, "channel": self.name, "history": list(self.history), "share_bp": self.share_bp}, indent=1
+            ).encode()
+            + b"\n"
+        )
 
 
 def channel_file(name: str) -> str:
@@ -100,11 +106,17 @@ def parse_channel(data: bytes, where: str, name: str) -> Channel:
     if not isinstance(value, dict) or value.get("channel") != name:
         raise BadChannel(f"{where}: not the channel file of {name!r}; publish to the channel again")
     history, share = value.get("history"), value.get("share_bp")
-    if not isinstance(history, list) or not history or len(history) > MAX_HISTORY or \
-            not all(isinstance(v, str) and DIGEST.fullmatch(v) for v in history):
+    if (
+        not isinstance(history, list)
+        or not history
+        or len(history) > MAX_HISTORY
+        or not all(isinstance(v, str) and DIGEST.fullmatch(v) for v in history)
+    ):
         raise BadChannel(f"{where}: history must list 1 to {MAX_HISTORY} sha256 digests; refusing the channel")
     if not isinstance(share, int) or isinstance(share, bool) or not 1 <= share <= FULL_SHARE:
-        raise BadChannel(f"{where}: share_bp {str(share)[:40]} is not an integer from 1 to {FULL_SHARE}; refusing the channel")
+        raise BadChannel(
+            f"{where}: share_bp {str(share)[:40]} is not an integer from 1 to {FULL_SHARE}; refusing the channel"
+        )
     return Channel(name, tuple(history), share)
 
 
@@ -128,10 +140,14 @@ def pick_version(channel: Channel, device_id: str) -> str:
     assert channel.version is not None
     if channel.share_bp >= FULL_SHARE or channel.previous is None:
         return channel.version
-    return channel.version if takes_newest(device_id, channel.name, channel.version, channel.share_bp) else channel.previous
+    return (
+        channel.version
+        if takes_newest(device_id, channel.name, channel.version, channel.share_bp)
+        else channel.previous
+    )
 
 
-def read_channel(remote: RemoteFolder, name: str) -> Optional[Channel]:
+def read_channel(remote: RemoteFolder, name: str) -> Channel | None:
     """The channel at the remote, None when it has none."""
     relative = channel_file(name)
     try:
@@ -142,10 +158,13 @@ def read_channel(remote: RemoteFolder, name: str) -> Optional[Channel]:
 
 
 def write_channel(remote: RemoteFolder, channel: Channel) -> None:
+    """Write the channel file to the remote (the only writer of channels/<name>.json)."""
     remote.put_atomic(channel.to_json(), channel_file(channel.name))
 
 
-def publish_version(package: Path, url: str, provenance: Optional[Path], channel: str = "stable", options: Optional[dict] = None) -> dict:
+def publish_version(
+    package: Path, url: str, provenance: Path | None, channel: str = "stable", options: dict | None = None
+) -> dict:
     """Upload a package folder as a version: engines missing at the remote, the version folder, then the channel."""
     manifest_bytes, manifest = _package_manifest(package)
     remote = RemoteFolder(url, options)
@@ -155,14 +174,21 @@ def publish_version(package: Path, url: str, provenance: Optional[Path], channel
     for engine in manifest.engines:
         path = _engine_path(package, engine.file)
         if path.stat().st_size != engine.size or sha256_file(path) != engine.sha256:
-            raise NotPublishable(f"{path}: does not match the sha256 and size {MANIFEST_FILE} records; rebuild the package with `trtflow run`")
+            raise NotPublishable(
+                f"{path}: does not match the sha256 and size {MANIFEST_FILE} records; rebuild the package with "
+                "`trtflow run`"
+            )
         target = engine_file(engine.sha256)
         if remote.size(target) == engine.size:  # named by its digest: the same name holds the same bytes
             skipped.append(engine.file)
             continue
         remote.put(path, target)
         sent.append(engine.file)
-    small = [(p, name) for p, name in ((package / SUMS_FILE, SUMS_FILE), (provenance, PROVENANCE_FILE)) if p is not None and p.is_file()]
+    small = [
+        (p, name)
+        for p, name in ((package / SUMS_FILE, SUMS_FILE), (provenance, PROVENANCE_FILE))
+        if p is not None and p.is_file()
+    ]
     for path, name in small:
         remote.put_atomic(path.read_bytes(), version_file(version, name))
     remote.put_atomic(manifest_bytes, version_file(version))
@@ -170,43 +196,76 @@ def publish_version(package: Path, url: str, provenance: Optional[Path], channel
     before = read_channel(remote, channel) or Channel(channel)
     history = (version,) + tuple(v for v in before.history if v != version)
     write_channel(remote, Channel(channel, history[:MAX_HISTORY]))
-    return {"package": str(package), "url": remote.shown, "recipe": manifest.recipe, "version": version, "channel": channel,
-            "previous": before.version if before.version != version else before.previous,
-            "engines_sent": sent, "engines_unchanged": skipped, "files_sent": len(sent) + len(small) + 2,
-            "bytes_sent": sum(e.size for e in manifest.engines if e.file in sent) + sum(p.stat().st_size for p, _ in small) + len(manifest_bytes)}
+    return {
+        "package": str(package),
+        "url": remote.shown,
+        "recipe": manifest.recipe,
+        "version": version,
+        "channel": channel,
+        "previous": before.version if before.version != version else before.previous,
+        "engines_sent": sent,
+        "engines_unchanged": skipped,
+        "files_sent": len(sent) + len(small) + 2,
+        "bytes_sent": sum(e.size for e in manifest.engines if e.file in sent)
+        + sum(p.stat().st_size for p, _ in small)
+        + len(manifest_bytes),
+    }
 
 
 def _package_manifest(package: Path) -> tuple[bytes, Manifest]:
     """The package folder's manifest bytes and model; NotPublishable for anything else."""
     manifest_path = package / MANIFEST_FILE
     if not package.is_dir() or not manifest_path.is_file():
-        hint = " (publish the package folder, not its archive: provision fetches single engines)" if package.name.endswith(".tar.gz") else ""
+        hint = (
+            " (publish the package folder, not its archive: provision fetches single engines)"
+            if package.name.endswith(".tar.gz")
+            else ""
+        )
         raise NotPublishable(f"{package}: not a package folder with a {MANIFEST_FILE}{hint}")
     data = manifest_path.read_bytes()
     try:
         return data, Manifest.model_validate_json(data)
     except ValueError as exc:
-        raise NotPublishable(f"{manifest_path}: not a trtflow manifest ({type(exc).__name__}); rebuild it with `trtflow run`") from None
+        raise NotPublishable(
+            f"{manifest_path}: not a trtflow manifest ({type(exc).__name__}); rebuild it with `trtflow run`"
+        ) from None
 
 
 def _engine_path(package: Path, file: str) -> Path:
     """The engine's path inside the package folder; refused when the manifest points elsewhere."""
     parts = PurePosixPath(file).parts
     path = package.joinpath(*parts)
-    if file.startswith("/") or ".." in parts or not path.is_file() or not path.resolve().is_relative_to(package.resolve()):
-        raise NotPublishable(f"{package}: manifest names engine file {file!r}, which is missing or outside the package; rebuild it with `trtflow run`")
+    if (
+        file.startswith("/")
+        or ".." in parts
+        or not path.is_file()
+        or not path.resolve().is_relative_to(package.resolve())
+    ):
+        raise NotPublishable(
+            f"{package}: manifest names engine file {file!r}, which is missing or outside the package; rebuild it "
+            "with `trtflow run`"
+        )
     return path
 
 
-def promote(url: str, channel: str, share: str, source: Optional[str] = None, version: Optional[str] = None,
-            options: Optional[dict] = None) -> dict:
+def promote(
+    url: str,
+    channel: str,
+    share: str,
+    source: str | None = None,
+    version: str | None = None,
+    options: dict | None = None,
+) -> dict:
     """Put `version` (default: the newest of channel `source`, default canary) on top of `channel` for a share of it."""
     remote = RemoteFolder(url, options)
     points = parse_share(share)
     if version is None:
         origin = read_channel(remote, source or "canary")
         if origin is None:
-            raise BadRollout(f"{remote.where(channel_file(source or 'canary'))}: no such channel to promote from; publish to it first")
+            raise BadRollout(
+                f"{remote.where(channel_file(source or 'canary'))}: no such channel to promote from; publish to it "
+                "first"
+            )
         version = origin.version
     elif not DIGEST.fullmatch(version):
         raise BadRollout(f"--version {version!r} is not a sha256 digest (64 hex digits, as `publish --json` prints it)")
@@ -214,13 +273,21 @@ def promote(url: str, channel: str, share: str, source: Optional[str] = None, ve
     if remote.size(version_file(version)) is None:
         raise BadRollout(f"{remote.where(version_file(version))}: no such version at the remote; publish it first")
     before = read_channel(remote, channel) or Channel(channel)
-    history = before.history if before.version == version else (version,) + tuple(v for v in before.history if v != version)
+    history = (
+        before.history if before.version == version else (version,) + tuple(v for v in before.history if v != version)
+    )
     after = Channel(channel, history[:MAX_HISTORY], points)
     write_channel(remote, after)
-    return {"url": remote.shown, "channel": channel, "version": after.version, "previous": after.previous, "share_bp": points}
+    return {
+        "url": remote.shown,
+        "channel": channel,
+        "version": after.version,
+        "previous": after.previous,
+        "share_bp": points,
+    }
 
 
-def rollback(url: str, channel: str, options: Optional[dict] = None) -> dict:
+def rollback(url: str, channel: str, options: dict | None = None) -> dict:
     """Pop the channel's newest version: every device of it goes back to the previous one, at 100%."""
     remote = RemoteFolder(url, options)
     before = read_channel(remote, channel)
@@ -228,4 +295,10 @@ def rollback(url: str, channel: str, options: Optional[dict] = None) -> dict:
         raise BadRollout(f"{remote.where(channel_file(channel))}: no previous version to roll back to")
     after = Channel(channel, before.history[1:])
     write_channel(remote, after)
-    return {"url": remote.shown, "channel": channel, "version": after.version, "rolled_back": before.version, "previous": after.previous}
+    return {
+        "url": remote.shown,
+        "channel": channel,
+        "version": after.version,
+        "rolled_back": before.version,
+        "previous": after.previous,
+    }

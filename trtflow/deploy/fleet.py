@@ -13,7 +13,6 @@ import re
 import time
 from collections import Counter
 from datetime import datetime
-from typing import Optional
 
 from trtflow.deploy.channels import DIGEST, BadChannel, channel_file, parse_channel, version_file
 from trtflow.deploy.remote import RemoteFolder
@@ -57,11 +56,16 @@ def read_reports(remote: RemoteFolder) -> tuple[list[dict], list[str]]:
         if not isinstance(value, dict):
             refused.append(f"{name}: not a JSON object")
             continue
-        reports.append({k: (value.get(k) if isinstance(value.get(k), (str, type(None))) else str(value.get(k))[:100]) for k in FIELDS})
+        reports.append(
+            {
+                k: (value.get(k) if isinstance(value.get(k), (str, type(None))) else str(value.get(k))[:100])
+                for k in FIELDS
+            }
+        )
     return reports, refused
 
 
-def fleet_table(reports: list[dict], stale_after: float, now: Optional[float] = None) -> list[dict]:
+def fleet_table(reports: list[dict], stale_after: float, now: float | None = None) -> list[dict]:
     """Devices counted by (channel, version, gpu): how many, how many report an error, how many are stale."""
     now = time.time() if now is None else now
     rows: Counter = Counter()
@@ -72,28 +76,37 @@ def fleet_table(reports: list[dict], stale_after: float, now: Optional[float] = 
         rows[key] += 1
         errors[key] += bool(report.get("last_error"))
         stale[key] += _age(report.get("last_check"), now) > stale_after
-    return [{"channel": c, "version": v, "gpu": g, "devices": n, "with_error": errors[(c, v, g)], "stale": stale[(c, v, g)]}
-            for (c, v, g), n in sorted(rows.items())]
+    return [
+        {"channel": c, "version": v, "gpu": g, "devices": n, "with_error": errors[(c, v, g)], "stale": stale[(c, v, g)]}
+        for (c, v, g), n in sorted(rows.items())
+    ]
 
 
-def _age(stamp: Optional[str], now: float) -> float:
+def _age(stamp: str | None, now: float) -> float:
     try:
         return now - datetime.fromisoformat(str(stamp)).timestamp()
     except ValueError:
         return float("inf")
 
 
-def gc_remote(url: str, keep: int, grace: float, delete: bool, options: Optional[dict] = None, now: Optional[float] = None) -> dict:
+def gc_remote(
+    url: str, keep: int, grace: float, delete: bool, options: dict | None = None, now: float | None = None
+) -> dict:
     """Versions and engines no channel keeps (older than `grace` seconds): listed, and deleted when `delete`."""
     remote = RemoteFolder(url, options)
     kept: set[str] = set()
     for info in remote.listing("channels"):
         name = remote.name_of(info).removesuffix(".json")
         try:
-            channel = parse_channel(remote.read(channel_file(name), 16 << 10) or b"", remote.where(channel_file(name)), name)
+            channel = parse_channel(
+                remote.read(channel_file(name), 16 << 10) or b"", remote.where(channel_file(name)), name
+            )
         except (BadChannel, FileNotFoundError, ValueError) as exc:
-            raise BadChannel(f"{remote.where('channels/' + remote.name_of(info))}: {exc}; fix or remove it before gc (nothing deleted)") from None
-        kept.update(channel.history[:max(keep, 2)])
+            raise BadChannel(
+                f"{remote.where('channels/' + remote.name_of(info))}: {exc}; fix or remove it before gc (nothing "
+                "deleted)"
+            ) from None
+        kept.update(channel.history[: max(keep, 2)])
     now = time.time() if now is None else now
     old = [remote.name_of(i) for i in remote.listing("versions") if _folder_modified(remote, i) < now - grace]
     versions = [v for v in old if DIGEST.fullmatch(v) and v not in kept]
@@ -105,8 +118,12 @@ def gc_remote(url: str, keep: int, grace: float, delete: bool, options: Optional
             remote.remove(f"versions/{version}")
         for engine in unused:
             remote.remove(f"engines/{engine}")
-    return {"url": remote.shown, "kept_versions": sorted(kept), "versions_deleted" if delete else "versions_to_delete": versions,
-            "engines_deleted" if delete else "engines_to_delete": unused}
+    return {
+        "url": remote.shown,
+        "kept_versions": sorted(kept),
+        "versions_deleted" if delete else "versions_to_delete": versions,
+        "engines_deleted" if delete else "engines_to_delete": unused,
+    }
 
 
 def _referenced_engines(remote: RemoteFolder, versions: set[str]) -> set[str]:
@@ -120,7 +137,10 @@ def _referenced_engines(remote: RemoteFolder, versions: set[str]) -> set[str]:
         except FileNotFoundError:
             continue
         except ValueError:
-            raise BadChannel(f"{remote.where(version_file(version))}: not a trtflow manifest; fix the remote before gc (nothing deleted)") from None
+            raise BadChannel(
+                f"{remote.where(version_file(version))}: not a trtflow manifest; fix the remote before gc (nothing "
+                "deleted)"
+            ) from None
         found.update(e.sha256 for e in manifest.engines)
     return found
 

@@ -19,9 +19,10 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO
 
 from filelock import FileLock
 
@@ -50,8 +51,17 @@ class Installed:
     current: Path
 
 
-def install(dest: Path, recipe: str, sha256: str, size: int, copy: Callable[[BinaryIO], None], record: dict, keep: int = 2,
-            check: Optional[Callable[[Path], None]] = None, extras: Optional[Extras] = None) -> Installed:
+def install(
+    dest: Path,
+    recipe: str,
+    sha256: str,
+    size: int,
+    copy: Callable[[BinaryIO], None],
+    record: dict,
+    keep: int = 2,
+    check: Callable[[Path], None] | None = None,
+    extras: Extras | None = None,
+) -> Installed:
     """Make `<dest>/<recipe>/current` point at the engine `sha256`; `copy` writes its verified bytes when needed, and
     each of `extras` (paths inside the version folder, named by content: a plugin's sha256) its own.
 
@@ -116,7 +126,11 @@ def _complete(version: Path, recipe: str, size: int, extras: Extras) -> bool:
     """The version folder holds the engine and every extra file at its recorded size, and its record (it was renamed
     into place whole)."""
     files = {f"{recipe}.engine": size, **{name: extra[0] for name, extra in extras.items()}}
-    return real_dir(version) and (version / RECORD).is_file() and all(_regular(version / name, want) for name, want in files.items())
+    return (
+        real_dir(version)
+        and (version / RECORD).is_file()
+        and all(_regular(version / name, want) for name, want in files.items())
+    )
 
 
 def _regular(path: Path, size: int) -> bool:
@@ -179,8 +193,11 @@ def _point_current(folder: Path, sha256: str) -> None:
 def _prune(folder: Path, keep: int) -> None:
     """Remove version folders beyond the `keep` most recently installed ones; never the current one."""
     current = _current(folder)
-    versions = sorted((p for p in folder.iterdir() if DIGEST.fullmatch(p.name) and p.is_dir() and not p.is_symlink()),
-                      key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    versions = sorted(
+        (p for p in folder.iterdir() if DIGEST.fullmatch(p.name) and p.is_dir() and not p.is_symlink()),
+        key=lambda p: p.stat().st_mtime_ns,
+        reverse=True,
+    )
     kept = [p for p in versions if p.name == current] + [p for p in versions if p.name != current][: max(keep - 1, 0)]
     for path in versions:
         if path not in kept:

@@ -30,8 +30,17 @@ from trtflow.util.cc import ComputeCapability
 from trtflow.util.fs import atomic_write, atomic_writer, first_link
 
 SOURCES = {"tensorrt-rtx": "NvTensorRTRTXExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
-ONNX_TYPES = {"float32": "FLOAT", "float16": "FLOAT16", "bfloat16": "BFLOAT16", "int8": "INT8", "int32": "INT32", "int64": "INT64",
-              "bool": "BOOL", "uint8": "UINT8", "float8e4m3": "FLOAT8E4M3FN"}
+ONNX_TYPES = {
+    "float32": "FLOAT",
+    "float16": "FLOAT16",
+    "bfloat16": "BFLOAT16",
+    "int8": "INT8",
+    "int32": "INT32",
+    "int64": "INT64",
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "float8e4m3": "FLOAT8E4M3FN",
+}
 IR_VERSION = 10  # ONNX Runtime 1.20 and newer load it
 OPSET = 17
 MAX_EMBEDDED = (2 << 30) - (64 << 20)  # protobuf's 2 GiB message limit, less room for the rest of the model
@@ -45,18 +54,36 @@ def context_model(package: Package, engine: Engine, engine_file: str, embed: byt
     inputs = [t for t in engine.tensors if t.mode == "input"]
     outputs = [t for t in engine.tensors if t.mode == "output"]
     attributes = {
-        "main_context": 0, "embed_mode": 1 if embed is not None else 0,
+        "main_context": 0,
+        "embed_mode": 1 if embed is not None else 0,
         "ep_cache_context": embed if embed is not None else engine_file,
-        "hardware_architecture": _hardware_architecture(engine), "source": SOURCES[engine.backend],
-        "partition_name": f"{package.manifest.recipe}_{engine.target}_{engine.precision}", "ep_sdk_version": engine.backend_version,
+        "hardware_architecture": _hardware_architecture(engine),
+        "source": SOURCES[engine.backend],
+        "partition_name": f"{package.manifest.recipe}_{engine.target}_{engine.precision}",
+        "ep_sdk_version": engine.backend_version,
         "notes": f"trtflow {__version__}; engine sha256 {engine.sha256}; target {engine.target}",
     }
-    node = helper.make_node("EPContext", [t.name for t in inputs], [t.name for t in outputs], name=attributes["partition_name"],
-                            domain="com.microsoft", **attributes)
-    graph = helper.make_graph([node], f"{package.manifest.recipe}_{engine.precision}", [_value_info(t) for t in inputs],
-                              [_value_info(t) for t in outputs])
-    model = helper.make_model(graph, producer_name="trtflow", producer_version=__version__, ir_version=IR_VERSION,
-                              opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+    node = helper.make_node(
+        "EPContext",
+        [t.name for t in inputs],
+        [t.name for t in outputs],
+        name=attributes["partition_name"],
+        domain="com.microsoft",
+        **attributes,
+    )
+    graph = helper.make_graph(
+        [node],
+        f"{package.manifest.recipe}_{engine.precision}",
+        [_value_info(t) for t in inputs],
+        [_value_info(t) for t in outputs],
+    )
+    model = helper.make_model(
+        graph,
+        producer_name="trtflow",
+        producer_version=__version__,
+        ir_version=IR_VERSION,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+    )
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -73,25 +100,39 @@ def _value_info(tensor: Tensor):
 
     if tensor.dtype not in ONNX_TYPES:
         raise CannotExport(f"tensor {tensor.name!r} has dtype {tensor.dtype}, which an ONNX graph input cannot declare")
-    dims = [("batch" if axis == 0 else f"{tensor.name}_dim{axis}") if size < 0 else size for axis, size in enumerate(tensor.shape)]
+    dims = [
+        ("batch" if axis == 0 else f"{tensor.name}_dim{axis}") if size < 0 else size
+        for axis, size in enumerate(tensor.shape)
+    ]
     return helper.make_tensor_value_info(tensor.name, getattr(TensorProto, ONNX_TYPES[tensor.dtype]), dims)
 
 
 def export_ort_context(package: Package, dest: Path, embed: bool = False) -> list[dict]:
-    """Write `<dest>/<recipe>-<target>-<precision>_ctx.onnx` (and the engine beside it unless embedded) for every engine."""
+    """Write `<dest>/<recipe>-<target>-<precision>_ctx.onnx` (and the engine beside it unless embedded) for every
+    engine."""
     for engine in package.manifest.engines:  # refuse before anything is written
         if engine.backend not in SOURCES:
-            raise CannotExport(f"{package.where(engine.file)}: backend {engine.backend} has no ONNX Runtime execution provider that loads its engines")
+            raise CannotExport(
+                f"{package.where(engine.file)}: backend {engine.backend} has no ONNX Runtime execution provider that "
+                "loads its engines"
+            )
         if embed and engine.size > MAX_EMBEDDED:
-            raise CannotExport(f"{package.where(engine.file)}: {engine.size} bytes cannot be embedded (an ONNX model is under 2 GiB); "
-                               "export without --embed to keep the engine beside the model")
+            raise CannotExport(
+                f"{package.where(engine.file)}: {engine.size} bytes cannot be embedded (an ONNX model is under 2 GiB); "
+                "export without --embed to keep the engine beside the model"
+            )
         if not SAFE_NAME.fullmatch(_stem(package, engine)):
-            raise CannotExport(f"{package.path}: {_stem(package, engine)!r} is not a plain file name; refusing it (rebuild the package with `trtflow run`)")
+            raise CannotExport(
+                f"{package.path}: {_stem(package, engine)!r} is not a plain file name; refusing it (rebuild the "
+                "package with `trtflow run`)"
+            )
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CannotExport(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from None
-    outputs = [dest / f"{_stem(package, e)}{suffix}" for e in package.manifest.engines for suffix in (".engine", "_ctx.onnx")]
+    outputs = [
+        dest / f"{_stem(package, e)}{suffix}" for e in package.manifest.engines for suffix in (".engine", "_ctx.onnx")
+    ]
     link = first_link(outputs)
     if link is not None:
         raise CannotExport(f"--dest {dest}: {link} is a symlink; refusing to write through it (remove it)")
@@ -114,6 +155,14 @@ def _export_one(package: Package, engine: Engine, dest: Path, embed: bool) -> di
         with atomic_writer(engine_path) as sink:
             copy_verified(package, engine, sink)
     atomic_write(model_path, context_model(package, engine, engine_path.name, payload).SerializeToString())
-    return {"model": str(model_path), "engine": None if embed else str(engine_path), "embed_mode": int(embed),
-            "source": SOURCES[engine.backend], "target": engine.target, "precision": engine.precision, "sha256": engine.sha256,
-            "inputs": [t.name for t in engine.tensors if t.mode == "input"], "outputs": [t.name for t in engine.tensors if t.mode == "output"]}
+    return {
+        "model": str(model_path),
+        "engine": None if embed else str(engine_path),
+        "embed_mode": int(embed),
+        "source": SOURCES[engine.backend],
+        "target": engine.target,
+        "precision": engine.precision,
+        "sha256": engine.sha256,
+        "inputs": [t.name for t in engine.tensors if t.mode == "input"],
+        "outputs": [t.name for t in engine.tensors if t.mode == "output"],
+    }

@@ -11,8 +11,9 @@ An engine whose plugin is neither is refused with the reason, so the choice fall
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO
 
 from trtflow.errors import TrtflowError
 from trtflow.manifest import Engine, Plugin
@@ -40,7 +41,7 @@ class PluginDir:
         self.path = path
         self._digests: dict[Path, str] = {}
 
-    def find(self, plugin: Plugin) -> Optional[Path]:
+    def find(self, plugin: Plugin) -> Path | None:
         """The file with the plugin's sha256, or None."""
         for entry, size in self._files.items():
             if size == plugin.size and self._digest(entry) == plugin.sha256:
@@ -57,7 +58,7 @@ class PluginDir:
         return self._digests[entry]
 
 
-def missing_plugin(engine: Engine, plugins: Optional[PluginDir]) -> Optional[str]:
+def missing_plugin(engine: Engine, plugins: PluginDir | None) -> str | None:
     """Why the device cannot load the engine for want of a plugin, or None when it has (or will get) every one."""
     for plugin in engine.plugins:
         if plugin.carried or (plugins is not None and plugins.find(plugin) is not None):
@@ -67,7 +68,9 @@ def missing_plugin(engine: Engine, plugins: Optional[PluginDir]) -> Optional[str
     return None
 
 
-def plugin_installs(engine: Engine, plugins: Optional[PluginDir], copy: Callable[[Plugin, BinaryIO], None]) -> tuple[list[dict], dict[str, tuple[int, Copy]]]:
+def plugin_installs(
+    engine: Engine, plugins: PluginDir | None, copy: Callable[[Plugin, BinaryIO], None]
+) -> tuple[list[dict], dict[str, tuple[int, Copy]]]:
     """(provision.json's `plugins`, the files to install in the version folder: relative path -> (size, copy)).
 
     A plugin found in --plugin-dir is used from there; a carried one is installed beside the engine."""

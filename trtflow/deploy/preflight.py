@@ -18,7 +18,6 @@ import mmap
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
 
 from trtflow.device import query_compute_capabilities
 from trtflow.errors import TrtflowError
@@ -34,7 +33,7 @@ class PreflightRefused(TrtflowError):
     exit_code = 5
 
 
-def installed_runtime(backend: str) -> Optional[object]:
+def installed_runtime(backend: str) -> object | None:
     """The backend's Python runtime module if it is installed here, else None."""
     try:
         return importlib.import_module(RUNTIME_MODULES[backend])
@@ -42,27 +41,41 @@ def installed_runtime(backend: str) -> Optional[object]:
         return None
 
 
-def preflight(engine: Engine, path: Path, runtime_version: Optional[str] = None) -> dict:
+def preflight(engine: Engine, path: Path, runtime_version: str | None = None) -> dict:
     """{"preflight": {...}} for the record; PreflightRefused when the engine cannot load here."""
     from trtflow.provision import _runtime_refusal
 
     module = installed_runtime(engine.backend)
     installed = runtime_version or (getattr(module, "__version__", None) if module is not None else None)
-    result: dict = {"runtime": installed, "driver": driver_version(), "driver_check": "not checked: the manifest records no driver requirement"}
+    result: dict = {
+        "runtime": installed,
+        "driver": driver_version(),
+        "driver_check": "not checked: the manifest records no driver requirement",
+    }
     if installed is None:
-        result["version_check"] = f"not checked: no {engine.backend} runtime installed here and no --runtime-version given"
+        result["version_check"] = (
+            f"not checked: no {engine.backend} runtime installed here and no --runtime-version given"
+        )
     else:
         refusal = _runtime_refusal(engine, installed)
         if refusal:
-            raise PreflightRefused(f"{path}: preflight: {refusal} (installed runtime {installed}); `current` left as it was")
+            raise PreflightRefused(
+                f"{path}: preflight: {refusal} (installed runtime {installed}); `current` left as it was"
+            )
         result["version_check"] = f"passed: {engine.backend} {engine.backend_version} loads on runtime {installed}"
-    result["engine_validity"] = _validity(module, path) if engine.backend == "tensorrt-rtx" and module is not None else \
-        f"not checked: {'full TensorRT has no header check' if engine.backend == 'tensorrt' else 'no TensorRT-RTX runtime installed here'}"
+    result["engine_validity"] = (
+        _validity(module, path)
+        if engine.backend == "tensorrt-rtx" and module is not None
+        else "not checked: full TensorRT has no header check"
+        if engine.backend == "tensorrt"
+        else "not checked: no TensorRT-RTX runtime installed here"
+    )
     return {"preflight": result}
 
 
 def _validity(trt, path: Path) -> str:
     """TensorRT-RTX's header check of the engine, interpreted honestly where there is no GPU."""
+
     class Quiet(trt.ILogger):  # without a GPU the runtime logs a fatal-looking line we interpret below
         def log(self, severity, msg) -> None:  # noqa: ANN001
             pass
@@ -77,18 +90,25 @@ def _validity(trt, path: Path) -> str:
     reasons = [name for name in names if name != "CUDA_ERROR"]
     gpus = query_compute_capabilities()
     if any(name in HEADER_FACTS for name in names) or (gpus and reasons):
-        raise PreflightRefused(f"{path}: preflight: TensorRT-RTX's get_engine_validity says {shown}; `current` left as it was")
+        raise PreflightRefused(
+            f"{path}: preflight: TensorRT-RTX's get_engine_validity says {shown}; `current` left as it was"
+        )
     if not gpus:
         return f"not checked: no GPU here, and get_engine_validity needs one (it answered {shown})"
     return f"not checked: the runtime could not query the GPU (it answered {shown})"
 
 
-def driver_version() -> Optional[str]:
+def driver_version() -> str | None:
     """The NVIDIA driver's version from nvidia-smi, None when there is none."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Iterator, Optional
+from typing import Any, BinaryIO
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
@@ -49,17 +50,19 @@ class Transfer:
     not_modified: list[str] = field(default_factory=list)  # conditional reads answered "not modified" (no body)
 
     def add(self, name: str, size: int) -> None:
+        """Count one fetched file and its bytes."""
         self.files[name] = self.files.get(name, 0) + size
 
     @property
     def total(self) -> int:
+        """Bytes fetched so far."""
         return sum(self.files.values())
 
 
 class RemoteFolder:
     """A package folder behind a URL: read a file whole (small) or as a stream, each byte counted."""
 
-    def __init__(self, url: str, options: Optional[dict] = None):
+    def __init__(self, url: str, options: dict | None = None):
         self.url = url.rstrip("/")
         self.shown = redacted(self.url)
         self.transfer = Transfer()
@@ -69,7 +72,7 @@ class RemoteFolder:
         """The file's URL as messages show it."""
         return f"{self.shown}/{relative}"
 
-    def read(self, relative: str, limit: int) -> Optional[bytes]:
+    def read(self, relative: str, limit: int) -> bytes | None:
         """The file's bytes (None if it does not exist); more than `limit` bytes is refused."""
         with self.open(relative) as source:
             data = source.read(limit + 1)
@@ -91,8 +94,7 @@ class RemoteFolder:
         finally:
             handle.close()
 
-
-    def read_if_changed(self, relative: str, tag: Optional[str], limit: int) -> tuple[Optional[str], Optional[bytes]]:
+    def read_if_changed(self, relative: str, tag: str | None, limit: int) -> tuple[str | None, bytes | None]:
         """(tag, bytes) of a small file, or (tag, None) when its tag is still `tag` (nothing read). A tag is the
         object's ETag (S3: one GET with If-None-Match, answered 304 without a body), else size and mtime (a stat).
         FileNotFoundError if it is not there."""
@@ -104,20 +106,25 @@ class RemoteFolder:
             raise
         except Exception as exc:
             raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from None
-        current = str(info.get("ETag") or info.get("etag") or f"{info.get('size')}:{info.get('mtime') or info.get('LastModified')}")
+        current = str(
+            info.get("ETag")
+            or info.get("etag")
+            or f"{info.get('size')}:{info.get('mtime') or info.get('LastModified')}"
+        )
         if tag is not None and current == tag:
             self.transfer.not_modified.append(relative)
             return current, None
         return current, self.read(relative, limit)
 
-    def _s3_read_if_changed(self, relative: str, tag: Optional[str], limit: int) -> tuple[Optional[str], Optional[bytes]]:
-        """One GetObject, with IfNoneMatch when a tag is known (s3fs has no conditional read: its botocore client does)."""
+    def _s3_read_if_changed(self, relative: str, tag: str | None, limit: int) -> tuple[str | None, bytes | None]:
+        """One GetObject, with IfNoneMatch when a tag is known (s3fs has no conditional read: its botocore client
+        does)."""
         from botocore.exceptions import ClientError
         from fsspec.asyn import sync
 
         bucket, key, _ = self._fs.split_path(f"{self._base}/{relative}")
 
-        async def get() -> tuple[Optional[str], Optional[bytes]]:
+        async def get() -> tuple[str | None, bytes | None]:
             await self._fs.set_session()
             client = await self._fs.get_s3(bucket)
             try:
@@ -170,7 +177,7 @@ class RemoteFolder:
             raise RemoteUnreachable(f"{self.where(relative)}: cannot delete: {one_line(exc)}") from None
 
     # writing ----------------------------------------------------------------------------
-    def size(self, relative: str) -> Optional[int]:
+    def size(self, relative: str) -> int | None:
         """The remote file's size, None when it is not there."""
         try:
             return int(self._fs.info(f"{self._base}/{relative}")["size"])
@@ -205,7 +212,9 @@ class RemoteFolder:
         self.put(data, temporary)
         try:
             self.refuse_links(relative)
-            Path(f"{self._base}/{temporary}").replace(f"{self._base}/{relative}")  # rename(2): replaces a link, never follows it
+            Path(f"{self._base}/{temporary}").replace(
+                f"{self._base}/{relative}"
+            )  # rename(2): replaces a link, never follows it
         except OSError as exc:
             Path(f"{self._base}/{temporary}").unlink(missing_ok=True)
             raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None
@@ -220,7 +229,9 @@ class RemoteFolder:
         for part in PurePosixPath(relative).parts:
             path = path / part
             if path.is_symlink():
-                raise NotPublishable(f"{self.where(relative)}: {path} is a symlink; refusing to write through it (remove it)")
+                raise NotPublishable(
+                    f"{self.where(relative)}: {path} is a symlink; refusing to write through it (remove it)"
+                )
 
 
 class _Counted:

@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
-from trtflow.deploy.channels import DIGEST, MAX_CHANNEL_BYTES, BadChannel, channel_file, parse_channel, pick_version, version_file
+from trtflow.deploy.channels import (
+    DIGEST,
+    MAX_CHANNEL_BYTES,
+    BadChannel,
+    channel_file,
+    parse_channel,
+    pick_version,
+    version_file,
+)
 from trtflow.deploy.install import RECORD, install
 from trtflow.deploy.remote import RemoteFolder
 from trtflow.manifest import MANIFEST_FILE, Engine
@@ -43,11 +51,11 @@ class Request:
     dest: Path
     keep: int = 2
     choice: tuple = ()  # runtime_version, backend, precision, prefer, allow_failed: what the choice depends on
-    trust: Optional[object] = None  # TrustedKeys when --require-signature
-    options: Optional[dict] = None
+    trust: object | None = None  # TrustedKeys when --require-signature
+    options: dict | None = None
 
 
-def provision_channel(request: Request, make_device: Callable, check: Optional[Check] = None) -> dict:
+def provision_channel(request: Request, make_device: Callable, check: Check | None = None) -> dict:
     """Poll the channel and install what it says this device runs; returns the provision record (+ channel fields)."""
     from trtflow import provision as prov
 
@@ -63,21 +71,46 @@ def provision_channel(request: Request, make_device: Callable, check: Optional[C
     version = pick_version(channel, request.device_id)
     choice_key = hashlib.sha256(json.dumps([version, request.gpu, *request.choice]).encode()).hexdigest()[:32]
     known = (memo or {}).get("choices", {}).get(choice_key)
-    record = _switch_to_known(request, known, check) if known and (request.trust is None or known.get("signed_by")) else None
+    record = (
+        _switch_to_known(request, known, check) if known and (request.trust is None or known.get("signed_by")) else None
+    )
     if record is None:
         package = load_version(remote, version)
         if request.trust is not None:
             package = prov.require_signature(package, request.trust)
         record = prov.provision(package, make_device(package.manifest), request.dest, request.keep, check)
-        known = {"recipe": package.manifest.recipe, "sha256": record["written"]["sha256"],
-                 "size": record["chosen"]["manifest_entry"]["size"], "engine": record["chosen"]["manifest_entry"],
-                 "signed_by": package.signed_by}
-    choices = {k: v for k, v in list((memo or {}).get("choices", {}).items())[-(MAX_CHOICES - 1):] if k != choice_key}
-    _write_memo(memo_path, {"channel": request.channel, "tag": tag, "channel_json": json.loads(channel.to_json()),
-                            "choices": {**choices, choice_key: known}})
-    transfer = {"from": remote.shown, "bytes": remote.transfer.total, "files": remote.transfer.files, "not_modified": remote.transfer.not_modified}
-    return {**record, "channel": request.channel, "version": version, "channel_version": channel.version, "share_bp": channel.share_bp,
-            "device_id": request.device_id, "transfer": transfer}
+        known = {
+            "recipe": package.manifest.recipe,
+            "sha256": record["written"]["sha256"],
+            "size": record["chosen"]["manifest_entry"]["size"],
+            "engine": record["chosen"]["manifest_entry"],
+            "signed_by": package.signed_by,
+        }
+    choices = {k: v for k, v in list((memo or {}).get("choices", {}).items())[-(MAX_CHOICES - 1) :] if k != choice_key}
+    _write_memo(
+        memo_path,
+        {
+            "channel": request.channel,
+            "tag": tag,
+            "channel_json": json.loads(channel.to_json()),
+            "choices": {**choices, choice_key: known},
+        },
+    )
+    transfer = {
+        "from": remote.shown,
+        "bytes": remote.transfer.total,
+        "files": remote.transfer.files,
+        "not_modified": remote.transfer.not_modified,
+    }
+    return {
+        **record,
+        "channel": request.channel,
+        "version": version,
+        "channel_version": channel.version,
+        "share_bp": channel.share_bp,
+        "device_id": request.device_id,
+        "transfer": transfer,
+    }
 
 
 def load_version(remote: RemoteFolder, version: str):
@@ -88,19 +121,32 @@ def load_version(remote: RemoteFolder, version: str):
     try:
         data = remote.read(relative, MAX_MANIFEST_BYTES) or b""
     except FileNotFoundError:
-        raise BadChannel(f"{remote.where(relative)}: not found, though the channel names it; publish the version again") from None
+        raise BadChannel(
+            f"{remote.where(relative)}: not found, though the channel names it; publish the version again"
+        ) from None
     if hashlib.sha256(data).hexdigest() != version:
-        raise BadPackage(f"{remote.where(relative)}: its sha256 is not the version it is published as; the remote is corrupt or tampered with")
-    return Package(remote.shown, _parse_manifest(remote.where(relative), data), None, version, remote=remote, version=version)
+        raise BadPackage(
+            f"{remote.where(relative)}: its sha256 is not the version it is published as; the remote is corrupt or "
+            "tampered with"
+        )
+    return Package(
+        remote.shown, _parse_manifest(remote.where(relative), data), None, version, remote=remote, version=version
+    )
 
 
-def _switch_to_known(request: Request, known: dict, check: Optional[Check]) -> Optional[dict]:
+def _switch_to_known(request: Request, known: dict, check: Check | None) -> dict | None:
     """Make an engine this device installed before current again, fetching nothing; None if it is not there any more."""
     from trtflow.provision import SAFE_NAME
 
     recipe, sha256, size = known.get("recipe"), known.get("sha256"), known.get("size")
-    if not (isinstance(recipe, str) and SAFE_NAME.fullmatch(recipe) and isinstance(sha256, str) and DIGEST.fullmatch(sha256)
-            and isinstance(size, int) and isinstance(known.get("engine"), dict)):
+    if not (
+        isinstance(recipe, str)
+        and SAFE_NAME.fullmatch(recipe)
+        and isinstance(sha256, str)
+        and DIGEST.fullmatch(sha256)
+        and isinstance(size, int)
+        and isinstance(known.get("engine"), dict)
+    ):
         return None
     version_folder = request.dest / recipe / sha256
     if not (version_folder / f"{recipe}.engine").is_file() or not (version_folder / RECORD).is_file():
@@ -115,17 +161,38 @@ def _switch_to_known(request: Request, known: dict, check: Optional[Check]) -> O
 
     checked: dict = {}
     try:
-        installed = install(request.dest, recipe, sha256, size, refuse_to_copy, {}, request.keep,
-                            None if check is None else lambda path: checked.update(check(engine, path)))
+        installed = install(
+            request.dest,
+            recipe,
+            sha256,
+            size,
+            refuse_to_copy,
+            {},
+            request.keep,
+            None if check is None else lambda path: checked.update(check(engine, path)),
+        )
     except FileNotFoundError:
         return None
-    return {"recipe": recipe, "action": installed.action, "sha256": sha256, "checks": checked or None,
-            "chosen": {"file": engine.file, "reason": "chosen before for this version (kept installed)", "manifest_entry": known["engine"]},
-            "written": {"engine": str(installed.current / installed.engine.name), "version": str(installed.engine.parent),
-                        "record": str(installed.record), "sha256": sha256}}
+    return {
+        "recipe": recipe,
+        "action": installed.action,
+        "sha256": sha256,
+        "checks": checked or None,
+        "chosen": {
+            "file": engine.file,
+            "reason": "chosen before for this version (kept installed)",
+            "manifest_entry": known["engine"],
+        },
+        "written": {
+            "engine": str(installed.current / installed.engine.name),
+            "version": str(installed.engine.parent),
+            "record": str(installed.record),
+            "sha256": sha256,
+        },
+    }
 
 
-def _flat_layout(request: Request, remote: RemoteFolder, make_device: Callable, check: Optional[Check]) -> dict:
+def _flat_layout(request: Request, remote: RemoteFolder, make_device: Callable, check: Check | None) -> dict:
     """A remote of an earlier release (manifest.json at the URL): provision from it as before, with a note."""
     from trtflow import provision as prov
 
@@ -133,7 +200,10 @@ def _flat_layout(request: Request, remote: RemoteFolder, make_device: Callable, 
     if request.trust is not None:
         package = prov.require_signature(package, request.trust)
     record = prov.provision(package, make_device(package.manifest), request.dest, request.keep, check)
-    note = f"{remote.where(channel_file(request.channel))}: not found; read the flat layout of earlier releases ({MANIFEST_FILE} at the URL)"
+    note = (
+        f"{remote.where(channel_file(request.channel))}: not found; read the flat layout of earlier releases "
+        f"({MANIFEST_FILE} at the URL)"
+    )
     return {**record, "channel": None, "version": None, "device_id": request.device_id, "note": note}
 
 
@@ -141,14 +211,19 @@ def _memo_key(request: Request) -> str:
     return hashlib.sha256(f"{request.url}\n{request.channel}\n{request.device_id}".encode()).hexdigest()[:24]
 
 
-def _read_memo(path: Path, channel: str) -> Optional[dict]:
-    """The last poll's memo, or None when there is none or it is not what this module writes (never followed if a link)."""
+def _read_memo(path: Path, channel: str) -> dict | None:
+    """The last poll's memo, or None when there is none or it is not what this module writes (never followed if a
+    link)."""
     try:
         value = loads_bounded(read_regular(path, MAX_MEMO_BYTES + 1), MAX_MEMO_BYTES)
         parsed = parse_channel(json.dumps(value["channel_json"]).encode(), str(path), channel)
     except (OSError, ValueError, KeyError, TypeError, BadChannel):
         return None
-    if not isinstance(value, dict) or not isinstance(value.get("choices"), dict) or not isinstance(value.get("tag"), (str, type(None))):
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("choices"), dict)
+        or not isinstance(value.get("tag"), (str, type(None)))
+    ):
         return None
     return {**value, "parsed": parsed}
 
@@ -158,4 +233,3 @@ def _write_memo(path: Path, memo: dict) -> None:
         write_nofollow(path, json.dumps(memo, indent=1).encode())
     except OSError:
         pass  # only a cache: the next poll reads the channel whole
-

@@ -28,7 +28,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.manifest import Engine, Tensor
@@ -36,11 +36,22 @@ from trtflow.provision import SAFE_NAME, Package, copy_verified
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.fs import atomic_write, first_link, fsync_dir
 
-TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "int8": "TYPE_INT8", "int32": "TYPE_INT32",
-                "int64": "TYPE_INT64", "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8"}
-RTX_REFUSAL = ("Triton's TensorRT backend loads plans with the TensorRT runtime it was built with; TensorRT-RTX engines load only on "
-               "the TensorRT-RTX runtime of the same release, and no Triton backend for them is documented: export them with "
-               "`trtflow export ort-context` instead")
+TRITON_TYPES = {
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "bfloat16": "TYPE_BF16",
+    "int8": "TYPE_INT8",
+    "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64",
+    "bool": "TYPE_BOOL",
+    "uint8": "TYPE_UINT8",
+}
+RTX_REFUSAL = (
+    "Triton's TensorRT backend loads plans with the TensorRT runtime it was built with; TensorRT-RTX engines load "
+    "only on "
+    "the TensorRT-RTX runtime of the same release, and no Triton backend for them is documented: export them with "
+    "`trtflow export ort-context` instead"
+)
 
 
 class CannotExport(TrtflowError):
@@ -58,6 +69,7 @@ class Plan:
 
     @property
     def file(self) -> str:
+        """The plan's file name in the Triton model folder."""
         return f"{self.engine.target}.plan"
 
 
@@ -66,31 +78,48 @@ def triton_model_config_pb2() -> Any:
     try:
         from tritonclient.grpc import model_config_pb2
     except (ImportError, RuntimeError) as exc:
-        raise EnvironmentProblem(f"export triton needs Triton's model configuration schema ({exc}): pip install 'trtflow[triton]'") from None
+        raise EnvironmentProblem(
+            f"export triton needs Triton's model configuration schema ({exc}): pip install 'trtflow[triton]'"
+        ) from None
     return model_config_pb2
 
 
-def select_plans(packages: list[Package], precision: Optional[str]) -> tuple[list[Plan], list[str]]:
+def select_plans(packages: list[Package], precision: str | None) -> tuple[list[Plan], list[str]]:
     """The full-TensorRT engines of one recipe and precision across `packages`; also one note per engine left out."""
     recipes = sorted({p.manifest.recipe for p in packages})
     if len(recipes) > 1:
-        raise CannotExport(f"the packages hold different recipes ({', '.join(recipes)}); one Triton model serves one recipe: export each on its own")
-    candidates = [Plan(p, e) for p in packages for e in p.manifest.engines if precision is None or e.precision == precision]
-    notes = [f"left out {c.package.where(c.engine.file)}: tensorrt-rtx engine" for c in candidates if c.engine.backend != "tensorrt"]
+        raise CannotExport(
+            f"the packages hold different recipes ({', '.join(recipes)}); one Triton model serves one recipe: export "
+            "each on its own"
+        )
+    candidates = [
+        Plan(p, e) for p in packages for e in p.manifest.engines if precision is None or e.precision == precision
+    ]
+    notes = [
+        f"left out {c.package.where(c.engine.file)}: tensorrt-rtx engine"
+        for c in candidates
+        if c.engine.backend != "tensorrt"
+    ]
     plans = [c for c in candidates if c.engine.backend == "tensorrt"]
     if not plans:
         rtx = len(candidates) - len(plans)
         what = f"{rtx} TensorRT-RTX engine(s) and no full TensorRT engine" if rtx else "no engine"
         asked = f" of precision {precision}" if precision else ""
-        raise CannotExport(f"{', '.join(str(p.path) for p in packages)}: {what}{asked}: {RTX_REFUSAL if rtx else 'nothing to export'}")
+        raise CannotExport(
+            f"{', '.join(str(p.path) for p in packages)}: {what}{asked}: {RTX_REFUSAL if rtx else 'nothing to export'}"
+        )
     precisions = sorted({p.engine.precision for p in plans})
     if len(precisions) > 1:
-        raise CannotExport(f"the TensorRT engines are in several precisions ({', '.join(precisions)}); one Triton model serves one: pass --precision")
+        raise CannotExport(
+            f"the TensorRT engines are in several precisions ({', '.join(precisions)}); one Triton model serves one: "
+            "pass --precision"
+        )
     return plans, notes
 
 
 def model_config(name: str, plans: list[Plan]) -> Any:
-    """The ModelConfig message for the plans (validated: every plan has the same I/O; one plan per compute capability)."""
+    """The ModelConfig message for the plans (validated: every plan has the same I/O; one plan per compute
+    capability)."""
     pb = triton_model_config_pb2()
     tensors = _agreed_tensors(plans)
     batch = _max_batch_size(tensors)
@@ -114,21 +143,25 @@ def model_config(name: str, plans: list[Plan]) -> Any:
 
 
 def _agreed_tensors(plans: list[Plan]) -> list[Tensor]:
-    """The I/O tensors every plan shares (names, modes, dtypes, shapes, profiles); CannotExport naming the first that differs."""
+    """The I/O tensors every plan shares (names, modes, dtypes, shapes, profiles); CannotExport naming the first that
+    differs."""
     first = plans[0]
     for other in plans[1:]:
         if other.engine.tensors != first.engine.tensors:
-            raise CannotExport(f"{other.package.where(other.engine.file)}: its I/O tensors or profiles differ from those of "
-                               f"{first.package.where(first.engine.file)}; one Triton model needs the same I/O on every GPU")
+            raise CannotExport(
+                f"{other.package.where(other.engine.file)}: its I/O tensors or profiles differ from those of "
+                f"{first.package.where(first.engine.file)}; one Triton model needs the same I/O on every GPU"
+            )
     return first.engine.tensors
 
 
 def _max_batch_size(tensors: list[Tensor]) -> int:
-    """The largest batch when dim 0 of every tensor is a dynamic batch the profiles cover from 1 without a gap, else 0."""
+    """The largest batch when dim 0 of every tensor is a dynamic batch the profiles cover from 1 without a gap, else
+    0."""
     return 0 if batching_refusal(tensors) else max(p.max[0] for t in tensors if t.mode == "input" for p in t.profiles)
 
 
-def batching_refusal(tensors: list[Tensor]) -> Optional[str]:
+def batching_refusal(tensors: list[Tensor]) -> str | None:
     """Why Triton must not batch these tensors (max_batch_size 0), or None when dim 0 is a batch it can use."""
     if not tensors or any(not t.shape or t.shape[0] != -1 for t in tensors):
         return "not every input and output has a dynamic first dimension"
@@ -138,7 +171,9 @@ def batching_refusal(tensors: list[Tensor]) -> Optional[str]:
     count = len(inputs[0].profiles)
     if any(len(t.profiles) != count for t in inputs):
         return "the inputs have different numbers of profiles"
-    ranges = sorted((max(t.profiles[i].min[0] for t in inputs), min(t.profiles[i].max[0] for t in inputs)) for i in range(count))
+    ranges = sorted(
+        (max(t.profiles[i].min[0] for t in inputs), min(t.profiles[i].max[0] for t in inputs)) for i in range(count)
+    )
     covered = 0
     for low, high in ranges:
         if low > covered + 1:
@@ -152,30 +187,40 @@ def batching_refusal(tensors: list[Tensor]) -> Optional[str]:
 
 def _triton_type(tensor: Tensor) -> str:
     if tensor.dtype not in TRITON_TYPES:
-        raise CannotExport(f"tensor {tensor.name!r} has dtype {tensor.dtype}, which Triton's model configuration cannot declare")
+        raise CannotExport(
+            f"tensor {tensor.name!r} has dtype {tensor.dtype}, which Triton's model configuration cannot declare"
+        )
     return TRITON_TYPES[tensor.dtype]
 
 
-def _cc_files(plans: list[Plan]) -> tuple[dict[str, str], Optional[str]]:
+def _cc_files(plans: list[Plan]) -> tuple[dict[str, str], str | None]:
     """({"8.6": "rtx-ampere.plan", ...}, the plan for every other GPU or None); CannotExport on any ambiguity."""
     exact: dict[str, Plan] = {}
     portable = [p for p in plans if p.engine.hardware_compatibility == "ampere_plus"]
     if len(portable) > 1:
-        raise CannotExport(f"several hardware-compatible engines ({', '.join(p.file for p in portable)}); Triton takes one default plan: pass fewer packages")
+        raise CannotExport(
+            f"several hardware-compatible engines ({', '.join(p.file for p in portable)}); Triton takes one default "
+            "plan: pass fewer packages"
+        )
     for plan in plans:
         if plan in portable:
             continue
         for cc in plan.engine.compute_capabilities:
             key = _triton_cc(cc)
             if key in exact and exact[key] != plan:
-                raise CannotExport(f"compute capability {cc} has two engines ({exact[key].package.where(exact[key].engine.file)} and "
-                                   f"{plan.package.where(plan.engine.file)}); pass fewer packages or --precision")
+                raise CannotExport(
+                    f"compute capability {cc} has two engines ({exact[key].package.where(exact[key].engine.file)} and "
+                    f"{plan.package.where(plan.engine.file)}); pass fewer packages or --precision"
+                )
             exact[key] = plan
     names = [p.file for p in plans]
     if len(set(names)) != len(names):
-        raise CannotExport(f"two engines have the same target name ({', '.join(sorted(names))}); they would be the same plan file")
-    return {cc: plan.file for cc, plan in sorted(exact.items(), key=lambda item: tuple(map(int, item[0].split("."))))}, \
-        (portable[0].file if portable else None)
+        raise CannotExport(
+            f"two engines have the same target name ({', '.join(sorted(names))}); they would be the same plan file"
+        )
+    return {
+        cc: plan.file for cc, plan in sorted(exact.items(), key=lambda item: tuple(map(int, item[0].split("."))))
+    }, (portable[0].file if portable else None)
 
 
 def _triton_cc(cc: str) -> str:
@@ -185,8 +230,9 @@ def _triton_cc(cc: str) -> str:
     return f"{digits[:-1]}.{digits[-1]}"
 
 
-def export_triton(packages: list[Package], repo: Path, name: Optional[str], version: int, precision: Optional[str]) -> dict:
-    """Write `<repo>/<model>/config.pbtxt` and `<repo>/<model>/<version>/*.plan` (each plan's sha256 checked while copied)."""
+def export_triton(packages: list[Package], repo: Path, name: str | None, version: int, precision: str | None) -> dict:
+    """Write `<repo>/<model>/config.pbtxt` and `<repo>/<model>/<version>/*.plan` (each plan's sha256 checked while
+    copied)."""
     from google.protobuf import text_format
 
     plans, notes = select_plans(packages, precision)
@@ -205,15 +251,29 @@ def export_triton(packages: list[Package], repo: Path, name: Optional[str], vers
     atomic_write(model / "config.pbtxt", text)
     no_batch = batching_refusal(_agreed_tensors(plans)) if config.max_batch_size == 0 else None
     notes += [f"max_batch_size 0 (dims are full shapes): {no_batch}"] if no_batch else []
-    notes += [] if config.default_model_filename else ["no default_model_filename: no hardware-compatible plan, so a GPU not in "
-                                                       "cc_model_filenames fails to load instead of loading another architecture's plan"]
-    return {"model": str(model), "version": version, "config": str(model / "config.pbtxt"), "max_batch_size": config.max_batch_size,
-            "cc_model_filenames": dict(config.cc_model_filenames), "default_model_filename": config.default_model_filename,
-            "plans": {p.file: p.engine.sha256 for p in plans}, "notes": notes}
+    notes += (
+        []
+        if config.default_model_filename
+        else [
+            "no default_model_filename: no hardware-compatible plan, so a GPU not in "
+            "cc_model_filenames fails to load instead of loading another architecture's plan"
+        ]
+    )
+    return {
+        "model": str(model),
+        "version": version,
+        "config": str(model / "config.pbtxt"),
+        "max_batch_size": config.max_batch_size,
+        "cc_model_filenames": dict(config.cc_model_filenames),
+        "default_model_filename": config.default_model_filename,
+        "plans": {p.file: p.engine.sha256 for p in plans},
+        "notes": notes,
+    }
 
 
 def _write_version(model: Path, version: int, plans: list[Plan]) -> None:
-    """Fill `<model>/.<version>-<random>/` with the verified plans and rename it to `<model>/<version>/` (replacing it)."""
+    """Fill `<model>/.<version>-<random>/` with the verified plans and rename it to `<model>/<version>/` (replacing
+    it)."""
     try:
         model.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -15,12 +15,12 @@ import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from trtflow.errors import EnvironmentProblem, StageError, TrtflowError
-from trtflow.util.memory import peak_rss, reset_peak, shown
 from trtflow.stages import stage_module
 from trtflow.stages.base import StageParams, Upstream
+from trtflow.util.memory import peak_rss, reset_peak, shown
 
 
 @dataclass(frozen=True)
@@ -38,32 +38,41 @@ class StageTask:
 class StageResult:
     """Output files and record of a stage that ran, or the one-line error of one that failed (and how to exit)."""
 
-    files: Optional[dict[str, str]] = None
-    record: Optional[dict] = None
-    error: Optional[str] = None
+    files: dict[str, str] | None = None
+    record: dict | None = None
+    error: str | None = None
     exit_code: int = 0
-    errno: Optional[int] = None  # the OS error behind a failure: a full disk stops the run
+    errno: int | None = None  # the OS error behind a failure: a full disk stops the run
     detail: str = ""
-    node: Optional[dict] = None  # where a distributed executor ran it: {"id": ..., "labels": {...}}
+    node: dict | None = None  # where a distributed executor ran it: {"id": ..., "labels": {...}}
     deterministic: bool = False  # the stage's own failure (same inputs, same failure): recorded under its key
-    peak_rss: Optional[int] = None  # bytes: the high-water mark of the worker process that ran it (the report shows it)
+    peak_rss: int | None = None  # bytes: the high-water mark of the worker process that ran it (the report shows it)
 
     @classmethod
-    def failure(cls, message: str, exit_code: int = StageError.exit_code, detail: str = "", errno: Optional[int] = None,
-                node: Optional[dict] = None, deterministic: bool = False) -> "StageResult":
+    def failure(
+        cls,
+        message: str,
+        exit_code: int = StageError.exit_code,
+        detail: str = "",
+        errno: int | None = None,
+        node: dict | None = None,
+        deterministic: bool = False,
+    ) -> StageResult:
         """A failed stage: what the user reads, the exit code its error class carries, the traceback for -v.
 
         Only a stage's own failure is `deterministic`; a worker that died, was killed or ran out of memory, a
         timeout, a missing package or a full disk say nothing about the stage's inputs and are never recorded.
         """
-        return cls(error=message, exit_code=exit_code, detail=detail, errno=errno, node=node, deterministic=deterministic)
+        return cls(
+            error=message, exit_code=exit_code, detail=detail, errno=errno, node=node, deterministic=deterministic
+        )
 
     def to_json(self) -> dict:
         """The result as JSON-ready data: how it travels back from a worker process (never pickled)."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: Any) -> Optional["StageResult"]:
+    def from_json(cls, data: Any) -> StageResult | None:
         """The result a worker wrote as JSON, or None if it is not one (every field's type checked)."""
         if not isinstance(data, dict) or set(data) - RESULT_TYPES.keys():
             return None
@@ -76,15 +85,22 @@ class StageResult:
 
 
 RESULT_TYPES: dict[str, tuple[type, ...]] = {
-    "files": (dict, type(None)), "record": (dict, type(None)), "error": (str, type(None)), "exit_code": (int,),
-    "errno": (int, type(None)), "detail": (str,), "node": (dict, type(None)), "deterministic": (bool,),
-    "peak_rss": (int, type(None))}
+    "files": (dict, type(None)),
+    "record": (dict, type(None)),
+    "error": (str, type(None)),
+    "exit_code": (int,),
+    "errno": (int, type(None)),
+    "detail": (str,),
+    "node": (dict, type(None)),
+    "deterministic": (bool,),
+    "peak_rss": (int, type(None)),
+}
 
 
 class Executor(Protocol):
     """Runs StageTasks somewhere; each future resolves to a StageResult, never raises."""
 
-    def submit(self, task: StageTask) -> "futures.Future[StageResult]":
+    def submit(self, task: StageTask) -> futures.Future[StageResult]:
         """Start `task`; the future resolves to its StageResult, a failure included."""
 
     def prepare(self, kinds: set[str]) -> None:
@@ -95,8 +111,12 @@ class Executor(Protocol):
 
 
 # What a worker imports ahead of a stage kind's first task (executors.local.LocalExecutor.prepare).
-WARM_IMPORTS = {"cleanup": ("trtflow.stages.cleanup", "onnx", "onnxruntime", "onnxslim"), "verify": ("trtflow.stages.verify",),
-                "package": ("trtflow.stages.package", "trtflow.manifest"), "build": ("trtflow.stages.build", "tensorrt_rtx", "onnx")}
+WARM_IMPORTS = {
+    "cleanup": ("trtflow.stages.cleanup", "onnx", "onnxruntime", "onnxslim"),
+    "verify": ("trtflow.stages.verify",),
+    "package": ("trtflow.stages.package", "trtflow.manifest"),
+    "build": ("trtflow.stages.build", "tensorrt_rtx", "onnx"),
+}
 
 
 def warm_up(kinds: list[str]) -> None:
@@ -122,17 +142,27 @@ def _run_stage(task: StageTask) -> StageResult:
     try:
         output = stage_module(task.kind).run(task.params, task.inputs, task.workdir)
     except MemoryError:
-        return StageResult.failure(f"{task.node_id} ran out of memory (MemoryError at {shown(peak_rss())}): run fewer stages at once "
-                                   "(-j, --memory) or on a machine with more memory", EnvironmentProblem.exit_code,
-                                   traceback.format_exc())
+        return StageResult.failure(
+            f"{task.node_id} ran out of memory (MemoryError at {shown(peak_rss())}): run fewer stages at once "
+            "(-j, --memory) or on a machine with more memory",
+            EnvironmentProblem.exit_code,
+            traceback.format_exc(),
+        )
     except TrtflowError as exc:
         own = isinstance(exc, StageError) and exc.exit_code == StageError.exit_code
-        return StageResult.failure(stable_reason(str(exc), task.workdir), exc.exit_code, traceback.format_exc(), deterministic=own)
+        return StageResult.failure(
+            stable_reason(str(exc), task.workdir), exc.exit_code, traceback.format_exc(), deterministic=own
+        )
     except Exception as exc:  # a library failed inside the stage: report it as the stage's failure
         code = _errno(exc)
         own = code is None and not isinstance(exc, ENVIRONMENT_EXCEPTIONS)
-        return StageResult.failure(stable_reason(library_failure(exc), task.workdir), StageError.exit_code, traceback.format_exc(),
-                                   code, deterministic=own)
+        return StageResult.failure(
+            stable_reason(library_failure(exc), task.workdir),
+            StageError.exit_code,
+            traceback.format_exc(),
+            code,
+            deterministic=own,
+        )
     return StageResult(files={name: str(path) for name, path in output.files.items()}, record=output.record)
 
 
@@ -144,8 +174,8 @@ _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 def stable_reason(message: str, workdir: Path) -> str:
     """A failure's line without what differs from run to run (its work directory, memory addresses): a recorded
     failure is compared with trtflow.lock's word for word."""
-    for shown in {str(workdir), os.path.realpath(workdir)}:
-        message = message.replace(shown, "<workdir>")
+    for spelling in {str(workdir), os.path.realpath(workdir)}:
+        message = message.replace(spelling, "<workdir>")
     return _ADDRESS.sub("0x...", message)
 
 
@@ -162,7 +192,7 @@ def library_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:600]
 
 
-def _errno(exc: Optional[BaseException]) -> Optional[int]:
+def _errno(exc: BaseException | None) -> int | None:
     """The OS error number behind a failure (a full disk must stop the run, not fail one stage after another)."""
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno:

@@ -13,7 +13,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.hashing import CHUNK, sha256_file
 
@@ -21,9 +21,9 @@ from trtflow.hashing import CHUNK, sha256_file
 class Exchange:
     """Content-addressed objects in a shared folder or behind an fsspec URL."""
 
-    def __init__(self, location: str, options: Optional[dict] = None):
+    def __init__(self, location: str, options: dict | None = None):
         self.location = location
-        self._folder: Optional[Path] = None
+        self._folder: Path | None = None
         self._fs: Any = None
         if "://" not in location or location.startswith("file://"):
             self._folder = Path(location.removeprefix("file://"))
@@ -32,7 +32,7 @@ class Exchange:
 
             self._fs, self._base = filesystem(location, dict(options or {}), "the exchange")
 
-    def put(self, path: Path, digest: Optional[str] = None) -> str:
+    def put(self, path: Path, digest: str | None = None) -> str:
         """Make the file's bytes available as an object (nothing if already there); its digest (hashed if not given)."""
         digest = digest or sha256_file(path)
         relative = f"objects/{digest[:2]}/{digest}"
@@ -60,7 +60,10 @@ class Exchange:
                     hasher.update(chunk)
                     sink.write(chunk)
             if hasher.hexdigest() != digest:
-                raise ValueError(f"object {digest[:16]}... in {self.location} holds other bytes (sha256 {hasher.hexdigest()[:16]}...)")
+                raise ValueError(
+                    f"object {digest[:16]}... in {self.location} holds other bytes (sha256 "
+                    f"{hasher.hexdigest()[:16]}...)"
+                )
             os.replace(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)

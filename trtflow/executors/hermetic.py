@@ -17,16 +17,17 @@ import contextlib
 import ctypes
 import dataclasses
 import itertools
-import os
 import json
+import os
 import pickle
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
@@ -42,7 +43,7 @@ TASK_FILE, RESULT_FILE = ".hermetic-task.pickle", ".hermetic-result.json"
 RESULT_MAX_BYTES = 64 << 20
 
 
-def unavailable_reason() -> Optional[str]:
+def unavailable_reason() -> str | None:
     """Why address-space randomization cannot be switched off for a child here, or None."""
     if not sys.platform.startswith("linux"):
         return f"{sys.platform} has no personality(ADDR_NO_RANDOMIZE)"
@@ -79,8 +80,9 @@ class WarmWorkers:
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self) -> Optional[_Worker]:
-        """A started worker (its slot held) for one task, starting the spares that keep the next one warm; None once closed."""
+    def take(self) -> _Worker | None:
+        """A started worker (its slot held) for one task, starting the spares that keep the next one warm; None once
+        closed."""
         with self._lock:
             if self._closed:
                 return None
@@ -102,8 +104,16 @@ class WarmWorkers:
         stack = contextlib.ExitStack()
         slot = stack.enter_context(_free_slot())
         command = [sys.executable, "-m", "trtflow.executors.worker", "--warm", self.kind, TASK_FILE, RESULT_FILE]
-        process = subprocess.Popen(command, env=self.settings.hermetic_env(), cwd=slot, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, preexec_fn=_hermetic_preexec())
+        process = subprocess.Popen(
+            command,
+            env=self.settings.hermetic_env(),
+            cwd=slot,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_hermetic_preexec(),
+        )
         stack.callback(_end, process)
         return _Worker(stack, slot, process)
 
@@ -132,15 +142,19 @@ def _end(process: subprocess.Popen) -> None:
         process.communicate()
 
 
-def run_hermetic(task: StageTask, settings: Settings, warm: Optional[WarmWorkers] = None) -> StageResult:
+def run_hermetic(task: StageTask, settings: Settings, warm: WarmWorkers | None = None) -> StageResult:
     """Run one task in a fresh hermetic process in a free slot folder (a warm one if `warm` has it); its outputs are
     moved back to its work dir."""
     try:
         taken = warm.take() if warm is not None else None
-        with (taken.stack if taken else contextlib.ExitStack()) as stack:
+        with taken.stack if taken else contextlib.ExitStack() as stack:
             slot = taken.slot if taken else stack.enter_context(_free_slot())
             in_slot = _task_in_slot(task, slot)
-            result = _go(in_slot, slot, taken.process) if taken else _run_worker(in_slot, slot, settings.hermetic_env(), _hermetic_preexec())
+            result = (
+                _go(in_slot, slot, taken.process)
+                if taken
+                else _run_worker(in_slot, slot, settings.hermetic_env(), _hermetic_preexec())
+            )
             if result.record is not None:
                 result.record["hermetic"] = _description(unavailable_reason(), settings)
             if result.files is not None:
@@ -163,8 +177,9 @@ def _free_slot() -> Iterator[Path]:
     try:
         check_private(root)
     except NotRegular:
-        raise EnvironmentProblem(f"{root} is not a private (0700) folder of this user's: remove it (hermetic build "
-                                 "workers run there)") from None
+        raise EnvironmentProblem(
+            f"{root} is not a private (0700) folder of this user's: remove it (hermetic build workers run there)"
+        ) from None
     for number in itertools.count():
         lock = FileLock(str(root / f"{number}.lock"))
         try:
@@ -214,14 +229,16 @@ def run_isolated(task: StageTask) -> StageResult:
         return _run_worker(task, task.workdir, Settings.pinned_env(), die_with_parent, channel)
 
 
-def _run_worker(task: StageTask, folder: Path, env: Optional[dict], prepare, channel: Optional[Path] = None) -> StageResult:
+def _run_worker(task: StageTask, folder: Path, env: dict | None, prepare, channel: Path | None = None) -> StageResult:
     """`python -m trtflow.executors.worker` in `folder` on the task pickled in the private folder `channel` (the slot
     itself if None); its death becomes a one-line failure."""
     channel = channel or folder
     _write_task(channel / TASK_FILE, task)
     files = [TASK_FILE, RESULT_FILE] if channel == folder else [str(channel / TASK_FILE), str(channel / RESULT_FILE)]
     command = [sys.executable, "-m", "trtflow.executors.worker", *files]
-    done = subprocess.run(command, env=env, cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True, preexec_fn=prepare)
+    done = subprocess.run(
+        command, env=env, cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True, preexec_fn=prepare
+    )
     return _worker_result(task, channel, done.returncode, done.stderr)
 
 
@@ -243,12 +260,14 @@ def _worker_result(task: StageTask, channel: Path, code: int, stderr: str) -> St
     if result is None:
         factory = getattr(task.params, "factory", None)
         inside = f" in source.torch.factory {factory} or the exporter" if factory else ""
-        return StageResult.failure(f"the worker process of {task.node_id} died{inside}: {_exit_description(code)}: "
-                                   f"{_last_line(stderr)}", detail=stderr[-4000:])
+        return StageResult.failure(
+            f"the worker process of {task.node_id} died{inside}: {_exit_description(code)}: {_last_line(stderr)}",
+            detail=stderr[-4000:],
+        )
     return result
 
 
-def _description(reason: Optional[str], settings: Settings) -> str:
+def _description(reason: str | None, settings: Settings) -> str:
     """What the record says about how the stage ran."""
     if reason:
         return f"no ({reason}); fresh process, minimal environment, PYTHONHASHSEED=0, fixed slot folder and names"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures as futures
 import multiprocessing
 import os
-from typing import Optional
 
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
 from trtflow.executors.hermetic import WarmWorkers, run_hermetic, run_isolated
@@ -28,15 +27,15 @@ ISOLATED_KINDS = frozenset({"export"})  # run user code: a fresh process each, s
 class LocalExecutor:
     """Up to `jobs` stages at once in spawned worker processes."""
 
-    def __init__(self, jobs: int, hermetic: frozenset[str] = HERMETIC_KINDS, settings: Optional[Settings] = None):
+    def __init__(self, jobs: int, hermetic: frozenset[str] = HERMETIC_KINDS, settings: Settings | None = None):
         self.jobs = jobs
         self.hermetic, self.settings = hermetic, settings or Settings.from_environ()
-        self._threads: Optional[futures.ThreadPoolExecutor] = None  # each waits on one hermetic process
-        self._pool: Optional[futures.ProcessPoolExecutor] = None
+        self._threads: futures.ThreadPoolExecutor | None = None  # each waits on one hermetic process
+        self._pool: futures.ProcessPoolExecutor | None = None
         self._broken = False  # set from the pool's thread when a worker died; the pool is replaced on the next submit
         self._warm: dict[str, WarmWorkers] = {}
 
-    def submit(self, task: StageTask) -> "futures.Future[StageResult]":
+    def submit(self, task: StageTask) -> futures.Future[StageResult]:
         """Start the task in a worker; a worker that dies resolves the future to a failure, never an exception."""
         if task.kind in self.hermetic or task.kind in ISOLATED_KINDS:
             if self._threads is None:
@@ -75,9 +74,12 @@ class LocalExecutor:
             self._drop()
         if self._pool is None:
             with pinned_environ():  # a spawned worker inherits the environment as it is when it starts: all start now
-                self._pool = futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                                         initializer=die_with_parent)
-                for _ in range(self.jobs):  # each submit starts one more worker while none is idle (every start method but fork)
+                self._pool = futures.ProcessPoolExecutor(
+                    max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
+                )
+                for _ in range(
+                    self.jobs
+                ):  # each submit starts one more worker while none is idle (every start method but fork)
                     self._pool.submit(warm_up, [])
         return self._pool
 

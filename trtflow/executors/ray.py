@@ -22,7 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import EnvironmentProblem
@@ -46,8 +46,14 @@ class ShippedTask:
 class RayExecutor:
     """Runs StageTasks as Ray tasks; at most `jobs` at once (the runner's -j), on a cluster or a local instance."""
 
-    def __init__(self, jobs: int, address: Optional[str], exchange: str, labels: dict[str, dict[str, str]],
-                 exchange_options: Optional[dict] = None):
+    def __init__(
+        self,
+        jobs: int,
+        address: str | None,
+        exchange: str,
+        labels: dict[str, dict[str, str]],
+        exchange_options: dict | None = None,
+    ):
         self.jobs, self.address, self.labels = jobs, address, labels
         self.exchange_url, self.exchange_options = exchange, dict(exchange_options or {})
         self.exchange = Exchange(exchange, self.exchange_options)
@@ -67,11 +73,20 @@ class RayExecutor:
         nodes = [n for n in self._ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
         for what, labels in needed.items():
             if labels and not any(all((n.get("Labels") or {}).get(k) == v for k, v in labels.items()) for n in nodes):
-                have = sorted({f"{k}={v}" for n in nodes for k, v in (n.get("Labels") or {}).items() if not k.startswith("ray.io/")})
-                raise EnvironmentProblem(f"{what} needs a Ray node labelled {_shown(labels)}; no live node with CPUs has it "
-                                         f"(labels the nodes have: {', '.join(have) or 'none'})")
+                have = sorted(
+                    {
+                        f"{k}={v}"
+                        for n in nodes
+                        for k, v in (n.get("Labels") or {}).items()
+                        if not k.startswith("ray.io/")
+                    }
+                )
+                raise EnvironmentProblem(
+                    f"{what} needs a Ray node labelled {_shown(labels)}; no live node with CPUs has it "
+                    f"(labels the nodes have: {', '.join(have) or 'none'})"
+                )
 
-    def submit(self, task: StageTask) -> "futures.Future[StageResult]":
+    def submit(self, task: StageTask) -> futures.Future[StageResult]:
         """Ship the inputs, run the task on a node that has the labels, fetch the outputs; the future never raises."""
         return self._threads.submit(self._run, task)
 
@@ -89,8 +104,11 @@ class RayExecutor:
         try:
             shipped = ship(task, self.exchange)
             selector = self.labels.get(task.node_id) or {}
-            ref = self._remote.options(label_selector=selector).remote(shipped, self.exchange_url, self.exchange_options) if selector \
+            ref = (
+                self._remote.options(label_selector=selector).remote(shipped, self.exchange_url, self.exchange_options)
+                if selector
                 else self._remote.remote(shipped, self.exchange_url, self.exchange_options)
+            )
             answer = self._ray.get(ref)
         except EnvironmentProblem as exc:
             return StageResult.failure(str(exc), exc.exit_code)
@@ -103,7 +121,9 @@ class RayExecutor:
         try:
             files = {name: str(self.exchange.get(digest, outputs / name)) for name, digest in answer["files"].items()}
         except (OSError, ValueError) as exc:
-            return StageResult.failure(f"fetching the outputs of {task.node_id} from the exchange: {exc}", node=answer["node"])
+            return StageResult.failure(
+                f"fetching the outputs of {task.node_id} from the exchange: {exc}", node=answer["node"]
+            )
         return StageResult(files=files, record=result.record, node=answer["node"])
 
 
@@ -115,7 +135,10 @@ def ship(task: StageTask, exchange: Exchange) -> ShippedTask:
         for name in upstream.sha256:  # a source model's external data files travel beside it
             if name.startswith(f"{role}.data:") and role in upstream.files:
                 entries[name] = upstream.files[role].parent / name.split(":", 1)[1]
-        files[role] = {name: (exchange.put(Path(path), upstream.sha256.get(name)), Path(path).name) for name, path in entries.items()}
+        files[role] = {
+            name: (exchange.put(Path(path), upstream.sha256.get(name)), Path(path).name)
+            for name, path in entries.items()
+        }
     bare = {role: replace(upstream, files={}) for role, upstream in task.inputs.items()}
     return ShippedTask(replace(task, inputs=bare), files)
 
@@ -126,21 +149,26 @@ def land(shipped: ShippedTask, exchange: Exchange, workdir: Path) -> StageTask:
     for role, upstream in shipped.task.inputs.items():
         folder = workdir / "inputs" / role
         folder.mkdir(parents=True, exist_ok=True)
-        fetched = {name: exchange.get(digest, folder / on_disk) for name, (digest, on_disk) in shipped.files.get(role, {}).items()}
+        fetched = {
+            name: exchange.get(digest, folder / on_disk)
+            for name, (digest, on_disk) in shipped.files.get(role, {}).items()
+        }
         inputs[role] = replace(upstream, files={name: path for name, path in fetched.items() if ".data:" not in name})
     out = workdir / "work"
     out.mkdir()
     return replace(shipped.task, inputs=inputs, workdir=out)
 
 
-def landed_or_failure(shipped: ShippedTask, exchange: Exchange, workdir: Path) -> "StageTask | StageResult":
+def landed_or_failure(shipped: ShippedTask, exchange: Exchange, workdir: Path) -> StageTask | StageResult:
     """The task with its inputs fetched, or the failure (exit 4) of a node that cannot read them from the exchange."""
     try:
         return land(shipped, exchange, workdir)
     except (OSError, ValueError) as exc:
-        return StageResult.failure(f"cannot fetch the inputs of {shipped.task.node_id} from the exchange {exchange.location} on "
-                                   f"{socket.gethostname()}: {exc} (executor.ray.exchange must be storage every node reads)",
-                                   EnvironmentProblem.exit_code)
+        return StageResult.failure(
+            f"cannot fetch the inputs of {shipped.task.node_id} from the exchange {exchange.location} on "
+            f"{socket.gethostname()}: {exc} (executor.ray.exchange must be storage every node reads)",
+            EnvironmentProblem.exit_code,
+        )
 
 
 def run_on_node(shipped: ShippedTask, exchange_url: str, exchange_options: dict) -> dict[str, Any]:
@@ -169,7 +197,7 @@ def run_on_node(shipped: ShippedTask, exchange_url: str, exchange_options: dict)
     return {"result": replace(result, files=None), "node": node, "files": digests}
 
 
-def _connect(address: Optional[str], jobs: int) -> Any:
+def _connect(address: str | None, jobs: int) -> Any:
     """The ray module, connected: to `address` (host:port or auto), or to a new local instance of `jobs` CPUs."""
     ray = import_or_explain("ray", "ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -181,8 +209,10 @@ def _connect(address: Optional[str], jobs: int) -> Any:
         else:
             ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     except Exception as exc:  # ConnectionError, RuntimeError: no cluster there
-        raise EnvironmentProblem(f"cannot connect to the Ray cluster at {address or 'a new local instance'}: "
-                                 f"{' '.join(str(exc).split())[:300]}") from None
+        raise EnvironmentProblem(
+            f"cannot connect to the Ray cluster at {address or 'a new local instance'}: "
+            f"{' '.join(str(exc).split())[:300]}"
+        ) from None
     return ray
 
 

@@ -1,4 +1,5 @@
-"""`python -m trtflow.executors.worker [--warm KIND] TASK RESULT`: what a hermetic worker process runs (executors.hermetic).
+"""`python -m trtflow.executors.worker [--warm KIND] TASK RESULT`: what a hermetic worker process runs
+(executors.hermetic).
 
 With `--warm KIND`, the process imports what stages of KIND need first, then waits for one line on stdin: the task
 file is in its folder by then. Its start-up overlaps the stage before it; it still runs exactly one task. End of

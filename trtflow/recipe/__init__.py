@@ -10,8 +10,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"load_project": "load", "Project": "load", "RecipeFile": "load", "PIPELINE_FILE": "load",
-            "Recipe": "schema", "Pipeline": "schema", "TargetSpec": "schema", "recipe_json_schema": "schema"}
+_EXPORTS = {
+    "load_project": "load",
+    "Project": "load",
+    "RecipeFile": "load",
+    "PIPELINE_FILE": "load",
+    "Recipe": "schema",
+    "Pipeline": "schema",
+    "TargetSpec": "schema",
+    "recipe_json_schema": "schema",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,7 @@ libraries are inputs of the build, so their digests enter its key as sources, ne
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -18,23 +18,23 @@ from trtflow.recipe.base import StrictModel
 class BuildOptions(StrictModel):
     """Builder settings that change the engine (and so its key)."""
 
-    workspace_mib: Optional[int] = Field(default=None, gt=0)  # trtexec --memPoolSize=workspace:<N>M
+    workspace_mib: int | None = Field(default=None, gt=0)  # trtexec --memPoolSize=workspace:<N>M
     optimization_level: int = Field(default=3, ge=0, le=5)  # --builderOptimizationLevel
     # What the engine keeps for layer inspection: layer names (TensorRT's default when unset), full layer
     # details (engine inspector, profilers), or nothing. It changes the engine's bytes (measured).
-    profiling_verbosity: Optional[Literal["none", "layer_names_only", "detailed"]] = None  # --profilingVerbosity
+    profiling_verbosity: Literal["none", "layer_names_only", "detailed"] | None = None  # --profilingVerbosity
     # Unset (None) below means the backend's own default, and keeps the field out of the build's key.
-    tiling_optimization_level: Optional[Literal["none", "fast", "moderate", "full"]] = None  # --tilingOptimizationLevel
-    l2_limit_for_tiling: Optional[int] = Field(default=None, ge=0)  # bytes of L2 cache tiling may assume: --l2LimitForTiling
-    max_aux_streams: Optional[int] = Field(default=None, ge=0)  # --maxAuxStreams
-    max_num_tactics: Optional[int] = Field(default=None, ge=1)  # --maxTactics
-    sparse_weights: Optional[bool] = None  # --sparsity=enable (kSPARSE_WEIGHTS)
-    tf32: Optional[bool] = None  # false: trtexec --noTF32 (TensorRT enables TF32 by default)
-    direct_io: Optional[bool] = None  # --directIO (kDIRECT_IO)
-    strict_nans: Optional[bool] = None  # kSTRICT_NANS
-    weight_streaming: Optional[bool] = None  # --weightStreaming (kWEIGHT_STREAMING): the runtime may stream weights
-
-
+    tiling_optimization_level: Literal["none", "fast", "moderate", "full"] | None = None  # --tilingOptimizationLevel
+    l2_limit_for_tiling: int | None = Field(
+        default=None, ge=0
+    )  # bytes of L2 cache tiling may assume: --l2LimitForTiling
+    max_aux_streams: int | None = Field(default=None, ge=0)  # --maxAuxStreams
+    max_num_tactics: int | None = Field(default=None, ge=1)  # --maxTactics
+    sparse_weights: bool | None = None  # --sparsity=enable (kSPARSE_WEIGHTS)
+    tf32: bool | None = None  # false: trtexec --noTF32 (TensorRT enables TF32 by default)
+    direct_io: bool | None = None  # --directIO (kDIRECT_IO)
+    strict_nans: bool | None = None  # kSTRICT_NANS
+    weight_streaming: bool | None = None  # --weightStreaming (kWEIGHT_STREAMING): the runtime may stream weights
 
 
 class BuildSettings(BuildOptions):

@@ -13,22 +13,22 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 from pydantic import BaseModel
 
 from trtflow.errors import ProjectError
 from trtflow.recipe.base import FieldError
-from trtflow.recipe.precision import PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED_PRECISIONS
 from trtflow.recipe.plugins import plugin_sources
+from trtflow.recipe.precision import PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED_PRECISIONS
 from trtflow.recipe.pymodule import ModuleNotFound, module_file
 from trtflow.recipe.refusals import Refusal, exclude_entries, refusal_report
 from trtflow.recipe.schema import InputShape, Pipeline, Recipe, TargetSpec
 from trtflow.recipe.source import TorchInput
 from trtflow.recipe.yamlfile import YamlDocument, load_yaml
-from trtflow.util.cc import ComputeCapability
 from trtflow.runmemo import note_glob
+from trtflow.util.cc import ComputeCapability
 
 if TYPE_CHECKING:
     from trtflow.signing import TrustedKeys
@@ -53,7 +53,12 @@ class RecipeFile:
 
     def pairs(self, pipeline: Pipeline) -> list[tuple[str, str]]:
         """The (precision, target) pairs this recipe builds: every combination less what `exclude:` drops."""
-        return [(p, t) for p in self.recipe.precisions for t in self.target_names(pipeline) if not self.recipe.excluded(p, t)]
+        return [
+            (p, t)
+            for p in self.recipe.precisions
+            for t in self.target_names(pipeline)
+            if not self.recipe.excluded(p, t)
+        ]
 
     def target_names(self, pipeline: Pipeline) -> list[str]:
         """The targets this recipe builds for: its own `targets:`, else every target in pipeline.yaml."""
@@ -64,7 +69,9 @@ class RecipeFile:
         try:
             return (root / self.recipe.source.onnx).resolve()
         except (RuntimeError, OSError) as exc:  # a symlink loop
-            raise ProjectError(f"{self.where('source', 'onnx')}: cannot follow {self.recipe.source.onnx}: {exc}") from None
+            raise ProjectError(
+                f"{self.where('source', 'onnx')}: cannot follow {self.recipe.source.onnx}: {exc}"
+            ) from None
 
     def factory_file(self, root: Path) -> Path:
         """The torch factory's module file, found without importing it; ProjectError if there is none."""
@@ -93,14 +100,16 @@ class Project:
         """The folder packages are written to (pipeline.yaml's `packages:`), under the project root."""
         return self.root / self.pipeline.packages
 
-    def trusted_keys(self) -> Optional["TrustedKeys"]:
+    def trusted_keys(self) -> TrustedKeys | None:
         """The public keys `cache.trust` names, loaded (ProjectError naming the entry); None when it names none."""
         trust = self.pipeline.cache.trust
         if not trust:
             return None
         from trtflow.signing import trusted_keys
 
-        return trusted_keys((self.root / path, f"{PIPELINE_FILE}: cache.trust[{index}]") for index, path in enumerate(trust))
+        return trusted_keys(
+            (self.root / path, f"{PIPELINE_FILE}: cache.trust[{index}]") for index, path in enumerate(trust)
+        )
 
     def refusal_blocks(self, refusals: list[Refusal]) -> dict[str, list[str]]:
         """Per recipe file with refusals: the `exclude:` entries that keep its own and drop the refused pairs."""
@@ -116,7 +125,9 @@ class Project:
         """Raise one ProjectError listing every refusal and the `exclude:` block of each recipe (nothing if none)."""
         order = {item.display: index for index, item in enumerate(self.recipes)}
         if refusals:
-            refusals = sorted(refusals, key=lambda r: order.get(r.recipe, len(order)))  # stable: each recipe's in file order
+            refusals = sorted(
+                refusals, key=lambda r: order.get(r.recipe, len(order))
+            )  # stable: each recipe's in file order
             raise ProjectError(refusal_report(refusals, self.refusal_blocks(refusals)))
 
     def recipe(self, name: str) -> RecipeFile:
@@ -157,10 +168,14 @@ def _error_lines(document: YamlDocument, display: str, exc: pydantic.ValidationE
 
 
 def _validate(model: type[BaseModel], document: YamlDocument, display: str, extra: dict | None = None) -> Any:
-    """Validate a file's mapping against its model; top-level `x-...` keys are the author's (YAML anchors live there)."""
+    """Validate a file's mapping against its model; top-level `x-...` keys are the author's (YAML anchors live
+    there)."""
     if not isinstance(document.data, dict):
         raise ProjectError(f"{display}:1: the file must hold a mapping of keys")
-    data = {**(extra or {}), **{k: v for k, v in document.data.items() if not (isinstance(k, str) and k.startswith("x-"))}}
+    data = {
+        **(extra or {}),
+        **{k: v for k, v in document.data.items() if not (isinstance(k, str) and k.startswith("x-"))},
+    }
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -190,7 +205,10 @@ def _check_output_folders(root: Path, pipeline: Pipeline, document: YamlDocument
     for field in ("store", "packages"):
         path = root / getattr(pipeline, field)
         if path.exists() and not path.is_dir():
-            raise ProjectError(f"{PIPELINE_FILE}:{document.line_of((field,))}: {field}: {getattr(pipeline, field)} is a file, not a folder")
+            raise ProjectError(
+                f"{PIPELINE_FILE}:{document.line_of((field,))}: {field}: {getattr(pipeline, field)} is a file, not a "
+                "folder"
+            )
     lock = root / "trtflow.lock"
     if lock.exists() and not lock.is_file():
         raise ProjectError("trtflow.lock: not a regular file (remove it: `trtflow run` writes it)")
@@ -208,7 +226,9 @@ def _recipe_paths(root: Path, pipeline: Pipeline, document: YamlDocument) -> lis
         matches = [Path(p) for p in sorted(found)]
         kept = [m for m in matches if _is_recipe_file(m, seen, outputs)]
         if not kept:
-            raise ProjectError(f"{PIPELINE_FILE}:{document.line_of(('recipes', index))}: recipes[{index}]: no file matches {pattern!r}")
+            raise ProjectError(
+                f"{PIPELINE_FILE}:{document.line_of(('recipes', index))}: recipes[{index}]: no file matches {pattern!r}"
+            )
         paths.extend(kept)
     return paths
 
@@ -242,7 +262,9 @@ def _check_targets(item: RecipeFile, pipeline: Pipeline) -> None:
     for index, name in enumerate(item.recipe.targets or []):
         if name not in pipeline.targets:
             known = ", ".join(pipeline.targets)
-            raise ProjectError(f"{item.where('targets', index)}: unknown target {name!r} (pipeline.yaml defines: {known})")
+            raise ProjectError(
+                f"{item.where('targets', index)}: unknown target {name!r} (pipeline.yaml defines: {known})"
+            )
 
 
 def _check_excludes(item: RecipeFile, pipeline: Pipeline) -> None:
@@ -250,16 +272,21 @@ def _check_excludes(item: RecipeFile, pipeline: Pipeline) -> None:
     recipe, targets = item.recipe, item.target_names(pipeline)
     for index, rule in enumerate(recipe.exclude):
         if not any(rule.matches(p, t) for p in recipe.precisions for t in targets):
-            raise ProjectError(f"{item.where('exclude', index)}: matches nothing this recipe builds "
-                               f"(precisions: {', '.join(recipe.precisions)}; targets: {', '.join(targets)})")
+            raise ProjectError(
+                f"{item.where('exclude', index)}: matches nothing this recipe builds "
+                f"(precisions: {', '.join(recipe.precisions)}; targets: {', '.join(targets)})"
+            )
 
 
 def _check_calibration_declared(item: RecipeFile) -> None:
     """Before any work: int8/fp8 have calibration data."""
     for index, precision in enumerate(item.recipe.precisions):
         if precision in QUANTIZED_PRECISIONS and item.recipe.calibration is None:
-            raise ProjectError(f"{item.where('precisions', index)}: {precision} needs calibration data: add calibration: {{data: ...}} "
-                               "(or calibration: {random: true} to calibrate on random inputs, recorded in the manifest)")
+            raise ProjectError(
+                f"{item.where('precisions', index)}: {precision} needs calibration data: add calibration: "
+                f"{{data: ...}} "
+                "(or calibration: {random: true} to calibrate on random inputs, recorded in the manifest)"
+            )
 
 
 def _capability_refusals(item: RecipeFile, pipeline: Pipeline) -> list[Refusal]:
@@ -267,26 +294,38 @@ def _capability_refusals(item: RecipeFile, pipeline: Pipeline) -> list[Refusal]:
     refusals = []
     for index, precision in enumerate(item.recipe.precisions):
         for name in item.target_names(pipeline):
-            problem = None if item.recipe.excluded(precision, name) else \
-                _capability_problem(item.recipe, precision, name, pipeline.targets[name])
+            problem = (
+                None
+                if item.recipe.excluded(precision, name)
+                else _capability_problem(item.recipe, precision, name, pipeline.targets[name])
+            )
             if problem:
                 refusals.append(Refusal(item.display, item.where("precisions", index), precision, name, problem))
     return refusals
 
 
-def _capability_problem(recipe: Recipe, precision: str, target: str, spec: TargetSpec) -> Optional[str]:
+def _capability_problem(recipe: Recipe, precision: str, target: str, spec: TargetSpec) -> str | None:
     """`fp8 needs compute capability >= 8.9, target rtx-ampere is sm_86`, or None when every GPU of the target fits."""
     needs = PRECISION_MIN_COMPUTE_CAPABILITY.get(precision)
     reason = ""
-    if precision in QUANTIZED_PRECISIONS and recipe.quantize.high_precision == "bf16" and (needs is None or needs < "sm_80"):
+    if (
+        precision in QUANTIZED_PRECISIONS
+        and recipe.quantize.high_precision == "bf16"
+        and (needs is None or needs < "sm_80")
+    ):
         needs, reason = ComputeCapability("sm_80"), " (quantize.high_precision is bf16)"
     if needs is None:
         return None
-    lowest = ComputeCapability("sm_80") if spec.hardware_compatibility == "ampere_plus" else spec.compute_capabilities[0]
+    lowest = (
+        ComputeCapability("sm_80") if spec.hardware_compatibility == "ampere_plus" else spec.compute_capabilities[0]
+    )
     if lowest >= needs:
         return None
-    how = "runs on sm_80 and newer (hardware_compatibility ampere_plus)" if lowest != spec.compute_capabilities[0] else \
-        ("is " if len(spec.compute_capabilities) == 1 else "includes ") + lowest
+    how = (
+        "runs on sm_80 and newer (hardware_compatibility ampere_plus)"
+        if lowest != spec.compute_capabilities[0]
+        else ("is " if len(spec.compute_capabilities) == 1 else "includes ") + lowest
+    )
     return f"{precision} needs compute capability >= {needs.dotted}{reason}, target {target} {how}"
 
 
@@ -311,10 +350,14 @@ def _check_saved_model(item: RecipeFile, root: Path) -> None:
     given = item.recipe.source.tensorflow.saved_model
     folder, where = root / given, item.where("source", "tensorflow", "saved_model")
     if not folder.is_dir():
-        raise ProjectError(f"{where}: {'is a file, not a SavedModel directory' if folder.exists() else 'no such directory'}: {given}")
+        raise ProjectError(
+            f"{where}: {'is a file, not a SavedModel directory' if folder.exists() else 'no such directory'}: {given}"
+        )
     if not any((folder / name).is_file() for name in SAVED_MODEL_FILES):
-        raise ProjectError(f"{where}: {given} is not a SavedModel directory (no saved_model.pb in it); save the model with "
-                           "tf.saved_model.save(model, dir) or Keras' model.export(dir)")
+        raise ProjectError(
+            f"{where}: {given} is not a SavedModel directory (no saved_model.pb in it); save the model with "
+            "tf.saved_model.save(model, dir) or Keras' model.export(dir)"
+        )
 
 
 def _check_keras_file(item: RecipeFile, root: Path) -> None:
@@ -322,14 +365,21 @@ def _check_keras_file(item: RecipeFile, root: Path) -> None:
     given, where = item.recipe.source.keras, item.where("source", "keras")
     path = root / given
     if path.is_dir():
-        raise ProjectError(f"{where}: {given} is a directory, not a .keras or .h5 file (for a SavedModel directory use "
-                           "source.tensorflow.saved_model)")
+        raise ProjectError(
+            f"{where}: {given} is a directory, not a .keras or .h5 file (for a SavedModel directory use "
+            "source.tensorflow.saved_model)"
+        )
     if not path.is_file():
         raise ProjectError(f"{where}: model file not found: {given}")
     if path.suffix not in (".keras", ".h5"):
-        raise ProjectError(f"{where}: {given} is not a .keras or .h5 file (for a SavedModel directory use source.tensorflow.saved_model)")
+        raise ProjectError(
+            f"{where}: {given} is not a .keras or .h5 file (for a SavedModel directory use "
+            "source.tensorflow.saved_model)"
+        )
     if path.suffix == ".keras" and not zipfile.is_zipfile(path):
-        raise ProjectError(f"{where}: {given} is not a Keras 3 .keras archive (not a zip file); save it with model.save('{path.name}')")
+        raise ProjectError(
+            f"{where}: {given} is not a Keras 3 .keras archive (not a zip file); save it with model.save('{path.name}')"
+        )
 
 
 def _check_torch_source(item: RecipeFile, root: Path) -> None:
@@ -343,22 +393,28 @@ def _check_torch_source(item: RecipeFile, root: Path) -> None:
     for index, profile in enumerate(item.recipe.profiles):
         for name, shape in profile.inputs.items():
             if name not in declared:
-                raise ProjectError(f"{item.where('profiles', index, 'inputs', name)}: the model has no input {name!r} "
-                                   f"(source.torch.inputs: {', '.join(declared)})")
+                raise ProjectError(
+                    f"{item.where('profiles', index, 'inputs', name)}: the model has no input {name!r} "
+                    f"(source.torch.inputs: {', '.join(declared)})"
+                )
             _check_torch_rank(item, ("profiles", index, "inputs", name), torch.inputs[declared[name]], shape)
     profiled = set(item.recipe.profiles[0].inputs) if item.recipe.profiles else set()
     for index, spec in enumerate(torch.inputs):
         if spec.shape is None and spec.name not in profiled:
-            raise ProjectError(f"{item.where('source', 'torch', 'inputs', index)}: input {spec.name!r} needs a shape: "
-                               "give shape: [...] or its min/opt/max in the profiles")
+            raise ProjectError(
+                f"{item.where('source', 'torch', 'inputs', index)}: input {spec.name!r} needs a shape: "
+                "give shape: [...] or its min/opt/max in the profiles"
+            )
         _check_torch_example(item, index, spec)
 
 
 def _check_torch_rank(item: RecipeFile, loc: tuple, spec: TorchInput, shape: InputShape) -> None:
     if spec.shape is not None and len(shape.triple()[0]) != len(spec.shape):
         field = "shape" if shape.shape is not None else "min"
-        raise ProjectError(f"{item.where(*loc, field)}: rank {len(shape.triple()[0])} but source.torch.inputs "
-                           f"gives {spec.name!r} rank {len(spec.shape)}")
+        raise ProjectError(
+            f"{item.where(*loc, field)}: rank {len(shape.triple()[0])} but source.torch.inputs "
+            f"gives {spec.name!r} rank {len(spec.shape)}"
+        )
 
 
 def _check_torch_example(item: RecipeFile, index: int, spec: TorchInput) -> None:
@@ -366,10 +422,12 @@ def _check_torch_example(item: RecipeFile, index: int, spec: TorchInput) -> None
     shapes = [s for p in item.recipe.profiles if spec.name in p.inputs for s in p.inputs[spec.name].triple()]
     if spec.shape is None or not shapes:
         return
-    low, high = [min(dims) for dims in zip(*shapes)], [max(dims) for dims in zip(*shapes)]
-    if not all(a <= s <= b for a, s, b in zip(low, spec.shape, high)):
-        raise ProjectError(f"{item.where('source', 'torch', 'inputs', index, 'shape')}: {spec.shape} is outside the "
-                           f"profiles' range for {spec.name!r}: {low}..{high}")
+    low, high = [min(dims) for dims in zip(*shapes, strict=False)], [max(dims) for dims in zip(*shapes, strict=False)]
+    if not all(a <= s <= b for a, s, b in zip(low, spec.shape, high, strict=False)):
+        raise ProjectError(
+            f"{item.where('source', 'torch', 'inputs', index, 'shape')}: {spec.shape} is outside the "
+            f"profiles' range for {spec.name!r}: {low}..{high}"
+        )
 
 
 def _check_unique_names(recipes: tuple[RecipeFile, ...]) -> None:

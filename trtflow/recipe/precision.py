@@ -6,12 +6,12 @@ the declared data; every reduced-precision model is then compared with fp32 agai
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from trtflow.util.cc import ComputeCapability
 from trtflow.recipe.base import Dim, FieldError, StrictModel
+from trtflow.util.cc import ComputeCapability
 
 SUPPORTED_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS = ("fp16", "bf16"), ("int8", "fp8")
@@ -27,11 +27,11 @@ class ImageSet(StrictModel):
     """An image folder (or glob) and how a file becomes one sample: Pillow decode, resize, crop, normalize, lay out."""
 
     path: str
-    input: Optional[str] = None  # the model input the images feed (default: the only one)
-    resize: Optional[Dim | Size] = None  # an int: the shorter side, keeping the aspect ratio; [h, w]: exactly
-    crop: Optional[Dim | Size] = None  # center crop, after resize
-    mean: Optional[list[float]] = None  # per channel, on values scaled to [0, 1]
-    std: Optional[list[float]] = None
+    input: str | None = None  # the model input the images feed (default: the only one)
+    resize: Dim | Size | None = None  # an int: the shorter side, keeping the aspect ratio; [h, w]: exactly
+    crop: Dim | Size | None = None  # center crop, after resize
+    mean: list[float] | None = None  # per channel, on values scaled to [0, 1]
+    std: list[float] | None = None
     layout: Literal["NCHW", "NHWC"] = "NCHW"
     dtype: Literal["float32", "float16", "uint8"] = "float32"  # uint8: raw pixels, no scaling
     color: Literal["RGB", "BGR", "L"] = "RGB"
@@ -41,15 +41,17 @@ class ImageSet(StrictModel):
     @classmethod
     def _size(cls, value: Any) -> Any:
         """One message for both spellings (pydantic would report each branch of the union)."""
+
         def dim(v: Any) -> bool:
             """True for a positive int that is not a bool and fits in int32."""
             return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 2**31 - 1
+
         if value is None or dim(value) or (isinstance(value, list) and len(value) == 2 and all(dim(v) for v in value)):
             return value
         raise ValueError(f"{value!r} is neither a positive integer (the shorter side) nor [height, width]")
 
     @model_validator(mode="after")
-    def _normalization(self) -> "ImageSet":
+    def _normalization(self) -> ImageSet:
         channels = 1 if self.color == "L" else 3
         for name in ("mean", "std"):
             values = getattr(self, name)
@@ -65,20 +67,25 @@ class ImageSet(StrictModel):
 class Calibration(StrictModel):
     """The samples int8/fp8 are calibrated on: files (`data`), an image folder (`images`), or `random: true`."""
 
-    data: Optional[str] = None  # a glob of .npz (one array per input name) or .npy (the only input) files
-    images: Optional[ImageSet] = None
+    data: str | None = None  # a glob of .npz (one array per input name) or .npy (the only input) files
+    images: ImageSet | None = None
     random: bool = False  # seeded random inputs within the profiles: explicit, and recorded in the manifest
-    samples: Optional[int] = Field(default=None, ge=1)  # files (batches) to calibrate on; default: all not held out
+    samples: int | None = Field(default=None, ge=1)  # files (batches) to calibrate on; default: all not held out
     seed: int = 0  # decides which files are held out and selected (and the random inputs)
-    method: Optional[Literal["entropy", "max", "percentile"]] = None  # default: entropy for int8, max for fp8
-    percentile: Optional[float] = Field(default=None, gt=50, le=100)  # of |x|, with method percentile (default 99.999)
+    method: Literal["entropy", "max", "percentile"] | None = None  # default: entropy for int8, max for fp8
+    percentile: float | None = Field(default=None, gt=50, le=100)  # of |x|, with method percentile (default 99.999)
 
     @model_validator(mode="after")
-    def _one_source(self) -> "Calibration":
-        given = [name for name in ("data", "images") if getattr(self, name) is not None] + (["random"] if self.random else [])
+    def _one_source(self) -> Calibration:
+        given = [name for name in ("data", "images") if getattr(self, name) is not None] + (
+            ["random"] if self.random else []
+        )
         if len(given) != 1:
-            raise FieldError("data", "give exactly one of data: <glob>, images: {path: ...} or random: true"
-                             + (f" (got {', '.join(given)})" if given else ""))
+            raise FieldError(
+                "data",
+                "give exactly one of data: <glob>, images: {path: ...} or random: true"
+                + (f" (got {', '.join(given)})" if given else ""),
+            )
         if self.percentile is not None and self.method != "percentile":
             raise FieldError("percentile", "percentile applies to method: percentile only")
         return self
@@ -87,7 +94,7 @@ class Calibration(StrictModel):
         """ModelOpt converts max-calibrated int8 scales to fp8, so fp8 defaults to max."""
         return self.method or ("max" if precision == "fp8" else "entropy")
 
-    def percentile_value(self) -> Optional[float]:
+    def percentile_value(self) -> float | None:
         """ONNX Runtime's default percentile (99.999) unless given; None for other methods."""
         return (self.percentile or 99.999) if self.method == "percentile" else None
 
@@ -109,22 +116,26 @@ class QuantizeOptions(StrictModel):
 
 
 TaskMetric = Literal["top1", "top5", "mse"]
-TASK_METRICS = ("top1", "top5", "mse")  # top-k: share of rows whose label is among the k largest outputs; mse: mean squared error
+TASK_METRICS = (
+    "top1",
+    "top5",
+    "mse",
+)  # top-k: share of rows whose label is among the k largest outputs; mse: mean squared error
 
 
 class Tolerance(StrictModel):
     """Limits on a reduced-precision model vs fp32 on ONNX Runtime; a null limit is not checked."""
 
-    min_cosine: Optional[float] = Field(default=None, ge=-1, le=1)
-    min_top1: Optional[float] = Field(default=None, ge=0, le=1)  # outputs of shape [rows, classes]
-    max_abs_error: Optional[float] = Field(default=None, ge=0)
-    max_mean_rel_error: Optional[float] = Field(default=None, ge=0)
-    min_share: Optional[float] = Field(default=None, ge=0, le=1)  # of weights and of MACs that run in this precision
-    max_drop: Optional[dict[TaskMetric, Annotated[float, Field(ge=0)]]] = None  # task metric vs fp32 on accuracy.data
+    min_cosine: float | None = Field(default=None, ge=-1, le=1)
+    min_top1: float | None = Field(default=None, ge=0, le=1)  # outputs of shape [rows, classes]
+    max_abs_error: float | None = Field(default=None, ge=0)
+    max_mean_rel_error: float | None = Field(default=None, ge=0)
+    min_share: float | None = Field(default=None, ge=0, le=1)  # of weights and of MACs that run in this precision
+    max_drop: dict[TaskMetric, Annotated[float, Field(ge=0)]] | None = None  # task metric vs fp32 on accuracy.data
 
     @field_validator("max_drop")
     @classmethod
-    def _one_metric(cls, value: Optional[dict]) -> Optional[dict]:
+    def _one_metric(cls, value: dict | None) -> dict | None:
         if value is not None and len(value) != 1:
             raise ValueError("name one metric, the one accuracy.metric measures, e.g. {top1: 0.01}")
         return value
@@ -145,18 +156,23 @@ class AccuracyOptions(StrictModel):
 
     samples: int = Field(default=16, ge=1, le=10_000)  # held-out files (at most half the set), or random feeds
     seed: int = 1  # of the random feeds when no files are declared
-    data: Optional[str] = None  # labelled rows: a glob of .npz (one array per input) or .npy (the only input) files
-    labels: Optional[str] = None  # a .npy of one label per row of `data`, in sorted file order: class ids, or float targets
-    metric: Optional[TaskMetric] = None  # what the labels measure (default top1; mse for float targets)
+    data: str | None = None  # labelled rows: a glob of .npz (one array per input) or .npy (the only input) files
+    labels: str | None = (
+        None  # a .npy of one label per row of `data`, in sorted file order: class ids, or float targets
+    )
+    metric: TaskMetric | None = None  # what the labels measure (default top1; mse for float targets)
     fp16: Tolerance = Field(default_factory=Tolerance)
     bf16: Tolerance = Field(default_factory=Tolerance)
     int8: Tolerance = Field(default_factory=Tolerance)
     fp8: Tolerance = Field(default_factory=Tolerance)
 
     @model_validator(mode="after")
-    def _labelled(self) -> "AccuracyOptions":
+    def _labelled(self) -> AccuracyOptions:
         if (self.data is None) != (self.labels is None):
-            raise FieldError("labels" if self.labels is None else "data", "task accuracy needs both data: <glob> and labels: <file.npy>")
+            raise FieldError(
+                "labels" if self.labels is None else "data",
+                "task accuracy needs both data: <glob> and labels: <file.npy>",
+            )
         if self.metric is not None and self.data is None:
             raise FieldError("metric", "metric measures labelled data: add data: <glob> and labels: <file.npy>")
         for precision in ("fp16", "bf16", "int8", "fp8"):
@@ -167,13 +183,15 @@ class AccuracyOptions(StrictModel):
                 raise FieldError(precision, f"max_drop names {next(iter(limit))} but accuracy.metric is {self.metric}")
         return self
 
-    def tolerance(self, precision: str) -> dict[str, Optional[float]]:
+    def tolerance(self, precision: str) -> dict[str, float | None]:
         """The default limits, with the ones the recipe names (null included) replacing them (max_drop: `max_drop`)."""
         given = getattr(self, precision)
-        return {**DEFAULT_TOLERANCES[precision].model_dump(exclude={"max_drop"}),
-                **given.model_dump(include=given.model_fields_set - {"max_drop"})}
+        return {
+            **DEFAULT_TOLERANCES[precision].model_dump(exclude={"max_drop"}),
+            **given.model_dump(include=given.model_fields_set - {"max_drop"}),
+        }
 
-    def max_drop(self, precision: str) -> Optional[tuple[str, float]]:
+    def max_drop(self, precision: str) -> tuple[str, float] | None:
         """(metric, largest allowed drop from fp32) the recipe sets for `precision`, or None."""
         limit = getattr(self, precision).max_drop
         return None if not limit else next(iter(limit.items()))

@@ -11,7 +11,6 @@ import ast
 import importlib.machinery
 import sys
 from pathlib import Path
-from typing import Optional
 
 
 class ModuleNotFound(LookupError):
@@ -24,7 +23,7 @@ def module_file(module: str, root: Path) -> Path:
     Each parent package is located by PathFinder, which reads directories but executes nothing.
     """
     parts = module.split(".")
-    search: Optional[list[str]] = [str(root), *sys.path]
+    search: list[str] | None = [str(root), *sys.path]
     spec = None
     for index in range(len(parts)):
         spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: index + 1]), search)
@@ -32,7 +31,9 @@ def module_file(module: str, root: Path) -> Path:
             raise ModuleNotFound(f"cannot find module {module!r} (looked in the project folder, then the Python path)")
         search = list(spec.submodule_search_locations or []) or None
         if search is None and index < len(parts) - 1:
-            raise ModuleNotFound(f"cannot find module {module!r}: {'.'.join(parts[: index + 1])} is {spec.origin}, not a package")
+            raise ModuleNotFound(
+                f"cannot find module {module!r}: {'.'.join(parts[: index + 1])} is {spec.origin}, not a package"
+            )
     if spec is None or not spec.has_location or not spec.origin:
         raise ModuleNotFound(f"module {module!r} is a namespace package: it holds no code to call")
     return Path(spec.origin).resolve()
@@ -44,7 +45,7 @@ def import_root(module: str, file: Path) -> Path:
     return file.parents[depth]
 
 
-def top_level_names(file: Path) -> Optional[set[str]]:
+def top_level_names(file: Path) -> set[str] | None:
     """Names a module binds at top level (defs, classes, assignments, imports), or None when it cannot be told.
 
     None for extension modules, star imports and module-level `__getattr__`, which bind names invisibly.

@@ -16,7 +16,6 @@ entries kept) so one edit settles them all:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class Refusal:
     recipe: str  # the recipe file as shown (recipes/x.yaml)
     where: str  # `recipes/x.yaml:4: precisions[2]`
     precision: str
-    target: Optional[str]
+    target: str | None
     reason: str
 
     @property
@@ -35,13 +34,15 @@ class Refusal:
         return f"{self.where}: {self.reason}"
 
 
-def exclude_entries(refusals: list[Refusal], existing: list[tuple[Optional[str], Optional[str]]], targets: list[str]) -> list[str]:
+def exclude_entries(
+    refusals: list[Refusal], existing: list[tuple[str | None, str | None]], targets: list[str]
+) -> list[str]:
     """The `exclude:` entries of one recipe that keep what it excludes and drop every refused pair: a precision
     refused on every target it builds for becomes one `{precision: p}` entry."""
     pairs = list(dict.fromkeys(existing))
     for refusal in refusals:
         pairs.append((refusal.precision, refusal.target))
-    refused_targets: dict[str, set[Optional[str]]] = {}
+    refused_targets: dict[str, set[str | None]] = {}
     for precision, target in pairs:
         if precision is not None:
             refused_targets.setdefault(precision, set()).add(target)
@@ -50,7 +51,7 @@ def exclude_entries(refusals: list[Refusal], existing: list[tuple[Optional[str],
     return [_entry(p, t) for p, t in dict.fromkeys(kept)]
 
 
-def _entry(precision: Optional[str], target: Optional[str]) -> str:
+def _entry(precision: str | None, target: str | None) -> str:
     named = [f"precision: {precision}"] if precision is not None else []
     named += [f"target: {target}"] if target is not None else []
     return "{" + ", ".join(named) + "}"

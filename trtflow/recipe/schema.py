@@ -6,19 +6,27 @@ Loading and cross-checking them (with file and line in every error) is trtflow.r
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from trtflow.util.cc import ComputeCapability, parse_ccs
-from trtflow.recipe.precision import SUPPORTED_PRECISIONS, AccuracyOptions, AutocastOptions, Calibration, QuantizeOptions
 from trtflow.recipe.base import Dim, FieldError, StrictModel
 from trtflow.recipe.build import BuildSettings
+from trtflow.recipe.precision import (
+    SUPPORTED_PRECISIONS,
+    AccuracyOptions,
+    AutocastOptions,
+    Calibration,
+    QuantizeOptions,
+)
 from trtflow.recipe.source import CleanupOptions, Source
+from trtflow.util.cc import ComputeCapability, parse_ccs
 
 # Compute capabilities TensorRT-RTX 1.7 can target (its trt.ComputeCapability enum).
 RTX_COMPUTE_CAPABILITIES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_120", "sm_121")
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # a file name on every system: packages and engines are named after it
+NAME_PATTERN = (
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # a file name on every system: packages and engines are named after it
+)
 
 
 def _known_precision(value: str) -> str:
@@ -28,6 +36,8 @@ def _known_precision(value: str) -> str:
 
 
 Precision = Annotated[str, AfterValidator(_known_precision)]
+
+
 class TargetSpec(StrictModel):
     """One kind of GPU in the fleet, and the backend that builds for it."""
 
@@ -43,8 +53,13 @@ class TargetSpec(StrictModel):
     @classmethod
     def _labels(cls, value: dict[str, str]) -> dict[str, str]:
         for key, label in value.items():
-            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?$", key) or not re.match(r"^[A-Za-z0-9._-]{1,63}$", label):
-                raise ValueError(f"runs_on: {key}: {label} is not a Ray node label (letters, digits, '.', '_', '-'; keys may hold '/')")
+            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?$", key) or not re.match(
+                r"^[A-Za-z0-9._-]{1,63}$", label
+            ):
+                raise ValueError(
+                    f"runs_on: {key}: {label} is not a Ray node label (letters, digits, '.', '_', '-'; keys may hold "
+                    "'/')"
+                )
         return value
 
     @field_validator("compute_capabilities", mode="before")
@@ -53,19 +68,27 @@ class TargetSpec(StrictModel):
         return parse_ccs(value) if isinstance(value, list) else value
 
     @model_validator(mode="after")
-    def _backend_options(self) -> "TargetSpec":
+    def _backend_options(self) -> TargetSpec:
         if self.backend == "tensorrt-rtx":
             unsupported = [cc for cc in self.compute_capabilities if cc not in RTX_COMPUTE_CAPABILITIES]
             if unsupported:
                 supported = ", ".join(RTX_COMPUTE_CAPABILITIES)
-                raise FieldError("compute_capabilities", f"tensorrt-rtx cannot target {', '.join(unsupported)} (it supports {supported})")
+                raise FieldError(
+                    "compute_capabilities",
+                    f"tensorrt-rtx cannot target {', '.join(unsupported)} (it supports {supported})",
+                )
             if self.hardware_compatibility != "none" or self.version_compatible:
-                raise FieldError("backend", "hardware_compatibility and version_compatible apply to the tensorrt backend only")
+                raise FieldError(
+                    "backend", "hardware_compatibility and version_compatible apply to the tensorrt backend only"
+                )
         return self
 
 
-CREDENTIAL_KEY = re.compile(r"secret|password|passwd|token|credential|^key$|access_?key|account_?key|connection_?string|"
-                            r"sse_?customer_?key|customer_?key|sas|^username$|^user$|^auth", re.IGNORECASE)
+CREDENTIAL_KEY = re.compile(
+    r"secret|password|passwd|token|credential|^key$|access_?key|account_?key|connection_?string|"
+    r"sse_?customer_?key|customer_?key|sas|^username$|^user$|^auth",
+    re.IGNORECASE,
+)
 URL_USERINFO = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@]*@", re.IGNORECASE)  # scheme://user:pass@host
 
 
@@ -76,14 +99,16 @@ def _credential_keys(value: Any, path: str = "options") -> list[str]:
     found = []
     for key, item in value.items():
         in_url = isinstance(item, str) and URL_USERINFO.match(item)  # endpoint_url: https://user:pass@host
-        found += [f"{path}.{key}"] if CREDENTIAL_KEY.search(str(key)) or in_url else _credential_keys(item, f"{path}.{key}")
+        found += (
+            [f"{path}.{key}"] if CREDENTIAL_KEY.search(str(key)) or in_url else _credential_keys(item, f"{path}.{key}")
+        )
     return found
 
 
 class CacheSpec(StrictModel):
     """`cache:` in pipeline.yaml: an optional remote cache shared by machines (any fsspec URL)."""
 
-    remote: Optional[str] = None  # s3://bucket/prefix, file:///shared/dir, gs://...
+    remote: str | None = None  # s3://bucket/prefix, file:///shared/dir, gs://...
     options: dict[str, Any] = Field(default_factory=dict)  # passed to the fsspec filesystem, e.g. endpoint_url
     # Ed25519 public keys (PEM files, relative to the project) whose signed records are accepted from the remote;
     # set, unsigned or otherwise signed records are rejected and built locally (see signing.py)
@@ -91,12 +116,14 @@ class CacheSpec(StrictModel):
 
     @field_validator("remote")
     @classmethod
-    def _url(cls, value: Optional[str]) -> Optional[str]:
+    def _url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^[a-z][a-z0-9+.-]*://.+", value):
             raise ValueError(f"remote {value!r} is not a URL such as s3://bucket/prefix or file:///shared/dir")
         if value is not None and URL_USERINFO.match(value):
-            raise ValueError("remote: a user or password in the URL is a credential; pipeline.yaml is committed: "
-                             "set credentials in the environment instead")
+            raise ValueError(
+                "remote: a user or password in the URL is a credential; pipeline.yaml is committed: "
+                "set credentials in the environment instead"
+            )
         if value is not None and value.startswith("file://") and not value.startswith("file:///"):
             raise ValueError(f"remote {value!r}: a file:// remote needs an absolute path (file:///shared/dir)")
         return value
@@ -106,24 +133,26 @@ class CacheSpec(StrictModel):
     def _no_credentials(cls, value: dict[str, Any]) -> dict[str, Any]:
         found = _credential_keys(value)
         if found:
-            raise ValueError(f"{', '.join(found)}: credentials do not belong in pipeline.yaml (it is committed); "
-                             "set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) instead")
+            raise ValueError(
+                f"{', '.join(found)}: credentials do not belong in pipeline.yaml (it is committed); "
+                "set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) instead"
+            )
         return value
 
 
 class RaySpec(StrictModel):
     """`executor: {ray: ...}`: run stages as Ray tasks on a cluster (or a local Ray instance)."""
 
-    address: Optional[str] = None  # host:port of the head, `auto`, or none: start a local instance
+    address: str | None = None  # host:port of the head, `auto`, or none: start a local instance
     # where stage inputs and outputs travel between machines (any fsspec URL, or an absolute folder every node
     # sees); default: the remote cache, else <store>/exchange (one machine, or a store on a shared file system)
-    exchange: Optional[str] = None
+    exchange: str | None = None
 
 
 class ExecutorSpec(StrictModel):
     """`executor:` in pipeline.yaml: where stages run (the local process pool unless `ray` is given)."""
 
-    ray: Optional[RaySpec] = None
+    ray: RaySpec | None = None
 
 
 class Pipeline(StrictModel):
@@ -148,13 +177,13 @@ class Pipeline(StrictModel):
 class InputShape(StrictModel):
     """The min/opt/max shape of one input in one profile; `shape:` is shorthand for a static input."""
 
-    min: Optional[list[Dim]] = None
-    opt: Optional[list[Dim]] = None
-    max: Optional[list[Dim]] = None
-    shape: Optional[list[Dim]] = None
+    min: list[Dim] | None = None
+    opt: list[Dim] | None = None
+    max: list[Dim] | None = None
+    shape: list[Dim] | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "InputShape":
+    def _consistent(self) -> InputShape:
         if self.shape is not None:
             if any(v is not None for v in (self.min, self.opt, self.max)):
                 raise FieldError("shape", "give either shape or min/opt/max, not both")
@@ -164,9 +193,9 @@ class InputShape(StrictModel):
                 raise FieldError(name, f"{name} is required (or give a static shape:)")
         if not len(self.min) == len(self.opt) == len(self.max):
             raise FieldError("max", "min, opt and max must have the same rank")
-        if any(a > b for a, b in zip(self.min, self.opt)):
+        if any(a > b for a, b in zip(self.min, self.opt, strict=True)):
             raise FieldError("min", "min must be <= opt in every dimension")
-        if any(a > b for a, b in zip(self.opt, self.max)):
+        if any(a > b for a, b in zip(self.opt, self.max, strict=True)):
             raise FieldError("max", "opt must be <= max in every dimension")
         return self
 
@@ -189,7 +218,7 @@ class VerifyOptions(StrictModel):
     rtol: float = Field(default=1e-3, ge=0)
     atol: float = Field(default=1e-4, ge=0)
     # default: each profile's opt, min and max shape once (the max shape, the costliest to run, is proven once)
-    samples: Optional[int] = Field(default=None, ge=1, le=10_000)
+    samples: int | None = Field(default=None, ge=1, le=10_000)
     seed: int = 0
     on_fail: Literal["fail", "warn"] = "fail"
 
@@ -199,13 +228,14 @@ class VerifyOptions(StrictModel):
 
 
 class Exclude(StrictModel):
-    """One (precision, target) pair, or every pair of a precision or of a target, not to build (as CI matrices exclude)."""
+    """One (precision, target) pair, or every pair of a precision or of a target, not to build (as CI matrices
+    exclude)."""
 
-    precision: Optional[str] = None
-    target: Optional[str] = None
+    precision: str | None = None
+    target: str | None = None
 
     @model_validator(mode="after")
-    def _names_something(self) -> "Exclude":
+    def _names_something(self) -> Exclude:
         if self.precision is None and self.target is None:
             raise FieldError("precision", "an exclude entry names a precision, a target, or both")
         return self
@@ -219,7 +249,8 @@ class PackageOptions(StrictModel):
     """`package:` in a recipe: what its package holds besides the engines."""
 
     # `list`: the manifest names each plugin library an engine needs (name, sha256, size) and the device must have it;
-    # `carry`: the package also holds the libraries (plugins/<sha256>-<name>) and provision installs them beside the engine
+    # `carry`: the package also holds the libraries (plugins/<sha256>-<name>) and provision installs them beside the
+    # engine
     plugins: Literal["list", "carry"] = "list"
 
 
@@ -229,13 +260,13 @@ class Recipe(StrictModel):
     name: str = Field(pattern=NAME_PATTERN)
     source: Source
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
-    targets: Optional[list[str]] = Field(default=None, min_length=1)
+    targets: list[str] | None = Field(default=None, min_length=1)
     profiles: list[Profile] = Field(default_factory=list)
     build: BuildSettings = Field(default_factory=BuildSettings)
     package: PackageOptions = Field(default_factory=PackageOptions)
     verify: VerifyOptions = Field(default_factory=VerifyOptions)
     cleanup: CleanupOptions = Field(default_factory=CleanupOptions)
-    calibration: Optional[Calibration] = None  # required by int8 and fp8
+    calibration: Calibration | None = None  # required by int8 and fp8
     autocast: AutocastOptions = Field(default_factory=AutocastOptions)
     quantize: QuantizeOptions = Field(default_factory=QuantizeOptions)
     accuracy: AccuracyOptions = Field(default_factory=AccuracyOptions)
@@ -253,7 +284,7 @@ class Recipe(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _profiles_name_same_inputs(self) -> "Recipe":
+    def _profiles_name_same_inputs(self) -> Recipe:
         if self.profiles:
             first = set(self.profiles[0].inputs)
             for profile in self.profiles[1:]:
@@ -267,5 +298,3 @@ def recipe_json_schema() -> dict:
     schema = Recipe.model_json_schema()
     schema["required"] = [field for field in schema.get("required", []) if field != "name"]
     return schema
-
-

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -34,7 +34,7 @@ class TorchInput(StrictModel):
     """One positional argument of the model's forward, in order."""
 
     name: str = Field(min_length=1)
-    shape: Optional[list[Dim]] = None  # the example tensor's shape; default: the first profile's opt shape
+    shape: list[Dim] | None = None  # the example tensor's shape; default: the first profile's opt shape
     dtype: Literal[TORCH_DTYPES] = "float32"  # type: ignore[valid-type]
 
 
@@ -43,9 +43,9 @@ class TorchSource(StrictModel):
 
     factory: str  # "package.module:callable", imported from the project folder first
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    weights: Optional[str] = None  # a state_dict saved with torch.save, loaded with weights_only=True
+    weights: str | None = None  # a state_dict saved with torch.save, loaded with weights_only=True
     inputs: list[TorchInput] = Field(min_length=1)
-    outputs: Optional[list[str]] = Field(default=None, min_length=1)  # names for the ONNX outputs, in order
+    outputs: list[str] | None = Field(default=None, min_length=1)  # names for the ONNX outputs, in order
     opset: int = Field(default=18, ge=7)  # torch's exporter implements opset 18; older ones are converted down
     optimize: bool = False  # also run the exporter's own graph optimizer (cleanup does the proven one)
     files: list[str] = Field(default_factory=list)  # other project files the factory reads: editing one re-exports
@@ -63,7 +63,9 @@ class TorchSource(StrictModel):
         try:  # they enter the export's key as JSON: dates, binary or NaN have no canonical form there
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError):
-            raise ValueError("kwargs must be plain values (strings, finite numbers, booleans, null, lists, mappings)") from None
+            raise ValueError(
+                "kwargs must be plain values (strings, finite numbers, booleans, null, lists, mappings)"
+            ) from None
         return value
 
     @field_validator("inputs")
@@ -91,17 +93,20 @@ class TensorFlowSource(StrictModel):
 class Source(StrictModel):
     """Exactly one of an ONNX file, a PyTorch model, a TensorFlow SavedModel, or a Keras model file."""
 
-    onnx: Optional[str] = None
-    torch: Optional[TorchSource] = None
-    tensorflow: Optional[TensorFlowSource] = None
-    keras: Optional[str] = Field(default=None, min_length=1)  # a Keras 3 .keras file (or a legacy .h5)
+    onnx: str | None = None
+    torch: TorchSource | None = None
+    tensorflow: TensorFlowSource | None = None
+    keras: str | None = Field(default=None, min_length=1)  # a Keras 3 .keras file (or a legacy .h5)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "Source":
+    def _exactly_one(self) -> Source:
         given = [name for name in ("onnx", "torch", "tensorflow", "keras") if getattr(self, name) is not None]
         if not given:
-            raise FieldError("onnx", "required field is missing: give onnx: <file>, torch: {factory: ..., inputs: [...]}, "
-                                     "tensorflow: {saved_model: <dir>} or keras: <file>")
+            raise FieldError(
+                "onnx",
+                "required field is missing: give onnx: <file>, torch: {factory: ..., inputs: [...]}, "
+                "tensorflow: {saved_model: <dir>} or keras: <file>",
+            )
         if len(given) > 1:
             raise FieldError(given[1], f"give one source, not {' and '.join(given)}")
         return self
@@ -118,10 +123,10 @@ class CleanupOptions(StrictModel):
     simplify: bool = True  # false: no onnxslim at all (IR normalization, shape inference and the checker still run)
     fold_constants: bool = True
     # folding never makes a constant larger than this (null: no limit); a bigger one stays computed by its nodes
-    fold_size_limit_mib: Optional[float] = Field(default=FOLD_SIZE_LIMIT_MIB, gt=0)
+    fold_size_limit_mib: float | None = Field(default=FOLD_SIZE_LIMIT_MIB, gt=0)
     remove_dead_nodes: bool = True  # Identity, Dropout, no-op Cast/Reshape/Pad/Slice, unused nodes
     fuse_patterns: bool = True  # Conv+BatchNorm, Conv+Add, Gemm, GELU, ...
     eliminate_common_subexpressions: bool = True
     tie_weights: bool = True  # share identical small constants
     infer_shapes: bool = True
-    opset: Optional[int] = Field(default=None, ge=7)  # convert the default-domain opset to this version (null: keep)
+    opset: int | None = Field(default=None, ge=7)  # convert the default-domain opset to this version (null: keep)

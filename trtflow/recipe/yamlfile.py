@@ -51,15 +51,18 @@ MAX_VALUES = 100_000  # after aliases are expanded: `a: &x [...]; b: [*x, *x, ..
 
 
 def load_yaml(path: Path, display: str) -> YamlDocument:
-    """Parse `path` into a YamlDocument; malformed, oversized or hostile YAML raises ProjectError naming file and line."""
+    """Parse `path` into a YamlDocument; malformed, oversized or hostile YAML raises ProjectError naming file and
+    line."""
     text = _read_text(path, display)
     note_path(path)
     _check_flow_depth(text, display)
     try:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.reader.ReaderError as exc:  # a control character: name its line (the reader counts characters only)
-        line = text[:exc.position].count("\n") + 1
-        raise ProjectError(f"{display}:{line}: invalid YAML: character {_shown(exc.character)} is not allowed in a YAML file") from None
+        line = text[: exc.position].count("\n") + 1
+        raise ProjectError(
+            f"{display}:{line}: invalid YAML: character {_shown(exc.character)} is not allowed in a YAML file"
+        ) from None
     except yaml.YAMLError as exc:
         raise ProjectError(f"{display}{_yaml_problem(exc)}") from None
     except RecursionError:
@@ -82,17 +85,19 @@ def _read_text(path: Path, display: str) -> str:
     if info.st_size > MAX_BYTES:
         raise ProjectError(f"{display}: {info.st_size} bytes; a YAML file of trtflow's is at most {MAX_BYTES} bytes")
     try:
-        data = path.read_bytes()[:MAX_BYTES + 1]
+        data = path.read_bytes()[: MAX_BYTES + 1]
     except OSError as exc:
         raise ProjectError(f"{display}: cannot read: {exc.strerror or exc}") from None
     if b"\x00" in data:
-        line = data[:data.index(b"\x00")].count(b"\n") + 1
+        line = data[: data.index(b"\x00")].count(b"\n") + 1
         raise ProjectError(f"{display}:{line}: a NUL byte: this is not a text file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise ProjectError(f"{display}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8") from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise ProjectError(
+            f"{display}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
+        ) from None
 
 
 def _check_flow_depth(text: str, display: str) -> None:
@@ -102,14 +107,22 @@ def _check_flow_depth(text: str, display: str) -> None:
         if char in "[{":
             depth += 1
             if depth > MAX_DEPTH:
-                raise ProjectError(f"{display}:{text.count(chr(10), 0, index) + 1}: nested deeper than {MAX_DEPTH} levels")
+                raise ProjectError(
+                    f"{display}:{text.count(chr(10), 0, index) + 1}: nested deeper than {MAX_DEPTH} levels"
+                )
         elif char in "]}" and depth:
             depth -= 1
 
 
 def _shown(character: Any) -> str:
     """0x01 for a control character (the reader gives its code or the character itself)."""
-    code = character if isinstance(character, int) else ord(character) if isinstance(character, str) and len(character) == 1 else None
+    code = (
+        character
+        if isinstance(character, int)
+        else ord(character)
+        if isinstance(character, str) and len(character) == 1
+        else None
+    )
     return f"{code:#04x}" if code is not None else repr(character)
 
 
@@ -134,15 +147,22 @@ class _Builder:
         self._values = 0
 
     def value(self, node: yaml.Node, loc: Loc) -> Any:
-        """The plain value of `node`, recording its line under `loc` (a key's line, set first, wins) and its children's."""
+        """The plain value of `node`, recording its line under `loc` (a key's line, set first, wins) and its
+        children's."""
         self._values += 1
         if self._values > MAX_VALUES or len(loc) > MAX_DEPTH:
-            what = f"more than {MAX_VALUES} values (aliases expand)" if self._values > MAX_VALUES else f"nested deeper than {MAX_DEPTH} levels"
+            what = (
+                f"more than {MAX_VALUES} values (aliases expand)"
+                if self._values > MAX_VALUES
+                else f"nested deeper than {MAX_DEPTH} levels"
+            )
             raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: {what}")
         self.lines.setdefault(loc, node.start_mark.line + 1)
         if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in PLAIN_COLLECTION_TAGS:
-            raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: invalid YAML: tag {node.tag} is not supported "
-                               "(trtflow reads plain mappings, lists and scalars)")
+            raise ProjectError(
+                f"{self.display}:{node.start_mark.line + 1}: invalid YAML: tag {node.tag} is not supported "
+                "(trtflow reads plain mappings, lists and scalars)"
+            )
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, loc)
         if isinstance(node, yaml.SequenceNode):
@@ -161,7 +181,9 @@ class _Builder:
         """The mapping(s) a merge key names; anything else is an error at its line."""
         maps = node.value if isinstance(node, yaml.SequenceNode) else [node]
         if not all(isinstance(item, yaml.MappingNode) for item in maps):
-            raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: `<<` merges a mapping (or a list of them) into this one")
+            raise ProjectError(
+                f"{self.display}:{node.start_mark.line + 1}: `<<` merges a mapping (or a list of them) into this one"
+            )
         merged: dict = {}
         for item in maps:
             merged = {**self._mapping(item, loc), **merged}  # earlier mappings in the list win, as YAML says
@@ -176,7 +198,9 @@ class _Builder:
                 continue
             key = self._scalar(key_node)
             if not isinstance(key, (str, int, float, bool)) and key is not None:
-                raise ProjectError(f"{self.display}:{key_node.start_mark.line + 1}: invalid YAML: a key must be a plain value")
+                raise ProjectError(
+                    f"{self.display}:{key_node.start_mark.line + 1}: invalid YAML: a key must be a plain value"
+                )
             if key in result:
                 line = key_node.start_mark.line + 1
                 raise ProjectError(f"{self.display}:{line}: duplicate key {key!r}")

@@ -6,8 +6,6 @@ has them all), so a project of any size stays a few KiB.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from trtflow.report.record import totals
 
 MAX_ROWS = 25
@@ -16,10 +14,16 @@ MAX_ROWS = 25
 def render(record: dict) -> str:
     """The summary: one line of totals, then failures, engines with their accuracy, and what each GPU gets."""
     t = totals(record)
-    lines = [f"## trtflow run: {_cell(record.get('project', ''))}", "",
-             f"**{t['stages']} stages**: {t['built']} built, {t['cached']} cached, {t['failed']} failed ({t['failed_cached']} recorded before), "
-             f"{t['skipped']} skipped; {record['seconds']:.1f} s at -j {record['jobs']}; the cache saved {t['cache_saved_seconds']:.1f} s "
-             f"of {t['cold_seconds']:.1f} s cold.", ""]
+    lines = [
+        f"## trtflow run: {_cell(record.get('project', ''))}",
+        "",
+        f"**{t['stages']} stages**: {t['built']} built, {t['cached']} cached, {t['failed']} failed "
+        f"({t['failed_cached']} recorded before), "
+        f"{t['skipped']} skipped; {record['seconds']:.1f} s at -j {record['jobs']}; the cache saved "
+        f"{t['cache_saved_seconds']:.1f} s "
+        f"of {t['cold_seconds']:.1f} s cold.",
+        "",
+    ]
     lines += _failures(record) + _engines(record) + _fleet(record)
     lines += ["The full report (DAG, timeline, accuracy charts) is `report.html` in the run's artifacts."]
     return "\n".join(lines) + "\n"
@@ -40,7 +44,10 @@ def _failures(record: dict) -> list[str]:
     failed = [n for n in record["nodes"] if n["status"] == "failed"]
     if not failed:
         return []
-    rows = [f"| `{_cell(n['id'])}` | {'recorded before' if n['failure_cached'] else 'now'} | {_cell(n['reason'])[:300]} |" for n in failed]
+    rows = [
+        f"| `{_cell(n['id'])}` | {'recorded before' if n['failure_cached'] else 'now'} | {_cell(n['reason'])[:300]} |"
+        for n in failed
+    ]
     return ["### Failures", "", "| stage | failed | reason |", "|---|---|---|", *_cut(rows, "failures"), ""]
 
 
@@ -51,29 +58,53 @@ def _engines(record: dict) -> list[str]:
     for recipe, manifest in sorted(record.get("packages", {}).items()):
         for e in manifest.get("engines", []):
             built = seconds.get(f"build:{recipe}/{e['precision']}/{e['target']}")
-            rows.append(f"| {_cell(recipe)} | {e['precision']} | {_cell(e['target'])} ({', '.join(e['compute_capabilities'])}) | "
-                        f"{e['size'] / 2**10:.1f} KiB | {'n/a' if built is None else f'{built:.2f}'} | {cosine.get((recipe, e['precision']), 'fp32')} |")
+            rows.append(
+                f"| {_cell(recipe)} | {e['precision']} | {_cell(e['target'])} "
+                f"({', '.join(e['compute_capabilities'])}) | "
+                f"{e['size'] / 2**10:.1f} KiB | {'n/a' if built is None else f'{built:.2f}'} | "
+                f"{cosine.get((recipe, e['precision']), 'fp32')} |"
+            )
     if not rows:
         return []
-    return ["### Engines", "", "| recipe | precision | target | size | build s | min cosine vs fp32 |", "|---|---|---|---:|---:|---:|",
-            *_cut(rows, "engines"), ""]
+    return [
+        "### Engines",
+        "",
+        "| recipe | precision | target | size | build s | min cosine vs fp32 |",
+        "|---|---|---|---:|---:|---:|",
+        *_cut(rows, "engines"),
+        "",
+    ]
 
 
 def _min_cosine(row: dict) -> str:
-    values = [o["cosine_similarity"] for o in (row.get("accuracy") or {}).get("outputs", []) if o.get("cosine_similarity") is not None]
+    values = [
+        o["cosine_similarity"]
+        for o in (row.get("accuracy") or {}).get("outputs", [])
+        if o.get("cosine_similarity") is not None
+    ]
     return "failed" if "failure" in row else (f"{min(values):.8f}" if values else "n/a")
 
 
 def _fleet(record: dict) -> list[str]:
-    rows = [f"| {gpu['compute_capability']} | {_cell(recipe)} | {_choice(choice)} |"
-            for gpu in record.get("fleet", []) for recipe, choice in gpu["recipes"].items()]
+    rows = [
+        f"| {gpu['compute_capability']} | {_cell(recipe)} | {_choice(choice)} |"
+        for gpu in record.get("fleet", [])
+        for recipe, choice in gpu["recipes"].items()
+    ]
     if not rows:
         return []
-    return ["### What each GPU gets (`trtflow provision`)", "", "| GPU | recipe | engine |", "|---|---|---|", *_cut(rows, "choices"), ""]
+    return [
+        "### What each GPU gets (`trtflow provision`)",
+        "",
+        "| GPU | recipe | engine |",
+        "|---|---|---|",
+        *_cut(rows, "choices"),
+        "",
+    ]
 
 
 def _choice(choice: dict) -> str:
-    extra: Optional[str] = f"; {len(choice['failed'])} failed to build" if choice.get("failed") else ""
+    extra: str | None = f"; {len(choice['failed'])} failed to build" if choice.get("failed") else ""
     if "error" in choice:
         return f"none: {_cell(choice['error'])[:200]}{extra}"
     return f"`{_cell(choice['chosen'])}` ({_cell(choice['reason'])}){extra}"

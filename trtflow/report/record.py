@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow import __version__
 from trtflow.report import FORMAT, RUN_FILE, NoRunRecord
@@ -25,11 +25,23 @@ def run_record(session: Any, states: list[NodeState], seconds: float, jobs: int)
     """The record of a finished run of `session` (a trtflow.session.Session): nodes, timing, packages, fleet."""
     nodes = [_node_entry(session, state) for state in states]
     manifests = _manifests(session.project.packages_dir, sorted({n["recipe"] for n in nodes}))
-    targets = {name: [str(cc) for cc in target.compute_capabilities] for name, target in session.project.pipeline.targets.items()}
-    return {"format": FORMAT, "trtflow_version": __version__, "project": session.project.root.name,
-            "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "seconds": round(seconds, 3), "jobs": jobs, "nodes": nodes, "packages": manifests, "targets": targets,
-            "fleet": fleet(targets, manifests), "accuracy": accuracy(manifests, nodes)}
+    targets = {
+        name: [str(cc) for cc in target.compute_capabilities]
+        for name, target in session.project.pipeline.targets.items()
+    }
+    return {
+        "format": FORMAT,
+        "trtflow_version": __version__,
+        "project": session.project.root.name,
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 3),
+        "jobs": jobs,
+        "nodes": nodes,
+        "packages": manifests,
+        "targets": targets,
+        "fleet": fleet(targets, manifests),
+        "accuracy": accuracy(manifests, nodes),
+    }
 
 
 def _node_entry(session: Any, state: NodeState) -> dict:
@@ -39,13 +51,26 @@ def _node_entry(session: Any, state: NodeState) -> dict:
     changes = state.changes or (planned.changes if planned is not None else [])
     record = session.finished.get(node.id) or state.record or {}
     timing = session.timeline.get(node.id, {})
-    return {"id": node.id, "kind": node.kind, "recipe": node.recipe, "deps": sorted(d.node for d in getattr(node, "deps", ())),
-            "target": (getattr(node, "info", None) or {}).get("target"), "status": state.status, "failure_cached": state.from_cache,
-            "reason": reason, "changes": list(changes), "seconds": state.seconds, "recorded_seconds": _seconds(record),
-            "start": timing.get("start"), "end": timing.get("end"), "slot": timing.get("slot"), "peak_rss": timing.get("peak_rss")}
+    return {
+        "id": node.id,
+        "kind": node.kind,
+        "recipe": node.recipe,
+        "deps": sorted(d.node for d in getattr(node, "deps", ())),
+        "target": (getattr(node, "info", None) or {}).get("target"),
+        "status": state.status,
+        "failure_cached": state.from_cache,
+        "reason": reason,
+        "changes": list(changes),
+        "seconds": state.seconds,
+        "recorded_seconds": _seconds(record),
+        "start": timing.get("start"),
+        "end": timing.get("end"),
+        "slot": timing.get("slot"),
+        "peak_rss": timing.get("peak_rss"),
+    }
 
 
-def _seconds(record: dict) -> Optional[float]:
+def _seconds(record: dict) -> float | None:
     value = record.get("seconds") if isinstance(record, dict) else None
     return float(value) if isinstance(value, (int, float)) else None
 
@@ -65,8 +90,14 @@ def fleet(targets: dict[str, list[str]], manifests: dict[str, dict]) -> list[dic
     """For each compute capability of the pipeline's targets: the engine `trtflow provision --gpu <cc>` would choose
     from each package (the same rules: provision.choose), why every other was refused, and which failed to build."""
     ccs = sorted({cc for listed in targets.values() for cc in listed}, key=lambda cc: (len(cc), cc))
-    return [{"compute_capability": cc, "targets": sorted(t for t, listed in targets.items() if cc in listed),
-             "recipes": {recipe: _provision_choice(manifest, cc) for recipe, manifest in sorted(manifests.items())}} for cc in ccs]
+    return [
+        {
+            "compute_capability": cc,
+            "targets": sorted(t for t, listed in targets.items() if cc in listed),
+            "recipes": {recipe: _provision_choice(manifest, cc) for recipe, manifest in sorted(manifests.items())},
+        }
+        for cc in ccs
+    ]
 
 
 def _provision_choice(data: dict, cc: str) -> dict:
@@ -86,8 +117,14 @@ def _provision_choice(data: dict, cc: str) -> dict:
         chosen, others = choose(manifest, device)
     except NoEngineFits as exc:
         return {"error": str(exc).splitlines()[0].rstrip(":"), "refused": [], "failed": failed}
-    return {"chosen": chosen.engine.file, "precision": chosen.engine.precision, "target": chosen.engine.target, "reason": chosen.fit,
-            "refused": [{"file": v.engine.file, "why": why} for v, why in others], "failed": failed}
+    return {
+        "chosen": chosen.engine.file,
+        "precision": chosen.engine.precision,
+        "target": chosen.engine.target,
+        "reason": chosen.fit,
+        "refused": [{"file": v.engine.file, "why": why} for v, why in others],
+        "failed": failed,
+    }
 
 
 def accuracy(manifests: dict[str, dict], nodes: list[dict]) -> list[dict]:
@@ -98,12 +135,22 @@ def accuracy(manifests: dict[str, dict], nodes: list[dict]) -> list[dict]:
         for engine in manifest.get("engines", []):
             proofs = engine.get("verification") or {}
             if proofs.get("precision_accuracy") and (recipe, engine["precision"]) not in rows:
-                rows[(recipe, engine["precision"])] = {"recipe": recipe, "precision": engine["precision"], "passed": proofs["precision_accuracy"]["passed"],
-                                                       "accuracy": proofs["precision_accuracy"], "composition": proofs.get("precision_composition")}
+                rows[(recipe, engine["precision"])] = {
+                    "recipe": recipe,
+                    "precision": engine["precision"],
+                    "passed": proofs["precision_accuracy"]["passed"],
+                    "accuracy": proofs["precision_accuracy"],
+                    "composition": proofs.get("precision_composition"),
+                }
     for node in nodes:
         if node["kind"] == "precision" and node["status"] == FAILED:
             precision = node["id"].rsplit("/", 1)[-1]
-            rows[(node["recipe"], precision)] = {"recipe": node["recipe"], "precision": precision, "passed": False, "failure": node["reason"]}
+            rows[(node["recipe"], precision)] = {
+                "recipe": node["recipe"],
+                "precision": precision,
+                "passed": False,
+                "failure": node["reason"],
+            }
     return [rows[key] for key in sorted(rows)]
 
 
@@ -114,8 +161,13 @@ def totals(record: dict) -> dict:
     counts["failed_cached"] = sum(n["status"] == FAILED and n["failure_cached"] for n in nodes)
     saved = sum(n["recorded_seconds"] or 0.0 for n in nodes if n["status"] == CACHED)
     ran = sum(n["seconds"] or 0.0 for n in nodes if n["status"] != CACHED and not n["failure_cached"])
-    return {**counts, "stages": len(nodes), "stage_seconds": round(ran, 3), "cache_saved_seconds": round(saved, 3),
-            "cold_seconds": round(ran + saved, 3)}
+    return {
+        **counts,
+        "stages": len(nodes),
+        "stage_seconds": round(ran, 3),
+        "cache_saved_seconds": round(saved, 3),
+        "cold_seconds": round(ran + saved, 3),
+    }
 
 
 def write_record(directory: Path, record: dict) -> Path:
@@ -134,7 +186,9 @@ def read_record(path: Path) -> dict:
         with open(path, "rb") as stream:
             record = json.loads(stream.read(MAX_RECORD_BYTES))
     except FileNotFoundError:
-        raise NoRunRecord(f"{path}: no run record: run `trtflow run` first (it writes one after every run that did something)") from None
+        raise NoRunRecord(
+            f"{path}: no run record: run `trtflow run` first (it writes one after every run that did something)"
+        ) from None
     except (OSError, ValueError) as exc:
         raise NoRunRecord(f"{path}: not a run record ({exc})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("nodes"), list):

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import Optional
 
 KINDS = ("export", "cleanup", "precision", "build", "verify", "package")
 COLUMN, ROW, BOX_W, BOX_H, HEADER = 150, 22, 128, 17, 18
-KIND_COLOURS = {"export": "#8c6bb1", "cleanup": "#6baed6", "precision": "#fd8d3c", "build": "#31a354", "verify": "#9e9ac8", "package": "#636363"}
+KIND_COLOURS = {
+    "export": "#8c6bb1",
+    "cleanup": "#6baed6",
+    "precision": "#fd8d3c",
+    "build": "#31a354",
+    "verify": "#9e9ac8",
+    "package": "#636363",
+}
 
 
 def status_class(node: dict) -> str:
@@ -44,11 +50,16 @@ def dag_svg(nodes: list[dict]) -> str:
         block, height = _recipe_block([n for n in nodes if n["recipe"] == recipe], y, places)
         parts.append(f'<text class="recipe" x="4" y="{y + 13:.0f}">{escape(recipe)}</text>' + block)
         y += height
-    edges = "".join(_edge(places[d], places[n["id"]]) for n in nodes for d in n.get("deps", []) if d in places and n["id"] in places)
+    edges = "".join(
+        _edge(places[d], places[n["id"]]) for n in nodes for d in n.get("deps", []) if d in places and n["id"] in places
+    )
     heads = "".join(f'<text class="kind" x="{i * COLUMN + 4}" y="12">{k}</text>' for i, k in enumerate(KINDS))
     width = len(KINDS) * COLUMN
-    return (f'<svg class="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + HEADER:.0f}" viewBox="0 0 {width} {y + HEADER:.0f}">'
-            f'{heads}<g transform="translate(0,{HEADER})"><g class="edges">{edges}</g>{"".join(parts)}</g></svg>')
+    return (
+        f'<svg class="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + HEADER:.0f}" viewBox="0 0 '
+        f'{width} {y + HEADER:.0f}">'
+        f'{heads}<g transform="translate(0,{HEADER})"><g class="edges">{edges}</g>{"".join(parts)}</g></svg>'
+    )
 
 
 def _recipe_block(nodes: list[dict], top: float, places: dict[str, tuple[float, float]]) -> tuple[str, float]:
@@ -61,9 +72,11 @@ def _recipe_block(nodes: list[dict], top: float, places: dict[str, tuple[float, 
         for row, node in enumerate(members):
             x, y = column * COLUMN + 4, top + HEADER + row * ROW
             places[node["id"]] = (x, y)
-            parts.append(f'<g class="node {status_class(node)}" data-id="{escape(node["id"])}"><title>{_tooltip(node)}</title>'
-                         f'<rect x="{x}" y="{y:.0f}" width="{BOX_W}" height="{BOX_H}" rx="3"/>'
-                         f'<text x="{x + 5}" y="{y + 12:.0f}">{escape(_short(node)[:22])}</text></g>')
+            parts.append(
+                f'<g class="node {status_class(node)}" data-id="{escape(node["id"])}"><title>{_tooltip(node)}</title>'
+                f'<rect x="{x}" y="{y:.0f}" width="{BOX_W}" height="{BOX_H}" rx="3"/>'
+                f'<text x="{x + 5}" y="{y + 12:.0f}">{escape(_short(node)[:22])}</text></g>'
+            )
     rows = max(len(members) for members in columns.values())
     return "".join(parts), HEADER + rows * ROW + 8
 
@@ -95,35 +108,61 @@ def gantt_svg(nodes: list[dict], jobs: int, width: int = 960) -> str:
     span = max([n["end"] for n in timed], default=0.0) or 1.0
     scale, left, row = (width - 70) / span, 60, 26
     critical = set(critical_path(nodes))
-    bars = [_bar(n, left + n["start"] * scale, max(n["end"] - n["start"], 0.0) * scale, 24 + (n.get("slot") or 0) * row, n["id"] in critical)
-            for n in timed]
+    bars = [
+        _bar(
+            n,
+            left + n["start"] * scale,
+            max(n["end"] - n["start"], 0.0) * scale,
+            24 + (n.get("slot") or 0) * row,
+            n["id"] in critical,
+        )
+        for n in timed
+    ]
     lanes = "".join(f'<text class="lane" x="2" y="{24 + i * row + 15}">slot {i + 1}</text>' for i in range(slots))
     height = 24 + slots * row + 6
-    return (f'<svg class="gantt" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
-            f'{_axis(span, scale, left, height)}{lanes}{"".join(bars)}</svg>')
+    return (
+        f'<svg class="gantt" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 '
+        f'{width} {height}">'
+        f"{_axis(span, scale, left, height)}{lanes}{''.join(bars)}</svg>"
+    )
 
 
 def _bar(node: dict, x: float, w: float, y: float, critical: bool) -> str:
     rss = f", peak RSS {node['peak_rss'] / 2**20:.0f} MiB" if node.get("peak_rss") else ", peak RSS not measured"
-    title = escape(f"{node['id']}: {node['end'] - node['start']:.2f} s from {node['start']:.2f} s{rss}" + (" (critical path)" if critical else ""))
+    title = escape(
+        f"{node['id']}: {node['end'] - node['start']:.2f} s from {node['start']:.2f} s{rss}"
+        + (" (critical path)" if critical else "")
+    )
     classes = "bar" + (" critical" if critical else "") + (" failed" if node["status"] == "failed" else "")
-    return (f'<g class="{classes}" data-id="{escape(node["id"])}"><title>{title}</title><rect x="{x:.1f}" y="{y}" width="{max(w, 1.0):.1f}" '
-            f'height="20" fill="{KIND_COLOURS.get(node["kind"], "#999")}"/></g>')
+    return (
+        f'<g class="{classes}" data-id="{escape(node["id"])}"><title>{title}</title><rect x="{x:.1f}" y="{y}" '
+        f'width="{max(w, 1.0):.1f}" '
+        f'height="20" fill="{KIND_COLOURS.get(node["kind"], "#999")}"/></g>'
+    )
 
 
 def _axis(span: float, scale: float, left: int, height: int) -> str:
     """Ticks every 1, 2 or 5 x 10^k seconds, about ten of them."""
     raw = span / 10
-    step = min((m * 10 ** math.floor(math.log10(raw)) for m in (1, 2, 5, 10)), key=lambda s: abs(s - raw)) if raw > 0 else 1.0
+    step = (
+        min((m * 10 ** math.floor(math.log10(raw)) for m in (1, 2, 5, 10)), key=lambda s: abs(s - raw))
+        if raw > 0
+        else 1.0
+    )
     ticks, t = [], 0.0
     while t <= span + 1e-9:
         x = left + t * scale
-        ticks.append(f'<line class="tick" x1="{x:.1f}" y1="14" x2="{x:.1f}" y2="{height}"/><text class="tick" x="{x + 2:.1f}" y="11">{t:g} s</text>')
+        ticks.append(
+            f'<line class="tick" x1="{x:.1f}" y1="14" x2="{x:.1f}" y2="{height}"/><text class="tick" x="{x + 2:.1f}" '
+            f'y="11">{t:g} s</text>'
+        )
         t += step
     return "".join(ticks)
 
 
-def log_bars_svg(rows: list[tuple[str, Optional[float], Optional[float], bool]], unit: str, floor: float = 1e-9, width: int = 560) -> str:
+def log_bars_svg(
+    rows: list[tuple[str, float | None, float | None, bool]], unit: str, floor: float = 1e-9, width: int = 560
+) -> str:
     """Horizontal bars on a log scale from `floor` to 1: (label, value, limit, passed); the limit as a red tick."""
     label_w, row = 200, 20
     scale = (width - label_w - 10) / -math.log10(floor)
@@ -136,24 +175,43 @@ def log_bars_svg(rows: list[tuple[str, Optional[float], Optional[float], bool]],
         y = 18 + i * row
         parts.append(f'<text class="label" x="0" y="{y + 12}">{escape(label[:32])}</text>')
         if value is not None:
-            parts.append(f'<g class="acc {"pass" if passed else "fail"}"><title>{escape(f"{label}: {unit} {value:.3g}")}</title>'
-                         f'<rect x="{label_w}" y="{y}" width="{x(value) - label_w:.1f}" height="14"/></g>')
+            parts.append(
+                f'<g class="acc {"pass" if passed else "fail"}"><title>{escape(f"{label}: {unit} {value:.3g}")}</title>'
+                f'<rect x="{label_w}" y="{y}" width="{x(value) - label_w:.1f}" height="14"/></g>'
+            )
         if limit is not None:
-            parts.append(f'<line class="limit" x1="{x(limit):.1f}" y1="{y - 2}" x2="{x(limit):.1f}" y2="{y + 16}"><title>limit {limit:.3g}</title></line>')
-    ticks = "".join(f'<text class="tick" x="{x(10.0 ** e):.0f}" y="11">1e{e}</text>' for e in range(int(math.log10(floor)), 1, 2))
+            parts.append(
+                f'<line class="limit" x1="{x(limit):.1f}" y1="{y - 2}" x2="{x(limit):.1f}" y2="{y + 16}"><title>limit '
+                f"{limit:.3g}</title></line>"
+            )
+    ticks = "".join(
+        f'<text class="tick" x="{x(10.0**e):.0f}" y="11">1e{e}</text>' for e in range(int(math.log10(floor)), 1, 2)
+    )
     height = 22 + len(rows) * row
-    return f'<svg class="bars" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{ticks}{"".join(parts)}</svg>'
+    return (
+        f'<svg class="bars" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}">{ticks}{"".join(parts)}</svg>'
+    )
 
 
 def share_bar_svg(shares: dict[str, int], width: int = 320) -> str:
     """One stacked bar: each dtype's share of the total (weight bytes), labelled with its percentage."""
     total = sum(shares.values()) or 1
     parts, x = [], 0.0
-    colours = {"float32": "#3182bd", "float16": "#fd8d3c", "bfloat16": "#e6550d", "int8": "#31a354", "float8e4m3fn": "#756bb1"}
+    colours = {
+        "float32": "#3182bd",
+        "float16": "#fd8d3c",
+        "bfloat16": "#e6550d",
+        "int8": "#31a354",
+        "float8e4m3fn": "#756bb1",
+    }
     for dtype, count in sorted(shares.items()):
         w = count / total * width
-        parts.append(f'<g><title>{escape(f"{dtype}: {count / total:.1%}")}</title><rect x="{x:.1f}" y="0" width="{w:.1f}" height="16" '
-                     f'fill="{colours.get(dtype, "#999")}"/>{_share_label(dtype, count / total, x, w)}</g>')
+        parts.append(
+            f'<g><title>{escape(f"{dtype}: {count / total:.1%}")}</title><rect x="{x:.1f}" y="0" width="{w:.1f}" '
+            'height="16" '
+            f'fill="{colours.get(dtype, "#999")}"/>{_share_label(dtype, count / total, x, w)}</g>'
+        )
         x += w
     return f'<svg class="share" xmlns="http://www.w3.org/2000/svg" width="{width}" height="16">{"".join(parts)}</svg>'
 

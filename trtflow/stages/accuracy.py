@@ -15,7 +15,7 @@ The record says so.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from trtflow.stages import compare
 
 # The magnitudes each reduced type holds: (smallest subnormal, largest finite); int8/fp8 hold what calibration scaled.
 RANGES = {"fp16": (5.96e-08, 65504.0), "bf16": (9.18e-41, 3.39e38)}
+
 
 def emulation_note(types: list[str]) -> str:
     """` (fp16 emulated: fp16 values after every op, fp32 arithmetic)` for the reduced types a model was run as."""
@@ -34,11 +35,20 @@ def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, 
     runnable, emulated = ort_runnable(candidate)
     cand = compare.session(runnable.SerializeToString())
     ref = compare.session(reference)
-    rows = [_per_feed(got, want) for got, want in zip(compare.run_all(cand, feeds), compare.run_all(ref, feeds))]
+    rows = [
+        _per_feed(got, want)
+        for got, want in zip(compare.run_all(cand, feeds), compare.run_all(ref, feeds), strict=True)
+    ]
     outputs = [_judge(_fold(name, [r[name] for r in rows]), tolerance) for name in rows[0]] if rows else []
-    return {"runtime": compare.RUNTIME + emulation_note(emulated), "reference": "fp32 model (cleanup output)",
-            "data": data, "samples": len(feeds), "tolerance": tolerance, "outputs": outputs,
-            "passed": bool(outputs) and all(o["passed"] for o in outputs)}
+    return {
+        "runtime": compare.RUNTIME + emulation_note(emulated),
+        "reference": "fp32 model (cleanup output)",
+        "data": data,
+        "samples": len(feeds),
+        "tolerance": tolerance,
+        "outputs": outputs,
+        "passed": bool(outputs) and all(o["passed"] for o in outputs),
+    }
 
 
 def failure_message(precision: str, accuracy: dict) -> str:
@@ -46,24 +56,37 @@ def failure_message(precision: str, accuracy: dict) -> str:
     bad = next((o for o in accuracy["outputs"] if not o["passed"]), None)
     if bad is None:
         return f"{precision} accuracy: no output was compared"
-    numbers = ", ".join(f"{k.replace('_', ' ')} {_short(bad[k])}" for k in ("max_abs_error", "mean_rel_error", "cosine_similarity", "top1_agreement") if bad[k] is not None)
-    return (f"{precision} accuracy out of tolerance: output {bad['name']} {'; '.join(bad['problems'])} ({numbers}) over "
-            f"{accuracy['samples']} samples of {accuracy['data']}{range_note(precision, bad)}; loosen accuracy.{precision} in the recipe "
-            "or set verify: {on_fail: warn}")
+    numbers = ", ".join(
+        f"{k.replace('_', ' ')} {_short(bad[k])}"
+        for k in ("max_abs_error", "mean_rel_error", "cosine_similarity", "top1_agreement")
+        if bad[k] is not None
+    )
+    return (
+        f"{precision} accuracy out of tolerance: output {bad['name']} {'; '.join(bad['problems'])} ({numbers}) over "
+        f"{accuracy['samples']} samples of {accuracy['data']}{range_note(precision, bad)}; loosen "
+        f"accuracy.{precision} in the recipe "
+        "or set verify: {on_fail: warn}"
+    )
 
 
 def range_note(precision: str, output: dict) -> str:
-    """`; the fp32 reference's largest |value| is 1.2e-09, below fp16's smallest subnormal 5.96e-08 (it underflows to 0)`
+    """`; the fp32 reference's largest |value| is 1.2e-09, below fp16's smallest subnormal 5.96e-08 (it underflows to
+    0)`
     when an output's reference lies outside what the precision holds; else empty."""
     low, high = RANGES.get(precision, (None, None))
     peak = output.get("reference_abs_max")
     if low is None or peak is None:
         return ""
     if 0 < peak < low:
-        return (f"; the fp32 reference's largest |value| is {_short(peak)}, below {precision}'s smallest subnormal {low:g} "
-                "(every value underflows to 0): scale the output, or keep its producer in fp32 (autocast.keep_nodes)")
+        return (
+            f"; the fp32 reference's largest |value| is {_short(peak)}, below {precision}'s smallest subnormal {low:g} "
+            "(every value underflows to 0): scale the output, or keep its producer in fp32 (autocast.keep_nodes)"
+        )
     if peak > high:
-        return f"; the fp32 reference's largest |value| is {_short(peak)}, above {precision}'s largest {high:g} (it overflows)"
+        return (
+            f"; the fp32 reference's largest |value| is {_short(peak)}, above {precision}'s largest {high:g} "
+            "(it overflows)"
+        )
     return ""
 
 
@@ -82,9 +105,15 @@ def _per_feed(got: dict, want: dict) -> dict:
             continue
         finite = np.isfinite(a)
         error = np.abs(np.where(finite, a, 0.0) - e)
-        rows[name] = {"non_finite": int((~finite).sum()), "max_abs": float(error.max(initial=0.0)), "abs_sum": float(error.sum()),
-                      "ref_sum": float(np.abs(e).sum()), "cosine": _cosine(np.where(finite, a, 0.0).ravel(), e.ravel()),
-                      "top1": _top1(a, e), "ref_max": float(np.abs(e).max(initial=0.0))}
+        rows[name] = {
+            "non_finite": int((~finite).sum()),
+            "max_abs": float(error.max(initial=0.0)),
+            "abs_sum": float(error.sum()),
+            "ref_sum": float(np.abs(e).sum()),
+            "cosine": _cosine(np.where(finite, a, 0.0).ravel(), e.ravel()),
+            "top1": _top1(a, e),
+            "ref_max": float(np.abs(e).max(initial=0.0)),
+        }
     return rows
 
 
@@ -95,7 +124,7 @@ def _cosine(a: np.ndarray, e: np.ndarray) -> float:
     return float(np.dot(a, e) / norms)
 
 
-def _top1(a: np.ndarray, e: np.ndarray) -> Optional[tuple[int, int]]:
+def _top1(a: np.ndarray, e: np.ndarray) -> tuple[int, int] | None:
     """(agreeing rows, rows) for a [rows, classes] output with more than one class; None otherwise."""
     if a.ndim != 2 or a.shape[1] < 2:
         return None
@@ -105,16 +134,27 @@ def _top1(a: np.ndarray, e: np.ndarray) -> Optional[tuple[int, int]]:
 def _fold(name: str, per_feed: list[dict]) -> dict:
     problems = [r["problem"] for r in per_feed if "problem" in r]
     if problems:
-        return {"name": name, "max_abs_error": None, "mean_rel_error": None, "cosine_similarity": None, "top1_agreement": None,
-                "non_finite": 0, "problems": [problems[0]]}
+        return {
+            "name": name,
+            "max_abs_error": None,
+            "mean_rel_error": None,
+            "cosine_similarity": None,
+            "top1_agreement": None,
+            "non_finite": 0,
+            "problems": [problems[0]],
+        }
     ref_sum = sum(r["ref_sum"] for r in per_feed)
     tops = [r["top1"] for r in per_feed if r["top1"] is not None]
-    return {"name": name, "max_abs_error": _rounded(max(r["max_abs"] for r in per_feed)),
-            "mean_rel_error": _rounded(sum(r["abs_sum"] for r in per_feed) / ref_sum if ref_sum > 0 else 0.0),
-            "cosine_similarity": _rounded(min(r["cosine"] for r in per_feed)),
-            "top1_agreement": _rounded(sum(t[0] for t in tops) / sum(t[1] for t in tops)) if tops else None,
-            "non_finite": sum(r["non_finite"] for r in per_feed), "reference_abs_max": _rounded(max(r["ref_max"] for r in per_feed)),
-            "problems": []}
+    return {
+        "name": name,
+        "max_abs_error": _rounded(max(r["max_abs"] for r in per_feed)),
+        "mean_rel_error": _rounded(sum(r["abs_sum"] for r in per_feed) / ref_sum if ref_sum > 0 else 0.0),
+        "cosine_similarity": _rounded(min(r["cosine"] for r in per_feed)),
+        "top1_agreement": _rounded(sum(t[0] for t in tops) / sum(t[1] for t in tops)) if tops else None,
+        "non_finite": sum(r["non_finite"] for r in per_feed),
+        "reference_abs_max": _rounded(max(r["ref_max"] for r in per_feed)),
+        "problems": [],
+    }
 
 
 def _rounded(value: float) -> float:
@@ -128,8 +168,12 @@ def _judge(row: dict, tolerance: dict) -> dict:
     problems = list(row["problems"])
     if row["non_finite"]:
         problems.append(f"{row['non_finite']} non-finite values (overflow?)")
-    checks = [("cosine_similarity", "min_cosine", "<"), ("top1_agreement", "min_top1", "<"),
-              ("max_abs_error", "max_abs_error", ">"), ("mean_rel_error", "max_mean_rel_error", ">")]
+    checks = [
+        ("cosine_similarity", "min_cosine", "<"),
+        ("top1_agreement", "min_top1", "<"),
+        ("max_abs_error", "max_abs_error", ">"),
+        ("mean_rel_error", "max_mean_rel_error", ">"),
+    ]
     for metric, limit, worse in checks:
         value, bound = row[metric], tolerance.get(limit)
         if value is not None and bound is not None and (value < bound if worse == "<" else value > bound):
@@ -170,15 +214,22 @@ def _emulate(onnx: Any, model: Any, elem: int) -> None:
 
 
 def _holds(model: Any, elem_type: int) -> bool:
-    return any(i.data_type == elem_type for i in model.graph.initializer) or \
-        any(a.i == elem_type for n in model.graph.node for a in n.attribute if a.name == "to") or \
-        any(v.type.tensor_type.elem_type == elem_type for v in [*model.graph.input, *model.graph.output])
+    return (
+        any(i.data_type == elem_type for i in model.graph.initializer)
+        or any(a.i == elem_type for n in model.graph.node for a in n.attribute if a.name == "to")
+        or any(v.type.tensor_type.elem_type == elem_type for v in [*model.graph.input, *model.graph.output])
+    )
 
 
 def _typed(model: Any, elem_type: int) -> set[str]:
     values = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
     found = {v.name for v in values if v.type.tensor_type.elem_type == elem_type}
-    return found | {o for n in model.graph.node if n.op_type == "Cast" and any(a.name == "to" and a.i == elem_type for a in n.attribute) for o in n.output}
+    return found | {
+        o
+        for n in model.graph.node
+        if n.op_type == "Cast" and any(a.name == "to" and a.i == elem_type for a in n.attribute)
+        for o in n.output
+    }
 
 
 def _to_fp32(model: Any, elem: int) -> None:
@@ -207,11 +258,17 @@ def _fp32_values(tensor: Any, elem: int) -> np.ndarray:
 
     if elem == onnx.TensorProto.FLOAT16:
         return numpy_helper.to_array(tensor).astype(np.float32)
-    raw = np.frombuffer(tensor.raw_data, dtype=np.uint16) if tensor.raw_data else np.asarray(tensor.int32_data, dtype=np.uint16)
+    raw = (
+        np.frombuffer(tensor.raw_data, dtype=np.uint16)
+        if tensor.raw_data
+        else np.asarray(tensor.int32_data, dtype=np.uint16)
+    )
     return (raw.astype(np.uint32) << 16).view(np.float32).reshape(tuple(tensor.dims))
 
 
 def _round(onnx: Any, source: str, target: str, elem: int) -> list[Any]:
     """Cast `source` (fp32) to the reduced type and back into `target`: its value as that type holds it."""
-    return [onnx.helper.make_node("Cast", [source], [target + "__reduced"], to=elem),
-            onnx.helper.make_node("Cast", [target + "__reduced"], [target], to=onnx.TensorProto.FLOAT)]
+    return [
+        onnx.helper.make_node("Cast", [source], [target + "__reduced"], to=elem),
+        onnx.helper.make_node("Cast", [target + "__reduced"], [target], to=onnx.TensorProto.FLOAT),
+    ]

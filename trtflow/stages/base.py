@@ -13,16 +13,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from trtflow.signing import Signer
     from trtflow.calibration import Split
     from trtflow.hashing import FileDigests
     from trtflow.recipe.load import RecipeFile
     from trtflow.recipe.schema import Pipeline, TargetSpec
+    from trtflow.signing import Signer
     from trtflow.store.objects import Store
 
 
@@ -36,7 +36,7 @@ class NodeId(str):
     """
 
     @classmethod
-    def of(cls, kind: str, recipe: str, *parts: str) -> "NodeId":
+    def of(cls, kind: str, recipe: str, *parts: str) -> NodeId:
         """The id of a `kind` node of `recipe`, e.g. of("precision", "tiny", "fp16")."""
         return cls(f"{kind}:{'/'.join((recipe, *parts))}")
 
@@ -46,7 +46,7 @@ class NodeId(str):
         return self.split(":", 1)[0]
 
     @property
-    def recipe(self) -> Optional[str]:
+    def recipe(self) -> str | None:
         """`tiny` of `build:tiny/fp32/rtx-ada`; None for a string that is no node id."""
         return self.split(":", 1)[1].split("/", 1)[0] if ":" in self else None
 
@@ -55,7 +55,7 @@ class NodeId(str):
         """`("fp32", "rtx-ada")` of `build:tiny/fp32/rtx-ada`."""
         return tuple(self.split(":", 1)[1].split("/")[1:]) if ":" in self else ()
 
-    def with_kind(self, kind: str) -> "NodeId":
+    def with_kind(self, kind: str) -> NodeId:
         """The same recipe and parts under another stage: build:... -> verify:..."""
         return NodeId.of(kind, self.recipe or "", *self.parts)
 
@@ -85,7 +85,8 @@ class StageParams(BaseModel):
 
 
 class ProofSettings(BaseModel):
-    """The recipe's fp32 tolerances and seed for an ONNX Runtime proof (an export against torch, cleanup against its input)."""
+    """The recipe's fp32 tolerances and seed for an ONNX Runtime proof (an export against torch, cleanup against its
+    input)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     rtol: float
@@ -134,9 +135,9 @@ class Node:
 class RecipeContext:
     """What a stage's node function reads: the recipe (with its file, for errors), the project root and its targets."""
 
-    item: "RecipeFile"
+    item: RecipeFile
     root: Path
-    pipeline: "Pipeline"
+    pipeline: Pipeline
 
     @property
     def recipe(self) -> Any:
@@ -151,19 +152,27 @@ class RecipeContext:
     @functools.cached_property
     def profiles(self) -> list[dict[str, dict[str, list[int]]]]:
         """Profiles as [{input: {min, opt, max}}], the plain form keys, backends and manifests use."""
-        return [{name: dict(zip(("min", "opt", "max"), shape.triple())) for name, shape in profile.inputs.items()}
-                for profile in self.recipe.profiles]
+        return [
+            {
+                name: dict(zip(("min", "opt", "max"), shape.triple(), strict=True))
+                for name, shape in profile.inputs.items()
+            }
+            for profile in self.recipe.profiles
+        ]
 
     @functools.cached_property
     def plugin_sources(self) -> tuple[tuple[str, Path], ...]:
-        """(`plugin:<name>`, path) of each plugin library the recipe declares: a source of its builds, verifies, package."""
+        """(`plugin:<name>`, path) of each plugin library the recipe declares: a source of its builds, verifies,
+        package."""
         from trtflow.recipe.plugins import plugin_sources
 
         return plugin_sources(self.item, self.root)
 
-    def pairs(self) -> list[tuple[str, str, "TargetSpec"]]:
+    def pairs(self) -> list[tuple[str, str, TargetSpec]]:
         """(precision, target name, target spec) of every engine the recipe builds (its `exclude:` applied)."""
-        return [(precision, target, self.pipeline.targets[target]) for precision, target in self.item.pairs(self.pipeline)]
+        return [
+            (precision, target, self.pipeline.targets[target]) for precision, target in self.item.pairs(self.pipeline)
+        ]
 
     def precisions(self) -> list[str]:
         """The recipe's precisions that at least one target builds."""
@@ -171,7 +180,7 @@ class RecipeContext:
         return [precision for precision in self.recipe.precisions if precision in built]
 
     @functools.cached_property
-    def calibration_split(self) -> Optional["Split"]:
+    def calibration_split(self) -> Split | None:
         """The calibration and held-out files reduced precisions read (decided from paths alone)."""
         from trtflow import calibration
 
@@ -184,9 +193,9 @@ class Upstream:
 
     files: dict[str, Path]
     record: dict[str, Any] = field(default_factory=dict)
-    key: Optional[str] = None
+    key: str | None = None
     sha256: dict[str, str] = field(default_factory=dict)
-    missing: Optional[str] = None  # `<node id>: <reason>` of an optional input whose producer failed (no files then)
+    missing: str | None = None  # `<node id>: <reason>` of an optional input whose producer failed (no files then)
 
 
 @dataclass
@@ -200,7 +209,7 @@ class StageOutput:
 CACHED_UNDER_WARN = " (a cached result built under verify: {on_fail: warn})"
 
 
-def plugin_files(inputs: dict[str, "Upstream"]) -> dict[str, Path]:
+def plugin_files(inputs: dict[str, Upstream]) -> dict[str, Path]:
     """The plugin libraries among a stage's inputs (roles `plugin:<name>`) by name, in the recipe's order (an executor
     may hand a file over under another name)."""
     from trtflow.recipe.plugins import plugin_name
@@ -225,7 +234,7 @@ def enforce_proof(on_fail: str, proof: dict, what: str, suffix: str = "") -> Non
 class Placement:
     """Where a finish hook may put what a finished node made for the user (packages), and the store it reads."""
 
-    store: "Store"
+    store: Store
     packages_dir: Path
-    digests: "FileDigests"
-    signer: Optional["Signer"] = None  # signs each package's provenance (signing.py), when the environment holds a key
+    digests: FileDigests
+    signer: Signer | None = None  # signs each package's provenance (signing.py), when the environment holds a key

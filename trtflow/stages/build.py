@@ -10,7 +10,7 @@ are in the key, never their paths, and the backend loads them into the builder's
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.backends.base import BuildRequest, backend_version, get_backend
 from trtflow.backends.engine_identity import CANONICAL_FORM, canonical_digest
@@ -21,7 +21,10 @@ from trtflow.recipe.schema import TargetSpec
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream, plugin_files
 from trtflow.util.cc import ComputeCapability
 
-KIND, VERSION = "build", 4  # 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM);
+KIND, VERSION = (
+    "build",
+    4,
+)  # 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM);
 # 4: the record holds the network's layers (BuildResult.network)
 Profiles = list[dict[str, dict[str, list[int]]]]
 
@@ -33,7 +36,7 @@ class Params(BuildOptions, StageParams):
     precision: str
     profiles: Profiles
     backend: str
-    backend_version: Optional[str]
+    backend_version: str | None
     compute_capabilities: list[ComputeCapability]
     hardware_compatibility: str
     version_compatible: bool
@@ -50,11 +53,24 @@ def nodes(ctx: RecipeContext, precisions: dict[str, Node]) -> list[Node]:
 
 def node(ctx: RecipeContext, precision: str, target: str, spec: TargetSpec, model_node: NodeId) -> Node:
     """build:<recipe>/<precision>/<target>."""
-    params = Params(precision=precision, profiles=ctx.profiles, **ctx.recipe.build.options(), backend=spec.backend,
-                    backend_version=backend_version(spec.backend), compute_capabilities=spec.compute_capabilities,
-                    hardware_compatibility=spec.hardware_compatibility, version_compatible=spec.version_compatible)
-    return Node(id=NodeId.of(KIND, ctx.name, precision, target), version=VERSION, params=params,
-                deps=(Dep("model", model_node, "model"),), sources=ctx.plugin_sources, info={"target": target, "precision": precision})
+    params = Params(
+        precision=precision,
+        profiles=ctx.profiles,
+        **ctx.recipe.build.options(),
+        backend=spec.backend,
+        backend_version=backend_version(spec.backend),
+        compute_capabilities=spec.compute_capabilities,
+        hardware_compatibility=spec.hardware_compatibility,
+        version_compatible=spec.version_compatible,
+    )
+    return Node(
+        id=NodeId.of(KIND, ctx.name, precision, target),
+        version=VERSION,
+        params=params,
+        deps=(Dep("model", model_node, "model"),),
+        sources=ctx.plugin_sources,
+        info={"target": target, "precision": precision},
+    )
 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
@@ -96,4 +112,6 @@ def failure_hint(node: Node, reason: str) -> str:
     target's name is no part of the stage's key, so the stage itself cannot say it)."""
     if " cannot build for " not in reason or "exclude:" in reason:
         return reason
-    return f"{reason}; drop the pair with exclude: [{{precision: {node.params.precision}, target: {node.info['target']}}}]"
+    return (
+        f"{reason}; drop the pair with exclude: [{{precision: {node.params.precision}, target: {node.info['target']}}}]"
+    )

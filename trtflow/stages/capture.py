@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 KEEP_LINES = 40
 ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")  # colours some libraries write even when not on a terminal

@@ -1,4 +1,5 @@
-"""Cleanup: simplify the source ONNX, normalize its IR (and opset) version, infer shapes, check it, save it, prove it equal.
+"""Cleanup: simplify the source ONNX, normalize its IR (and opset) version, infer shapes, check it, save it, prove it
+equal.
 
 Simplification is onnxslim's: constant folding, dead-node elimination (Identity, Dropout, no-op
 Cast/Reshape/Pad/Slice), pattern fusion (Conv+BatchNorm, GELU, Gemm...), common-subexpression elimination
@@ -28,29 +29,47 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal, Optional
-
+from typing import Any, Literal
 
 from trtflow.errors import StageError
 from trtflow.recipe.schema import CleanupOptions
-from trtflow.stages.base import (ProofSettings, CACHED_UNDER_WARN, Dep, Node, NodeId, Placement, RecipeContext,
-                                   StageOutput, StageParams, Upstream, enforce_proof)
 from trtflow.stages import folding
+from trtflow.stages.base import (
+    CACHED_UNDER_WARN,
+    Dep,
+    Node,
+    NodeId,
+    Placement,
+    ProofSettings,
+    RecipeContext,
+    StageOutput,
+    StageParams,
+    Upstream,
+    enforce_proof,
+)
 from trtflow.stages.capture import captured_output
 from trtflow.stages.modelfile import load_graph, save_model
 from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
 PROOF_FAILED = "the cleaned model differs from the source: onnx_compare"
-KIND, VERSION = "cleanup", 6  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes; 5: CPU-independent sessions
+KIND, VERSION = (
+    "cleanup",
+    6,
+)  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes; 5: CPU-independent sessions
 # 6: no fold larger than its seeds (stages.folding)
 # IR 3 lists every initializer as a graph input too; from IR 4 on initializers are constants of their own.
 MIN_IR_VERSION = 4
 # The newest IR version ONNX Runtime and the TensorRT parsers read; a model needing more keeps its own.
 MAX_IR_VERSION = 10
 # recipe switch -> onnxslim's name for the optimization it skips
-SLIM_PASSES = {"fold_constants": "constant_folding", "fuse_patterns": "graph_fusion", "remove_dead_nodes": "dead_node_elimination",
-               "eliminate_common_subexpressions": "subexpression_elimination", "tie_weights": "weight_tying"}
+SLIM_PASSES = {
+    "fold_constants": "constant_folding",
+    "fuse_patterns": "graph_fusion",
+    "remove_dead_nodes": "dead_node_elimination",
+    "eliminate_common_subexpressions": "subexpression_elimination",
+    "tie_weights": "weight_tying",
+}
 MIB = 1 << 20
 
 
@@ -69,30 +88,44 @@ class Params(StageParams):
     proof: Proof
     options: CleanupOptions
     on_fail: Literal["fail", "warn"] = "fail"
-    onnx: Optional[str]
-    onnxruntime: Optional[str]
-    onnxslim: Optional[str]
+    onnx: str | None
+    onnxruntime: str | None
+    onnxslim: str | None
 
 
-def node(ctx: RecipeContext, export: Optional[Node]) -> Node:
-    """Cleanup of the source ONNX (or of the export's); it proves its output equal to its input within the fp32 tolerances.
+def node(ctx: RecipeContext, export: Node | None) -> Node:
+    """Cleanup of the source ONNX (or of the export's); it proves its output equal to its input within the fp32
+    tolerances.
 
     An ONNX source is read in place, with every external data file its graph names (hashed as inputs
     `model.data:<location>`); `where` lets planning name the recipe field when one of them is missing.
     """
     verify = ctx.recipe.verify
     proof = Proof(rtol=verify.rtol, atol=verify.atol, samples=verify.samples_for(len(ctx.profiles)), seed=verify.seed)
-    params = Params(profiles=ctx.profiles, proof=proof, options=ctx.recipe.cleanup, on_fail=verify.on_fail,
-                    onnx=tool_version("onnx"), onnxruntime=ort_version(), onnxslim=tool_version("onnxslim"))
+    params = Params(
+        profiles=ctx.profiles,
+        proof=proof,
+        options=ctx.recipe.cleanup,
+        on_fail=verify.on_fail,
+        onnx=tool_version("onnx"),
+        onnxruntime=ort_version(),
+        onnxslim=tool_version("onnxslim"),
+    )
     node_id, info = NodeId.of(KIND, ctx.name), {"recipe_file": ctx.item.display}
     if export is not None:
         return Node(id=node_id, version=VERSION, params=params, deps=(Dep("model", export.id, "model"),), info=info)
-    return Node(id=node_id, version=VERSION, params=params, sources=(("model", ctx.item.source_path(ctx.root)),),
-                info={**info, "where": ctx.item.where("source", "onnx")})
+    return Node(
+        id=node_id,
+        version=VERSION,
+        params=params,
+        sources=(("model", ctx.item.source_path(ctx.root)),),
+        info={**info, "where": ctx.item.where("source", "onnx")},
+    )
 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
-    """Clean the model, save it (weights copied in chunks), check it, and prove it equal to its input on ONNX Runtime."""
+    """Clean the model, save it (weights copied in chunks), check it, and prove it equal to its input on ONNX
+    Runtime."""
     import onnx
 
     from trtflow.stages import compare
@@ -107,12 +140,20 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     _check(onnx, files["model"] if external else model)
     equality = compare.prove_equal(files["model"], source.files["model"], params.profiles, params.proof.model_dump())
     enforce_proof(params.on_fail, equality, PROOF_FAILED)
-    record = {"source_sha256": source.sha256["model"], "source_files": source.sha256, "before": before, "after": model_summary(model),
-              "passes": passes, "external_data": external, "equality": equality, "log": log}
+    record = {
+        "source_sha256": source.sha256["model"],
+        "source_files": source.sha256,
+        "before": before,
+        "after": model_summary(model),
+        "passes": passes,
+        "external_data": external,
+        "equality": equality,
+        "log": log,
+    }
     return StageOutput(files=files, record=record)
 
 
-def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
+def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached cleanup whose proof failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
     enforce_proof(node.params.on_fail, record["record"]["equality"], PROOF_FAILED, CACHED_UNDER_WARN)
     return None
@@ -151,14 +192,19 @@ def _simplify(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list
     skipped = [name for switch, name in SLIM_PASSES.items() if not getattr(options, switch)]
     limit = options.fold_size_limit_mib
     threshold = None if limit is None else max(1, int(limit * MIB))  # bytes; onnxslim folds nothing larger
-    hidden, weighed = folding.inflating_seeds(onnx, model) if options.fold_constants and limit is not None else ([], None)
+    hidden, weighed = (
+        folding.inflating_seeds(onnx, model) if options.fold_constants and limit is not None else ([], None)
+    )
     moved = folding.hide(onnx, model, hidden)
     try:
-        slimmed = onnxslim.slim(model, no_shape_infer=not options.infer_shapes, skip_optimizations=skipped or None,
-                                size_threshold=threshold)
+        slimmed = onnxslim.slim(
+            model, no_shape_infer=not options.infer_shapes, skip_optimizations=skipped or None, size_threshold=threshold
+        )
     except Exception as exc:
-        raise StageError(f"cleanup.simplify: onnxslim failed: {type(exc).__name__}: {exc} "
-                         "(switch the pass off in the recipe's cleanup: block, or simplify: false)") from None
+        raise StageError(
+            f"cleanup.simplify: onnxslim failed: {type(exc).__name__}: {exc} "
+            "(switch the pass off in the recipe's cleanup: block, or simplify: false)"
+        ) from None
     folding.restore(slimmed, moved)
     ran = [switch for switch, name in SLIM_PASSES.items() if name not in skipped]
     kept = [f"fold_kept_computed {weighed['seeds_hidden']} ({weighed['computed_bytes_kept']} bytes)"] if hidden else []
@@ -166,7 +212,8 @@ def _simplify(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list
 
 
 def _modernize(onnx: Any, model: Any) -> list[str]:
-    """An IR 3 model's initializers leave the graph inputs (IR 4: constants only); then the IR version every reader takes."""
+    """An IR 3 model's initializers leave the graph inputs (IR 4: constants only); then the IR version every reader
+    takes."""
     passes = []
     if model.ir_version < MIN_IR_VERSION:
         names = {tensor.name for tensor in model.graph.initializer}
@@ -208,7 +255,9 @@ def _convert_opset(onnx: Any, model: Any, opset: int) -> Any:
     try:
         return onnx.version_converter.convert_version(model, opset)
     except Exception as exc:
-        raise StageError(f"cleanup.opset: cannot convert the model to opset {opset}: {str(exc).strip().splitlines()[-1]}") from None
+        raise StageError(
+            f"cleanup.opset: cannot convert the model to opset {opset}: {str(exc).strip().splitlines()[-1]}"
+        ) from None
 
 
 def _check(onnx: Any, model: Any) -> None:

@@ -19,24 +19,40 @@ from trtflow.errors import EnvironmentProblem, StageError
 from trtflow.util.onnxio import model_io_of_file
 from trtflow.util.versions import tool_version
 
-ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16", "tensor(double)": "float64",
-              "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
+ORT_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
 RUNTIME = "onnxruntime CPUExecutionProvider"
 
 
 def onnxruntime() -> Any:
     """The onnxruntime module, refusing an environment that has both the CPU and the GPU distribution."""
     if tool_version("onnxruntime") and tool_version("onnxruntime-gpu"):
-        raise EnvironmentProblem("both onnxruntime and onnxruntime-gpu are installed; they overwrite each other's files: "
-                                 "pip uninstall -y onnxruntime onnxruntime-gpu, then install one trtflow extra that brings ONNX Runtime "
-                                 "(quant brings onnxruntime-gpu, verify brings onnxruntime)")
+        raise EnvironmentProblem(
+            "both onnxruntime and onnxruntime-gpu are installed; they overwrite each other's files: "
+            "pip uninstall -y onnxruntime onnxruntime-gpu, then install one trtflow extra that brings ONNX Runtime "
+            "(quant brings onnxruntime-gpu, verify brings onnxruntime)"
+        )
     return import_or_explain("onnxruntime", "verify")
 
 
 def session(model: Path | bytes, threads: int = 1) -> Any:
-    """A CPU session (on one core by default: comparisons run beside parallel builds), from a file or a serialized model."""
+    """A CPU session (on one core by default: comparisons run beside parallel builds), from a file or a serialized
+    model."""
     ort = onnxruntime()
-    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), _cpu_options(ort, threads), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model if isinstance(model, bytes) else str(model),
+        _cpu_options(ort, threads),
+        providers=["CPUExecutionProvider"],
+    )
 
 
 def _cpu_options(ort: Any, threads: int) -> Any:
@@ -59,7 +75,8 @@ def _cpu_options(ort: Any, threads: int) -> Any:
 
 @dataclass(frozen=True)
 class Signature:
-    """A model's inputs and outputs named and typed as ONNX Runtime shows them (`tensor(float)`), read from the graph."""
+    """A model's inputs and outputs named and typed as ONNX Runtime shows them (`tensor(float)`), read from the
+    graph."""
 
     inputs: list[Any]
     outputs: list[Any]
@@ -76,8 +93,10 @@ class Signature:
 def signature(path: Path) -> Signature:
     """I/O of a model without an ONNX Runtime session: also for what its CPU provider cannot run (bf16 kernels)."""
     io = model_io_of_file(path)
-    return Signature([SimpleNamespace(name=t.name, type=t.ort_type) for t in io.inputs],
-                     [SimpleNamespace(name=t.name, type=t.ort_type) for t in io.outputs])
+    return Signature(
+        [SimpleNamespace(name=t.name, type=t.ort_type) for t in io.inputs],
+        [SimpleNamespace(name=t.name, type=t.ort_type) for t in io.outputs],
+    )
 
 
 def output_names(sess: Any) -> list[str]:
@@ -90,7 +109,16 @@ def run_all(sess: Any, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.
     declares (an fp16-I/O model takes fp16 from the same fp32 feeds)."""
     names = output_names(sess)
     wanted = [(i.name, ORT_DTYPES.get(i.type, "float32")) for i in sess.get_inputs()]
-    return [dict(zip(names, sess.run(None, {k: np.asarray(feed[k]).astype(dtype, copy=False) for k, dtype in wanted}))) for feed in feeds]
+    return [
+        dict(
+            zip(
+                names,
+                sess.run(None, {k: np.asarray(feed[k]).astype(dtype, copy=False) for k, dtype in wanted}),
+                strict=True,
+            )
+        )
+        for feed in feeds
+    ]
 
 
 def sample_feeds(sess: Any, profiles: list[dict], samples: int, seed: int) -> list[dict[str, np.ndarray]]:
@@ -116,19 +144,34 @@ def _random(rng: np.random.Generator, meta: Any, shape: list[int] | None) -> np.
     return rng.integers(0, 8, shape).astype(dtype)
 
 
-def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rtol: float, atol: float) -> list[dict]:
+def compare_outputs(
+    actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rtol: float, atol: float
+) -> list[dict]:
     """Per output: max abs error, max rel error, and whether |a-e| <= atol + rtol*|e| everywhere."""
     results = []
     for name, want in expected.items():
         got = np.asarray(actual[name], dtype=np.float64)
         want = np.asarray(want, dtype=np.float64)
         if got.shape != want.shape:
-            results.append({"name": name, "max_abs_error": None, "max_rel_error": None, "passed": False, "problem": f"shape {list(got.shape)} != {list(want.shape)}"})
+            results.append(
+                {
+                    "name": name,
+                    "max_abs_error": None,
+                    "max_rel_error": None,
+                    "passed": False,
+                    "problem": f"shape {list(got.shape)} != {list(want.shape)}",
+                }
+            )
             continue
         error = np.abs(got - want)
-        results.append({"name": name, "max_abs_error": float(error.max(initial=0.0)),
-                        "max_rel_error": float((error / np.maximum(np.abs(want), 1e-12)).max(initial=0.0)),
-                        "passed": bool(np.all(error <= atol + rtol * np.abs(want)))})
+        results.append(
+            {
+                "name": name,
+                "max_abs_error": float(error.max(initial=0.0)),
+                "max_rel_error": float((error / np.maximum(np.abs(want), 1e-12)).max(initial=0.0)),
+                "passed": bool(np.all(error <= atol + rtol * np.abs(want))),
+            }
+        )
     return results
 
 
@@ -157,11 +200,19 @@ def prove_equal(candidate: Path, reference: Path, profiles: list[dict], toleranc
     feeds = sample_feeds(ref, profiles, tolerance["samples"], tolerance["seed"])
     expected = run_all(ref, feeds)
     del ref
-    per_sample = [compare_outputs(got, want, tolerance["rtol"], tolerance["atol"])
-                  for got, want in zip(run_all(session(candidate), feeds), expected)]
+    per_sample = [
+        compare_outputs(got, want, tolerance["rtol"], tolerance["atol"])
+        for got, want in zip(run_all(session(candidate), feeds), expected, strict=True)
+    ]
     outputs = worst(per_sample)
-    return {"runtime": RUNTIME, "samples": len(feeds), "rtol": tolerance["rtol"], "atol": tolerance["atol"],
-            "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
+    return {
+        "runtime": RUNTIME,
+        "samples": len(feeds),
+        "rtol": tolerance["rtol"],
+        "atol": tolerance["atol"],
+        "outputs": outputs,
+        "passed": all(o["passed"] for o in outputs),
+    }
 
 
 def failure_message(what: str, comparison: dict) -> str:
@@ -169,4 +220,7 @@ def failure_message(what: str, comparison: dict) -> str:
     bad = [o for o in comparison.get("outputs", []) if not o["passed"]]
     first = bad[0] if bad else {"name": "?", "max_abs_error": None, "max_rel_error": None}
     detail = first.get("problem") or f"max abs {first['max_abs_error']} max rel {first['max_rel_error']}"
-    return f"{what} out of tolerance (rtol {comparison.get('rtol')}, atol {comparison.get('atol')}): first differing output {first['name']} {detail}"
+    return (
+        f"{what} out of tolerance (rtol {comparison.get('rtol')}, atol {comparison.get('atol')}): "
+        f"first differing output {first['name']} {detail}"
+    )

@@ -14,20 +14,33 @@ embedding Gather counts, a bias Add does not). A node is in the requested precis
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.util.onnxio import composition as counts
 
 TOP_KEPT = 10  # kept nodes listed in the record, by weights then MACs
 SMALL_WEIGHTS = 1024  # elements: a node without MACs holding fewer (a bias Add, a scale Mul) is not weighed
-PASS_THROUGH = ("DequantizeLinear", "QuantizeLinear", "Cast", "Transpose", "Reshape", "Identity", "Unsqueeze", "Squeeze")
+PASS_THROUGH = (
+    "DequantizeLinear",
+    "QuantizeLinear",
+    "Cast",
+    "Transpose",
+    "Reshape",
+    "Identity",
+    "Unsqueeze",
+    "Squeeze",
+)
 RECURRENT = ("LSTM", "GRU", "RNN")
 LOW_TYPES = {"fp16": 10, "bf16": 16}  # onnx.TensorProto.FLOAT16, BFLOAT16
-AUTOCAST_RULES = {"DisabledOpTypes": "autocast.keep_op_types (recipe)", "DisabledNodeNameRegexRule": "autocast.keep_nodes (recipe)",
-                  "DepthOfReductionRule": "depth of reduction", "InitializerRangeRule": "initializer range"}
+AUTOCAST_RULES = {
+    "DisabledOpTypes": "autocast.keep_op_types (recipe)",
+    "DisabledNodeNameRegexRule": "autocast.keep_nodes (recipe)",
+    "DepthOfReductionRule": "depth of reduction",
+    "InitializerRangeRule": "initializer range",
+}
 
 
-def composition(model: Any, precision: str, reasons: Optional[dict[str, str]] = None, excluded: tuple = ()) -> dict:
+def composition(model: Any, precision: str, reasons: dict[str, str] | None = None, excluded: tuple = ()) -> dict:
     """The counts of onnxio.composition plus shares and the top nodes kept in higher precision, with reasons."""
     rows = _compute_nodes(model, precision)
     weights = sum(r["weights"] for r in rows)
@@ -37,18 +50,23 @@ def composition(model: Any, precision: str, reasons: Optional[dict[str, str]] = 
         row["reason"] = _reason(row, precision, reasons or {}, excluded)
     kept.sort(key=lambda r: (-r["weights"], -r["macs"], r["name"]))
     share = lambda part, whole: round(part / whole, 6) if whole else 1.0  # noqa: E731
-    return {**counts(model), "precision": precision,
-            "weight_share": share(weights - sum(r["weights"] for r in kept), weights),
-            "mac_share": share(macs - sum(r["macs"] for r in kept), macs), "kept_nodes": len(kept), "kept": kept[:TOP_KEPT]}
+    return {
+        **counts(model),
+        "precision": precision,
+        "weight_share": share(weights - sum(r["weights"] for r in kept), weights),
+        "mac_share": share(macs - sum(r["macs"] for r in kept), macs),
+        "kept_nodes": len(kept),
+        "kept": kept[:TOP_KEPT],
+    }
 
 
-def autocast_reason(message: str) -> Optional[tuple[str, str]]:
+def autocast_reason(message: str) -> tuple[str, str] | None:
     """(node, reason) from AutoCast's `Skipping node <name>: <rule or detail>` log line, else None."""
     if not message.startswith("Skipping node "):
         return None
-    name, _, detail = message[len("Skipping node "):].partition(": ")
+    name, _, detail = message[len("Skipping node ") :].partition(": ")
     if detail.startswith("reference IO out of range"):
-        return name, "data range: " + detail[len("reference IO "):]
+        return name, "data range: " + detail[len("reference IO ") :]
     if detail.startswith("initializer "):
         return name, "initializer range: " + detail
     return name, AUTOCAST_RULES.get(detail, detail)
@@ -83,13 +101,18 @@ def _compute_nodes(model: Any, precision: str) -> list[dict]:
         macs = _macs(node, dims, inits, weight_inputs)
         if not macs and weights < SMALL_WEIGHTS:
             continue
-        low = bool(dequantized.intersection(node.input)) if precision not in LOW_TYPES else \
-            dims.get(("type", node.output[0])) == LOW_TYPES[precision]
-        rows.append({"name": node.name or node.output[0], "op": node.op_type, "weights": weights, "macs": macs, "low": low})
+        low = (
+            bool(dequantized.intersection(node.input))
+            if precision not in LOW_TYPES
+            else dims.get(("type", node.output[0])) == LOW_TYPES[precision]
+        )
+        rows.append(
+            {"name": node.name or node.output[0], "op": node.op_type, "weights": weights, "macs": macs, "low": low}
+        )
     return rows
 
 
-def _weight_of(value: str, inits: dict, producer: dict) -> Optional[str]:
+def _weight_of(value: str, inits: dict, producer: dict) -> str | None:
     """The initializer behind an input, through Q/DQ, Cast, Transpose, Reshape... chains; None for an activation."""
     for _ in range(8):
         if value in inits:
@@ -129,5 +152,7 @@ def _dims(model: Any) -> dict:
         tensor = value.type.tensor_type
         found[("type", value.name)] = tensor.elem_type
         if tensor.HasField("shape"):
-            found[value.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tensor.shape.dim]
+            found[value.name] = [
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tensor.shape.dim
+            ]
     return found

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional, Iterator
+from typing import Any
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
@@ -55,7 +56,7 @@ def modelopt_onnx() -> Any:
     return import_or_explain("modelopt.onnx", "quant")
 
 
-def autocast(model_path: Path, precision: str, options: dict, data: Optional[Path] = None) -> tuple[Any, dict[str, str]]:
+def autocast(model_path: Path, precision: str, options: dict, data: Path | None = None) -> tuple[Any, dict[str, str]]:
     """fp16/bf16 by AutoCast: nodes whose values exceed fp16's safe range on `data` (a folder of .npz feeds; without
     one, polygraphy's seeded random inputs) stay fp32. Returns the model and why each node it kept stayed fp32."""
     modelopt_onnx()
@@ -161,17 +162,25 @@ def qdq_summary(model: Any) -> dict:
     quantize_nodes = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     zero_points = [initializers[n.input[2]] for n in quantize_nodes if len(n.input) > 2 and n.input[2] in initializers]
     asymmetric = [zp.name for zp in zero_points if numpy_helper.to_array(zp).astype("float64").any()]
-    return {"quantize_nodes": len(quantize_nodes), "dequantize_nodes": sum(n.op_type == "DequantizeLinear" for n in model.graph.node),
-            "asymmetric_zero_points": asymmetric}
+    return {
+        "quantize_nodes": len(quantize_nodes),
+        "dequantize_nodes": sum(n.op_type == "DequantizeLinear" for n in model.graph.node),
+        "asymmetric_zero_points": asymmetric,
+    }
 
 
 def check_quantized(summary: dict, precision: str) -> None:
     """A quantized model must hold Q/DQ nodes (else it silently is not int8/fp8) with zero points of 0."""
     if summary["quantize_nodes"] == 0:
-        raise StageError(f"{precision}: ModelOpt quantized no node of this model (it skips layers too small to gain, e.g. "
-                         f"fp8 convolutions with <= 16 channels and GEMV-shaped MatMuls); drop {precision} from precisions")
+        raise StageError(
+            f"{precision}: ModelOpt quantized no node of this model (it skips layers too small to gain, e.g. "
+            f"fp8 convolutions with <= 16 channels and GEMV-shaped MatMuls); drop {precision} from precisions"
+        )
     if summary["asymmetric_zero_points"]:
-        raise StageError(f"{precision}: zero point {summary['asymmetric_zero_points'][0]} is not 0; TensorRT needs symmetric quantization")
+        raise StageError(
+            f"{precision}: zero point {summary['asymmetric_zero_points'][0]} is not 0; TensorRT needs symmetric "
+            "quantization"
+        )
 
 
 def set_percentile_scales(model: Any, fp32_path: Path, feeds: list[dict], percentile: float) -> None:
@@ -186,8 +195,11 @@ def set_percentile_scales(model: Any, fp32_path: Path, feeds: list[dict], percen
     initializers = {init.name: init for init in model.graph.initializer}
     casts = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Cast"}
     dequantizers = {n.input[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    activations = [n for n in model.graph.node
-                   if n.op_type == "QuantizeLinear" and n.input[0] not in initializers and n.input[1] in initializers]
+    activations = [
+        n
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0] not in initializers and n.input[1] in initializers
+    ]
     tensors = sorted({_uncast(n.input[0], casts) for n in activations})
     maxima, thresholds = activation_ranges(fp32_path, tensors, feeds, percentile)
     ratios: dict[str, float] = {}
@@ -196,10 +208,14 @@ def set_percentile_scales(model: Any, fp32_path: Path, feeds: list[dict], percen
         ratio = thresholds[tensor] / maxima[tensor] if maxima[tensor] > 0 else 1.0
         partner = dequantizers.get(node.output[0])  # ModelOpt gives the DQ its own copy of the scale
         for scale_name in (node.input[1], *([partner.input[1]] if partner is not None else [])):
-            ratios[scale_name] = max(ratios.get(scale_name, 0.0), ratio)  # a scale shared by a concat group keeps the widest
+            ratios[scale_name] = max(
+                ratios.get(scale_name, 0.0), ratio
+            )  # a scale shared by a concat group keeps the widest
     for scale_name, ratio in ratios.items():
         old = numpy_helper.to_array(initializers[scale_name])
-        initializers[scale_name].CopyFrom(numpy_helper.from_array((old.astype("float64") * ratio).astype(old.dtype), scale_name))
+        initializers[scale_name].CopyFrom(
+            numpy_helper.from_array((old.astype("float64") * ratio).astype(old.dtype), scale_name)
+        )
 
 
 def _uncast(tensor: str, casts: dict[str, str]) -> str:
@@ -210,18 +226,19 @@ def _uncast(tensor: str, casts: dict[str, str]) -> str:
 
 
 def activation_ranges(fp32_path: Path, tensors: list[str], feeds: list[dict], percentile: float) -> tuple[dict, dict]:
-    """(max |x|, percentile of |x|) per tensor over the feeds: one pass for the maxima, one for histograms over [0, max]."""
+    """(max |x|, percentile of |x|) per tensor over the feeds: one pass for the maxima, one for histograms over [0,
+    max]."""
     import numpy as np
 
     session = _session_with_outputs(fp32_path, tensors)
     wanted = [i.name for i in session.get_inputs()]
     maxima = dict.fromkeys(tensors, 0.0)
     for feed in feeds:
-        for name, value in zip(tensors, session.run(tensors, {k: feed[k] for k in wanted})):
+        for name, value in zip(tensors, session.run(tensors, {k: feed[k] for k in wanted}), strict=True):
             maxima[name] = max(maxima[name], float(np.abs(value).max(initial=0.0)))
     counts = {name: np.zeros(HISTOGRAM_BINS, dtype=np.int64) for name in tensors}
     for feed in feeds:
-        for name, value in zip(tensors, session.run(tensors, {k: feed[k] for k in wanted})):
+        for name, value in zip(tensors, session.run(tensors, {k: feed[k] for k in wanted}), strict=True):
             counts[name] += np.histogram(np.abs(value), bins=HISTOGRAM_BINS, range=(0.0, maxima[name] or 1.0))[0]
     return maxima, {name: _threshold(counts[name], maxima[name], percentile) for name in tensors}
 
@@ -248,6 +265,8 @@ def _session_with_outputs(path: Path, tensors: list[str]) -> Any:
     produced = {out for node in model.graph.node for out in node.output} | {i.name for i in model.graph.input}
     missing = [t for t in tensors if t not in produced]
     if missing:
-        raise StageError(f"calibration.method percentile: tensor {missing[0]!r} of the quantized model is not in the fp32 model")
+        raise StageError(
+            f"calibration.method percentile: tensor {missing[0]!r} of the quantized model is not in the fp32 model"
+        )
     model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors if t not in known)
     return compare.session(model.SerializeToString(), threads=0)  # 0: ONNX Runtime's default, every core

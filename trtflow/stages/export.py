@@ -26,16 +26,27 @@ import importlib
 import re
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
 from trtflow.recipe.pymodule import import_root
-from trtflow.stages.base import (ProofSettings, CACHED_UNDER_WARN, Node, NodeId, Placement, RecipeContext, StageOutput,
-                                   StageParams, Upstream, enforce_proof)
+from trtflow.stages.base import (
+    CACHED_UNDER_WARN,
+    Node,
+    NodeId,
+    Placement,
+    ProofSettings,
+    RecipeContext,
+    StageOutput,
+    StageParams,
+    Upstream,
+    enforce_proof,
+)
 from trtflow.stages.capture import ANSI_ESCAPES, captured_output
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
 from trtflow.util.versions import tool_version
@@ -59,7 +70,8 @@ class ExampleInput(BaseModel):
 
 
 class Params(StageParams):
-    """What is exported (factory, kwargs, example inputs, dynamic axes) and how (opset, optimizer), plus tool versions."""
+    """What is exported (factory, kwargs, example inputs, dynamic axes) and how (opset, optimizer), plus tool
+    versions."""
 
     FINGERPRINT = ("torch", "onnx", "onnxscript")
     POLICY = ("on_fail",)
@@ -67,18 +79,19 @@ class Params(StageParams):
     kwargs: dict[str, Any]
     inputs: list[ExampleInput]
     dynamic: dict[str, dict[str, list[int]]]
-    outputs: Optional[list[str]]
+    outputs: list[str] | None
     opset: int
     optimize: bool
     check: ProofSettings
     on_fail: Literal["fail", "warn"] = "fail"
-    torch: Optional[str]
-    onnx: Optional[str]
-    onnxscript: Optional[str]
+    torch: str | None
+    onnx: str | None
+    onnxscript: str | None
 
 
-def node(ctx: RecipeContext) -> Optional[Node]:
-    """PyTorch -> ONNX for torch sources (TensorFlow and Keras sources: stages.tfexport), None for ONNX. Its inputs are the factory's module file, the weights and the listed
+def node(ctx: RecipeContext) -> Node | None:
+    """PyTorch -> ONNX for torch sources (TensorFlow and Keras sources: stages.tfexport), None for ONNX. Its inputs are
+    the factory's module file, the weights and the listed
     `files`, not the whole project: editing an unrelated file re-exports nothing."""
     spec = ctx.recipe.source.torch
     if spec is None:
@@ -90,16 +103,36 @@ def node(ctx: RecipeContext) -> Optional[Node]:
     sources += [(f"files[{index}]", (ctx.root / path).resolve()) for index, path in enumerate(spec.files)]
     inputs, dynamic = export_dims(ctx)
     verify = ctx.recipe.verify
-    params = Params(factory=spec.factory, kwargs=spec.kwargs, inputs=inputs, dynamic=dynamic, outputs=spec.outputs, opset=spec.opset,
-                    optimize=spec.optimize, check=ProofSettings(rtol=verify.rtol, atol=verify.atol, seed=verify.seed), on_fail=verify.on_fail,
-                    torch=tool_version("torch"), onnx=tool_version("onnx"), onnxscript=tool_version("onnxscript"))
-    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=tuple(sources), info={"recipe_file": ctx.item.display})
+    params = Params(
+        factory=spec.factory,
+        kwargs=spec.kwargs,
+        inputs=inputs,
+        dynamic=dynamic,
+        outputs=spec.outputs,
+        opset=spec.opset,
+        optimize=spec.optimize,
+        check=ProofSettings(rtol=verify.rtol, atol=verify.atol, seed=verify.seed),
+        on_fail=verify.on_fail,
+        torch=tool_version("torch"),
+        onnx=tool_version("onnx"),
+        onnxscript=tool_version("onnxscript"),
+    )
+    return Node(
+        id=NodeId.of(KIND, ctx.name),
+        version=VERSION,
+        params=params,
+        sources=tuple(sources),
+        info={"recipe_file": ctx.item.display},
+    )
 
 
 def export_dims(ctx: RecipeContext) -> tuple[list[ExampleInput], dict[str, dict[str, list[int]]]]:
     """The example inputs (shape: given, else the first profile's opt) and the dynamic axes with their ranges."""
     profiles, specs = ctx.profiles, ctx.recipe.source.torch.inputs
-    inputs = [ExampleInput(name=spec.name, dtype=spec.dtype, shape=spec.shape or profiles[0][spec.name]["opt"]) for spec in specs]
+    inputs = [
+        ExampleInput(name=spec.name, dtype=spec.dtype, shape=spec.shape or profiles[0][spec.name]["opt"])
+        for spec in specs
+    ]
     dynamic = dynamic_axes(profiles)
     return inputs, {spec.name: dynamic[spec.name] for spec in specs if spec.name in dynamic}
 
@@ -107,13 +140,16 @@ def export_dims(ctx: RecipeContext) -> tuple[list[ExampleInput], dict[str, dict[
 def dynamic_axes(profiles: list[dict[str, dict[str, list[int]]]]) -> dict[str, dict[str, list[int]]]:
     """Per input, the axes any profile's min, opt or max differs on, each with the range it spans over every profile:
 
-        profiles [{x: min [1,3] opt [4,3] max [8,3]}, {x: shape [32,3]}] -> {x: {"0": [1, 32]}} (axis 1 static)
+    profiles [{x: min [1,3] opt [4,3] max [8,3]}, {x: shape [32,3]}] -> {x: {"0": [1, 32]}} (axis 1 static)
     """
     dynamic = {}
     for name in dict.fromkeys(name for profile in profiles for name in profile):
         shapes = [shape for profile in profiles if name in profile for shape in profile[name].values()]
-        axes = {str(axis): [min(s[axis] for s in shapes), max(s[axis] for s in shapes)]
-                for axis in range(len(shapes[0])) if len({s[axis] for s in shapes}) > 1}
+        axes = {
+            str(axis): [min(s[axis] for s in shapes), max(s[axis] for s in shapes)]
+            for axis in range(len(shapes[0]))
+            if len({s[axis] for s in shapes}) > 1
+        }
         if axes:
             dynamic[name] = axes
     return dynamic
@@ -137,14 +173,21 @@ def run(params: StageParams, inputs: dict[str, Upstream], workdir: Path) -> Stag
     files = _save(program, workdir)
     check = _check_against_torch(files[MODEL], params, examples, expected)
     enforce_proof(params.on_fail, check, PROOF_FAILED)
-    record = {"exporter": EXPORTER, "opset": params.opset, "nodes": program.model.graph.num_nodes(),
-              "inputs": [spec.model_dump() for spec in params.inputs], "dynamic": params.dynamic,
-              "outputs": [v.name for v in program.model.graph.outputs],
-              "torch_equality": check, "warnings": _warning_lines(caught), "log": log}
+    record = {
+        "exporter": EXPORTER,
+        "opset": params.opset,
+        "nodes": program.model.graph.num_nodes(),
+        "inputs": [spec.model_dump() for spec in params.inputs],
+        "dynamic": params.dynamic,
+        "outputs": [v.name for v in program.model.graph.outputs],
+        "torch_equality": check,
+        "warnings": _warning_lines(caught),
+        "log": log,
+    }
     return StageOutput(files=files, record=record)
 
 
-def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
+def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
     if not isinstance(node.params, Params):
         from trtflow.stages import tfexport
@@ -178,7 +221,9 @@ def _model(torch: Any, params: Params, inputs: dict[str, Upstream]) -> Any:
     except Exception as exc:
         raise StageError(f"source.torch.factory: {params.factory} raised {_one_line(exc)}") from None
     if not isinstance(model, torch.nn.Module):
-        raise StageError(f"source.torch.factory: {params.factory} returned {type(model).__name__}, not a torch.nn.Module")
+        raise StageError(
+            f"source.torch.factory: {params.factory} returned {type(model).__name__}, not a torch.nn.Module"
+        )
     if "weights" in inputs:
         _load_weights(torch, model, inputs["weights"].files["weights"])
     return model.eval()
@@ -203,8 +248,10 @@ def _load_weights(torch: Any, model: Any, path: Path) -> None:
     except Exception as exc:
         raise StageError(f"source.torch.weights: cannot load {path.name}: {_one_line(exc)}") from None
     if not isinstance(state, dict):
-        raise StageError(f"source.torch.weights: {path.name} holds a {type(state).__name__}, not a state_dict "
-                         "(save it with torch.save(model.state_dict(), path))")
+        raise StageError(
+            f"source.torch.weights: {path.name} holds a {type(state).__name__}, not a state_dict "
+            "(save it with torch.save(model.state_dict(), path))"
+        )
     try:
         model.load_state_dict(state, strict=True)
     except Exception as exc:
@@ -224,7 +271,7 @@ def _examples(torch: Any, params: Params) -> list[Any]:
     return tensors
 
 
-def _eager_outputs(torch: Any, model: Any, examples: list[Any], params: Params) -> list["np.ndarray"]:
+def _eager_outputs(torch: Any, model: Any, examples: list[Any], params: Params) -> list[np.ndarray]:
     """Run the model once in torch: inputs it rejects are the recipe's inputs' fault, not the exporter's."""
     try:
         with torch.no_grad():
@@ -235,24 +282,37 @@ def _eager_outputs(torch: Any, model: Any, examples: list[Any], params: Params) 
     leaves = [leaf for leaf in torch.utils._pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
     names = params.outputs
     if names is not None and len(names) != len(leaves):
-        raise StageError(f"source.torch.outputs: names {len(names)} output(s) but the model returns {len(leaves)} tensor(s)")
+        raise StageError(
+            f"source.torch.outputs: names {len(names)} output(s) but the model returns {len(leaves)} tensor(s)"
+        )
     return [leaf.detach().float().numpy() if leaf.is_floating_point() else leaf.numpy() for leaf in leaves]
 
 
 def _export(torch: Any, model: Any, examples: list[Any], params: Params) -> Any:
     dims = [params.dynamic.get(spec.name) for spec in params.inputs]
-    shapes = tuple({int(axis): torch.export.Dim.DYNAMIC(min=low, max=high) for axis, (low, high) in axes.items()} if axes else None
-                   for axes in dims)
+    shapes = tuple(
+        {int(axis): torch.export.Dim.DYNAMIC(min=low, max=high) for axis, (low, high) in axes.items()} if axes else None
+        for axes in dims
+    )
     try:
-        program = torch.onnx.export(model, tuple(examples), dynamo=True, input_names=[s.name for s in params.inputs],
-                                    output_names=params.outputs, opset_version=params.opset, optimize=params.optimize,
-                                    dynamic_shapes=shapes if any(dims) else None)
+        program = torch.onnx.export(
+            model,
+            tuple(examples),
+            dynamo=True,
+            input_names=[s.name for s in params.inputs],
+            output_names=params.outputs,
+            opset_version=params.opset,
+            optimize=params.optimize,
+            dynamic_shapes=shapes if any(dims) else None,
+        )
     except Exception as exc:
         raise StageError(export_failure(exc)) from None
     opset = program.model.opset_imports.get("")
     if opset != params.opset:
-        raise StageError(f"source.torch.opset: the exporter could not convert the model to opset {params.opset} "
-                         f"(it stayed at {opset}): use opset: {opset} or newer")
+        raise StageError(
+            f"source.torch.opset: the exporter could not convert the model to opset {params.opset} "
+            f"(it stayed at {opset}): use opset: {opset} or newer"
+        )
     return program
 
 
@@ -265,7 +325,11 @@ def export_failure(exc: BaseException) -> str:
     detail = f"{name}: {' '.join(message.split())}"[:400]
     if "dim hint" in detail or "Constraints violated" in detail:
         return f"profiles: the model fixes an axis the profiles make dynamic: {detail}"
-    step = "cannot trace the model (torch.export)" if "TorchExportError" in type(exc).__name__ else "cannot convert the model to ONNX"
+    step = (
+        "cannot trace the model (torch.export)"
+        if "TorchExportError" in type(exc).__name__
+        else "cannot convert the model to ONNX"
+    )
     return f"source.torch.factory: the exporter {step}: {detail}"
 
 
@@ -281,7 +345,7 @@ def _save(program: Any, workdir: Path) -> dict[str, Path]:
     return {MODEL: path, MODEL_DATA: data} if data.is_file() else {MODEL: path}
 
 
-def _check_against_torch(path: Path, params: Params, examples: list[Any], expected: list["np.ndarray"]) -> dict:
+def _check_against_torch(path: Path, params: Params, examples: list[Any], expected: list[np.ndarray]) -> dict:
     """ONNX Runtime on the exported model vs torch, on the example inputs, within the recipe's fp32 tolerances."""
     from trtflow.stages import compare
 
@@ -289,16 +353,29 @@ def _check_against_torch(path: Path, params: Params, examples: list[Any], expect
     session = compare.session(path)
     names = compare.output_names(session)
     if len(names) != len(expected):
-        raise StageError(f"source.torch: the exported ONNX has {len(names)} output(s) but torch returned {len(expected)} tensor(s)")
-    feed = {spec.name: tensor.numpy() for spec, tensor in zip(params.inputs, examples)}
+        raise StageError(
+            f"source.torch: the exported ONNX has {len(names)} output(s) but torch returned {len(expected)} tensor(s)"
+        )
+    feed = {spec.name: tensor.numpy() for spec, tensor in zip(params.inputs, examples, strict=True)}
     got = compare.run_all(session, [feed])[0]
-    rows = compare.compare_outputs(got, dict(zip(names, expected)), check.rtol, check.atol)
-    return {"runtime": compare.RUNTIME, "samples": 1, "rtol": check.rtol, "atol": check.atol, "outputs": rows,
-            "passed": all(row["passed"] for row in rows)}
+    rows = compare.compare_outputs(got, dict(zip(names, expected, strict=True)), check.rtol, check.atol)
+    return {
+        "runtime": compare.RUNTIME,
+        "samples": 1,
+        "rtol": check.rtol,
+        "atol": check.atol,
+        "outputs": rows,
+        "passed": all(row["passed"] for row in rows),
+    }
 
 
-def check_against_reference(path: Path, check: ProofSettings, samples: int, profiles: list[dict],
-                            reference: Callable[[dict[str, "np.ndarray"]], dict[str, "np.ndarray"]]) -> dict:
+def check_against_reference(
+    path: Path,
+    check: ProofSettings,
+    samples: int,
+    profiles: list[dict],
+    reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+) -> dict:
     """ONNX Runtime on the exported model vs `reference` (the source framework) on the same seeded inputs at the
     profiles' shapes, output by output name, within the recipe's fp32 tolerances: the worst over `samples`."""
     from trtflow.stages import compare
@@ -307,19 +384,29 @@ def check_against_reference(path: Path, check: ProofSettings, samples: int, prof
     names = compare.output_names(session)
     feeds = compare.sample_feeds(session, profiles, samples, check.seed)
     per_sample = []
-    for feed, got in zip(feeds, compare.run_all(session, feeds)):
+    for feed, got in zip(feeds, compare.run_all(session, feeds), strict=True):
         expected = reference(feed)
         if set(expected) != set(names):
-            raise StageError(f"the exported ONNX's outputs ({', '.join(names)}) are not the model's ({', '.join(expected)})")
+            raise StageError(
+                f"the exported ONNX's outputs ({', '.join(names)}) are not the model's ({', '.join(expected)})"
+            )
         per_sample.append(compare.compare_outputs(got, expected, check.rtol, check.atol))
     rows = compare.worst(per_sample)
-    return {"runtime": compare.RUNTIME, "samples": len(feeds), "rtol": check.rtol, "atol": check.atol, "outputs": rows,
-            "passed": all(row["passed"] for row in rows)}
+    return {
+        "runtime": compare.RUNTIME,
+        "samples": len(feeds),
+        "rtol": check.rtol,
+        "atol": check.atol,
+        "outputs": rows,
+        "passed": all(row["passed"] for row in rows),
+    }
 
 
 def _warning_lines(caught: list[Any]) -> list[str]:
     """Each distinct warning once: what the exporter and the model's code said (a tracer warning matters)."""
-    seen = dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0] if str(w.message) else ''}" for w in caught)
+    seen = dict.fromkeys(
+        f"{w.category.__name__}: {str(w.message).splitlines()[0] if str(w.message) else ''}" for w in caught
+    )
     return list(seen)[:20]
 
 

@@ -51,7 +51,9 @@ def hide(onnx: Any, model: Any, names: list[str]) -> list[Any]:
     kept = [init for init in model.graph.initializer if init.name not in wanted]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
-    model.graph.input.extend(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)) for init in moved)
+    model.graph.input.extend(
+        onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)) for init in moved
+    )
     return moved
 
 
@@ -70,7 +72,11 @@ def _constant_nodes(model: Any) -> list[tuple[Any, Any]]:
     found = []
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            found += [(node, attribute.t) for attribute in node.attribute if attribute.name == "value" and attribute.HasField("t")]
+            found += [
+                (node, attribute.t)
+                for attribute in node.attribute
+                if attribute.name == "value" and attribute.HasField("t")
+            ]
     return found
 
 
@@ -83,7 +89,11 @@ def _value_sizes(onnx: Any, model: Any) -> dict[str, int]:
     sizes = {}
     for value in graph.value_info:
         tensor = value.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim] if tensor.HasField("shape") else None
+        dims = (
+            [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+            if tensor.HasField("shape")
+            else None
+        )
         if dims is not None and None not in dims and tensor.elem_type:
             sizes[value.name] = _bytes(onnx, tensor.elem_type, dims)
     return sizes

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 MODEL, MODEL_DATA = "model", "model.data"
 FILE_NAMES = {MODEL: "model.onnx", MODEL_DATA: "model.onnx.data"}
@@ -41,8 +42,11 @@ class ExternalBytes:
     length: int
 
 
-def save_model(onnx: Any, model: Any, workdir: Path, external: bool = False, unloaded: dict[str, ExternalBytes] | None = None) -> dict[str, Path]:
-    """Write `model.onnx` (and `model.onnx.data` when `external`, the weights are large, or tensors were left unloaded)."""
+def save_model(
+    onnx: Any, model: Any, workdir: Path, external: bool = False, unloaded: dict[str, ExternalBytes] | None = None
+) -> dict[str, Path]:
+    """Write `model.onnx` (and `model.onnx.data` when `external`, the weights are large, or tensors were left
+    unloaded)."""
     path = workdir / FILE_NAMES[MODEL]
     if not (external or unloaded or weight_bytes(model) > EXTERNAL_DATA_THRESHOLD):
         onnx.save_model(model, path)
@@ -56,7 +60,8 @@ def save_model(onnx: Any, model: Any, workdir: Path, external: bool = False, unl
 
 
 def _externalize(onnx: Any, tensor: Any, out: BinaryIO, unloaded: dict[str, ExternalBytes]) -> None:
-    """Append one tensor's bytes to model.onnx.data (copied from its source file if unloaded) and point the tensor there."""
+    """Append one tensor's bytes to model.onnx.data (copied from its source file if unloaded) and point the tensor
+    there."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         source = unloaded[external_info(tensor)["location"]]
         offset = _pad(out)
@@ -196,7 +201,7 @@ def _sort_by_name(repeated: Any, key: Any) -> None:
     ordered = sorted(repeated, key=key)
     if [key(item) for item in ordered] != [key(item) for item in repeated]:
         copies = [type(item)() for item in ordered]
-        for copy, item in zip(copies, ordered):
+        for copy, item in zip(copies, ordered, strict=True):
             copy.CopyFrom(item)
         del repeated[:]
         repeated.extend(copies)
@@ -216,7 +221,9 @@ def weight_bytes(model: Any) -> int:
     return sum(len(t.raw_data) for t in model.graph.initializer)
 
 
-def place_side_by_side(files: dict[str, Path], output: str, folder: Path, copy: tuple[str, ...] = ()) -> dict[str, Path]:
+def place_side_by_side(
+    files: dict[str, Path], output: str, folder: Path, copy: tuple[str, ...] = ()
+) -> dict[str, Path]:
     """Hard-link an output and its companions (a model's external data) into one folder under the names the graph
     expects; a link costs nothing for a multi-GB model (the store is one filesystem), a copy is the fallback.
 

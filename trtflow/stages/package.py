@@ -12,15 +12,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from trtflow import __version__
 from trtflow.errors import StageError
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
+from trtflow.runmemo import note_path
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, StageOutput, StageParams, Upstream
-from trtflow.runmemo import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Engine, MissingEngine, Plugin, Tensor
@@ -53,16 +53,29 @@ class Params(StageParams):
 
 
 def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: Node) -> Node:
-    """package:<recipe>: every engine with its verification, the cleaned model's summary, int8/fp8 calibration records."""
-    engines = [PackagedEngine(**b.params.model_dump(), role=f"engine:{b.info['precision']}/{b.info['target']}",
-                              verify_role=f"verify:{b.info['precision']}/{b.info['target']}", target=b.info["target"]) for b in builds]
-    deps = [Dep(e.role, b.id, "engine") for e, b in zip(engines, builds)]
-    deps += [Dep(e.verify_role, v.id, "report") for e, v in zip(engines, verifies)]
+    """package:<recipe>: every engine with its verification, the cleaned model's summary, int8/fp8 calibration
+    records."""
+    engines = [
+        PackagedEngine(
+            **b.params.model_dump(),
+            role=f"engine:{b.info['precision']}/{b.info['target']}",
+            verify_role=f"verify:{b.info['precision']}/{b.info['target']}",
+            target=b.info["target"],
+        )
+        for b in builds
+    ]
+    deps = [Dep(e.role, b.id, "engine") for e, b in zip(engines, builds, strict=True)]
+    deps += [Dep(e.verify_role, v.id, "report") for e, v in zip(engines, verifies, strict=True)]
     quantized = sorted({b.info["precision"] for b in builds} & set(QUANTIZED_PRECISIONS))
     deps += [dep for p in quantized for dep in precision_stage.report_dep(ctx, p, f"precision:{p}")]
     params = Params(recipe=ctx.name, engines=engines, trtflow=__version__, plugins=ctx.recipe.package.plugins)
-    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, deps=(Dep("model", cleanup.id, "model"), *deps),
-                sources=ctx.plugin_sources)
+    return Node(
+        id=NodeId.of(KIND, ctx.name),
+        version=VERSION,
+        params=params,
+        deps=(Dep("model", cleanup.id, "model"), *deps),
+        sources=ctx.plugin_sources,
+    )
 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
@@ -79,15 +92,30 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     present = [spec for spec in params.engines if _missing(spec, inputs) is None]
     missing = [_missing(spec, inputs) for spec in params.engines if _missing(spec, inputs) is not None]
     plugins = _plugins(inputs, carry=params.plugins == "carry")
-    engines = [_describe_engine(recipe, spec, inputs[spec.role], inputs[spec.verify_role], _calibration(inputs, spec.precision), plugins)
-               for spec in present]
+    engines = [
+        _describe_engine(
+            recipe, spec, inputs[spec.role], inputs[spec.verify_role], _calibration(inputs, spec.precision), plugins
+        )
+        for spec in present
+    ]
     model = inputs["model"]
-    source = Source(sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"])
-    manifest = Manifest(recipe=recipe, trtflow_version=params.trtflow, source=source, engines=engines, complete=not missing, missing=missing)
+    source = Source(
+        sha256=model.record["source_sha256"], cleaned_sha256=model.sha256["model"], nodes=model.record["after"]["nodes"]
+    )
+    manifest = Manifest(
+        recipe=recipe,
+        trtflow_version=params.trtflow,
+        source=source,
+        engines=engines,
+        complete=not missing,
+        missing=missing,
+    )
     manifest_bytes = dumped(manifest)
     carried = {plugin.file: (path, plugin.sha256) for plugin, path in plugins if plugin.carried}
     digests = {e.file: e.sha256 for e in engines} | {file: sha for file, (_, sha) in carried.items()}
-    members: dict[str, Path | bytes] = {e.file: inputs[spec.role].files["engine"] for e, spec in zip(engines, present)}
+    members: dict[str, Path | bytes] = {
+        e.file: inputs[spec.role].files["engine"] for e, spec in zip(engines, present, strict=True)
+    }
     members.update({file: path for file, (path, _) in carried.items()})
     members[MANIFEST_FILE] = manifest_bytes
     sums = {**digests, MANIFEST_FILE: hashlib.sha256(manifest_bytes).hexdigest()}
@@ -97,7 +125,9 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         write_reproducible_members(archive, recipe, members, expected=digests)
     except UnsafeArchive as exc:
         raise StageError(f"{exc} (corrupt store object); run again to rebuild it") from None
-    return StageOutput(files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest_bytes)})
+    return StageOutput(
+        files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest_bytes)}
+    )
 
 
 def _plugins(inputs: dict[str, Upstream], carry: bool) -> list[tuple[Plugin, Path]]:
@@ -110,11 +140,13 @@ def _plugins(inputs: dict[str, Upstream], carry: bool) -> list[tuple[Plugin, Pat
         name = plugin_name(role)
         if name is not None:
             path = upstream.files[role]
-            found.append((Plugin(name=name, sha256=upstream.sha256[role], size=path.stat().st_size, carried=carry), path))
+            found.append(
+                (Plugin(name=name, sha256=upstream.sha256[role], size=path.stat().st_size, carried=carry), path)
+            )
     return found
 
 
-def _missing(spec: PackagedEngine, inputs: dict[str, Upstream]) -> Optional[MissingEngine]:
+def _missing(spec: PackagedEngine, inputs: dict[str, Upstream]) -> MissingEngine | None:
     """The engine's entry in `missing` when its build or its verification failed; None when it can be packed."""
     from trtflow.manifest import MissingEngine
 
@@ -122,18 +154,29 @@ def _missing(spec: PackagedEngine, inputs: dict[str, Upstream]) -> Optional[Miss
     if cause is None:
         return None
     stage, _, reason = cause.partition(": ")
-    return MissingEngine(precision=spec.precision, target=spec.target, stage=stage, reason=reason,
-                         compute_capabilities=list(spec.compute_capabilities))
+    return MissingEngine(
+        precision=spec.precision,
+        target=spec.target,
+        stage=stage,
+        reason=reason,
+        compute_capabilities=list(spec.compute_capabilities),
+    )
 
 
-def _calibration(inputs: dict[str, Upstream], precision: str) -> Optional[dict]:
+def _calibration(inputs: dict[str, Upstream], precision: str) -> dict | None:
     """How an int8/fp8 model was calibrated, from its precision node (the package depends on it for this alone)."""
     upstream = inputs.get(f"precision:{precision}")
     return upstream.record.get("calibration") if upstream is not None else None
 
 
-def _describe_engine(recipe: str, spec: PackagedEngine, build: Upstream, verify: Upstream, calibration: Optional[dict],
-                     plugins: list[tuple[Plugin, Path]]) -> Engine:
+def _describe_engine(
+    recipe: str,
+    spec: PackagedEngine,
+    build: Upstream,
+    verify: Upstream,
+    calibration: dict | None,
+    plugins: list[tuple[Plugin, Path]],
+) -> Engine:
     """One engine's manifest entry (its bytes are checked against `sha256` while they are packed)."""
     from trtflow.manifest import Engine
 
@@ -169,7 +212,7 @@ def _tensor(spec: dict, profiles: list[dict]) -> Tensor:
     return Tensor(profiles=shapes, **spec)
 
 
-def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
+def finish(node: Node, record: dict, place: Placement) -> str | None:
     """Make `<packages>/<recipe>.tar.gz`, its extracted folder and its provenance match the package object.
 
     Returns what was repaired (an archive or folder that differed from the package), None otherwise.
@@ -185,14 +228,18 @@ def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
                 _checkout(place, digest, recipe)
             if _provenance_differs(place, recipe, record):
                 _write_provenance(place, recipe, record)
-    return None if difference in (None, NOT_PLACED, UPDATED) else f"{place.packages_dir / recipe}: {difference}; restored it from the store"
+    return (
+        None
+        if difference in (None, NOT_PLACED, UPDATED)
+        else f"{place.packages_dir / recipe}: {difference}; restored it from the store"
+    )
 
 
 NOT_PLACED = "not placed yet"
 UPDATED = "an earlier package of the recipe, as placed"  # an ordinary update: replaced without a warning
 
 
-def _difference(digest: str, place: Placement, recipe: str) -> Optional[str]:
+def _difference(digest: str, place: Placement, recipe: str) -> str | None:
     """What differs between the placed archive and folder and the package object (None: nothing; cheap when unchanged).
 
     The folder is compared with the listing remembered at checkout: the same files, each with its digest (files
@@ -204,15 +251,18 @@ def _difference(digest: str, place: Placement, recipe: str) -> Optional[str]:
     placed = place.digests.digest(archive) if archive.is_file() else None
     if placed != digest:
         earlier = place.store.package_listing(placed) if placed else None  # trtflow placed it: is it still as placed?
-        return UPDATED if earlier is not None and _folder_difference(folder, earlier, place) is None else \
-            f"{archive.name} differs from the package built"
+        return (
+            UPDATED
+            if earlier is not None and _folder_difference(folder, earlier, place) is None
+            else f"{archive.name} differs from the package built"
+        )
     listing = place.store.package_listing(digest)
     if listing is None:
         return "its folder was never checked"
     return _folder_difference(folder, listing, place)
 
 
-def _folder_difference(folder: Path, listing: dict[str, str], place: Placement) -> Optional[str]:
+def _folder_difference(folder: Path, listing: dict[str, str], place: Placement) -> str | None:
     """What differs between a package folder and the listing of the package it was extracted from (None: nothing)."""
     if folder.is_symlink() or not folder.is_dir():
         return "its folder is a symlink" if folder.is_symlink() else "its folder is missing"
@@ -241,8 +291,13 @@ def _provenance(place: Placement, recipe: str, record: dict) -> tuple[Path, byte
     from trtflow.manifest import MANIFEST_FILE
 
     archive = place.packages_dir / f"{recipe}.tar.gz"
-    statement = provenance.statement(recipe, place.digests.digest(archive), place.digests.digest(place.packages_dir / recipe / MANIFEST_FILE),
-                                     record["record"]["manifest"], record["key"])
+    statement = provenance.statement(
+        recipe,
+        place.digests.digest(archive),
+        place.digests.digest(place.packages_dir / recipe / MANIFEST_FILE),
+        record["record"]["manifest"],
+        record["key"],
+    )
     return provenance.provenance_path(archive), provenance.envelope_line(statement, place.signer)
 
 
@@ -272,7 +327,9 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
     try:
         shutil.copyfile(place.store.object_path(digest), staging / "package.tar.gz")
         extracted = extract_tar(staging / "package.tar.gz", staging / "extracted")
-        place.store.remember_package_listing(digest, {name.removeprefix(f"{recipe}/"): sha for name, sha in extracted.items()})
+        place.store.remember_package_listing(
+            digest, {name.removeprefix(f"{recipe}/"): sha for name, sha in extracted.items()}
+        )
         crash_point("package-extracted")
         replace_dir_atomically(staging / "extracted" / recipe, packages_dir / recipe)
         os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -21,11 +21,14 @@ from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
 from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
-from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
 from trtflow.stages.composition import composition
+from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
 from trtflow.util.versions import ort_version, tool_version
 
-KIND, VERSION = "precision", 6  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions;
+KIND, VERSION = (
+    "precision",
+    6,
+)  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions;
 # 5: value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis
 
 
@@ -35,7 +38,7 @@ class Accuracy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     samples: int
     seed: int
-    tolerance: dict[str, Optional[float]]
+    tolerance: dict[str, float | None]
 
 
 class Quantize(QuantizeOptions):
@@ -43,16 +46,17 @@ class Quantize(QuantizeOptions):
 
     method: str
     seed: int
-    percentile: Optional[float]
-    samples: Optional[int]
+    percentile: float | None
+    samples: int | None
 
 
 class TaskCheck(BaseModel):
-    """Task accuracy on the recipe's labelled data: the metric and the largest drop from fp32 allowed (None: recorded only)."""
+    """Task accuracy on the recipe's labelled data: the metric and the largest drop from fp32 allowed (None: recorded
+    only)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     metric: str
-    max_drop: Optional[float] = None
+    max_drop: float | None = None
 
 
 class Params(StageParams):
@@ -60,18 +64,18 @@ class Params(StageParams):
 
     FINGERPRINT = ("modelopt", "onnx", "onnxruntime", "numpy", "pillow")
     precision: str
-    profiles: Optional[list[dict[str, dict[str, list[int]]]]] = None
-    on_fail: Optional[str] = None
-    accuracy: Optional[Accuracy] = None
-    task: Optional[TaskCheck] = None  # absent without accuracy.data: keys of recipes without labels stay as they were
-    data: Optional[dict[str, Any]] = None  # how calibration files are read (calibration.reading_params)
-    autocast: Optional[AutocastOptions] = None
-    quantize: Optional[Quantize] = None
-    modelopt: Optional[str] = None
-    onnx: Optional[str] = None
-    onnxruntime: Optional[str] = None
-    numpy: Optional[str] = None  # calibration histograms and the accuracy numbers
-    pillow: Optional[str] = None  # image calibration sets only
+    profiles: list[dict[str, dict[str, list[int]]]] | None = None
+    on_fail: str | None = None
+    accuracy: Accuracy | None = None
+    task: TaskCheck | None = None  # absent without accuracy.data: keys of recipes without labels stay as they were
+    data: dict[str, Any] | None = None  # how calibration files are read (calibration.reading_params)
+    autocast: AutocastOptions | None = None
+    quantize: Quantize | None = None
+    modelopt: str | None = None
+    onnx: str | None = None
+    onnxruntime: str | None = None
+    numpy: str | None = None  # calibration histograms and the accuracy numbers
+    pillow: str | None = None  # image calibration sets only
 
 
 def nodes(ctx: RecipeContext, cleanup: Node) -> dict[str, Node]:
@@ -85,25 +89,56 @@ def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
     Reduced precisions read the recipe's calibration files (AutoCast measures value ranges on them to decide what
     stays fp32; PTQ calibrates on them) and its held-out files (for the accuracy report).
     """
-    base = Node(id=NodeId.of(KIND, ctx.name, precision), version=VERSION, params=Params(precision=precision),
-                deps=(Dep("model", model_node, "model"),), info={"precision": precision})
+    base = Node(
+        id=NodeId.of(KIND, ctx.name, precision),
+        version=VERSION,
+        params=Params(precision=precision),
+        deps=(Dep("model", model_node, "model"),),
+        info={"precision": precision},
+    )
     if precision == "fp32":
         return base
     recipe, spec = ctx.recipe, ctx.recipe.calibration
     data = calibration.reading_params(spec)
-    settings: dict[str, Any] = {"autocast": recipe.autocast} if precision in AUTOCAST_PRECISIONS else {"quantize": Quantize(
-        **recipe.quantize.model_dump(), method=spec.method_for(precision), seed=spec.seed, percentile=spec.percentile_value(),
-        samples=spec.samples if spec.random else None)}
-    tools = {"modelopt": tool_version("nvidia-modelopt"), "onnx": tool_version("onnx"), "onnxruntime": ort_version(),
-             "numpy": tool_version("numpy"), **({"pillow": tool_version("pillow")} if data is not None and data["kind"] == "images" else {})}
-    params = Params(precision=precision, profiles=ctx.profiles, on_fail=recipe.verify.on_fail, data=data, **settings, **tools,
-                    accuracy=Accuracy(samples=recipe.accuracy.samples, seed=recipe.accuracy.seed, tolerance=recipe.accuracy.tolerance(precision)),
-                    task=_task_check(recipe.accuracy, precision))
-    sources = calibration.sources(ctx.calibration_split, ctx.root) + taskdata.sources(taskdata.plan_files(ctx.item, ctx.root), ctx.root)
+    settings: dict[str, Any] = (
+        {"autocast": recipe.autocast}
+        if precision in AUTOCAST_PRECISIONS
+        else {
+            "quantize": Quantize(
+                **recipe.quantize.model_dump(),
+                method=spec.method_for(precision),
+                seed=spec.seed,
+                percentile=spec.percentile_value(),
+                samples=spec.samples if spec.random else None,
+            )
+        }
+    )
+    tools = {
+        "modelopt": tool_version("nvidia-modelopt"),
+        "onnx": tool_version("onnx"),
+        "onnxruntime": ort_version(),
+        "numpy": tool_version("numpy"),
+        **({"pillow": tool_version("pillow")} if data is not None and data["kind"] == "images" else {}),
+    }
+    params = Params(
+        precision=precision,
+        profiles=ctx.profiles,
+        on_fail=recipe.verify.on_fail,
+        data=data,
+        **settings,
+        **tools,
+        accuracy=Accuracy(
+            samples=recipe.accuracy.samples, seed=recipe.accuracy.seed, tolerance=recipe.accuracy.tolerance(precision)
+        ),
+        task=_task_check(recipe.accuracy, precision),
+    )
+    sources = calibration.sources(ctx.calibration_split, ctx.root) + taskdata.sources(
+        taskdata.plan_files(ctx.item, ctx.root), ctx.root
+    )
     return Node(id=base.id, version=VERSION, params=params, deps=base.deps, sources=sources, info=base.info)
 
 
-def _task_check(options: Any, precision: str) -> Optional[TaskCheck]:
+def _task_check(options: Any, precision: str) -> TaskCheck | None:
     """The task metric and this precision's max_drop; None without labelled data."""
     if options.data is None:
         return None
@@ -120,14 +155,17 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     """fp32: the cleaned model as is. Others: convert or quantize with ModelOpt, then prove accuracy against fp32."""
     precision = params.precision
     if precision == "fp32":
-        return StageOutput(files=_pass_through(inputs["model"], workdir), record={"precision": "fp32", "accuracy": None})
+        return StageOutput(
+            files=_pass_through(inputs["model"], workdir), record={"precision": "fp32", "accuracy": None}
+        )
     if precision not in AUTOCAST_PRECISIONS + QUANTIZED_PRECISIONS:
         raise StageError(f"unknown precision {precision}")
     import onnx
 
     from trtflow.stages import compare
 
-    # a copy: ModelOpt's PTQ rewrites its input in place (onnx.shape_inference.infer_shapes_path(onnx_path)), which through
+    # a copy: ModelOpt's PTQ rewrites its input in place (onnx.shape_inference.infer_shapes_path(onnx_path)), which
+    # through
     # a hard link rewrote the store's object while the other precisions of the recipe read it ("Unable to parse proto")
     source = place_side_by_side(inputs["model"].files, MODEL, workdir / "source", copy=(MODEL,))["model"]
     model_inputs = calibration.model_input_types(source)
@@ -137,11 +175,18 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     files = save_model(onnx, canonical_order(model), workdir)
     excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
     made_of = composition(model, precision, reasons, excluded)
-    accuracy = _task_checked(_share_checked(_accuracy(params, model, source, held_out, calibrating), made_of), params, model, source, inputs)
+    accuracy = _task_checked(
+        _share_checked(_accuracy(params, model, source, held_out, calibrating), made_of), params, model, source, inputs
+    )
     if not accuracy["passed"] and params.on_fail == "fail":
         raise StageError(_failure_message(precision, accuracy))
-    record = {"precision": precision, "tool": f"nvidia-modelopt {tool_version('nvidia-modelopt')}", **details, "accuracy": accuracy,
-              "composition": made_of}
+    record = {
+        "precision": precision,
+        "tool": f"nvidia-modelopt {tool_version('nvidia-modelopt')}",
+        **details,
+        "accuracy": accuracy,
+        "composition": made_of,
+    }
     return StageOutput(files={**files, "report": _report(record, workdir)}, record=record)
 
 
@@ -152,8 +197,10 @@ def _share_checked(accuracy: dict, made_of: dict) -> dict:
     if limit is None or share >= limit:
         return {**accuracy, "problems": []}
     top = ", ".join(f"{k['name']} ({k['op']}, {k['weights']} weights: {k['reason']})" for k in made_of["kept"][:3])
-    problem = (f"only {made_of['weight_share']:.1%} of the weights and {made_of['mac_share']:.1%} of the MACs run in "
-               f"{made_of['precision']} (min_share {limit}); {made_of['kept_nodes']} node(s) kept higher, the largest: {top}")
+    problem = (
+        f"only {made_of['weight_share']:.1%} of the weights and {made_of['mac_share']:.1%} of the MACs run in "
+        f"{made_of['precision']} (min_share {limit}); {made_of['kept_nodes']} node(s) kept higher, the largest: {top}"
+    )
     return {**accuracy, "problems": [problem], "passed": False}
 
 
@@ -163,8 +210,14 @@ def _task_checked(accuracy: dict, params: Params, model: Any, source: Path, inpu
         return accuracy
     from trtflow.stages import task
 
-    data = {role[len(taskdata.DATA_ROLE):]: up.files[role] for role, up in inputs.items() if role.startswith(taskdata.DATA_ROLE)}
-    feeds, labels = taskdata.load(data, inputs[taskdata.LABELS_ROLE].files[taskdata.LABELS_ROLE], calibration.model_input_types(source))
+    data = {
+        role[len(taskdata.DATA_ROLE) :]: up.files[role]
+        for role, up in inputs.items()
+        if role.startswith(taskdata.DATA_ROLE)
+    }
+    feeds, labels = taskdata.load(
+        data, inputs[taskdata.LABELS_ROLE].files[taskdata.LABELS_ROLE], calibration.model_input_types(source)
+    )
     problem = taskdata.metric_problem(labels, params.task.metric)
     if problem:  # validate refuses it first; a labels file edited since must not be scored as something else
         raise StageError(f"accuracy.metric: {problem}")
@@ -183,7 +236,7 @@ def _report(record: dict, workdir: Path) -> Path:
     return path
 
 
-def _convert(params: Params, source: Path, calibrating: Optional[list], workdir: Path) -> tuple[Any, dict, dict]:
+def _convert(params: Params, source: Path, calibrating: list | None, workdir: Path) -> tuple[Any, dict, dict]:
     """The reduced-precision model, what to record about how it was made, and why the tool kept nodes higher."""
     from trtflow.stages import convert
 
@@ -192,24 +245,45 @@ def _convert(params: Params, source: Path, calibrating: Optional[list], workdir:
         with convert.quiet() as printed:
             if precision in AUTOCAST_PRECISIONS:
                 autocast, data = params.autocast.model_dump(), _autocast_data(calibrating, workdir / "autocast-data")
-                details = {"autocast": autocast, "autocast_data": _autocast_data_record(calibrating), "calibration": None}
+                details = {
+                    "autocast": autocast,
+                    "autocast_data": _autocast_data_record(calibrating),
+                    "calibration": None,
+                }
                 model, reasons = convert.autocast(source, precision, autocast, data)
                 return model, details, reasons
             samples = calibrating if calibrating is not None else _random_samples(source, params)
-            options = {**params.quantize.model_dump(), "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists()}
-            model = convert.quantize(source, workdir / "quantized" / "model.onnx", precision, [s.feed for s in samples], options)
+            options = {
+                **params.quantize.model_dump(),
+                "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists(),
+            }
+            model = convert.quantize(
+                source, workdir / "quantized" / "model.onnx", precision, [s.feed for s in samples], options
+            )
     except TrtflowError:
         raise
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise StageError(f"ModelOpt failed to make {precision}: {type(exc).__name__}: {first} [it printed: {' | '.join(printed[-3:])}]") from None
+        raise StageError(
+            f"ModelOpt failed to make {precision}: {type(exc).__name__}: {first} [it printed: "
+            f"{' | '.join(printed[-3:])}]"
+        ) from None
     summary = convert.qdq_summary(model)
     convert.check_quantized(summary, precision)
-    return model, {"quantize": params.quantize.model_dump(), "qdq": summary, "calibration": _calibration_record(params, samples, calibrating is None)}, {}
+    return (
+        model,
+        {
+            "quantize": params.quantize.model_dump(),
+            "qdq": summary,
+            "calibration": _calibration_record(params, samples, calibrating is None),
+        },
+        {},
+    )
 
 
-def _autocast_data(samples: Optional[list], folder: Path) -> Optional[Path]:
-    """The recipe's calibration samples as the folder of .npz files AutoCast reads (one per sample); None without any."""
+def _autocast_data(samples: list | None, folder: Path) -> Path | None:
+    """The recipe's calibration samples as the folder of .npz files AutoCast reads (one per sample); None without
+    any."""
     if not samples:
         return None
     import numpy as np
@@ -220,30 +294,45 @@ def _autocast_data(samples: Optional[list], folder: Path) -> Optional[Path]:
     return folder
 
 
-def _autocast_data_record(samples: Optional[list]) -> dict:
+def _autocast_data_record(samples: list | None) -> dict:
     """Which inputs AutoCast measured value ranges on to decide what stays fp32."""
     if not samples:
         return {"source": "seeded random inputs (polygraphy's, ModelOpt's default)", "samples": 0}
-    return {"source": "the recipe's calibration samples", "samples": len(samples), "data_digest": calibration.samples_digest(samples)}
+    return {
+        "source": "the recipe's calibration samples",
+        "samples": len(samples),
+        "data_digest": calibration.samples_digest(samples),
+    }
 
 
 def _calibration_record(params: Params, samples: list, random: bool) -> dict:
     """What the manifest says about calibration: method, how many samples, the digest of the exact arrays."""
     quantize = params.quantize
-    return {"method": quantize.method, "percentile": quantize.percentile, "random": random,
-            "source": "random" if random else params.data["kind"], "seed": quantize.seed,
-            "samples": len(samples), "rows": calibration.rows(samples), "data_digest": calibration.samples_digest(samples)}
+    return {
+        "method": quantize.method,
+        "percentile": quantize.percentile,
+        "random": random,
+        "source": "random" if random else params.data["kind"],
+        "seed": quantize.seed,
+        "samples": len(samples),
+        "rows": calibration.rows(samples),
+        "data_digest": calibration.samples_digest(samples),
+    }
 
 
-def _declared_samples(params: Params, inputs: dict[str, Upstream], model_inputs: dict) -> tuple[list, Optional[list]]:
+def _declared_samples(params: Params, inputs: dict[str, Upstream], model_inputs: dict) -> tuple[list, list | None]:
     """(held-out samples, calibration samples) read from the node's source files; calibration None if it has none."""
     reading = params.data
     if reading is None:
         return [], None
     groups = []
     for prefix in (calibration.HELD_OUT_ROLE, calibration.CALIBRATION_ROLE):
-        files = {role[len(prefix):]: upstream.files[role] for role, upstream in inputs.items() if role.startswith(prefix)}
-        groups.append(_checked(calibration.samples_from_inputs(files, reading, model_inputs), model_inputs, params, reading))
+        files = {
+            role[len(prefix) :]: upstream.files[role] for role, upstream in inputs.items() if role.startswith(prefix)
+        }
+        groups.append(
+            _checked(calibration.samples_from_inputs(files, reading, model_inputs), model_inputs, params, reading)
+        )
     return groups[0], groups[1]
 
 
@@ -265,7 +354,7 @@ def _random_samples(source: Path, params: Params) -> list:
     return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
 
 
-def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrating: Optional[list]) -> dict:
+def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrating: list | None) -> dict:
     """Held-out files when there are any; else the calibration files (said so); else seeded random inputs."""
     from trtflow.stages import accuracy, compare
 
@@ -273,10 +362,13 @@ def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrat
     if held_out:
         samples, data = held_out, f"{len(held_out)} file(s) held out from the calibration set"
     elif calibrating:
-        samples, data = calibrating[:options.samples], "the calibration samples (too few files to hold any out)"
+        samples, data = calibrating[: options.samples], "the calibration samples (too few files to hold any out)"
     else:
         feeds = compare.sample_feeds(compare.session(source), params.profiles, options.samples, options.seed)
-        samples, data = [calibration.Sample("random", f) for f in feeds], f"seeded random inputs within the profiles (seed {options.seed})"
+        samples, data = (
+            [calibration.Sample("random", f) for f in feeds],
+            f"seeded random inputs within the profiles (seed {options.seed})",
+        )
     result = accuracy.report(model, source, [s.feed for s in samples], options.tolerance, data)
     return {**result, "held_out": bool(held_out)}
 
@@ -286,10 +378,16 @@ def _failure_message(precision: str, result: dict) -> str:
 
     task = result.get("task")
     if task and not task["passed"] and all(o["passed"] for o in result["outputs"]):
-        return (f"{precision} task accuracy out of limits: {result['problems'][-1].removeprefix('task accuracy: ')}; loosen "
-                f"accuracy.{precision}.max_drop or calibrate differently (verify: {{on_fail: warn}} records it)")
+        return (
+            f"{precision} task accuracy out of limits: {result['problems'][-1].removeprefix('task accuracy: ')}; "
+            "loosen "
+            f"accuracy.{precision}.max_drop or calibrate differently (verify: {{on_fail: warn}} records it)"
+        )
     if result.get("problems") and all(o["passed"] for o in result["outputs"]):
-        return f"{precision}: {result['problems'][0]}; lower accuracy.{precision}.min_share or keep fewer nodes (verify: {{on_fail: warn}} records it)"
+        return (
+            f"{precision}: {result['problems'][0]}; lower accuracy.{precision}.min_share or keep fewer nodes (verify: "
+            f"{{on_fail: warn}} records it)"
+        )
     return accuracy.failure_message(precision, result)
 
 

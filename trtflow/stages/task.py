@@ -12,14 +12,13 @@ So a positive drop is always worse, and `accuracy.int8: {max_drop: {top1: 0.01}}
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from trtflow.errors import StageError
 from trtflow.stages import accuracy, compare
 from trtflow.taskdata import HIGHER_IS_BETTER
-
 
 
 def score(outputs: np.ndarray, labels: np.ndarray, metric: str) -> float:
@@ -29,7 +28,9 @@ def score(outputs: np.ndarray, labels: np.ndarray, metric: str) -> float:
         return float(np.mean((predicted - labels.astype(np.float64).reshape(labels.shape[0], -1)) ** 2))
     k = 1 if metric == "top1" else 5
     if outputs.ndim != 2 or outputs.shape[1] < k:
-        raise ValueError(f"{metric} needs an output of shape [rows, classes >= {k}], the model's is {list(outputs.shape)}")
+        raise ValueError(
+            f"{metric} needs an output of shape [rows, classes >= {k}], the model's is {list(outputs.shape)}"
+        )
     top = np.argsort(-outputs, axis=1, kind="stable")[:, :k]
     return float(np.mean((top == labels.reshape(-1, 1)).any(axis=1)))
 
@@ -40,8 +41,9 @@ def first_output(session: Any, feeds: list[dict]) -> np.ndarray:
     return np.concatenate([result[name] for result in compare.run_all(session, feeds)], axis=0)
 
 
-def report(candidate: Any, reference: Path, feeds: list[dict], labels: np.ndarray, metric: str,
-           max_drop: Optional[float]) -> dict:
+def report(
+    candidate: Any, reference: Path, feeds: list[dict], labels: np.ndarray, metric: str, max_drop: float | None
+) -> dict:
     """`{metric, fp32, value, drop, rows, max_drop, passed}`: fp32 is the reference model's own score, the baseline."""
     runnable, _ = accuracy.ort_runnable(candidate)
     try:
@@ -50,8 +52,15 @@ def report(candidate: Any, reference: Path, feeds: list[dict], labels: np.ndarra
     except ValueError as exc:
         raise StageError(f"accuracy.metric: {exc}") from None
     drop = fp32 - value if HIGHER_IS_BETTER[metric] else value - fp32
-    return {"metric": metric, "fp32": _rounded(fp32), "value": _rounded(value), "drop": _rounded(drop), "rows": int(labels.shape[0]),
-            "max_drop": max_drop, "passed": max_drop is None or drop <= max_drop + 1e-12}
+    return {
+        "metric": metric,
+        "fp32": _rounded(fp32),
+        "value": _rounded(value),
+        "drop": _rounded(drop),
+        "rows": int(labels.shape[0]),
+        "max_drop": max_drop,
+        "passed": max_drop is None or drop <= max_drop + 1e-12,
+    }
 
 
 def _rounded(value: float) -> float:

@@ -1,4 +1,5 @@
-"""Export of TensorFlow sources: a SavedModel signature or a Keras model file to ONNX with tf2onnx, checked on ONNX Runtime.
+"""Export of TensorFlow sources: a SavedModel signature or a Keras model file to ONNX with tf2onnx, checked on ONNX
+Runtime.
 
 The way off TF-TRT (disabled from TensorFlow 2.18): tf2onnx is the maintained TensorFlow -> ONNX converter, and the
 one Keras 3's own `model.export(format="onnx")` calls. Measured with TensorFlow 2.21 (CPU), Keras 3.15 and tf2onnx
@@ -24,21 +25,34 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Literal
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
 from trtflow.runmemo import note_glob
-from trtflow.stages.base import (CACHED_UNDER_WARN, Node, NodeId, Placement, ProofSettings, RecipeContext, StageOutput,
-                                   StageParams, Upstream, enforce_proof)
+from trtflow.stages.base import (
+    CACHED_UNDER_WARN,
+    Node,
+    NodeId,
+    Placement,
+    ProofSettings,
+    RecipeContext,
+    StageOutput,
+    StageParams,
+    Upstream,
+    enforce_proof,
+)
 from trtflow.stages.capture import captured_output
 from trtflow.stages.export import KIND, VERSION, check_against_reference, dynamic_axes
 from trtflow.stages.modelfile import FILE_NAMES, MODEL
 from trtflow.util.versions import tool_version
 
-PROOF_FAILED = {"saved_model": "source.tensorflow: the exported ONNX differs from TensorFlow",
-                "keras": "source.keras: the exported ONNX differs from Keras"}
+PROOF_FAILED = {
+    "saved_model": "source.tensorflow: the exported ONNX differs from TensorFlow",
+    "keras": "source.keras: the exported ONNX differs from Keras",
+}
 FIELD = {"saved_model": "source.tensorflow", "keras": "source.keras"}
 
 
@@ -49,22 +63,24 @@ class Params(StageParams):
     FINGERPRINT = ("tensorflow", "keras", "tf2onnx", "onnx")
     POLICY = ("on_fail",)
     format: Literal["saved_model", "keras"]
-    files: list[str]  # SavedModel: every file's path inside the directory (each the input `saved_model/<path>`); Keras: its name
-    signature: Optional[str] = None
-    tag: Optional[str] = None
+    files: list[
+        str
+    ]  # SavedModel: every file's path inside the directory (each the input `saved_model/<path>`); Keras: its name
+    signature: str | None = None
+    tag: str | None = None
     opset: int
     profiles: list[dict[str, dict[str, list[int]]]]  # as the recipe gives them: the proof feeds their shapes
     dynamic: dict[str, dict[str, list[int]]]  # input -> axis -> [low, high]: the axes the profiles make dynamic
     check: ProofSettings
     samples: int
     on_fail: Literal["fail", "warn"] = "fail"
-    tensorflow: Optional[str]
-    keras: Optional[str]
-    tf2onnx: Optional[str]
-    onnx: Optional[str]
+    tensorflow: str | None
+    keras: str | None
+    tf2onnx: str | None
+    onnx: str | None
 
 
-def node(ctx: RecipeContext) -> Optional[Node]:
+def node(ctx: RecipeContext) -> Node | None:
     """TensorFlow/Keras -> ONNX. Its inputs are every file of the SavedModel directory (or the Keras file): editing a
     variables file re-exports."""
     from trtflow.recipe.source import TF_OPSET
@@ -73,10 +89,17 @@ def node(ctx: RecipeContext) -> Optional[Node]:
     if source.tensorflow is None and source.keras is None:
         return None
     verify = ctx.recipe.verify
-    common = dict(profiles=ctx.profiles, dynamic=dynamic_axes(ctx.profiles),
-                  check=ProofSettings(rtol=verify.rtol, atol=verify.atol, seed=verify.seed), samples=verify.samples_for(len(ctx.profiles)),
-                  on_fail=verify.on_fail, tensorflow=tensorflow_version(), keras=tool_version("keras"), tf2onnx=tool_version("tf2onnx"),
-                  onnx=tool_version("onnx"))
+    common = dict(
+        profiles=ctx.profiles,
+        dynamic=dynamic_axes(ctx.profiles),
+        check=ProofSettings(rtol=verify.rtol, atol=verify.atol, seed=verify.seed),
+        samples=verify.samples_for(len(ctx.profiles)),
+        on_fail=verify.on_fail,
+        tensorflow=tensorflow_version(),
+        keras=tool_version("keras"),
+        tf2onnx=tool_version("tf2onnx"),
+        onnx=tool_version("onnx"),
+    )
     info = {"recipe_file": ctx.item.display}
     if source.keras is not None:
         path = (ctx.root / source.keras).resolve()
@@ -85,9 +108,15 @@ def node(ctx: RecipeContext) -> Optional[Node]:
     spec = source.tensorflow
     folder = (ctx.root / spec.saved_model).resolve()
     files = saved_model_files(folder)
-    params = Params(format="saved_model", files=[f.relative_to(folder).as_posix() for f in files], signature=spec.signature,
-                    tag=spec.tag, opset=spec.opset, **common)
-    sources = tuple((f"saved_model/{relative}", path) for relative, path in zip(params.files, files))
+    params = Params(
+        format="saved_model",
+        files=[f.relative_to(folder).as_posix() for f in files],
+        signature=spec.signature,
+        tag=spec.tag,
+        opset=spec.opset,
+        **common,
+    )
+    sources = tuple((f"saved_model/{relative}", path) for relative, path in zip(params.files, files, strict=True))
     return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=sources, info=info)
 
 
@@ -98,7 +127,7 @@ def saved_model_files(folder: Path) -> list[Path]:
     return [p for p in paths if p.is_file()]
 
 
-def tensorflow_version() -> Optional[str]:
+def tensorflow_version() -> str | None:
     """TensorFlow's version, whichever of its distributions is installed (tensorflow, tensorflow-cpu)."""
     return tool_version("tensorflow") or tool_version("tensorflow-cpu")
 
@@ -119,16 +148,29 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     path.write_bytes(onnx_model.SerializeToString())
     check = check_against_reference(path, params.check, params.samples, params.profiles, reference)
     enforce_proof(params.on_fail, check, PROOF_FAILED[params.format])
-    record = {"exporter": f"tf2onnx {params.tf2onnx} ({'from_keras' if params.format == 'keras' else 'from_saved_model + from_graph_def'})",
-              "opset": params.opset, "nodes": len(onnx_model.graph.node), "signature": params.signature, "tag": params.tag,
-              "inputs": [_io(v) for v in onnx_model.graph.input], "outputs": [_io(v) for v in onnx_model.graph.output],
-              "dynamic": params.dynamic, "tensorflow_equality": check, "log": log}
+    record = {
+        "exporter": f"tf2onnx {params.tf2onnx} ({_converter(params.format)})",
+        "opset": params.opset,
+        "nodes": len(onnx_model.graph.node),
+        "signature": params.signature,
+        "tag": params.tag,
+        "inputs": [_io(v) for v in onnx_model.graph.input],
+        "outputs": [_io(v) for v in onnx_model.graph.output],
+        "dynamic": params.dynamic,
+        "tensorflow_equality": check,
+        "log": log,
+    }
     return StageOutput(files={MODEL: path}, record=record)
 
 
-def finish(node: Node, record: dict, place: Placement) -> Optional[str]:
+def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
-    enforce_proof(node.params.on_fail, record["record"]["tensorflow_equality"], PROOF_FAILED[node.params.format], CACHED_UNDER_WARN)
+    enforce_proof(
+        node.params.on_fail,
+        record["record"]["tensorflow_equality"],
+        PROOF_FAILED[node.params.format],
+        CACHED_UNDER_WARN,
+    )
     return None
 
 
@@ -162,8 +204,11 @@ def _saved_model(tf: Any, tf2onnx: Any, params: Params, folder: Path) -> tuple[A
         raise StageError(f"source.tensorflow.saved_model: TensorFlow cannot load it: {_one_line(exc)}") from None
     function = loaded.signatures[params.signature]
     _, specs = function.structured_input_signature
-    _check_shapes(params, {name: (spec.shape.as_list(), spec.dtype.name) for name, spec in specs.items()},
-                  f"signature {params.signature}")
+    _check_shapes(
+        params,
+        {name: (spec.shape.as_list(), spec.dtype.name) for name, spec in specs.items()},
+        f"signature {params.signature}",
+    )
 
     def reference(feed: dict[str, Any]) -> dict[str, Any]:
         outputs = function(**{name: tf.constant(value) for name, value in feed.items()})
@@ -173,11 +218,15 @@ def _saved_model(tf: Any, tf2onnx: Any, params: Params, folder: Path) -> tuple[A
 
     try:
         graph_def, input_names, output_names, renames = tf_loader.from_saved_model(
-            str(folder), None, None, tag=[params.tag], signatures=[params.signature], return_tensors_to_rename=True)
-        model, _ = tf2onnx.convert.from_graph_def(graph_def, input_names=input_names, output_names=output_names, opset=params.opset,
-                                                  tensors_to_rename=renames)
+            str(folder), None, None, tag=[params.tag], signatures=[params.signature], return_tensors_to_rename=True
+        )
+        model, _ = tf2onnx.convert.from_graph_def(
+            graph_def, input_names=input_names, output_names=output_names, opset=params.opset, tensors_to_rename=renames
+        )
     except Exception as exc:
-        raise StageError(f"source.tensorflow: tf2onnx cannot convert signature {params.signature}: {_one_line(exc)}") from None
+        raise StageError(
+            f"source.tensorflow: tf2onnx cannot convert signature {params.signature}: {_one_line(exc)}"
+        ) from None
     return reference, model
 
 
@@ -198,10 +247,15 @@ def _check_tag_and_signature(tf: Any, params: Params, folder: Path) -> None:
     matching = [signatures for tags, signatures in graphs.items() if params.tag in tags]
     if not matching:
         shown = "; ".join(", ".join(tags) or "(none)" for tags in graphs)
-        raise StageError(f"source.tensorflow.tag: the SavedModel has no MetaGraph tagged {params.tag!r} (its tags: {shown})")
+        raise StageError(
+            f"source.tensorflow.tag: the SavedModel has no MetaGraph tagged {params.tag!r} (its tags: {shown})"
+        )
     if params.signature not in matching[0]:
         shown = ", ".join(s for s in matching[0] if not s.startswith("__")) or "none"
-        raise StageError(f"source.tensorflow.signature: the SavedModel has no signature {params.signature!r} (its signatures: {shown})")
+        raise StageError(
+            f"source.tensorflow.signature: the SavedModel has no signature {params.signature!r} (its signatures: "
+            f"{shown})"
+        )
 
 
 # Keras --------------------------------------------------------------------------------------
@@ -230,7 +284,7 @@ def _keras(tf: Any, tf2onnx: Any, params: Params, path: Path, workdir: Path) -> 
     def reference(feed: dict[str, Any]) -> dict[str, Any]:
         arrays = [feed[name] for name in order]
         outputs = tf.nest.flatten(model(arrays if len(arrays) > 1 else arrays[0], training=False))
-        return {name: tf.convert_to_tensor(t).numpy() for name, t in zip(output_names, outputs)}
+        return {name: tf.convert_to_tensor(t).numpy() for name, t in zip(output_names, outputs, strict=True)}
 
     return reference, converted
 
@@ -251,17 +305,28 @@ def _check_shapes(params: Params, specs: dict[str, tuple[list, str]], what: str)
             raise StageError(f"profiles: {what} has no input {name!r} (its inputs: {', '.join(specs) or 'none'})")
     for name, (shape, _) in specs.items():
         if name not in profiled:
-            raise StageError(f"profiles: input {name!r} of {what} has no shape in the profiles; give its min/opt/max in every profile")
+            raise StageError(
+                f"profiles: input {name!r} of {what} has no shape in the profiles; give its min/opt/max in every "
+                "profile"
+            )
         given = profiled[name]
         if len(given) != len(shape):
-            raise StageError(f"profiles: input {name!r} has rank {len(given)} in the profiles but rank {len(shape)} in {what} {_shown(shape)}")
+            raise StageError(
+                f"profiles: input {name!r} has rank {len(given)} in the profiles but rank {len(shape)} in {what} "
+                f"{_shown(shape)}"
+            )
         for axis, size in enumerate(shape):
             low_high = params.dynamic.get(name, {}).get(str(axis))
             if size is not None and low_high is not None:
-                raise StageError(f"profiles: {what} fixes axis {axis} of {name!r} to {size}, but the profiles make it dynamic "
-                                 f"({low_high[0]}..{low_high[1]}); save the model with None on that axis")
+                raise StageError(
+                    f"profiles: {what} fixes axis {axis} of {name!r} to {size}, but the profiles make it dynamic "
+                    f"({low_high[0]}..{low_high[1]}); save the model with None on that axis"
+                )
             if size is not None and size != given[axis]:
-                raise StageError(f"profiles: axis {axis} of {name!r} is {given[axis]} in the profiles but {size} in {what} {_shown(shape)}")
+                raise StageError(
+                    f"profiles: axis {axis} of {name!r} is {given[axis]} in the profiles but {size} in {what} "
+                    f"{_shown(shape)}"
+                )
 
 
 def _shown(shape: list) -> str:
@@ -295,13 +360,19 @@ def _check_converted(model: Any, params: Params, unsupported: list[str]) -> None
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:
         if unsupported:
-            raise StageError(f"{FIELD[params.format]}: tf2onnx cannot convert TensorFlow op(s) {', '.join(sorted(set(unsupported)))} to "
-                             f"ONNX opset {params.opset}; replace them in the model or try another opset") from None
-        raise StageError(f"{FIELD[params.format]}: the converted model fails the ONNX checker: {_one_line(exc)}") from None
+            raise StageError(
+                f"{FIELD[params.format]}: tf2onnx cannot convert TensorFlow op(s) "
+                f"{', '.join(sorted(set(unsupported)))} to "
+                f"ONNX opset {params.opset}; replace them in the model or try another opset"
+            ) from None
+        raise StageError(
+            f"{FIELD[params.format]}: the converted model fails the ONNX checker: {_one_line(exc)}"
+        ) from None
 
 
 def _stabilize_dims(model: Any) -> None:
-    """Name every dynamic dimension of the graph's inputs and outputs `<tensor>_dim<axis>` (tf2onnx numbers them `unk__N`
+    """Name every dynamic dimension of the graph's inputs and outputs `<tensor>_dim<axis>` (tf2onnx numbers them
+    `unk__N`
     with a process-wide counter); a symbol an input shares with an output or inner value keeps the input's name."""
     renamed: dict[str, str] = {}
     for value in [*model.graph.input, *model.graph.output]:
@@ -327,3 +398,8 @@ def _io(value: Any) -> dict:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _converter(model_format: str) -> str:
+    """The tf2onnx entry points a format goes through, as the export record names them."""
+    return "from_keras" if model_format == "keras" else "from_saved_model + from_graph_def"

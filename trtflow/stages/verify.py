@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.backends.base import get_backend
 from trtflow.device import local_compute_capabilities, no_gpu_reason
@@ -36,19 +36,27 @@ REDUCED_PRECISION_ENGINE_TOLERANCE = {
 
 
 class Params(StageParams):
-    """How an engine run is compared (on a GPU), and what decides whether it can run here: the local GPUs, the target."""
+    """How an engine run is compared (on a GPU), and what decides whether it can run here: the local GPUs, the
+    target."""
 
-    FINGERPRINT = ("onnxruntime", "local_gpus", "backend", "backend_version", "compute_capabilities", "hardware_compatibility")
+    FINGERPRINT = (
+        "onnxruntime",
+        "local_gpus",
+        "backend",
+        "backend_version",
+        "compute_capabilities",
+        "hardware_compatibility",
+    )
     profiles: list[dict[str, dict[str, list[int]]]]
     samples: int
     seed: int
     on_fail: str
     rtol: float
     atol: float
-    onnxruntime: Optional[str]
+    onnxruntime: str | None
     local_gpus: list[ComputeCapability]
     backend: str
-    backend_version: Optional[str]
+    backend_version: str | None
     compute_capabilities: list[ComputeCapability]
     hardware_compatibility: str
 
@@ -59,16 +67,32 @@ def nodes(ctx: RecipeContext, builds: list[Node], cleanup: Node) -> list[Node]:
 
 
 def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
-    """verify:<recipe>/<precision>/<target>; its fingerprint names the local GPUs, since they decide whether the engine runs."""
+    """verify:<recipe>/<precision>/<target>; its fingerprint names the local GPUs, since they decide whether the engine
+    runs."""
     verify, precision, target = ctx.recipe.verify, build.info["precision"], build.params
-    params = Params(profiles=ctx.profiles, samples=verify.samples_for(len(ctx.profiles)), seed=verify.seed, on_fail=verify.on_fail,
-                    **engine_tolerance(ctx, precision), onnxruntime=ort_version(), local_gpus=list(local_compute_capabilities()),
-                    backend=target.backend, backend_version=target.backend_version, compute_capabilities=target.compute_capabilities,
-                    hardware_compatibility=target.hardware_compatibility)
+    params = Params(
+        profiles=ctx.profiles,
+        samples=verify.samples_for(len(ctx.profiles)),
+        seed=verify.seed,
+        on_fail=verify.on_fail,
+        **engine_tolerance(ctx, precision),
+        onnxruntime=ort_version(),
+        local_gpus=list(local_compute_capabilities()),
+        backend=target.backend,
+        backend_version=target.backend_version,
+        compute_capabilities=target.compute_capabilities,
+        hardware_compatibility=target.hardware_compatibility,
+    )
     model = build.deps[0]
-    deps = (Dep("model", model.node, "model"), Dep("reference", cleanup.id, "model"), Dep("engine", build.id, "engine"),
-            *precision_stage.report_dep(ctx, precision, "precision_report"))
-    return Node(id=build.id.with_kind(KIND), version=VERSION, params=params, deps=deps, sources=build.sources, info=build.info)
+    deps = (
+        Dep("model", model.node, "model"),
+        Dep("reference", cleanup.id, "model"),
+        Dep("engine", build.id, "engine"),
+        *precision_stage.report_dep(ctx, precision, "precision_report"),
+    )
+    return Node(
+        id=build.id.with_kind(KIND), version=VERSION, params=params, deps=deps, sources=build.sources, info=build.info
+    )
 
 
 def engine_tolerance(ctx: RecipeContext, precision: str) -> dict[str, float]:
@@ -103,10 +127,17 @@ def check_engine_io(tensors: list[dict], candidate: Any, profiles: list[dict]) -
     model = {m.name: ("input", compare.ORT_DTYPES.get(m.type, m.type)) for m in candidate.get_inputs()}
     model.update({m.name: ("output", compare.ORT_DTYPES.get(m.type, m.type)) for m in candidate.get_outputs()})
     engine = {t["name"]: (t["mode"], t["dtype"]) for t in tensors}
-    problems = [f"{name}: engine {engine.get(name)} vs model {model.get(name)}" for name in sorted(set(model) | set(engine)) if engine.get(name) != model.get(name)]
+    problems = [
+        f"{name}: engine {engine.get(name)} vs model {model.get(name)}"
+        for name in sorted(set(model) | set(engine))
+        if engine.get(name) != model.get(name)
+    ]
     problems += _profile_problems(tensors, profiles)
-    return {"io_names_and_dtypes": "pass" if not any("vs model" in p for p in problems) else "fail",
-            "profile_shapes": "pass" if not any("profile" in p for p in problems) else "fail", "problems": problems}
+    return {
+        "io_names_and_dtypes": "pass" if not any("vs model" in p for p in problems) else "fail",
+        "profile_shapes": "pass" if not any("profile" in p for p in problems) else "fail",
+        "problems": problems,
+    }
 
 
 def _profile_problems(tensors: list[dict], profiles: list[dict]) -> list[str]:
@@ -114,9 +145,13 @@ def _profile_problems(tensors: list[dict], profiles: list[dict]) -> list[str]:
     for index, profile in enumerate(profiles):
         for tensor in (t for t in tensors if t["mode"] == "input"):
             for which, shape in profile.get(tensor["name"], {}).items():
-                fits = len(shape) == len(tensor["shape"]) and all(d in (-1, s) for d, s in zip(tensor["shape"], shape))
+                fits = len(shape) == len(tensor["shape"]) and all(
+                    d in (-1, s) for d, s in zip(tensor["shape"], shape, strict=True)
+                )
                 if not fits:
-                    problems.append(f"profile {index} {tensor['name']}.{which} {shape} does not fit engine shape {tensor['shape']}")
+                    problems.append(
+                        f"profile {index} {tensor['name']}.{which} {shape} does not fit engine shape {tensor['shape']}"
+                    )
     return problems
 
 
@@ -136,10 +171,20 @@ def _engine_run(params: Params, engine: Upstream, reference: Path, plugins: dict
         actual = [backend.outputs_from_engine(engine.files["engine"], feed, plugins) for feed in feeds]
     except StageError as exc:
         return {"status": f"failed ({exc})", "passed": False}
-    per_sample = [compare.compare_outputs(a, e, params.rtol, params.atol) for a, e in zip(actual, compare.run_all(ref, feeds))]
+    per_sample = [
+        compare.compare_outputs(a, e, params.rtol, params.atol)
+        for a, e in zip(actual, compare.run_all(ref, feeds), strict=True)
+    ]
     outputs = compare.worst(per_sample)
-    return {"status": "ran", "gpu": ", ".join(gpus), "samples": len(actual), "rtol": params.rtol, "atol": params.atol,
-            "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
+    return {
+        "status": "ran",
+        "gpu": ", ".join(gpus),
+        "samples": len(actual),
+        "rtol": params.rtol,
+        "atol": params.atol,
+        "outputs": outputs,
+        "passed": all(o["passed"] for o in outputs),
+    }
 
 
 def _raise_on_failure(record: dict, on_fail: str) -> None:

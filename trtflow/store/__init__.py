@@ -1,9 +1,17 @@
-"""The store: content-addressed objects and the stage records (objects), a throwaway cache (cache), per-key and run locks
-(locks), the project's lock file (lockfile), a remote cache (remote, imports fsspec only when used),
-and listing, verifying and collecting garbage (housekeeping).
+"""The store: content-addressed objects and the stage records (objects), a throwaway cache (cache), per-key and run
+locks (locks), the project's lock file (lockfile), a remote cache (remote, imports fsspec only when used), and
+listing, verifying and collecting garbage (housekeeping).
 
 A leaf: it imports nothing above it (errors, hashing, util).
 """
 
-from trtflow.store.objects import (RUN_HISTORY, WRITE_ERRNOS, ObjectMismatch, Store, StoreWriteError,  # noqa: F401
-                                   write_failure)
+from trtflow.store.objects import (
+    RUN_HISTORY,
+    WRITE_ERRNOS,
+    ObjectMismatch,
+    Store,
+    StoreWriteError,
+    write_failure,
+)
+
+__all__ = ["RUN_HISTORY", "WRITE_ERRNOS", "ObjectMismatch", "Store", "StoreWriteError", "write_failure"]

@@ -19,28 +19,30 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import sqlite3
+import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 FILE_NAME = "cache.sqlite"
 BUSY_TIMEOUT_S = 60
 
 
 class Cache:
-    """A name -> JSON mapping in SQLite that never fails its caller: unreadable means started anew, busy means a miss."""
+    """A name -> JSON mapping in SQLite that never fails its caller: unreadable means started anew, busy means a
+    miss."""
 
     def __init__(self, path: Path):
         self.path = path
         self.notes: list[str] = []  # resets and switch-offs, for the run to report once
         self._lock = threading.Lock()
-        self._db: Optional[sqlite3.Connection] = None
+        self._db: sqlite3.Connection | None = None
         self._off = False
-        self._rows: Optional[dict[str, str]] = None  # every row, read at the first get
+        self._rows: dict[str, str] | None = None  # every row, read at the first get
 
-    def get(self, name: str) -> Optional[Any]:
+    def get(self, name: str) -> Any | None:
         """The value under `name`, or None (absent, or not JSON: a stray row counts as absent)."""
         if self._rows is None:
             rows = self._run(lambda db: db.execute("SELECT name, value FROM kv").fetchall(), [])
@@ -66,8 +68,10 @@ class Cache:
 
     def names(self, prefix: str) -> list[str]:
         """Every name that starts with `prefix`."""
-        rows = self._run(lambda db: db.execute("SELECT name FROM kv WHERE substr(name, 1, ?) = ?",
-                                               (len(prefix), prefix)).fetchall(), [])
+        rows = self._run(
+            lambda db: db.execute("SELECT name FROM kv WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)).fetchall(),
+            [],
+        )
         return [row[0] for row in rows if isinstance(row[0], str)]
 
     def close(self) -> None:
@@ -99,7 +103,9 @@ class Cache:
                 raise sqlite3.DatabaseError("it is not a regular file")  # a link is never opened: thrown away, anew
             db = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
             self._db = db
-            if db.execute("PRAGMA journal_mode").fetchone()[0] != "delete":  # a rollback journal: reading writes nothing
+            if (
+                db.execute("PRAGMA journal_mode").fetchone()[0] != "delete"
+            ):  # a rollback journal: reading writes nothing
                 db.execute("PRAGMA journal_mode = DELETE")
             # No fsync per statement: each row is checked against the file it describes (or only explains), and a
             # database a crash left unreadable is thrown away. A write took 0.9 ms with fsyncs, 0.1 ms without, and a
@@ -120,8 +126,10 @@ class Cache:
         self._rows = None
         for suffix in ("", "-wal", "-shm", "-journal"):
             remove_entry(self.path.with_name(self.path.name + suffix))
-        self.notes.append(f"the store's cache ({self.path.name}) was unreadable ({why}); started it anew "
-                          "(records and objects are untouched; unchanged files are hashed once more)")
+        self.notes.append(
+            f"the store's cache ({self.path.name}) was unreadable ({why}); started it anew "
+            "(records and objects are untouched; unchanged files are hashed once more)"
+        )
 
     def _switch_off(self, why: str) -> None:
         self._close()

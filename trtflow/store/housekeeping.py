@@ -16,15 +16,24 @@ from __future__ import annotations
 import concurrent.futures as futures
 import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 from trtflow.hashing import sha256_handle
 from trtflow.store.layout import entry_is_regular
 from trtflow.store.lockfile import LOCK_FILE, read_lock
+from trtflow.store.locks import (
+    exclusive_store,
+    file_lock,
+    holding,
+    remove_free_lock_files,
+    run_is_live,
+    sweep_dead_runs,
+)
 from trtflow.store.objects import DIGEST, Store
-from trtflow.store.locks import exclusive_store, file_lock, holding, remove_free_lock_files, run_is_live, sweep_dead_runs
 from trtflow.util.fs import NotRegular, open_regular, remove_nofollow, remove_under
+
 
 # ls ------------------------------------------------------------------------------------------
 def usage(store: Store, lock_keys: set[str]) -> dict:
@@ -39,17 +48,29 @@ def usage(store: Store, lock_keys: set[str]) -> dict:
         group["in_lock"] += key in lock_keys
         group["digests"].update(record["outputs"].values())
         referenced.update(record["outputs"].values())
-    stages = [{"recipe": recipe, "stage": kind, "records": g["records"], "in_lock": g["in_lock"],
-               "bytes": sum(sizes.get(d, 0) for d in g["digests"])} for (recipe, kind), g in sorted(groups.items())]
+    stages = [
+        {
+            "recipe": recipe,
+            "stage": kind,
+            "records": g["records"],
+            "in_lock": g["in_lock"],
+            "bytes": sum(sizes.get(d, 0) for d in g["digests"]),
+        }
+        for (recipe, kind), g in sorted(groups.items())
+    ]
     unreferenced = [d for d in sizes if d not in referenced]
-    return {"store": str(store.root), "stages": stages,
-            "objects": {"count": len(sizes), "bytes": sum(sizes.values())},
-            "unreferenced": {"count": len(unreferenced), "bytes": sum(sizes[d] for d in unreferenced)},
-            "corrupt": _tree_size(store.corrupt), "tmp": _tree_size(store.tmp)}
+    return {
+        "store": str(store.root),
+        "stages": stages,
+        "objects": {"count": len(sizes), "bytes": sum(sizes.values())},
+        "unreferenced": {"count": len(unreferenced), "bytes": sum(sizes[d] for d in unreferenced)},
+        "corrupt": _tree_size(store.corrupt),
+        "tmp": _tree_size(store.tmp),
+    }
 
 
 # verify --------------------------------------------------------------------------------------
-def verify(store: Store, threads: Optional[int] = None) -> dict:
+def verify(store: Store, threads: int | None = None) -> dict:
     """Re-hash every object whatever its remembered signature (bit rot keeps mtime); quarantine corrupt ones."""
     started = time.perf_counter()
     list(store.stage_records())  # sets malformed records aside (store.set_aside names them)
@@ -58,11 +79,22 @@ def verify(store: Store, threads: Optional[int] = None) -> dict:
         checked = list(pool.map(_hash_with_inode, files))
     corrupt = _quarantine_corrupt(store, checked)
     moved = {bad["digest"] for bad in corrupt}
-    missing = [{"key": key, "node": record.get("node"), "digest": digest} for key, record in store.stage_records()
-               for digest in record["outputs"].values() if digest not in moved and not store.has_object(digest)]
-    return {"store": str(store.root), "objects": len(files), "bytes": sum(size for _, _, size, _ in checked),
-            "corrupt": corrupt, "missing": missing, "set_aside": list(store.set_aside), "leftovers": [str(p) for p in _leftovers(store)],
-            "seconds": round(time.perf_counter() - started, 3)}
+    missing = [
+        {"key": key, "node": record.get("node"), "digest": digest}
+        for key, record in store.stage_records()
+        for digest in record["outputs"].values()
+        if digest not in moved and not store.has_object(digest)
+    ]
+    return {
+        "store": str(store.root),
+        "objects": len(files),
+        "bytes": sum(size for _, _, size, _ in checked),
+        "corrupt": corrupt,
+        "missing": missing,
+        "set_aside": list(store.set_aside),
+        "leftovers": [str(p) for p in _leftovers(store)],
+        "seconds": round(time.perf_counter() - started, 3),
+    }
 
 
 def _regular_objects(store: Store) -> list[Path]:
@@ -78,19 +110,26 @@ def _regular_objects(store: Store) -> list[Path]:
     return files
 
 
-def _quarantine_corrupt(store: Store, checked: list[tuple[Path, int, int, Optional[str]]]) -> list[dict]:
+def _quarantine_corrupt(store: Store, checked: list[tuple[Path, int, int, str | None]]) -> list[dict]:
     """Move every object whose bytes do not hash to its name to corrupt/, saying which records used it."""
     users = _users(store)
     corrupt = []
     for path, inode, _, actual in checked:
         if actual is not None and actual != path.name:
             moved = store.quarantine(path.name, inode)
-            corrupt.append({"digest": path.name, "path": str(path), "actual_sha256": actual,
-                            "moved_to": str(moved) if moved else None, "used_by": users.get(path.name, [])})
+            corrupt.append(
+                {
+                    "digest": path.name,
+                    "path": str(path),
+                    "actual_sha256": actual,
+                    "moved_to": str(moved) if moved else None,
+                    "used_by": users.get(path.name, []),
+                }
+            )
     return corrupt
 
 
-def _hash_with_inode(path: Path) -> tuple[Path, int, int, Optional[str]]:
+def _hash_with_inode(path: Path) -> tuple[Path, int, int, str | None]:
     """(path, inode, size, sha256); sha256 None if the file went away meanwhile."""
     try:
         with open_regular(path) as handle:  # no-follow, non-blocking: a link or FIFO swapped in is never read
@@ -137,10 +176,18 @@ def garbage(store: Store, keep: set[str]) -> dict:
     corrupt = list(store.entries("corrupt"))
     tmp += list(store.entries("exchange"))  # what distributed runs shipped: needed by no run once none is live
     freed = {"objects": _sizes(objects), "corrupt": _sizes(corrupt), "tmp": _sizes(tmp)}
-    return {"store": str(store.root), "records": sorted(set(records) - live), "kept_records": len(live),
-            "kept_objects": len(kept_digests), "kept_bytes": sum(_file_size(store.object_path(d)) for d in kept_digests),
-            "objects": [str(p) for p in objects], "corrupt": [str(p) for p in corrupt], "tmp": [str(p) for p in tmp],
-            "freed_bytes": sum(freed.values()), "freed": freed}
+    return {
+        "store": str(store.root),
+        "records": sorted(set(records) - live),
+        "kept_records": len(live),
+        "kept_objects": len(kept_digests),
+        "kept_bytes": sum(_file_size(store.object_path(d)) for d in kept_digests),
+        "objects": [str(p) for p in objects],
+        "corrupt": [str(p) for p in corrupt],
+        "tmp": [str(p) for p in tmp],
+        "freed_bytes": sum(freed.values()),
+        "freed": freed,
+    }
 
 
 def collect_garbage(store: Store, keep: set[str]) -> dict:
@@ -176,8 +223,9 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-def _recipe_of_leftover(name: str) -> Optional[str]:
-    """The recipe whose placement left `name` (`.<recipe>.incoming-*`, `.<recipe>.old-*`, `.<recipe>.intoto.jsonl.*.tmp`)."""
+def _recipe_of_leftover(name: str) -> str | None:
+    """The recipe whose placement left `name` (`.<recipe>.incoming-*`, `.<recipe>.old-*`,
+    `.<recipe>.intoto.jsonl.*.tmp`)."""
     if not name.startswith("."):
         return None
     for marker in (".incoming-", ".old-", ".intoto.jsonl."):
@@ -186,9 +234,11 @@ def _recipe_of_leftover(name: str) -> Optional[str]:
     return None
 
 
-def _sweep_store_strays(store: Store, own_run: Optional[str]) -> list[Path]:
+def _sweep_store_strays(store: Store, own_run: str | None) -> list[Path]:
     """Temp files of killed writers under objects/, records/ and runs/, when no run but `own_run` is live."""
-    with holding(store.locks / "gc.lock"):  # a run starting now waits: it cannot begin a write we would take for a stray
+    with holding(
+        store.locks / "gc.lock"
+    ):  # a run starting now waits: it cannot begin a write we would take for a stray
         swept = sweep_dead_runs(store.root)  # a run that took no lease (a no-op) sweeps dead runs' folders too
         others = [p.name for p in _children(store.tmp) if p.name != own_run and run_is_live(store.root, p.name)]
         if others:
@@ -211,7 +261,8 @@ def _leftovers(store: Store) -> Iterator[Path]:
 
 
 def _remove(store: Store, path: Path) -> None:
-    """Delete an entry gc reached in the store: by a dirfd walk from the store's root, links unlinked, never followed."""
+    """Delete an entry gc reached in the store: by a dirfd walk from the store's root, links unlinked, never
+    followed."""
     remove_under(store.root, str(path.relative_to(store.root)))
 
 
@@ -240,16 +291,24 @@ def _sizes(paths: Iterable[Path]) -> int:
     return sum(_tree_size(p) if p.is_dir() else _file_size(p) for p in paths)
 
 
-def sweep_leftovers(store: Store, packages_dir: Path, project_root: Path, own_run: Optional[str] = None,
-                    runs_died: Optional[bool] = None) -> list[Path]:
+def sweep_leftovers(
+    store: Store,
+    packages_dir: Path,
+    project_root: Path,
+    own_run: str | None = None,
+    runs_died: bool | None = None,
+) -> list[Path]:
     """Remove what a killed run left beside its outputs: `.<recipe>.incoming-*` and `.<recipe>.old-*` in the packages
     folder (only while that recipe's package lock is free: no run is placing it), `.trtflow.lock.*.tmp` (while the
     lock file's lock is free), and half-written objects and records in the store (only while no other run is live:
     new runs wait meanwhile). `own_run`: the calling run's tmp dir name. Only a killed run leaves half-written files
     in the store, so they are looked for only if `runs_died` (None: if a dead run's tmp dir is there; listing every
     object on every no-op would cost 0.1 ms a stage). Returns what was removed."""
-    died = runs_died if runs_died is not None else any(p.name.startswith("run-") and not run_is_live(store.root, p.name)
-                                                                for p in store.entries("tmp"))
+    died = (
+        runs_died
+        if runs_died is not None
+        else any(p.name.startswith("run-") and not run_is_live(store.root, p.name) for p in store.entries("tmp"))
+    )
     removed = _sweep_store_strays(store, own_run) if died else []
     from filelock import Timeout
 

@@ -14,7 +14,6 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Optional
 
 from trtflow.util.fs import NotRegular
 
@@ -22,7 +21,7 @@ SUBFOLDERS = ("objects", "records", "runs", "tmp", "locks", "corrupt", "exchange
 CORRUPT = "corrupt"
 
 
-def real_folder(root: Path, relative: str, notes: Optional[list[str]] = None) -> bool:
+def real_folder(root: Path, relative: str, notes: list[str] | None = None) -> bool:
     """True if every component of `root/relative` is a real folder; False if one is missing, and the first that
     is a symlink or a file is set aside (see set_aside)."""
     path = root
@@ -38,7 +37,7 @@ def real_folder(root: Path, relative: str, notes: Optional[list[str]] = None) ->
     return True
 
 
-def folder(root: Path, relative: str, notes: Optional[list[str]] = None) -> Path:
+def folder(root: Path, relative: str, notes: list[str] | None = None) -> Path:
     """`root/relative` as a real folder, created where missing (whatever stood in its place set aside first)."""
     if real_folder(root, relative, notes):
         return root / relative
@@ -52,7 +51,7 @@ def folder(root: Path, relative: str, notes: Optional[list[str]] = None) -> Path
     return root / relative
 
 
-def set_aside(root: Path, path: Path, why: str, notes: Optional[list[str]] = None) -> Optional[Path]:
+def set_aside(root: Path, path: Path, why: str, notes: list[str] | None = None) -> Path | None:
     """Rename the entry `path` of the store (a symlink, a FIFO, a file where a folder belongs) to corrupt/, never
     following or deleting through it; `corrupt` itself goes beside it. Returns where it went (None if it is gone)."""
     relative = path.relative_to(root)
@@ -68,12 +67,14 @@ def set_aside(root: Path, path: Path, why: str, notes: Optional[list[str]] = Non
     except OSError:
         target = None  # a read-only store: still never used
     if notes is not None:
-        notes.append(f"the store's {relative} {why} (a symlink, a FIFO or a file); never followed it: moved it to "
-                     f"{target.relative_to(root) if target else 'nowhere (read-only store)'}")
+        notes.append(
+            f"the store's {relative} {why} (a symlink, a FIFO or a file); never followed it: moved it to "
+            f"{target.relative_to(root) if target else 'nowhere (read-only store)'}"
+        )
     return target
 
 
-def entry_is_regular(root: Path, path: Path, notes: Optional[list[str]] = None) -> bool:
+def entry_is_regular(root: Path, path: Path, notes: list[str] | None = None) -> bool:
     """True if `path` (in a folder already checked) is a regular file; False if missing; anything else is set aside."""
     try:
         mode = os.lstat(path).st_mode

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from trtflow.store.objects import Store
 
 
-def import_legacy_index(store: "Store") -> None:
+def import_legacy_index(store: Store) -> None:
     """Carry the stage records of a store written by an older trtflow (a diskcache index/) over to records/.
 
     Only the SQLite table's key and value columns are read (diskcache's file-name column is never followed);
@@ -30,7 +30,9 @@ def import_legacy_index(store: "Store") -> None:
     if database.is_file() and not database.is_symlink():
         for key, text in _legacy_rows(database):
             key = key.removeprefix("stage:")
-            record, problem = checked_record(text.encode("utf-8", "replace"), key) if DIGEST.match(key) else ({}, "bad key")
+            record, problem = (
+                checked_record(text.encode("utf-8", "replace"), key) if DIGEST.match(key) else ({}, "bad key")
+            )
             if not problem and not store.record_path(key).exists():
                 store.put_stage_record(key, record)
                 imported += 1
@@ -42,8 +44,10 @@ def _legacy_rows(database: Path) -> list[tuple[str, str]]:
     """(key, value) of the old index's text rows named stage:*; none if it cannot be read."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=10)) as db:
-            rows = db.execute("SELECT key, value FROM Cache WHERE typeof(key) = 'text' AND typeof(value) = 'text' "
-                              "AND substr(key, 1, 6) = 'stage:'").fetchall()
+            rows = db.execute(
+                "SELECT key, value FROM Cache WHERE typeof(key) = 'text' AND typeof(value) = 'text' "
+                "AND substr(key, 1, 6) = 'stage:'"
+            ).fetchall()
     except sqlite3.Error:
         return []
     return [(str(key), str(value)) for key, value in rows]

@@ -13,7 +13,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from trtflow.errors import ProjectError
 from trtflow.util.fs import atomic_write
@@ -21,7 +20,10 @@ from trtflow.util.fs import atomic_write
 LOCK_FILE = "trtflow.lock"
 LOCK_VERSION = 1
 MAX_LOCK_BYTES = 64 << 20  # a lock of thousands of stages is a few MB
-NOTE = "Written by `trtflow run`: every stage's key, key components and output digests. Commit it; `trtflow run --frozen` fails if the plan no longer matches it."
+NOTE = (
+    "Written by `trtflow run`: every stage's key, key components and output digests. Commit it; `trtflow run --frozen` "
+    "fails if the plan no longer matches it."
+)
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,12 @@ class LockEntry:
         {"skipped": "upstream precision:lstm/int8 failed or was skipped"}
     """
 
-    key: Optional[str]
+    key: str | None
     components: dict
     outputs: dict[str, str]
-    canonical: Optional[dict[str, str]] = None  # an engine's canonical digest (backends.engine_identity), if it has one
-    failed: Optional[str] = None
-    skipped: Optional[str] = None
+    canonical: dict[str, str] | None = None  # an engine's canonical digest (backends.engine_identity), if it has one
+    failed: str | None = None
+    skipped: str | None = None
 
     @property
     def built(self) -> bool:
@@ -49,7 +51,13 @@ class LockEntry:
     @property
     def status(self) -> str:
         """`built`, `failed: <reason>` or `skipped: <reason>`, as messages name it."""
-        return f"failed ({self.failed})" if self.failed is not None else f"skipped ({self.skipped})" if self.skipped is not None else "built"
+        return (
+            f"failed ({self.failed})"
+            if self.failed is not None
+            else f"skipped ({self.skipped})"
+            if self.skipped is not None
+            else "built"
+        )
 
     def to_json(self) -> dict:
         """The node's entry in the lock file: the key, the components beside it, the outputs (and canonical digests)."""
@@ -60,13 +68,19 @@ class LockEntry:
         return {"key": self.key, **self.components, "outputs": self.outputs, **extra}
 
     @classmethod
-    def from_json(cls, data: dict) -> "LockEntry":
+    def from_json(cls, data: dict) -> LockEntry:
         """Read an entry written by to_json (KeyError if a component is missing, TypeError if a reason is not text)."""
         if "skipped" in data:
             return cls(key=None, components={}, outputs={}, skipped=_text(data["skipped"]))
         components = {k: data[k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
         failed = _text(data["failed"]) if "failed" in data else None
-        return cls(key=data["key"], components=components, outputs=data["outputs"], canonical=data.get("canonical"), failed=failed)
+        return cls(
+            key=data["key"],
+            components=components,
+            outputs=data["outputs"],
+            canonical=data.get("canonical"),
+            failed=failed,
+        )
 
 
 def _text(value: object) -> str:
@@ -75,17 +89,22 @@ def _text(value: object) -> str:
     return value
 
 
-def read_lock(path: Path) -> Optional[dict[str, LockEntry]]:
+def read_lock(path: Path) -> dict[str, LockEntry] | None:
     """The lock's entries by node id, or None if there is no lock file."""
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_bytes()[:MAX_LOCK_BYTES])
         if data.get("version") != LOCK_VERSION:
-            raise ProjectError(f"{path.name}: lock version {data.get('version')!r} is not {LOCK_VERSION}; run without --frozen to rewrite it")
+            raise ProjectError(
+                f"{path.name}: lock version {data.get('version')!r} is not {LOCK_VERSION}; run without --frozen to "
+                "rewrite it"
+            )
         return {node: LockEntry.from_json(entry) for node, entry in (data.get("nodes") or {}).items()}
     except (ValueError, AttributeError, KeyError, TypeError, RecursionError) as exc:
-        raise ProjectError(f"{path.name}: unreadable lock file ({type(exc).__name__}: {exc}); delete it and run again") from None
+        raise ProjectError(
+            f"{path.name}: unreadable lock file ({type(exc).__name__}: {exc}); delete it and run again"
+        ) from None
 
 
 def write_lock(path: Path, entries: dict[str, LockEntry]) -> None:
@@ -103,6 +122,6 @@ def entries_digest(entries: dict[str, LockEntry]) -> str:
     for node in sorted(entries):
         entry = entries[node]
         status = "" if entry.built else f"\0{entry.status}"
-        digest.update(f"{node}\0{entry.key}\0{sorted(entry.outputs.items())}\0{sorted((entry.canonical or {}).items())}{status}\n".encode())
+        canonical = sorted((entry.canonical or {}).items())
+        digest.update(f"{node}\0{entry.key}\0{sorted(entry.outputs.items())}\0{canonical}{status}\n".encode())
     return digest.hexdigest()
-

@@ -17,8 +17,9 @@ import contextlib
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from trtflow.errors import TrtflowError
 from trtflow.store.layout import folder, real_folder
@@ -99,7 +100,7 @@ class KeyLocks:
 class RunLease:
     """One run's claim on the store: a private tmp dir, and a lock that tells gc and sweepers it is alive."""
 
-    def __init__(self, root: Path, notes: Optional[list[str]] = None):
+    def __init__(self, root: Path, notes: list[str] | None = None):
         self.root = root
         self.id = f"{os.getpid()}-{time.time_ns()}"
         try:
@@ -125,9 +126,9 @@ class RunLease:
 class LazyLease:
     """A RunLease taken on first use: a run that finds everything cached writes nothing under the store."""
 
-    def __init__(self, root: Path, notes: Optional[list[str]] = None):
+    def __init__(self, root: Path, notes: list[str] | None = None):
         self.root, self.notes = root, notes
-        self._lease: Optional[RunLease] = None
+        self._lease: RunLease | None = None
 
     @property
     def taken(self) -> bool:
@@ -151,7 +152,7 @@ class LazyLease:
             self._lease.close()
 
 
-def _dead(lock_path: Path) -> Optional[Any]:
+def _dead(lock_path: Path) -> Any | None:
     """The acquired lock if nobody holds `lock_path` (its run is dead or finished), else None."""
     lock = file_lock(lock_path)
     return lock if _try_acquire(lock) else None

@@ -3,7 +3,8 @@ resolution (for `plan --explain`), its last peak memory (the scheduler), the loc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, MutableMapping, Optional
+from collections.abc import Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import InternalError
 from trtflow.hashing import FileDigests
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 class MemoryView(MutableMapping[str, Any]):
     """One prefix of the cache as a mapping of JSON objects (FileDigests' memory); anything else reads as absent."""
 
-    def __init__(self, cache: "Cache", prefix: str):
+    def __init__(self, cache: Cache, prefix: str):
         self._cache, self._prefix = cache, prefix
 
     def __getitem__(self, name: str) -> Any:
@@ -43,7 +44,7 @@ class CacheMemos:
     _cache: Any
     _stat: Any
 
-    def last_run(self, node_id: str) -> Optional[dict]:
+    def last_run(self, node_id: str) -> dict | None:
         """What the node resolved to the last time it ran or was found cached (for `plan --explain`)."""
         value = self._cache.get("node:" + node_id)
         return value if isinstance(value, dict) else None
@@ -53,33 +54,36 @@ class CacheMemos:
         if self.last_run(node_id) != value:
             self._cache.set("node:" + node_id, value)
 
-    def remembered_peak(self, node_id: str) -> Optional[int]:
+    def remembered_peak(self, node_id: str) -> int | None:
         """The peak RSS (bytes) the node's stage reached the last time it ran, if known (the memory-aware scheduler)."""
         value = self._cache.get("peak:" + node_id)
         return value if isinstance(value, int) and value > 0 else None
 
-    def remember_peak(self, node_id: str, peak: Optional[int]) -> None:
+    def remember_peak(self, node_id: str, peak: int | None) -> None:
         """Remember the node's measured peak RSS for the next run's scheduling (writes only on change)."""
         if peak and self.remembered_peak(node_id) != peak:
             self._cache.set("peak:" + node_id, int(peak))
 
-    def remembered_lock(self, path: str) -> Optional[list]:
-        """[file signature, entries digest] of the lock at `path` as this store last wrote or read it; None if unknown."""
+    def remembered_lock(self, path: str) -> list | None:
+        """[file signature, entries digest] of the lock at `path` as this store last wrote or read it; None if
+        unknown."""
         value = self._cache.get("lock:" + path)
         return value if isinstance(value, list) else None
 
-    def remember_lock(self, path: str, signature: Optional[list[int]], digest: str) -> None:
+    def remember_lock(self, path: str, signature: list[int] | None, digest: str) -> None:
         """Remember what the lock at `path` holds, so an unchanged lock is not read again (writes only on change)."""
         if signature is not None and self.remembered_lock(path) != [signature, digest]:
             self._cache.set("lock:" + path, [signature, digest])
 
-    def package_listing(self, digest: str) -> Optional[dict[str, str]]:
-        """The files (relative path -> sha256) a package object extracts to, as remembered at its checkout; None if unknown."""
+    def package_listing(self, digest: str) -> dict[str, str] | None:
+        """The files (relative path -> sha256) a package object extracts to, as remembered at its checkout; None if
+        unknown."""
         value = self._cache.get("package:" + digest)
         return value if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()) else None
 
     def remember_package_listing(self, digest: str, listing: dict[str, str]) -> None:
-        """Remember what a package object extracts to, so a changed package folder is found without reading the archive."""
+        """Remember what a package object extracts to, so a changed package folder is found without reading the
+        archive."""
         self._cache.set("package:" + digest, listing)
 
     def file_digests(self) -> FileDigests:

@@ -30,27 +30,28 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.hashing import file_signature, sha256_handle
+from trtflow.runmemo import note_path
 from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
+from trtflow.store.layout import SUBFOLDERS, entry_is_regular, folder, real_folder, set_aside
 from trtflow.store.legacy import LEGACY_INDEX, import_legacy_index
 from trtflow.store.memos import CacheMemos, MemoryView
 from trtflow.store.records import DIGEST, RECORD_MAX_BYTES, RecordFiles, checked_record  # noqa: F401  (re-exported)
 from trtflow.store.runs import RUN_HISTORY, RunHistory  # noqa: F401  (RUN_HISTORY: gc reads it from here)
 from trtflow.util.faults import crash_point
-from trtflow.store.layout import SUBFOLDERS, entry_is_regular, folder, real_folder, set_aside
 from trtflow.util.fs import NotRegular, fsync_dir, fsync_file, open_regular
-from trtflow.runmemo import note_path
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 EXCHANGE_DIR = "exchange"  # the Ray executor's default data plane (executors.exchange); gc empties it
+
 
 class StoreWriteError(EnvironmentProblem):
     """A write into the store failed: the disk is full, a size limit or quota was hit, or access is denied."""
@@ -88,12 +89,14 @@ class Store(RecordFiles, CacheMemos, RunHistory):
         self.exchange = root / EXCHANGE_DIR
         self.quarantined: list[str] = []  # digests moved to corrupt/ by this instance, for the run to report
         self.notes: list[str] = []  # records moved aside, legacy index imported: for the run to report
-        self.set_aside: list[str] = []  # malformed records, linked objects and folders moved to corrupt/ by this instance
+        self.set_aside: list[
+            str
+        ] = []  # malformed records, linked objects and folders moved to corrupt/ by this instance
         self._cache = Cache(root / CACHE_FILE)
         self._stat = MemoryView(self._cache, "stat:")
 
     @classmethod
-    def create(cls, root: Path) -> "Store":
+    def create(cls, root: Path) -> Store:
         """Open the store at `root` for a run, creating its folders first (StoreWriteError if it cannot)."""
         notes: list[str] = []
         with cls._writing_to(root, ""):
@@ -109,7 +112,7 @@ class Store(RecordFiles, CacheMemos, RunHistory):
         return store
 
     @classmethod
-    def existing(cls, root: Path) -> Optional["Store"]:
+    def existing(cls, root: Path) -> Store | None:
         """The store if one was ever created at `root`, else None (planning must not create one)."""
         if not (os.path.lexists(root / "records") or (root / LEGACY_INDEX).is_dir()):
             return None
@@ -153,8 +156,9 @@ class Store(RecordFiles, CacheMemos, RunHistory):
         """True if the object is a regular file in a real folder; its bytes are not checked (object_intact does).
 
         A symlink or anything else in its place (or in place of a folder above it) is set aside, never followed."""
-        return real_folder(self.root, f"objects/{digest[:2]}", self.notes) and \
-            entry_is_regular(self.root, self.object_path(digest), self.notes)
+        return real_folder(self.root, f"objects/{digest[:2]}", self.notes) and entry_is_regular(
+            self.root, self.object_path(digest), self.notes
+        )
 
     def object_intact(self, digest: str) -> bool:
         """True if the object is present with its bytes; re-hashes only when its signature changed.
@@ -198,7 +202,7 @@ class Store(RecordFiles, CacheMemos, RunHistory):
         """Objects never change, so a signature seen with the right bytes vouches for them until it changes."""
         self._cache.set("obj:" + digest, _signature(seen))
 
-    def quarantine(self, digest: str, inode: int) -> Optional[Path]:
+    def quarantine(self, digest: str, inode: int) -> Path | None:
         """Move a corrupt object (the file with `inode`) to corrupt/; None if it is gone or cannot be moved.
 
         If a concurrent writer replaced it with good bytes after the check, the moved file is not that
@@ -219,7 +223,7 @@ class Store(RecordFiles, CacheMemos, RunHistory):
         self.quarantined.append(digest)
         return target
 
-    def add_object(self, source: Path, expected: Optional[str] = None) -> str:
+    def add_object(self, source: Path, expected: str | None = None) -> str:
         """Move a finished file into the store under its digest; the move is atomic and durable.
 
         `expected`: the digest the bytes must have (a download); anything else raises ObjectMismatch.
@@ -272,7 +276,8 @@ class Store(RecordFiles, CacheMemos, RunHistory):
                     self.set_aside.append(f"objects/{sub.name}")
 
     def stray_files(self) -> Iterator[Path]:
-        """Entries under records/ and runs/ that are neither a record nor a run: temp files of a killed writer, strays."""
+        """Entries under records/ and runs/ that are neither a record nor a run: temp files of a killed writer,
+        strays."""
         records = set(self._record_files())
         for sub in self.entries("records"):
             if stat.S_ISDIR(sub.lstat().st_mode):
@@ -288,7 +293,9 @@ class Store(RecordFiles, CacheMemos, RunHistory):
 
     def forget_missing_files(self) -> int:
         """Drop remembered signatures of files and objects that no longer exist (gc); returns how many."""
-        gone = [name for prefix in ("stat:", "obj:") for name in self._cache.names(prefix) if self._names_missing_file(name)]
+        gone = [
+            name for prefix in ("stat:", "obj:") for name in self._cache.names(prefix) if self._names_missing_file(name)
+        ]
         for name in gone:
             self._cache.delete(name)
         return len(gone)
@@ -302,7 +309,6 @@ class Store(RecordFiles, CacheMemos, RunHistory):
     def entries(self, sub: str) -> Iterator[Path]:
         """A real store folder's entries, sorted (nothing for a missing folder; a link in its place is set aside)."""
         return iter(sorted((self.root / sub).iterdir())) if real_folder(self.root, sub, self.notes) else iter(())
-
 
 
 def _signature(stat: os.stat_result) -> str:

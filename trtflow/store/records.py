@@ -8,8 +8,9 @@ import os
 import re
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from trtflow.errors import InternalError
 from trtflow.hashing import stage_key
@@ -41,8 +42,9 @@ class RecordFiles:
             raise InternalError(f"a stage key must be a sha256 digest, got {key[:80]!r}")
         return self.records / key[:2] / f"{key}.json"
 
-    def stage_record(self, key: str, components: Optional[dict] = None) -> Optional[dict]:
-        """The record of a finished stage, or None if unknown, malformed, or any of its output objects is gone or corrupt.
+    def stage_record(self, key: str, components: dict | None = None) -> dict | None:
+        """The record of a finished stage, or None if unknown, malformed, or any of its output objects is gone or
+        corrupt.
 
         `components`: what the caller hashed into `key`, if it did (a record holding the same is not hashed again).
         """
@@ -77,7 +79,7 @@ class RecordFiles:
         with self.writing():
             self.record_path(key).unlink(missing_ok=True)
 
-    def _read_record(self, path: Path, key: str, components: Optional[dict] = None) -> Optional[dict]:
+    def _read_record(self, path: Path, key: str, components: dict | None = None) -> dict | None:
         """The record at `path` if it is well formed and hashes to `key`; a bad one is moved to corrupt/."""
         note_path(path)
         if not real_folder(self.root, f"records/{path.parent.name}", self.notes):
@@ -102,8 +104,9 @@ class RecordFiles:
         except OSError:
             pass  # a read-only store: the record is still ignored
         self.set_aside.append(path.name)
-        self.notes.append(f"the store's record {path.name} was malformed ({problem}); moved it to corrupt/, "
-                          "its stage is built again")
+        self.notes.append(
+            f"the store's record {path.name} was malformed ({problem}); moved it to corrupt/, its stage is built again"
+        )
         return None
 
     def _record_files(self) -> Iterator[Path]:
@@ -112,12 +115,16 @@ class RecordFiles:
             if re.fullmatch(r"[0-9a-f]{2}", sub.name) and real_folder(self.root, f"records/{sub.name}", self.notes):
                 for path in sorted(sub.iterdir()):
                     key = path.name.removesuffix(".json")
-                    if path.name.endswith(".json") and DIGEST.match(key) and key[:2] == sub.name and \
-                            stat.S_ISREG(path.lstat().st_mode):
+                    if (
+                        path.name.endswith(".json")
+                        and DIGEST.match(key)
+                        and key[:2] == sub.name
+                        and stat.S_ISREG(path.lstat().st_mode)
+                    ):
                         yield path
 
 
-def checked_record(text: bytes, key: str, known: Optional[dict] = None) -> tuple[dict, str]:
+def checked_record(text: bytes, key: str, known: dict | None = None) -> tuple[dict, str]:
     """(record, "") if the record is well formed and hashes back to `key`, else ({}, what is wrong).
 
     `known`: components the caller already hashed to `key`; a record holding exactly those needs no hashing.

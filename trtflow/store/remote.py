@@ -11,7 +11,8 @@ set, a record must also be signed by one of those keys (a DSSE envelope, see sig
 pair a valid key with another valid object cannot sign the pair. Any failed check rejects the whole record
 with a warning, and the stage is built locally (then pushed, replacing the bad object). Records are pushed
 in an envelope, signed when the environment holds a signing key; with `cache.trust` set and no signing key,
-nothing is pushed (one warning). A remote that is down, slow or denies access costs one warning and local builds: the first
+nothing is pushed (one warning). A remote that is down, slow or denies access costs one warning and local builds: the
+first
 failure switches the remote off for the rest of the run. With `--remote-required` it is an error.
 
 Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...)
@@ -27,13 +28,22 @@ import tempfile
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trtflow.errors import EnvironmentProblem
-from trtflow.signing import KEY_FILE_ENV, KEY_TEXT_ENV, RECORD_TYPE, SignatureRejected, Signer, TrustedKeys, envelope_body, envelope_of
+from trtflow.signing import (
+    KEY_FILE_ENV,
+    KEY_TEXT_ENV,
+    RECORD_TYPE,
+    SignatureRejected,
+    Signer,
+    TrustedKeys,
+    envelope_body,
+    envelope_of,
+)
 from trtflow.store.objects import RECORD_MAX_BYTES, ObjectMismatch, Store, checked_record
-from trtflow.util.jsondata import BoundExceeded, loads_bounded
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
+from trtflow.util.jsondata import BoundExceeded, loads_bounded
 
 CHUNK = 1 << 20
 
@@ -49,23 +59,29 @@ class _RemoteFailure(Exception):
 class Remote:
     """One remote cache for one run. `pull` and `push` never raise for remote trouble unless `required`."""
 
-    def __init__(self, url: str, options: Optional[dict] = None, required: bool = False,
-                 signer: Optional[Signer] = None, trust: Optional[TrustedKeys] = None):
+    def __init__(
+        self,
+        url: str,
+        options: dict | None = None,
+        required: bool = False,
+        signer: Signer | None = None,
+        trust: TrustedKeys | None = None,
+    ):
         self.url = url.rstrip("/")
         self.signer, self.trust = signer, trust
         self.shown = redacted(self.url)  # what messages print: no user info, no query (SAS tokens live there)
         self.required = required
-        self.down: Optional[str] = None  # why the remote was switched off for this run
+        self.down: str | None = None  # why the remote was switched off for this run
         self._warnings: list[str] = []  # appended to by push threads too
         self._lock = threading.Lock()
         self._unsigned_noted = False
         self._rejected: set[str] = set()  # digests the remote holds wrong bytes for: re-upload them
         self._pushes: list[futures.Future] = []
-        self._threads: Optional[futures.ThreadPoolExecutor] = None
+        self._threads: futures.ThreadPoolExecutor | None = None
         self._fs, self._base = filesystem(self.url, dict(options or {}))
 
     # reading -------------------------------------------------------------------------------
-    def pull(self, key: str, node_id: str, store: Store, workdir: Path) -> Optional[dict]:
+    def pull(self, key: str, node_id: str, store: Store, workdir: Path) -> dict | None:
         """The stage's record with every object verified and added to `store`, or None (miss, rejected, down)."""
         if self.down:
             return None
@@ -85,7 +101,8 @@ class Remote:
         return store.put_stage_record(key, record)
 
     def _opened_record(self, text: bytes, key: str) -> tuple[dict, str]:
-        """(record, "") if the envelope is signed as `cache.trust` demands and the record checks out, else ({}, why not)."""
+        """(record, "") if the envelope is signed as `cache.trust` demands and the record checks out, else ({}, why
+        not)."""
         try:
             document = loads_bounded(text, RECORD_MAX_BYTES)
         except ValueError as exc:
@@ -145,8 +162,10 @@ class Remote:
         if self.trust is not None and self.signer is None:
             if not self._unsigned_noted:
                 self._unsigned_noted = True
-                self._warn(f"remote cache {self.shown}: not pushing: cache.trust requires signed records and no signing key "
-                           f"is set ({KEY_FILE_ENV} or {KEY_TEXT_ENV})")
+                self._warn(
+                    f"remote cache {self.shown}: not pushing: cache.trust requires signed records and no signing key "
+                    f"is set ({KEY_FILE_ENV} or {KEY_TEXT_ENV})"
+                )
             return
         if self._threads is None:
             self._threads = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtflow-push")
@@ -160,7 +179,7 @@ class Remote:
             for digest, path in paths.items():
                 target = f"{self._base}/objects/{digest[:2]}/{digest}"
                 if digest in self._rejected or not self._fs.exists(target):
-                    self._put(target, lambda name: self._fs.put_file(str(path), name))
+                    self._put(target, lambda name, path=path: self._fs.put_file(str(path), name))
             record_text = json.dumps(envelope_of(RECORD_TYPE, record, self.signer), sort_keys=True).encode()
             self._put(f"{self._base}/records/{key}.json", lambda name: self._fs.pipe_file(name, record_text))
         except Exception as exc:  # see _read

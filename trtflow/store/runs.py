@@ -27,7 +27,8 @@ class RunHistory:
     writing: Any
 
     def record_run(self, keys: list[str]) -> None:
-        """Remember the stage keys a run finished with (for `gc --keep-last N`); a repeat of the last run adds nothing."""
+        """Remember the stage keys a run finished with (for `gc --keep-last N`); a repeat of the last run adds
+        nothing."""
         keys = sorted(set(keys))
         history = self._run_files()
         if history and self._read_run(history[-1]) == keys:

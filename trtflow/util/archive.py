@@ -14,7 +14,6 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from trtflow.errors import TrtflowError
 from trtflow.util.faults import crash_point
@@ -31,15 +30,21 @@ def write_reproducible_tar(folder: Path, archive: Path, prefix: str) -> None:
     The gzip layer stores rather than compresses (level 0): engines are mostly weights (ResNet-18 fp32 compresses
     by 8%) and gzip -9 made packaging 20x slower than `tar cf`; the .tar.gz format stays, so every tool reads it.
     """
-    write_reproducible_members(archive, prefix, {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()})
+    write_reproducible_members(
+        archive, prefix, {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()}
+    )
 
 
-def write_reproducible_members(archive: Path, prefix: str, members: dict[str, Path | bytes],
-                               expected: Optional[dict[str, str]] = None) -> None:
+def write_reproducible_members(
+    archive: Path, prefix: str, members: dict[str, Path | bytes], expected: dict[str, str] | None = None
+) -> None:
     """Pack `members` (name -> a file to stream, or bytes) as `prefix/<name>`, sorted by name, into a deterministic
     .tar.gz, without copying the files first. A file whose name `expected` lists is hashed while it is packed and
     must have that sha256 (what is packed is exactly what was verified), else UnsafeArchive."""
-    with open(archive, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=STORED) as zipped:
+    with (
+        open(archive, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=STORED) as zipped,
+    ):
         with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT, copybufsize=COPY_BUFFER) as tar:
             for name in sorted(members):
                 content = members[name]
@@ -50,8 +55,11 @@ def write_reproducible_members(archive: Path, prefix: str, members: dict[str, Pa
                     hashing = _Hashing(handle)
                     tar.addfile(_member(f"{prefix}/{name}", os.fstat(handle.fileno()).st_size), hashing)
                 if expected and name in expected and hashing.digest.hexdigest() != expected[name]:
-                    raise UnsafeArchive(f"{content}: its bytes changed since they were verified (sha256 {hashing.digest.hexdigest()[:16]}..., "
-                                        f"expected {expected[name][:16]}...)")
+                    raise UnsafeArchive(
+                        f"{content}: its bytes changed since they were verified (sha256 "
+                        f"{hashing.digest.hexdigest()[:16]}..., "
+                        f"expected {expected[name][:16]}...)"
+                    )
 
 
 class _Hashing:
@@ -90,7 +98,9 @@ def extract_tar(archive: Path, destination: Path) -> dict[str, str]:
             if member.isdir():
                 continue
             if not member.isfile() or not target.is_relative_to(root) or os.path.isabs(member.name):
-                raise UnsafeArchive(f"{archive}: refusing member {member.name!r} (outside the destination or not a regular file)")
+                raise UnsafeArchive(
+                    f"{archive}: refusing member {member.name!r} (outside the destination or not a regular file)"
+                )
             target.parent.mkdir(parents=True, exist_ok=True)
             with tar.extractfile(member) as source, open(target, "wb") as sink:  # type: ignore[union-attr]
                 hashing = _Hashing(source)
@@ -113,8 +123,9 @@ def replace_dir_atomically(source: Path, destination: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_member(archive: Path, suffix: str, limit: Optional[int] = None) -> bytes:
-    """The bytes of the first member whose name ends with `suffix` (e.g. '/manifest.json'); more than `limit` is refused."""
+def read_member(archive: Path, suffix: str, limit: int | None = None) -> bytes:
+    """The bytes of the first member whose name ends with `suffix` (e.g. '/manifest.json'); more than `limit` is
+    refused."""
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar.getmembers():
             if member.isfile() and member.name.endswith(suffix):
@@ -122,4 +133,3 @@ def read_member(archive: Path, suffix: str, limit: Optional[int] = None) -> byte
                     raise TrtflowError(f"{archive}: member {member.name} is {member.size} bytes, more than {limit}")
                 return tar.extractfile(member).read()  # type: ignore[union-attr]
     raise TrtflowError(f"{archive}: no member ending in {suffix}")
-

@@ -1,7 +1,7 @@
 """Compute capabilities: one type for `sm_86`, parsed from `sm_86`, `sm86` or `8.6`, ordered by number.
 
-    >>> ComputeCapability.parse("8.6"), ComputeCapability.parse("sm_120") > "sm_89"
-    ('sm_86', True)
+>>> ComputeCapability.parse("8.6"), ComputeCapability.parse("sm_120") > "sm_89"
+('sm_86', True)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class ComputeCapability(str):
     """A canonical `sm_XY` string that compares by its number (sm_120 > sm_89), usable wherever a str is."""
 
     @classmethod
-    def parse(cls, value: Any) -> "ComputeCapability":
+    def parse(cls, value: Any) -> ComputeCapability:
         """Accept `sm_86`, `sm86` or `8.6`; ValueError for anything else."""
         text = str(value).strip().lower()
         match = _FORM.fullmatch(text)
@@ -57,7 +57,9 @@ class ComputeCapability(str):
         """Validate with `parse` in pydantic models; serialize as the plain `sm_XY` string."""
         from pydantic_core import core_schema
 
-        return core_schema.no_info_plain_validator_function(cls.parse, serialization=core_schema.plain_serializer_function_ser_schema(str))
+        return core_schema.no_info_plain_validator_function(
+            cls.parse, serialization=core_schema.plain_serializer_function_ser_schema(str)
+        )
 
     @classmethod
     def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict:

@@ -14,8 +14,9 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional
+from typing import BinaryIO
 
 from trtflow.util.faults import crash_point
 
@@ -81,7 +82,7 @@ def real_dir(path: Path) -> bool:
         return False
 
 
-def open_regular(path: Path, dir_fd: Optional[int] = None) -> BinaryIO:
+def open_regular(path: Path, dir_fd: int | None = None) -> BinaryIO:
     """Open a regular file for reading, never through a symlink in its last component and never blocking on a FIFO.
 
     NotRegular (an OSError) if it is anything but a regular file; FileNotFoundError if it is not there.
@@ -105,7 +106,7 @@ def read_regular(path: Path, limit: int) -> bytes:
         return handle.read(limit)
 
 
-def open_dir(path: Path, dir_fd: Optional[int] = None) -> int:
+def open_dir(path: Path, dir_fd: int | None = None) -> int:
     """A descriptor of the real folder `path` (O_NOFOLLOW | O_DIRECTORY); NotRegular if it is a symlink or a file."""
     try:
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -197,7 +198,7 @@ def read_private(path: Path, limit: int) -> bytes:
     return read_regular(path, limit)
 
 
-def first_link(paths: "list[Path]") -> Optional[Path]:
+def first_link(paths: list[Path]) -> Path | None:
     """The first of `paths` that is a symlink (None if none is): a destination's outputs are never written through
     one, and a link where an output goes is refused rather than silently replaced."""
     for path in paths:

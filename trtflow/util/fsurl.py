@@ -37,7 +37,9 @@ def filesystem(url: str, options: dict, purpose: str = "a remote cache") -> tupl
     try:
         fs, base = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
-        raise EnvironmentProblem(f"{purpose} {redacted(url)} needs a package that is missing ({exc}): pip install 'trtflow[s3]'") from None
+        raise EnvironmentProblem(
+            f"{purpose} {redacted(url)} needs a package that is missing ({exc}): pip install 'trtflow[s3]'"
+        ) from None
     except ValueError as exc:
         raise EnvironmentProblem(f"{purpose} {redacted(url)} cannot be opened: {exc}") from None
     if protocol in ("s3", "s3a"):

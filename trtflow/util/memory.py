@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
 
 GIB, MIB = 1 << 30, 1 << 20
 # Per stage kind: (base bytes, bytes per byte of its input model). Declared from measurements on the real-model
 # corpus (README: peak memory per stage kind); replaced by the stage's own last peak once it has run.
 DECLARED: dict[str, tuple[int, float]] = {
-    "export": (1 * GIB, 4.0), "cleanup": (400 * MIB, 4.0), "precision": (600 * MIB, 32.0), "build": (500 * MIB, 3.0),
-    "verify": (300 * MIB, 2.0), "package": (200 * MIB, 1.0),
+    "export": (1 * GIB, 4.0),
+    "cleanup": (400 * MIB, 4.0),
+    "precision": (600 * MIB, 32.0),
+    "build": (500 * MIB, 3.0),
+    "verify": (300 * MIB, 2.0),
+    "package": (200 * MIB, 1.0),
 }
 SHARE_OF_AVAILABLE = 0.9  # of the memory available when a run starts, what its stages may take together
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -33,7 +36,7 @@ def parse_size(text: str) -> int:
     return int(float(found.group(1)) * 1024 ** "bkmgt".index((found.group(2) or "b").lower()))
 
 
-def expected_peak(kind: str, model_bytes: int, learned: Optional[int]) -> int:
+def expected_peak(kind: str, model_bytes: int, learned: int | None) -> int:
     """What a stage is expected to peak at: its last measured peak, else its kind's declaration for its model's size."""
     if learned:
         return learned
@@ -41,13 +44,13 @@ def expected_peak(kind: str, model_bytes: int, learned: Optional[int]) -> int:
     return int(base + per_byte * model_bytes)
 
 
-def available_bytes() -> Optional[int]:
+def available_bytes() -> int | None:
     """Memory this process may still use: the smaller of MemAvailable and the cgroup's limit less its usage."""
     found = [value for value in (_meminfo_available(), _cgroup_room()) if value is not None]
     return min(found) if found else None
 
 
-def _field(path: str, name: str) -> Optional[int]:
+def _field(path: str, name: str) -> int | None:
     """The number after `name` on its line of a kernel key-value file (/proc/meminfo, memory.events...), or None."""
     try:
         for line in Path(path).read_text().splitlines():
@@ -58,12 +61,12 @@ def _field(path: str, name: str) -> Optional[int]:
     return None
 
 
-def _meminfo_available() -> Optional[int]:
+def _meminfo_available() -> int | None:
     kib = _field("/proc/meminfo", "MemAvailable:")
     return kib * 1024 if kib is not None else None
 
 
-def _cgroup_room() -> Optional[int]:
+def _cgroup_room() -> int | None:
     """memory.max - memory.current of this process's cgroup (v2), None when unlimited or unknown."""
     try:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
@@ -74,7 +77,7 @@ def _cgroup_room() -> Optional[int]:
         return None
 
 
-def oom_kills() -> Optional[int]:
+def oom_kills() -> int | None:
     """How many processes the kernel's OOM killer has killed in this cgroup (v2), None where it cannot be read."""
     return _field("/sys/fs/cgroup/memory.events", "oom_kill ")
 
@@ -88,7 +91,7 @@ def reset_peak() -> None:
         pass
 
 
-def peak_rss() -> Optional[int]:
+def peak_rss() -> int | None:
     """This process's peak resident set size in bytes since its start or the last reset_peak (VmHWM)."""
     kib = _field("/proc/self/status", "VmHWM:")
     if kib is not None:
@@ -100,7 +103,7 @@ def peak_rss() -> Optional[int]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def shown(count: Optional[int]) -> str:
+def shown(count: int | None) -> str:
     """`17.7 GB`, `512 MB`: a byte count as the user reads it (decimal units, like `free -h` and the README)."""
     if count is None:
         return "unknown"

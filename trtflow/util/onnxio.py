@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
-Dim = Union[int, str, None]  # a size, a symbolic name, or None when unknown
+Dim = int | str | None  # a size, a symbolic name, or None when unknown
 
 # numpy names of ONNX element types -> ONNX Runtime's type names where they differ
 ORT_TYPE_NAMES = {"float32": "float", "float64": "double"}
@@ -21,11 +21,11 @@ class TensorInfo:
     """One graph input or output: `dtype` is numpy's name (`float32`); `dims` as the graph declares them."""
 
     name: str
-    dtype: Optional[str]
-    dims: Optional[list[Dim]]  # None when the graph declares no shape
+    dtype: str | None
+    dims: list[Dim] | None  # None when the graph declares no shape
 
     @property
-    def static_dims(self) -> list[Optional[int]]:
+    def static_dims(self) -> list[int | None]:
         """Each dimension as a positive size, or None where it is dynamic or unknown."""
         return [d if isinstance(d, int) and d > 0 else None for d in (self.dims or [])]
 
@@ -46,7 +46,7 @@ class ModelIO:
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
 
-    def input(self, name: str) -> Optional[TensorInfo]:
+    def input(self, name: str) -> TensorInfo | None:
         """The input called `name`, or None."""
         return next((t for t in self.inputs if t.name == name), None)
 
@@ -61,8 +61,10 @@ def load_graph_only(path: Path) -> Any:
 def model_io(model: Any) -> ModelIO:
     """Inputs and outputs of a loaded ModelProto."""
     initializers = {init.name for init in model.graph.initializer}
-    return ModelIO([tensor_info(v) for v in model.graph.input if v.name not in initializers],
-                   [tensor_info(v) for v in model.graph.output])
+    return ModelIO(
+        [tensor_info(v) for v in model.graph.input if v.name not in initializers],
+        [tensor_info(v) for v in model.graph.output],
+    )
 
 
 def model_io_of_file(path: Path) -> ModelIO:
@@ -123,8 +125,11 @@ def composition(model: Any) -> dict:
     for init in model.graph.initializer:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name
         weights[dtype] = weights.get(dtype, 0) + _nbytes(init)
-    return {"nodes_by_dtype": dict(sorted(nodes.items())), "initializer_bytes_by_dtype": dict(sorted(weights.items())),
-            "qdq_covered_ops": dict(sorted(covered.items()))}
+    return {
+        "nodes_by_dtype": dict(sorted(nodes.items())),
+        "initializer_bytes_by_dtype": dict(sorted(weights.items())),
+        "qdq_covered_ops": dict(sorted(covered.items())),
+    }
 
 
 def _nbytes(init: Any) -> int:

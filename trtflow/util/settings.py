@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Optional
 
 # Fixed for every worker that makes an output (pool, isolated and hermetic alike): string hashing, and so set and
 # dict-of-set order, and the locale do not follow the shell the run was started from.
@@ -28,7 +28,7 @@ class Settings:
     passed_through: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "Settings":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read the process environment (or `environ`)."""
         source = os.environ if environ is None else environ
         return cls(passed_through={name: source[name] for name in PASSED_THROUGH if name in source})
