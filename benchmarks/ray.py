@@ -115,9 +115,8 @@ def main() -> int:
         startup = ray_start_seconds(args.jobs)
     stages = len(local["nodes"])
     local_busy, ray_busy = (sum(n["seconds"] or 0.0 for n in s["nodes"]) for s in (local, distributed))
-    extra = (
-        ray_busy - local_busy
-    ) / stages  # a stage's seconds, dispatch to collection: shipping, the Ray task, fetching
+    # a stage's seconds, dispatch to collection: shipping, the Ray task, fetching
+    extra = (ray_busy - local_busy) / stages
     print(f"{stages} stages ({sum(n['kind'] == 'build' for n in local['nodes'])} builds), -j {args.jobs}")
     print(
         f"local pool: {local_wall:.2f} s wall; Ray local instance: {ray_wall:.2f} s wall (a Ray start and stop alone: "

@@ -22,9 +22,8 @@ class CountingS3:
 
         self.served: Counter[str] = Counter()  # path -> body bytes sent for GET requests
         self.requests: list[tuple[str, str]] = []
-        self.heads: list[
-            tuple[int, int, int]
-        ] = []  # per request: (request head bytes, response head bytes, response status)
+        # per request: (request head bytes, response head bytes, response status)
+        self.heads: list[tuple[int, int, int]] = []
         self._lock = threading.Lock()
 
         class QuietHandler(MotoRequestHandler):

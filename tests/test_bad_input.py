@@ -78,10 +78,9 @@ def assert_refused(root: Path, where: str, message: str) -> None:
 
 
 # (id, recipe text, "file:line: field", message fragment); the recipe is recipes/tiny.yaml
+# opened on line 3, seen on 4
 RECIPE_CASES = [
-    pytest.param(
-        recipe(precisions="[fp32"), "recipes/tiny.yaml:4", "expected ',' or ']'", id="unclosed-bracket"
-    ),  # opened on line 3, seen on 4
+    pytest.param(recipe(precisions="[fp32"), "recipes/tiny.yaml:4", "expected ',' or ']'", id="unclosed-bracket"),
     pytest.param(
         recipe(extra="name: a: b\n"),
         "recipes/tiny.yaml:13",
@@ -213,9 +212,8 @@ def test_bad_recipe(tmp_path: Path, text: str, where: str, message: str) -> None
     ],
 )
 def test_yaml_that_parses_but_cannot_be_built(tmp_path: Path, extra: str) -> None:
-    message = (
-        "merges a mapping" if extra.startswith("<<") else "invalid YAML"
-    )  # merge keys of mappings work (test_hostile_files)
+    # merge keys of mappings work (test_hostile_files)
+    message = "merges a mapping" if extra.startswith("<<") else "invalid YAML"
     assert_refused(make_project(tmp_path / "proj", {"tiny": recipe(extra=extra)}), "recipes/tiny.yaml:13", message)
 
 

@@ -113,9 +113,8 @@ def test_cleanup_removes_nodes_proves_equality_and_each_pass_can_be_switched_off
         and "opset 18" in nofold["passes"]
         and nofold["after"]["opsets"] == {"ai.onnx": 18}
     )
-    assert (
-        slim["after"]["nodes"] < nofold["after"]["nodes"] < 9
-    )  # Dropout/Identity still removed; BatchNorm and the constant Add kept
+    # Dropout/Identity still removed; BatchNorm and the constant Add kept
+    assert slim["after"]["nodes"] < nofold["after"]["nodes"] < 9
 
 
 def test_changing_a_cleanup_option_is_explained_and_reruns_cleanup(tmp_path: Path) -> None:

@@ -241,9 +241,8 @@ def test_each_optimization_profile_gets_an_instance_group_and_batching_follows_t
     assert export_triton(built, str(two), "--repo", str(tmp_path / "repo"), "--model-name", "two").code == 0
     config, _ = triton_config(tmp_path / "repo" / "two" / "config.pbtxt")
     assert [list(g.profile) for g in config.instance_group] == [["0"], ["1"]] and config.max_batch_size == 64
-    assert covered_batches(manifest_of(two)) >= set(
-        range(1, config.max_batch_size + 1)
-    )  # every batch Triton may send fits a profile
+    # every batch Triton may send fits a profile
+    assert covered_batches(manifest_of(two)) >= set(range(1, config.max_batch_size + 1))
 
     gap = full_tensorrt_package(
         built / PACKAGE, tmp_path / "gap" / "tiny", {"a10": "sm_86"}, with_profiles((1, 4, 8), (16, 32, 64))
@@ -307,9 +306,8 @@ def test_tensorrt_rtx_engines_are_refused_for_triton_with_the_reason(built: Path
     assert not (tmp_path / "repo").exists()
     full = full_tensorrt_package(built / PACKAGE, tmp_path / "full" / "tiny", {"a10": "sm_86"})
     mixed = export_triton(built, str(full), str(built / PACKAGE), "--repo", str(tmp_path / "repo"))
-    assert (
-        mixed.code == 0 and mixed.err.count("note: left out") == 2
-    )  # the RTX engines, named; the TensorRT one exported
+    # the RTX engines, named; the TensorRT one exported
+    assert mixed.code == 0 and mixed.err.count("note: left out") == 2
 
 
 def test_triton_export_refuses_what_one_model_cannot_serve(built: Path, tmp_path: Path) -> None:
@@ -374,11 +372,12 @@ def test_provision_from_s3_fetches_the_channel_the_manifest_and_the_chosen_engin
     record = json.loads(result.stdout)
     prefix = f"/{url.removeprefix('s3://')}"
     channel = s3.served[f"{prefix}/channels/stable.json"]
+    # nothing else
     assert dict(s3.served) == {
         f"{prefix}/channels/stable.json": channel,
         f"{prefix}/versions/{version}/manifest.json": manifest_size,
         f"{prefix}/engines/{ada['sha256']}.engine": ada["size"],
-    }  # nothing else
+    }
     assert channel < 300 and record["transfer"]["bytes"] == channel + manifest_size + ada["size"] == sum(
         s3.served.values()
     )
@@ -389,9 +388,8 @@ def test_provision_from_s3_fetches_the_channel_the_manifest_and_the_chosen_engin
     s3.reset()
     again = cli("provision", url, "--gpu", "sm_89", "--dest", str(tmp_path / "dest"), "--json", env=s3.env())
     assert again.returncode == 0 and json.loads(again.stdout)["action"] == "unchanged"
-    assert dict(s3.served) == {} and s3.requests == [
-        ("GET", f"{prefix}/channels/stable.json")
-    ]  # one conditional GET, answered 304
+    # one conditional GET, answered 304
+    assert dict(s3.served) == {} and s3.requests == [("GET", f"{prefix}/channels/stable.json")]
 
     s3.reset()
     republished = cli("publish", str(package), url, "--json", env=s3.env())

@@ -109,9 +109,8 @@ def test_a_node_that_cannot_read_the_exchange_fails_its_stage_with_exit_4(tmp_pa
     source.write_bytes(b"an onnx model")
     task = StageTask("cleanup:m", "cleanup", None, {"model": Upstream(files={"model": source})}, tmp_path / "work")
     shipped = ship(task, Exchange(str(tmp_path / "driver-side")))
-    landed = landed_or_failure(
-        shipped, Exchange(str(tmp_path / "node-side")), tmp_path / "node"
-    )  # another folder: not shared
+    # another folder: not shared
+    landed = landed_or_failure(shipped, Exchange(str(tmp_path / "node-side")), tmp_path / "node")
     assert landed.exit_code == 4 and "cannot fetch the inputs of cleanup:m from the exchange" in landed.error
     ok = landed_or_failure(shipped, Exchange(str(tmp_path / "driver-side")), tmp_path / "node2")
     assert (

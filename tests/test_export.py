@@ -399,7 +399,7 @@ def test_dynamic_axes_come_from_every_profile(tmp_path: Path) -> None:
     from trtflow.dag import dag_from_project
     from trtflow.recipe import load_project
     from trtflow.stages.base import RecipeContext
-    from trtflow.stages.export import export_dims
+    from trtflow.stages.export.from_torch import export_dims
 
     recipe = CONV_RECIPE.replace(
         "      image: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n",
@@ -410,9 +410,8 @@ def test_dynamic_axes_come_from_every_profile(tmp_path: Path) -> None:
     save_weights(root, seed=1)
     project = load_project(root)
     inputs, dynamic = export_dims(RecipeContext(project.recipes[0], project.root, project.pipeline))
-    assert [i.model_dump() for i in inputs] == [
-        {"name": "image", "dtype": "float32", "shape": [4, 3, 32, 32]}
-    ]  # the first profile's opt
+    # the first profile's opt
+    assert [i.model_dump() for i in inputs] == [{"name": "image", "dtype": "float32", "shape": [4, 3, 32, 32]}]
     assert dynamic == {"image": {"0": [1, 16], "2": [32, 64]}}  # axis 3 is 32 everywhere: static
     export = dag_from_project(project).nodes["export:conv"]
     assert [role for role, _ in export.sources] == ["factory", "weights"] and export.params.dynamic == dynamic

@@ -76,10 +76,11 @@ def test_a_model_with_external_data_is_hashed_over_all_its_files_and_builds(mlp_
     lock = json.loads((mlp_project / "trtflow.lock").read_text())["nodes"]
     inputs = lock["cleanup:mlp"]["inputs"]
     assert sorted(inputs) == ["model", "model.data:w1", "model.data:w2"]
+    # one weights file in the store, beside the graph
     assert sorted(lock["cleanup:mlp"]["outputs"]) == [
         "model",
         "model.data",
-    ]  # one weights file in the store, beside the graph
+    ]
     assert sorted(lock["build:mlp/fp32/rtx-ada"]["inputs"]) == ["model", "model.data"]
     manifest = json.loads((mlp_project / "artifacts/packages/mlp/manifest.json").read_text())
     assert [t["shape"] for t in manifest["engines"][0]["tensors"]] == [[-1, 256], [-1, 4]]

@@ -52,9 +52,8 @@ def deploy_every_package(root: Path, work: Path) -> None:
             assert result.code == 0, (name, gpu, result.err)
             record = json.loads(result.out)
             chosen = record["chosen"]["manifest_entry"]
-            channel = record["transfer"]["files"].get(
-                "channels/stable.json", 0
-            )  # issue 29: the channel file comes first
+            # issue 29: the channel file comes first
+            channel = record["transfer"]["files"].get("channels/stable.json", 0)
             assert (
                 record["transfer"]["bytes"] == (package / "manifest.json").stat().st_size + chosen["size"] + channel
             ), (name, gpu)

@@ -56,9 +56,9 @@ def golden_project(root: Path) -> Path:
 
 def stage_versions() -> dict[str, int]:
     """Each stage kind's VERSION."""
-    from trtflow.stages import STAGE_KINDS, stage_module
+    from trtflow.stages import STAGE_KINDS, stage
 
-    return {kind: stage_module(kind).VERSION for kind in STAGE_KINDS}
+    return {kind: stage(kind).version for kind in STAGE_KINDS}
 
 
 def test_the_keys_of_a_fixed_project_change_only_with_a_listed_stage_version(tmp_path: Path) -> None:
@@ -105,9 +105,8 @@ def test_a_new_option_with_a_default_changes_no_key(tmp_path: Path) -> None:
         )
         fields = node.params.model_dump()
         assert grown(**fields).key_parts() == node.params.key_parts(), node.id
-        assert grown(**fields, new_option=7).key_parts() == node.params.key_parts(), (
-            node.id
-        )  # written out at its default
+        # written out at its default
+        assert grown(**fields, new_option=7).key_parts() == node.params.key_parts(), node.id
         assert grown(**fields, new_option=8).key_parts() != node.params.key_parts(), node.id
 
 

@@ -1389,9 +1389,8 @@ def test_hostile_input(name: str, bases: dict[str, Path], tmp_path: Path) -> Non
         for p in (root / "artifacts").rglob("*")
         if p.is_file() and not p.is_symlink() and DECOY_BYTES in p.read_bytes()
     ]
-    assert not [p for p in shipped if "store" not in p.relative_to(root).parts[:2]], (
-        shown
-    )  # no outside bytes were packaged
+    # no outside bytes were packaged
+    assert not [p for p in shipped if "store" not in p.relative_to(root).parts[:2]], shown
 
 
 DECOY_TREE = {

@@ -84,6 +84,7 @@ def test_nothing_unpickles_what_another_process_can_write() -> None:
 def test_a_crafted_result_planted_during_an_export_is_never_unpickled(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     marker, outside = tmp_path / "pwned", make_decoy(tmp_path / "decoy")
+    # names an outside file as the export's output
     forged = json.dumps(
         {
             "files": {"onnx": str(outside / "engine.bin")},
@@ -94,7 +95,7 @@ def test_a_crafted_result_planted_during_an_export_is_never_unpickled(tmp_path: 
             "detail": "",
             "node": None,
         }
-    )  # names an outside file as the export's output
+    )
     attacker = ATTACKER.format(marker=str(marker), forged=forged)
     root = write_torch_project(
         tmp_path / "proj",

@@ -39,9 +39,8 @@ def test_the_next_run_sweeps_what_a_killed_run_left(built_project: Path) -> None
 
 def test_cache_gc_yes_sweeps_them_too(built_project: Path) -> None:
     made = _leftovers(built_project)
-    assert trtflow(built_project, "cache", "gc").code == 0 and all(
-        os.path.lexists(p) for p in made
-    )  # a dry run deletes nothing
+    # a dry run deletes nothing
+    assert trtflow(built_project, "cache", "gc").code == 0 and all(os.path.lexists(p) for p in made)
     assert trtflow(built_project, "cache", "gc", "--yes").code == 0
     assert [p for p in made if os.path.lexists(p)] == []
 

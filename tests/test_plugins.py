@@ -198,8 +198,8 @@ def test_provision_refuses_an_engine_whose_plugin_the_device_lacks(
 
 
 def test_the_choice_falls_to_an_engine_whose_plugins_the_device_has(built: Path) -> None:
+    from trtflow.deploy.provision import choose, device_from_options
     from trtflow.manifest import Manifest
-    from trtflow.provision import choose, device_from_options
 
     manifest = Manifest.model_validate(_manifest(built, "tiny"))
     needing = manifest.engines[0].model_copy(

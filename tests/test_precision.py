@@ -292,9 +292,8 @@ def test_fp8_quantizes_wide_convolutions_and_builds_for_ada(tmp_path: Path) -> N
     assert zero_points and {i.data_type for i in graph.initializer if i.name in zero_points} == {
         onnx.TensorProto.FLOAT8E4M3FN
     }
-    assert (
-        record["calibration"]["method"] == "max" and record["accuracy"]["passed"]
-    )  # max: ModelOpt's int8 -> fp8 scale conversion
+    # max: ModelOpt's int8 -> fp8 scale conversion
+    assert record["calibration"]["method"] == "max" and record["accuracy"]["passed"]
     _build(model, "sm_89", TINY_PROFILE)
 
 
@@ -453,14 +452,12 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
     assert _ops(int8_onnx)["QuantizeLinear"] >= 2 and _ops(int8_onnx)["DequantizeLinear"] >= 2
 
     assert set(_run(root).values()) == {"cached"}  # a rerun is a no-op
-    (
-        root / "calib" / "batch_03.npz"
-    ).touch()  # same bytes, new mtime: the stat cache re-hashes and finds the same digest
+    # same bytes, new mtime: the stat cache re-hashes and finds the same digest
+    (root / "calib" / "batch_03.npz").touch()
     assert set(_run(root).values()) == {"cached"}
 
-    wider = (
-        np.random.default_rng(9).standard_normal((4, 3, 32, 32)).astype(np.float32) * 4
-    )  # widens the activation ranges
+    # widens the activation ranges
+    wider = np.random.default_rng(9).standard_normal((4, 3, 32, 32)).astype(np.float32) * 4
     np.savez(root / _late_name(root, 4), input=wider)
     rerun = {node for node, status in _run(root).items() if status == "built"}
     # AutoCast reads the calibration files too: fp16 reruns, and as its model comes out the same, its builds stay cached
@@ -481,9 +478,8 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
 
     first = min(rank(0, p.relative_to(root).as_posix()) for p in (root / "calib").glob("*.npz"))
     early = next(f"calib/early_{i}.npz" for i in range(1000) if rank(0, f"calib/early_{i}.npz") < first)
-    np.savez(
-        root / early, input=np.zeros((4, 3, 32, 32), np.float32)
-    )  # ranks into the held-out files: fp16 evaluates on it
+    # ranks into the held-out files: fp16 evaluates on it
+    np.savez(root / early, input=np.zeros((4, 3, 32, 32), np.float32))
     plan = trtflow(root, "plan", "--explain").out
     assert "precision:tiny/fp16" in plan and f"input holdout:{early} changed" in plan
     (root / "calib" / Path(early).name).unlink()
@@ -517,6 +513,5 @@ def test_frozen_rebuild_accepts_int8_engines_that_differ_only_in_kernel_names(tm
     assert result.code == 0, result.out + result.err
     assert {node["status"] for node in json.loads(result.out)["nodes"]} == {"built"}
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
-    assert lock["precision:tiny/int8"]["outputs"][
-        "model"
-    ]  # the quantized ONNX itself is reproducible: it matched the lock
+    # the quantized ONNX itself is reproducible: it matched the lock
+    assert lock["precision:tiny/int8"]["outputs"]["model"]

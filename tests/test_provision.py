@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import trtflow, write_project
 
+from trtflow.deploy.provision import AMPERE_PLUS, EXACT, BadRequest, Device, NoEngineFits, choose, device_from_options
 from trtflow.manifest import BuilderOptions, Engine, Manifest, Source
-from trtflow.provision import AMPERE_PLUS, EXACT, BadRequest, Device, NoEngineFits, choose, device_from_options
 from trtflow.util.archive import write_reproducible_tar
 
 # ---------------------------------------------------------------------------------------------
@@ -314,9 +314,8 @@ def test_sm89_gets_the_rtx_ada_engine_with_a_record_of_why(packages: Path, tmp_p
     version = tmp_path / "dest" / "tiny" / sha
     assert f"installed {version}; {installed(tmp_path / 'dest')} now points to it" in result.out
     assert hashlib.sha256(installed(tmp_path / "dest").read_bytes()).hexdigest() == sha
-    assert (
-        os.readlink(tmp_path / "dest" / "tiny" / "current") == sha
-    )  # relative: the folder can be moved or mounted elsewhere
+    # relative: the folder can be moved or mounted elsewhere
+    assert os.readlink(tmp_path / "dest" / "tiny" / "current") == sha
     record = json.loads((version / "provision.json").read_text())
     assert record["device"] == {
         "gpu": "sm_89",
@@ -354,11 +353,12 @@ def test_json_output_is_the_record_and_runtime_rules_apply_when_given(packages: 
     )
     assert result.code == 0, result.err
     printed = json.loads(result.out)
+    # nothing fetched
     assert (printed.pop("action"), printed.pop("transfer"), printed.pop("exit_code")) == (
         "installed",
         None,
         0,
-    )  # nothing fetched
+    )
     assert printed.pop("checks")["preflight"]["version_check"].startswith("passed")  # issue 29: the preflight's answers
     assert printed.pop("written") == {
         "engine": str(installed(tmp_path)),
@@ -401,10 +401,11 @@ def test_the_same_engine_again_is_a_no_op_another_flips_current_and_old_versions
     assert to("sm_89")["action"] == "switched" and os.readlink(folder / "current") == ada  # a rollback copies nothing
     assert (folder / ada / "tiny.engine").stat().st_ino == first.st_ino
     assert to("sm_86", "--keep", "1")["action"] == "switched"
+    # --keep 1: only current
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [
         ampere,
         "current",
-    ]  # --keep 1: only current
+    ]
 
 
 def test_a_watcher_reading_current_always_sees_a_whole_engine(packages: Path, tmp_path: Path) -> None:
@@ -412,7 +413,7 @@ def test_a_watcher_reading_current_always_sees_a_whole_engine(packages: Path, tm
     or missing file: every read is one of the two engines, byte for byte."""
     import threading
 
-    from trtflow import provision as prov
+    from trtflow.deploy import provision as prov
 
     package, dest = prov.load_package(packages / "tiny"), tmp_path / "dest"
     digests = {entry(packages, "rtx-ada")["sha256"], entry(packages, "rtx-ampere")["sha256"]}

@@ -14,9 +14,8 @@ from trtflow.recipe.pymodule import ModuleNotFound, import_root, module_file, to
 def root(tmp_path: Path) -> Path:
     (tmp_path / "models" / "vision").mkdir(parents=True)
     (tmp_path / "models" / "net.py").write_text("def make():\n    pass\n")
-    (tmp_path / "models" / "vision" / "__init__.py").write_text(
-        "raise SystemExit('imported!')\n"
-    )  # would end the test if run
+    # would end the test if run
+    (tmp_path / "models" / "vision" / "__init__.py").write_text("raise SystemExit('imported!')\n")
     (tmp_path / "models" / "vision" / "resnet.py").write_text("from .blocks import *\n")
     return tmp_path
 
@@ -33,9 +32,8 @@ def test_a_project_module_is_found_without_importing_its_packages(root: Path) ->
 def test_the_project_folder_comes_before_the_python_path(root: Path) -> None:
     (root / "json.py").write_text("def make():\n    pass\n")
     assert module_file("json", root) == (root / "json.py").resolve()
-    assert (
-        module_file("email.mime.text", root).name == "text.py"
-    )  # an installed package, walked down without importing it
+    # an installed package, walked down without importing it
+    assert module_file("email.mime.text", root).name == "text.py"
 
 
 @pytest.mark.parametrize(

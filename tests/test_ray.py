@@ -162,17 +162,15 @@ def test_each_build_runs_on_a_node_with_its_targets_labels(scenarios: Path) -> N
         node["id"]: node["node"]["labels"].get("gpu-class") for node in summary["nodes"] if node["kind"] == "build"
     }
     assert builds == {"build:tiny/fp32/rtx-ampere": "ampere", "build:tiny/fp32/rtx-ada": "ada"}
-    assert package_bytes(scenarios / "labelled") == package_bytes(
-        scenarios / "reference"
-    )  # runs_on is placement, not content
+    # runs_on is placement, not content
+    assert package_bytes(scenarios / "labelled") == package_bytes(scenarios / "reference")
 
 
 def test_labels_no_node_has_fail_fast_naming_them(scenarios: Path) -> None:
     code, _, err = result(scenarios, "unsatisfiable")
     assert code == 4
-    assert (
-        "gpu-class=l4" in err and "target rtx-ada" in err and "gpu-class=ada" in err
-    )  # what is asked and what there is
+    # what is asked and what there is
+    assert "gpu-class=l4" in err and "target rtx-ada" in err and "gpu-class=ada" in err
     assert len(err.strip().splitlines()) == 1
     assert int((scenarios / "unsatisfiable.ms").read_text()) < 60_000
 

@@ -92,9 +92,8 @@ def test_folding_stops_at_the_size_limit_and_the_engine_stays_near_a_direct_buil
     cleaned = stage_record(root, "cleanup:bounded")
     assert cleaned["before"]["initializer_bytes"] == 54448 and cleaned["after"]["initializer_bytes"] < FOLD_LIMIT
     assert stage_record(root, "cleanup:unbounded")["after"]["initializer_bytes"] > 32 << 20
-    assert cleaned["equality"]["passed"] and {"Tile", "Mul"} <= set(
-        cleaned["after"]["ops"]
-    )  # the big weight stays computed
+    # the big weight stays computed
+    assert cleaned["equality"]["passed"] and {"Tile", "Mul"} <= set(cleaned["after"]["ops"])
 
 
 LIGHT_ZOO = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -161,9 +160,8 @@ def test_a_dynamo_resnet_exported_without_the_optimizer_comes_out_of_cleanup_fus
     shutil.copyfile(Path(__file__).with_name("zoo.py"), root / "models" / "zoo.py")
     result = trtflow(root, "run")
     assert result.code == 0, result.err + result.out
-    optimized = len(
-        onnx.load(zoo_model("resnet", zoo_dir).path, load_external_data=False).graph.node
-    )  # the exporter's optimizer
+    # the exporter's optimizer
+    optimized = len(onnx.load(zoo_model("resnet", zoo_dir).path, load_external_data=False).graph.node)
     exported, cleaned = stage_record(root, "export:resnet"), stage_record(root, "cleanup:resnet")
     assert exported["nodes"] == cleaned["before"]["nodes"] > 3 * optimized  # optimize: false is the default
     assert cleaned["before"]["ops"]["BatchNormalization"] == 20 and "BatchNormalization" not in cleaned["after"]["ops"]

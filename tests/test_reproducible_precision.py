@@ -19,11 +19,12 @@ pytest.importorskip("torch")
 
 from zoo import zoo_model  # noqa: E402  (imports torch)
 
+# ModelOpt
 CORPUS = {
     "resnet": ["fp32", "fp16", "int8"],
     "mobilenet": ["fp32", "fp16", "int8"],
     "lstm": ["fp32", "fp16"],
-}  # ModelOpt
+}
 # quantizes no node of the LSTM (GEMV-shaped MatMuls): int8 of it fails by design
 
 

@@ -48,9 +48,8 @@ def test_devices_choose_by_a_hash_of_their_id_the_same_way_every_time() -> None:
     ten = {d for d in ids if takes_newest(d, "stable", "a" * 64, 1000)}
     assert ten == {d for d in ids if takes_newest(d, "stable", "a" * 64, 1000)}  # deterministic
     assert 150 <= len(ten) <= 250  # about 10%
-    assert ten <= {
-        d for d in ids if takes_newest(d, "stable", "a" * 64, 5000)
-    }  # a larger share keeps the first canaries
+    # a larger share keeps the first canaries
+    assert ten <= {d for d in ids if takes_newest(d, "stable", "a" * 64, 5000)}
     assert ten != {d for d in ids if takes_newest(d, "stable", "b" * 64, 1000)}  # each release picks its own canaries
     channel = Channel("stable", ("a" * 64, "b" * 64), 1000)
     assert {d: pick_version(channel, d) for d in ids} == {d: "a" * 64 if d in ten else "b" * 64 for d in ids}
@@ -140,7 +139,7 @@ def test_a_republish_racing_50_provisions_refuses_none(
     versions: tuple[Path, Path], s3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Republishing v1/v2 to one URL in a loop while 50 provisions run: every provision installs a whole version."""
-    from trtflow import provision as prov
+    from trtflow.deploy import provision as prov
     from trtflow.deploy.channels import publish_version
     from trtflow.deploy.rollout import Request, provision_channel
 
@@ -167,9 +166,8 @@ def test_a_republish_racing_50_provisions_refuses_none(
     publisher = threading.Thread(target=republish)
     publisher.start()
     devices = [threading.Thread(target=device, args=(i,)) for i in range(50)]
-    for wave in range(
-        5
-    ):  # 5 waves of 10 provisions, each started after one more publish has finished: they overlap publishes
+    # 5 waves of 10 provisions, each started after one more publish has finished: they overlap publishes
+    for wave in range(5):
         seen = len(published)
         while len(published) == seen and publisher.is_alive():
             time.sleep(0.01)
@@ -259,9 +257,8 @@ def test_canary_promote_rollback_on_simulated_devices(versions: tuple[Path, Path
         "lab-0": version_of(v2),
     }
     stable_polls = [r for r in s3.requests if r[1].endswith("/channels/stable.json")]
-    assert (
-        len(stable_polls) == 4 and engine_bytes(s3) == ada(v2)["size"]
-    )  # 4 stable devices: one GET each; only lab-0 fetched
+    # 4 stable devices: one GET each; only lab-0 fetched
+    assert len(stable_polls) == 4 and engine_bytes(s3) == ada(v2)["size"]
 
     share = next(
         p
@@ -291,9 +288,8 @@ def test_canary_promote_rollback_on_simulated_devices(versions: tuple[Path, Path
         **{d: version_of(v1) for d in DEVICES},
         "lab-0": version_of(v2),
     }
-    assert engine_bytes(s3) == 0 and not [
-        p for p in s3.served if "/versions/" in p
-    ]  # kept engines: switched, nothing fetched
+    # kept engines: switched, nothing fetched
+    assert engine_bytes(s3) == 0 and not [p for p in s3.served if "/versions/" in p]
     assert {s["action"] for d, s in back.items() if d != "lab-0"} == {"switched"}
     for d, (gpu, channel) in DEVICES.items():
         assert current_sha(root / d) == expected_engine(v1 if channel == "stable" else v2, gpu)
@@ -386,9 +382,8 @@ def test_one_agent_per_destination(versions: tuple[Path, Path], tmp_path: Path) 
         "2.5",
         "--json",
     )
-    assert (
-        looped.returncode == 0 and json.loads(looped.stdout)["action"] == "unchanged"
-    )  # rounds after the first find nothing new
+    # rounds after the first find nothing new
+    assert looped.returncode == 0 and json.loads(looped.stdout)["action"] == "unchanged"
 
 
 # preflight, gc, fleet status ------------------------------------------------------------------------------------

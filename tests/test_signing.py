@@ -264,9 +264,8 @@ def test_a_published_package_is_checked_against_its_signed_provenance_at_the_url
     assert accepted.code == 0, accepted.err
     record = json.loads(accepted.out)
     share, version = tmp_path / "share" / "tiny", record["version"]
-    assert record["signed_by"] == signer(keys["ci"]).keyid and set(
-        record["transfer"]["files"]
-    ) == {  # issue 29: the channel layout
+    # issue 29: the channel layout
+    assert record["signed_by"] == signer(keys["ci"]).keyid and set(record["transfer"]["files"]) == {
         "channels/stable.json",
         f"versions/{version}/manifest.json",
         f"versions/{version}/provenance.intoto.jsonl",

@@ -115,22 +115,19 @@ def test_keras_cnn_and_lstm_savedmodels_build_fp32_and_fp16_into_verified_packag
             for e in manifest["engines"]
             if e["precision"] == "int8"
         )
-        assert (
-            export["inputs"][0]["shape"][0] == f"{export['inputs'][0]['name']}_dim0"
-        )  # a stable name, not tf2onnx's counter
+        # a stable name, not tf2onnx's counter
+        assert export["inputs"][0]["shape"][0] == f"{export['inputs'][0]['name']}_dim0"
     cnn = stage_record(root, "export:cnn")
     assert [i["name"] for i in cnn["inputs"]] == ["image"] and [o["name"] for o in cnn["outputs"]] == ["output_0"]
-    assert [o["name"] for o in stage_record(root, "export:cnn_keras")["outputs"]] == [
-        "logits"
-    ]  # Keras: the output layer's name
+    # Keras: the output layer's name
+    assert [o["name"] for o in stage_record(root, "export:cnn_keras")["outputs"]] == ["logits"]
     assert any(n.startswith("LSTM") or n == "LSTM" for n in _op_types(root, "lstm")), (
         "the LSTM should stay an ONNX LSTM op"
     )
 
     keys_before = _lock_keys(root)
-    generate(
-        root / "models", "--seed", "1", "--only", "cnn"
-    )  # new weights: the SavedModel's variable files (and cnn.keras) change
+    # new weights: the SavedModel's variable files (and cnn.keras) change
+    generate(root / "models", "--seed", "1", "--only", "cnn")
     plan = trtflow(root, "plan", "--explain")
     assert "export:cnn" in plan.out and "input saved_model/variables/variables.data-00000-of-00001 changed" in plan.out
     again = trtflow(root, "run", "--json")

@@ -98,9 +98,8 @@ def test_every_packaged_engine_records_what_verification_ran(project: Path) -> N
     manifest = json.loads((project / "artifacts/packages/tiny/manifest.json").read_text())
     for engine in manifest["engines"]:
         check = engine["verification"]
-        assert (
-            check["cleanup_equality"]["passed"] and check["cleanup_equality"]["samples"] == 3
-        )  # one profile: opt, min, max
+        # one profile: opt, min, max
+        assert check["cleanup_equality"]["passed"] and check["cleanup_equality"]["samples"] == 3
         assert check["engine_checks"] == {"io_names_and_dtypes": "pass", "profile_shapes": "pass", "problems": []}
         assert check["engine_run"]["status"].startswith("not run (no GPU")
 

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import ProjectError, StageError
-from trtflow.runmemo import note_glob
+from trtflow.util.reads import note_glob
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from trtflow.recipe.load import RecipeFile
     from trtflow.recipe.precision import Calibration
+    from trtflow.recipe.project import RecipeFile
 
 DATA_SUFFIXES = (".npy", ".npz")
 IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".png", ".ppm", ".tif", ".tiff", ".webp")

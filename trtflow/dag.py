@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from trtflow.recipe.load import Project
+from trtflow.recipe.project import Project
 from trtflow.stages import build, cleanup, export, package, precision, verify
 from trtflow.stages.base import Node, RecipeContext
 

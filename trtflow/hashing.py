@@ -19,7 +19,7 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trtflow.runmemo import note_path
+from trtflow.util.reads import note_path
 
 CHUNK = 1 << 20
 # A file modified within this window of being hashed may change again within the same mtime tick,

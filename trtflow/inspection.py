@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trtflow.deploy.provision import BadPackage, load_package
 from trtflow.hashing import sha256_file
 from trtflow.manifest import MANIFEST_FILE, manifest_bytes
-from trtflow.provision import BadPackage, load_package
 
 
 def inspect_path(path: Path) -> dict:

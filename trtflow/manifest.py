@@ -13,9 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
 
-SCHEMA_VERSION = (
-    4  # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
-)
+# 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
+SCHEMA_VERSION = 4
 # 4: complete/missing (a package holds the engines that built; the others are listed with why), precision_composition,
 # canonical_sha256 and reproducible per engine; missing engines name their target's compute capabilities
 MANIFEST_FILE = "manifest.json"
@@ -27,9 +26,8 @@ SUMS_FILE = "SHA256SUMS"
 TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
 ComputeCapabilityName = Annotated[str, Field(pattern=r"^sm_[0-9]{2,3}$")]
 Dimension = Annotated[int, Field(ge=-1, le=(1 << 63) - 1)]  # -1: dynamic; beyond int64 no runtime has a shape
-PluginName = Annotated[
-    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
-]  # a file name on a device, never a path
+# a file name on a device, never a path
+PluginName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -126,9 +124,8 @@ class PrecisionAccuracy(_Model):
     outputs: list[OutputAccuracy]
     problems: list[str] = []  # beyond the outputs: a composition below min_share, a task drop past max_drop
     passed: bool
-    task: TaskAccuracy | None = (
-        None  # only with labelled data (left out of the JSON otherwise: manifests stay as they were)
-    )
+    # only with labelled data (left out of the JSON otherwise: manifests stay as they were)
+    task: TaskAccuracy | None = None
 
     @model_serializer(mode="wrap")
     def _without_absent_task(self, handler: SerializerFunctionWrapHandler) -> dict:

@@ -16,8 +16,8 @@ from typing import Any
 from trtflow.backends.base import backend_version, get_backend
 from trtflow.backends.limits import describe, unsupported_nodes
 from trtflow.errors import ProjectError
-from trtflow.recipe.load import RecipeFile
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
+from trtflow.recipe.project import RecipeFile
 from trtflow.recipe.pymodule import top_level_names
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import Pipeline
@@ -57,9 +57,8 @@ def check_builder_options(item: RecipeFile, pipeline: Pipeline) -> None:
     for target in item.target_names(pipeline) if names else []:
         backend = pipeline.targets[target].backend
         version = backend_version(backend)
-        missing = (
-            get_backend(backend).unsupported_options(names) if version is not None else []
-        )  # absent: check_backends
+        # absent: check_backends
+        missing = get_backend(backend).unsupported_options(names) if version is not None else []
         if missing:
             raise ProjectError(
                 f"{item.where('build', missing[0])}: {backend} {version} (target {target}) has no {missing[0]} "

@@ -25,7 +25,7 @@ from typing import Any
 from trtflow.dag import Dag, Node
 from trtflow.errors import ProjectError
 from trtflow.hashing import FileDigests, stage_key
-from trtflow.stages import stage_module
+from trtflow.stages import stage
 from trtflow.stages.base import NodeId
 from trtflow.stages.modelfile import MODEL, companions, external_data_locations
 from trtflow.states import CACHED, FAILED, NEW, SKIPPED, STALE, NodeState, recorded_failure
@@ -113,9 +113,8 @@ class Resolver:
             key = stage_key(components) if components is not None else None
             record = self.store.stage_record(key, components) if key and self.store and not force else None
             record = None if self.retry_failed and recorded_failure(record) is not None else record
-            waiting = tuple(
-                dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished)
-            )  # one upstream, several roles: once
+            # one upstream, several roles: once
+            waiting = tuple(dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished))
             found = self._memo[memo_key] = Resolution(
                 node, components, key, record, waiting, force, self, dict(missing or {})
             )
@@ -155,7 +154,7 @@ class Resolver:
         try:
             found = self.digests.digest_with_companions(path, external_data_locations)
         except (OSError, ValueError) as exc:
-            raise ProjectError(f"{node.info.get('where', node.id)}: {_source_problem(exc, Path(path))}") from None
+            raise ProjectError(f"{node.info.where or node.id}: {_source_problem(exc, Path(path))}") from None
         return {(f"{role}.data:{name}" if name else role): digest for name, digest in found.items()}
 
     def last_run(self, node: Node) -> dict | None:
@@ -195,7 +194,7 @@ def _source_problem(exc: Exception, model: Path) -> str:
 
 def failure_shown(node: Node, reason: str) -> str:
     """A stage's failure as the user reads it: with what its stage knows to add about the node (an exclude hint)."""
-    hint = getattr(stage_module(node.kind), "failure_hint", None)
+    hint = stage(node.kind).failure_hint
     return hint(node, reason) if hint is not None else reason
 
 
@@ -210,7 +209,7 @@ def upstream_outcome(node: Node, ended: dict[str, str]) -> tuple[str | None, str
     failed = [dep for dep in node.deps if dep.node in ended]
     if not failed:
         return None, None, {}
-    required = getattr(stage_module(node.kind), "REQUIRED_ROLES", None)
+    required = stage(node.kind).required_roles
     blocking = [dep.node for dep in failed if required is None or dep.role in required]
     if blocking:
         return f"upstream {blocking[0]} failed or was skipped", ended[blocking[0]], {}

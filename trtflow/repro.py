@@ -19,8 +19,8 @@ from trtflow.dag import Dag, Node
 from trtflow.executors import StageTask
 from trtflow.executors.hermetic import run_hermetic
 from trtflow.hashing import sha256_file
+from trtflow.jobs import task_inputs
 from trtflow.plan import Resolver
-from trtflow.runner import task_inputs
 from trtflow.store.objects import Store
 from trtflow.util.settings import Settings
 

@@ -24,61 +24,17 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 from trtflow.states import CACHED, FAILED, SKIPPED, NodeState
+from trtflow.util.reads import Reads
 
 MEMO_DIR = ".trtflow"
 MEMO_FILE = "last-run.json"
 MEMO_MAX_BYTES = 256 << 20
 RACY_NS = 2_000_000_000  # files touched this close to the run's start are not trusted (coarse file-system clocks)
 FORMAT = 1
-
-
-class Reads:
-    """What one run read: files and folders (absolute paths), globs with their matches, tool versions."""
-
-    def __init__(self) -> None:
-        self.paths: set[str] = set()
-        self.globs: dict[str, list[str]] = {}  # "glob:<pattern>" or "rglob:<folder>" -> sorted matches
-        self.versions: dict[str, str | None] = {}
-
-
-_reads: Reads | None = None
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[Reads]:
-    """Remember what the code run inside reads (one recording at a time; nested calls share it)."""
-    global _reads
-    if _reads is not None:
-        yield _reads
-        return
-    _reads = Reads()
-    try:
-        yield _reads
-    finally:
-        _reads = None
-
-
-def note_path(path: os.PathLike[str] | str) -> None:
-    """A file or folder the run's result depends on (nothing happens outside a recording)."""
-    if _reads is not None:
-        _reads.paths.add(os.path.abspath(path))
-
-
-def note_glob(kind: str, pattern: str, matches: list[str]) -> None:
-    """A glob the run expanded (`glob`: glob.glob(pattern, recursive=True); `rglob`: every path under a folder)."""
-    if _reads is not None:
-        _reads.globs[f"{kind}:{pattern}"] = sorted(matches)
-
-
-def note_version(distribution: str, version: str | None) -> None:
-    """The installed version of a tool the stage keys depend on."""
-    if _reads is not None:
-        _reads.versions[distribution] = version
 
 
 def expand(kind: str, pattern: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 The runner resolves every node through the same Resolver that planned it (plan.Resolution), starts what is
 not cached on an Executor (the local process pool, or another that implements executors.Executor), and knows
-nothing of what a stage does: stages declare what the runner must do for them (`VERIFY_INPUTS`, a `finish`
+nothing of what a stage does: stages declare what the runner must do for them (`verify_inputs`, a `finish`
 hook). A failed node skips its downstream nodes only; unrelated recipes go on.
 
 Runs that share a store build each stage key once: a node that must run first takes its key's lock
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import dataclasses
-import errno
 import os
 import shutil
 import tempfile
@@ -26,18 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from trtflow.admission import MemoryAdmission
 from trtflow.dag import Dag, Node
-from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.errors import TrtflowError
 from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.frozen import FrozenCheck
+from trtflow.jobs import STORE_FULL_ERRNOS, Job, as_lack_of_memory, failure_record, task_inputs
 from trtflow.plan import Resolution, Resolver, failure_shown, upstream_outcome
-from trtflow.stages import stage_module
-from trtflow.stages.base import Placement, Upstream
-from trtflow.stages.modelfile import companions, place_side_by_side
+from trtflow.stages import stage
+from trtflow.stages.base import Placement
 from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, recorded_failure
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.locks import KeyLocks
 from trtflow.store.objects import Store, write_failure
-from trtflow.util.memory import oom_kills, shown
+from trtflow.util.memory import oom_kills
 
 if TYPE_CHECKING:
     from trtflow.store.remote import Remote
@@ -45,8 +44,6 @@ if TYPE_CHECKING:
 # ("start" | "done" | "wait", NodeState), or ("warning", message): a remote that is down, a corrupt object
 Listener = Callable[[str, Any], None]
 LOCK_POLL_SECONDS = 0.05  # how often a key another run is building is looked at again
-# A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
-STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
 @dataclass(frozen=True)
@@ -62,18 +59,6 @@ class RunOptions:
     check_repro: int = 0  # after the run, rebuild every selected engine this many times in hermetic workers (repro.py)
     executor: str | None = None  # "local" or "ray"; None: what pipeline.yaml says (local if nothing)
     ray_address: str | None = None  # overrides executor.ray.address of pipeline.yaml
-
-
-@dataclass
-class _Running:
-    node: Node
-    key: str
-    components: dict
-    workdir: Path
-    started: float
-    slot: int = 0  # which of the -j job slots it ran in (the report's timeline rows)
-    expected: int = 0  # the peak memory it was admitted with (admission.MemoryAdmission)
-    oom_kills: int | None = None  # the cgroup's OOM kill count when it started: a kill since then is a lack of memory
 
 
 class Runner:
@@ -98,13 +83,11 @@ class Runner:
         self.listener = listener or (lambda event, state: None)
         self.finished: dict[str, dict] = {}
         self.states: dict[str, NodeState] = {}
-        self.ended: dict[
-            str, str
-        ] = {}  # node id -> `<failed node id>: <reason>` behind each node that ended without output
+        # node id -> `<failed node id>: <reason>` behind each node that ended without output
+        self.ended: dict[str, str] = {}
         self.remote = remote
-        self._workroot = workroot or (
-            lambda: store.tmp
-        )  # the run lease's tmp dir (taken on first use): swept if this process dies
+        # the run lease's tmp dir (taken on first use): swept if this process dies
+        self._workroot = workroot or (lambda: store.tmp)
         self.keys = KeyLocks(store.locks)
         self.run_id = f"{os.getpid()}-{time.time_ns()}"
         self.warnings: list[str] = []
@@ -115,16 +98,15 @@ class Runner:
         self._lock_waits = 0
         self._waited: set[str] = set()
         self._reported = 0
-        self._running_jobs: list[_Running] = []
+        self._running_jobs: list[Job] = []
         self.t0 = time.perf_counter()
-        self.timeline: dict[
-            str, dict
-        ] = {}  # node id -> {start, end (s from the run's start), slot, peak_rss}: for the report
+        # node id -> {start, end (s from the run's start), slot, peak_rss}: for the report
+        self.timeline: dict[str, dict] = {}
 
     def run(self) -> dict[str, NodeState]:
         """Dispatch every node as its upstreams finish, until all are settled; returns each node's final state."""
         waiting = list(self.dag)
-        running: dict[futures.Future, _Running] = {}
+        running: dict[futures.Future, Job] = {}
         self.t0 = time.perf_counter()
         try:
             while waiting or running:
@@ -190,11 +172,7 @@ class Runner:
                 self.listener("wait", NodeState(node, WAITING, "another run is building the same stage", key=key))
             return False
         record, reason = self._made_meanwhile(node, key)
-        if (
-            record is None
-            and getattr(stage_module(node.kind), "VERIFY_INPUTS", False)
-            and self._reopen_corrupt_inputs(node)
-        ):
+        if record is None and stage(node.kind).verify_inputs and self._reopen_corrupt_inputs(node):
             self.keys.release(key)
             return False
         if record is not None:
@@ -261,7 +239,7 @@ class Runner:
         self.warnings.append(message)
         self.listener("warning", message)
 
-    def _start(self, resolution: Resolution, expected: int = 0) -> tuple[futures.Future, _Running]:
+    def _start(self, resolution: Resolution, expected: int = 0) -> tuple[futures.Future, Job]:
         """Hand the node to the executor with its inputs placed, in a fresh work directory of its own."""
         node = resolution.node
         self.listener("start", resolution.state)
@@ -270,7 +248,7 @@ class Runner:
             node.id, node.kind, node.params, task_inputs(resolution, self.finished, self.store, workdir), workdir
         )
         busy = {job.slot for job in self._running_jobs}
-        job = _Running(
+        job = Job(
             node,
             resolution.key,
             resolution.components,
@@ -283,7 +261,7 @@ class Runner:
         self._running_jobs.append(job)
         return self.executor.submit(task), job
 
-    def _collect(self, job: _Running, result: StageResult) -> None:
+    def _collect(self, job: Job, result: StageResult) -> None:
         """Store a finished stage's outputs and record, or settle its failure; always release its key and work dir."""
         seconds = round(time.perf_counter() - job.started, 3)
         self._running_jobs.remove(job)
@@ -295,7 +273,7 @@ class Runner:
             "expected_rss": job.expected,
         }
         self.store.remember_peak(job.node.id, result.peak_rss)
-        result = self._as_lack_of_memory(job, result)
+        result = as_lack_of_memory(job, result)
         try:
             if result.error is not None:
                 self._raise_if_store_full(job, result.errno)
@@ -338,39 +316,15 @@ class Runner:
             self.keys.release(job.key)
             shutil.rmtree(job.workdir, ignore_errors=True)
 
-    def _as_lack_of_memory(self, job: _Running, result: StageResult) -> StageResult:
-        """A worker the kernel's OOM killer killed (its cgroup counted a kill while the stage ran) fails for lack of
-        memory, exit 4, never recorded: said as such, not as a bare signal."""
-        now = oom_kills()
-        if result.error is None or job.oom_kills is None or now is None or now <= job.oom_kills:
-            return result
-        return StageResult.failure(
-            f"{job.node.id} was killed for lack of memory (the kernel's OOM killer; it was expected to need "
-            f"{shown(job.expected)}): run fewer stages at once (-j, --memory) or on a machine with more memory",
-            EnvironmentProblem.exit_code,
-            result.detail,
-            node=result.node,
-        )
-
-    def _record_failure(self, job: _Running, result: StageResult, seconds: float) -> bool:
+    def _record_failure(self, job: Job, result: StageResult, seconds: float) -> bool:
         """Record a stage's own failure under its key: the same key fails the same way, so the next run reports it
         instead of doing the work again (until the key changes or --retry-failed). Never pushed to a remote cache."""
-        failure = {"reason": result.error, "exit_code": result.exit_code, "log": result.detail[-4000:]}
-        record = {
-            "key": job.key,
-            "node": job.node.id,
-            "outputs": {},
-            "record": {},
-            "failure": failure,
-            "components": job.components,
-            "seconds": seconds,
-            "built_by": {"run": self.run_id, "pid": os.getpid()},
-        }
+        record = failure_record(job, result, seconds, self.run_id)
         self._built_here[job.key] = self.store.put_stage_record(job.key, record)
         self.store.set_last_run(job.node.id, {"key": job.key, "components": job.components})
         return True
 
-    def _raise_if_store_full(self, job: _Running, code: int | None) -> None:
+    def _raise_if_store_full(self, job: Job, code: int | None) -> None:
         """A stage that could not write its output fails the run with one line, not every stage after it."""
         if code in STORE_FULL_ERRNOS:
             raise write_failure(
@@ -398,7 +352,7 @@ class Runner:
                 )
             )
             return
-        finish = getattr(stage_module(state.node.kind), "finish", None)
+        finish = stage(state.node.kind).finish
         try:
             repaired = finish(state.node, record, self.placement) if finish is not None else None
         except TrtflowError as exc:
@@ -423,22 +377,3 @@ class Runner:
             state = self.frozen.as_locked(state)
         self.states[state.node.id] = state
         self.listener("done", state)
-
-
-def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store, workdir: Path) -> dict[str, Upstream]:
-    """Each input role's files (store objects; a model and its external data side by side), record and digests."""
-    node, digests = resolution.node, resolution.components["inputs"]
-    inputs = {
-        role: Upstream(files={role: path}, sha256=companions(digests, role) | {role: digests[role]})
-        for role, path in node.sources
-    }  # a source model's digests include its external data files'
-    for dep in node.deps:
-        if dep.node in resolution.missing:
-            inputs[dep.role] = Upstream(files={}, missing=resolution.missing[dep.node])
-            continue
-        record = finished[dep.node]
-        files = {name: store.object_path(digest) for name, digest in record["outputs"].items()}
-        if companions(files, dep.output):
-            files.update(place_side_by_side(files, dep.output, workdir / "inputs" / dep.role))
-        inputs[dep.role] = Upstream(files=files, record=record["record"], key=record["key"], sha256=record["outputs"])
-    return inputs

@@ -23,13 +23,14 @@ from trtflow.frozen import canonical_outputs
 from trtflow.hashing import FileDigests
 from trtflow.modelcheck import check_builder_options, check_recipe_model
 from trtflow.plan import Resolver, frozen_differences, plan
-from trtflow.recipe.load import Project, load_project
+from trtflow.recipe.load import load_project
+from trtflow.recipe.project import Project
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import RaySpec
-from trtflow.runmemo import note_path, signature
+from trtflow.runmemo import signature
 from trtflow.runner import Listener, Runner, RunOptions
 from trtflow.signing import Signer, signer_from_environment
-from trtflow.stages.base import Placement
+from trtflow.stages.base import NodeId, Placement
 from trtflow.states import FAILED, PULLED, SKIPPED, NodeState
 from trtflow.store import Store
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, read_lock, write_lock
@@ -37,6 +38,7 @@ from trtflow.store.locks import LazyLease, holding
 from trtflow.store.objects import EXCHANGE_DIR
 from trtflow.taskdata import check_task_data
 from trtflow.toolchain import check_installed
+from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:
     from trtflow.executors import Executor
@@ -59,20 +61,16 @@ class Session:
         self.resolver = Resolver(self.store, digests)
         self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
         self.repro: list = []  # --check-repro: one repro.EngineRepro per engine
-        self.repro_skipped: dict[
-            str, str
-        ] = {}  # --check-repro: engines not rebuilt (their build failed or was skipped) and why
-        self.frozen: dict | None = (
-            None  # --frozen: how the run's outputs compare with trtflow.lock (identical, equivalent)
-        )
+        # --check-repro: engines not rebuilt (their build failed or was skipped) and why
+        self.repro_skipped: dict[str, str] = {}
+        # --frozen: how the run's outputs compare with trtflow.lock (identical, equivalent)
+        self.frozen: dict | None = None
         self.signer: Signer | None = None  # the environment's signing key, read when a run starts
-        self.timeline: dict[
-            str, dict
-        ] = {}  # the last run's node id -> {start, end, slot, peak_rss} (runner.Runner.timeline)
+        # the last run's node id -> {start, end, slot, peak_rss} (runner.Runner.timeline)
+        self.timeline: dict[str, dict] = {}
         self.finished: dict[str, dict] = {}  # the last run's store record per node that built or was found cached
-        self.planned: dict[
-            str, NodeState
-        ] = {}  # the last run's plan: why each stage ran (`plan --explain`), for the report
+        # the last run's plan: why each stage ran (`plan --explain`), for the report
+        self.planned: dict[str, NodeState] = {}
 
     @classmethod
     def open(cls, root: Path, recipes: Iterable[str] = (), keep_refusals: bool = False) -> Session:
@@ -93,13 +91,13 @@ class Session:
         the graphs show cannot be built, of every recipe (`validate` lists them, `run` refuses them all at once)."""
         refusals = []
         for item in self.project.recipes:
-            node = self.dag.nodes.get(f"cleanup:{item.recipe.name}")
+            node = self.dag.nodes.get(NodeId.of("cleanup", item.recipe.name))
             if node is not None and (states is None or not states[node.id].settled):
                 refusals += check_recipe_model(item, self.project.root, self.project.pipeline)
             builds = [n for n in self.dag if n.kind == "build" and n.recipe == item.recipe.name]
             if any(states is None or not states[n.id].settled for n in builds):
                 check_builder_options(item, self.project.pipeline)
-            reduced = [f"precision:{item.recipe.name}/{p}" for p in item.recipe.precisions if p != "fp32"]
+            reduced = [NodeId.of("precision", item.recipe.name, p) for p in item.recipe.precisions if p != "fp32"]
             if item.recipe.calibration is not None and any(self._will_run(n, states) for n in reduced):
                 check_calibration_data(item, self.project.root)
             if item.recipe.accuracy.data is not None and any(self._will_run(n, states) for n in reduced):
@@ -121,9 +119,8 @@ class Session:
             raise ProjectError(
                 f"{LOCK_FILE}: not found; --frozen needs one: run `trtflow run` once and commit {LOCK_FILE}"
             )
-        check_installed(
-            {node.id: lock[node.id] for node in self.dag if node.id in lock}
-        )  # each tool named, not each stage
+        # each tool named, not each stage
+        check_installed({node.id: lock[node.id] for node in self.dag if node.id in lock})
         changes = frozen_differences(self.dag, self.resolver, lock, self.all_node_ids)
         if changes:
             raise ProjectError(
@@ -151,9 +148,8 @@ class Session:
                 self._new_resolver(options.retry_failed)
                 planned = self.plan(options.force)
             executor = self._executor(options, planned)
-            executor.prepare(
-                {s.node.kind for s in planned.values() if not s.settled}
-            )  # workers start while models are checked
+            # workers start while models are checked
+            executor.prepare({s.node.kind for s in planned.values() if not s.settled})
             self.project.refuse(self.check_models(planned))
             check_backends(planned)
             if self.store is not None:  # what a killed run left beside the packages and the lock
@@ -304,7 +300,7 @@ class Session:
         cache = self.project.pipeline.cache
         exchange = spec.exchange or cache.remote or str(self.project.store_dir / EXCHANGE_DIR)
         labels = {
-            node.id: self.project.pipeline.targets[node.info["target"]].runs_on
+            node.id: self.project.pipeline.targets[node.info.target].runs_on
             for node in self.dag
             if node.kind == "build"
         }
@@ -317,7 +313,7 @@ class Session:
         )
         try:
             executor.check_labels(
-                {f"target {self.dag.nodes[n].info['target']} ({n})": labels[n] for n in sorted(stale & labels.keys())}
+                {f"target {self.dag.nodes[n].info.target} ({n})": labels[n] for n in sorted(stale & labels.keys())}
             )
         except BaseException:
             executor.shutdown()
@@ -383,7 +379,7 @@ def check_backends(states: dict[str, NodeState]) -> None:
         params = state.node.params
         if state.node.kind == "build" and not state.settled and params.backend_version is None:
             raise EnvironmentProblem(
-                f"target {state.node.info['target']} of recipe {state.node.recipe}: its backend {params.backend} is "
+                f"target {state.node.info.target} of recipe {state.node.recipe}: its backend {params.backend} is "
                 "not "
                 f"installed here: pip install 'trtflow[{BACKENDS[params.backend].extra}]'"
             )

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import EnvironmentProblem, ProjectError, TrtflowError
-from trtflow.runmemo import note_path
 from trtflow.util.fs import atomic_write
+from trtflow.util.reads import note_path
 
 KEY_FILE_ENV = "TRTFLOW_SIGNING_KEY_FILE"
 KEY_TEXT_ENV = "TRTFLOW_SIGNING_KEY"

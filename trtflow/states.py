@@ -28,9 +28,8 @@ class NodeState:
     where: dict | None = None  # the node a distributed executor ran it on: {"id": ..., "labels": {...}}
     recorded: bool = False  # a failure of the stage's own (deterministic): recorded under its key, kept in trtflow.lock
     from_cache: bool = False  # a recorded failure found in the store: reported, not redone (--retry-failed redoes it)
-    expected: bool = (
-        False  # --frozen: a failure (or skip) exactly as trtflow.lock records it: no reason to fail the run
-    )
+    # --frozen: a failure (or skip) exactly as trtflow.lock records it: no reason to fail the run
+    expected: bool = False
 
     @property
     def label(self) -> str:

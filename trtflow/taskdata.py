@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from trtflow.calibration import DATA_SUFFIXES, arrays_from_file
 from trtflow.errors import ProjectError, StageError
-from trtflow.runmemo import note_glob
+from trtflow.util.reads import note_glob
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from trtflow.recipe.load import RecipeFile
+    from trtflow.recipe.project import RecipeFile
 
 DATA_ROLE, LABELS_ROLE = "task:data/", "task:labels"
 HIGHER_IS_BETTER = {"top1": True, "top5": True, "mse": False}

@@ -29,9 +29,8 @@ class BuildRequest:
     options: dict[str, Any] = field(default_factory=dict)  # builder options by name (trt_common.BUILDER_OPTIONS)
     hardware_compatibility: str = "none"
     version_compatible: bool = False
-    plugins: dict[str, Path] = field(
-        default_factory=dict
-    )  # name -> shared library, loaded into the builder's plugin registry first
+    # name -> shared library, loaded into the builder's plugin registry first
+    plugins: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,9 +53,8 @@ class BuildResult:
     tensors: list[TensorSpec]
     engine_bytes: int
     log: list[str] = field(default_factory=list)
-    network: dict = field(
-        default_factory=dict
-    )  # what the builder's network says of its layers (trt_common.network_facts)
+    # what the builder's network says of its layers (trt_common.network_facts)
+    network: dict = field(default_factory=dict)
 
     def to_record(self) -> dict:
         """The result as plain JSON-ready values (tensors included), for the build stage's record."""

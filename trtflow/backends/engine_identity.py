@@ -28,9 +28,8 @@ import re
 import struct
 from pathlib import Path
 
-CANONICAL_FORM = (
-    "tensorrt-rtx-1 myelin-text-v2"  # recorded beside each digest; bump it and stages.build.VERSION together
-)
+# recorded beside each digest; bump it and stages.build.VERSION together
+CANONICAL_FORM = "tensorrt-rtx-1 myelin-text-v2"
 _SYMBOL = re.compile(rb"__mye\d+")
 _COUNTER_SUFFIX = re.compile(rb"(\.\d+)_\d+\b")
 _KERNEL_ARG = re.compile(rb"(__myln_k_arg__bb\d+_|__cma_[A-Za-z]+\d+_)\d+")
@@ -89,9 +88,8 @@ def _digest(data: mmap.mmap, at: dict) -> str:
     digest.update(data[at["engine"] + 16 : at["marker"] - 8])  # the engine head up to the Myelin blob size
     digest.update(data[at["marker"] : at["marker"] + 8])  # `NLYM`, u32: the text length after them varies
     digest.update(canonical_text(bytes(data[at["text"] : at["text_end"]])))
-    digest.update(
-        _SYMBOL.sub(b"__mye#", data[at["text_end"] : at["engine_end"]])
-    )  # kernel table: names the symbols too
+    # kernel table: names the symbols too
+    digest.update(_SYMBOL.sub(b"__mye#", data[at["text_end"] : at["engine_end"]]))
     for start in range(at["weights"], at["weights_end"], CHUNK):
         digest.update(data[start : min(start + CHUNK, at["weights_end"])])
     digest.update(data[at["weights_end"] :])

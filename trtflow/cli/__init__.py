@@ -1,12 +1,12 @@
 """The `trtflow` command: the only place that reads arguments, prints, and maps errors to exit codes.
 
-commands: the pipeline's commands and `main`; tools: export, keys, toolchain, doctor, cache; fleet: publish channels,
-rollout, agent, fleet status; output: summaries, manifests and the progress views.
+app: the command group, Context and `main`; pipeline: validate, plan, run, report, inspect, schema; provisioning:
+provision and publish; fleet: promote, rollback, agent, fleet status, remote gc; tools: export, keygen, toolchain,
+doctor, cache; output and progress: what they print. Importing the package registers every command.
 Nothing outside this package imports it.
 """
 
-from trtflow.cli import (
-    fleet,  # noqa: F401,E402  (adds the rollout, agent and fleet commands to `cli`)
-    tools,  # noqa: F401,E402  (adds export, keygen, toolchain, doctor and cache to `cli`)
-)
-from trtflow.cli.commands import cli, main  # noqa: F401
+from trtflow.cli import fleet, pipeline, provisioning, tools
+from trtflow.cli.app import cli, main
+
+__all__ = ["cli", "fleet", "main", "pipeline", "provisioning", "tools"]

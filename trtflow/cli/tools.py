@@ -13,7 +13,7 @@ import click
 
 from trtflow import __version__
 from trtflow.cli import output
-from trtflow.cli.commands import Context, cli, pass_context
+from trtflow.cli.app import Context, cli, pass_context
 
 
 @cli.group()
@@ -37,7 +37,7 @@ def export_ort_context(package: str, dest: Path, embed: bool, as_json: bool) -> 
     """Write one ONNX model per engine whose EPContext node ONNX Runtime's TensorRT(-RTX) provider loads without
     compiling."""
     from trtflow.deploy.ort_context import export_ort_context as write
-    from trtflow.provision import open_package
+    from trtflow.deploy.provision import open_package
 
     written = write(open_package(package), dest, embed)
     if as_json:
@@ -77,8 +77,8 @@ def export_triton(
 ) -> None:
     """Write a Triton model (config.pbtxt + <version>/<target>.plan) serving full TensorRT engines on every GPU they
     were built for."""
+    from trtflow.deploy.provision import open_package
     from trtflow.deploy.triton import export_triton as write
-    from trtflow.provision import open_package
 
     written = write([open_package(p) for p in packages], repo, model_name, version, precision)
     if as_json:

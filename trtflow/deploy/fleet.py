@@ -128,7 +128,7 @@ def gc_remote(
 
 def _referenced_engines(remote: RemoteFolder, versions: set[str]) -> set[str]:
     """The engine digests the kept versions' manifests name."""
-    from trtflow.provision import MAX_MANIFEST_BYTES
+    from trtflow.deploy.provision import MAX_MANIFEST_BYTES
 
     found: set[str] = set()
     for version in versions:

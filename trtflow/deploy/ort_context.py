@@ -23,9 +23,9 @@ import io
 from pathlib import Path
 
 from trtflow import __version__
+from trtflow.deploy.provision import SAFE_NAME, Package, copy_verified
 from trtflow.deploy.triton import CannotExport
 from trtflow.manifest import Engine, Tensor
-from trtflow.provision import SAFE_NAME, Package, copy_verified
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.fs import atomic_write, atomic_writer, first_link
 

@@ -43,7 +43,7 @@ def installed_runtime(backend: str) -> object | None:
 
 def preflight(engine: Engine, path: Path, runtime_version: str | None = None) -> dict:
     """{"preflight": {...}} for the record; PreflightRefused when the engine cannot load here."""
-    from trtflow.provision import _runtime_refusal
+    from trtflow.deploy.provision import _runtime_refusal
 
     module = installed_runtime(engine.backend)
     installed = runtime_version or (getattr(module, "__version__", None) if module is not None else None)

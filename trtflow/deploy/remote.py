@@ -212,9 +212,8 @@ class RemoteFolder:
         self.put(data, temporary)
         try:
             self.refuse_links(relative)
-            Path(f"{self._base}/{temporary}").replace(
-                f"{self._base}/{relative}"
-            )  # rename(2): replaces a link, never follows it
+            # rename(2): replaces a link, never follows it
+            Path(f"{self._base}/{temporary}").replace(f"{self._base}/{relative}")
         except OSError as exc:
             Path(f"{self._base}/{temporary}").unlink(missing_ok=True)
             raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None

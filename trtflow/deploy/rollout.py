@@ -57,7 +57,7 @@ class Request:
 
 def provision_channel(request: Request, make_device: Callable, check: Check | None = None) -> dict:
     """Poll the channel and install what it says this device runs; returns the provision record (+ channel fields)."""
-    from trtflow import provision as prov
+    from trtflow.deploy import provision as prov
 
     remote = RemoteFolder(request.url, request.options)
     memo_path = request.dest / f".poll-{_memo_key(request)}.json"
@@ -115,7 +115,7 @@ def provision_channel(request: Request, make_device: Callable, check: Check | No
 
 def load_version(remote: RemoteFolder, version: str):
     """The version's manifest as a Package, its bytes held to the version digest (immutable, so tamper-evident)."""
-    from trtflow.provision import MAX_MANIFEST_BYTES, BadPackage, Package, _parse_manifest
+    from trtflow.deploy.provision import MAX_MANIFEST_BYTES, BadPackage, Package, _parse_manifest
 
     relative = version_file(version)
     try:
@@ -136,7 +136,7 @@ def load_version(remote: RemoteFolder, version: str):
 
 def _switch_to_known(request: Request, known: dict, check: Check | None) -> dict | None:
     """Make an engine this device installed before current again, fetching nothing; None if it is not there any more."""
-    from trtflow.provision import SAFE_NAME
+    from trtflow.deploy.provision import SAFE_NAME
 
     recipe, sha256, size = known.get("recipe"), known.get("sha256"), known.get("size")
     if not (
@@ -194,7 +194,7 @@ def _switch_to_known(request: Request, known: dict, check: Check | None) -> dict
 
 def _flat_layout(request: Request, remote: RemoteFolder, make_device: Callable, check: Check | None) -> dict:
     """A remote of an earlier release (manifest.json at the URL): provision from it as before, with a note."""
-    from trtflow import provision as prov
+    from trtflow.deploy import provision as prov
 
     package = prov.load_remote_package(request.url, request.options)
     if request.trust is not None:

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtflow.deploy.provision import SAFE_NAME, Package, copy_verified
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.manifest import Engine, Tensor
-from trtflow.provision import SAFE_NAME, Package, copy_verified
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.fs import atomic_write, first_link, fsync_dir
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trtflow.errors import EnvironmentProblem, StageError, TrtflowError
-from trtflow.stages import stage_module
+from trtflow.stages import stage
 from trtflow.stages.base import StageParams, Upstream
 from trtflow.util.memory import peak_rss, reset_peak, shown
 
@@ -140,7 +140,7 @@ def run_task(task: StageTask) -> StageResult:
 
 def _run_stage(task: StageTask) -> StageResult:
     try:
-        output = stage_module(task.kind).run(task.params, task.inputs, task.workdir)
+        output = stage(task.kind).run(task.params, task.inputs, task.workdir)
     except MemoryError:
         return StageResult.failure(
             f"{task.node_id} ran out of memory (MemoryError at {shown(peak_rss())}): run fewer stages at once "

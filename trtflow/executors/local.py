@@ -77,9 +77,8 @@ class LocalExecutor:
                 self._pool = futures.ProcessPoolExecutor(
                     max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
                 )
-                for _ in range(
-                    self.jobs
-                ):  # each submit starts one more worker while none is idle (every start method but fork)
+                # each submit starts one more worker while none is idle (every start method but fork)
+                for _ in range(self.jobs):
                     self._pool.submit(warm_up, [])
         return self._pool
 

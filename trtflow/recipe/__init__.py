@@ -1,5 +1,5 @@
 """pipeline.yaml and recipes: the pydantic schema (schema, and the option blocks in source, precision,
-build), YAML with line numbers (yamlfile), and loading a validated, cross-checked Project (load).
+build), YAML with line numbers (yamlfile), and loading (load) a validated, cross-checked Project (project).
 
 A leaf: it imports nothing above it. `from trtflow.recipe import load_project` works; the names are
 resolved on first use, so importing one small schema module (as the manifest does) loads no more.
@@ -12,9 +12,9 @@ from typing import Any
 
 _EXPORTS = {
     "load_project": "load",
-    "Project": "load",
-    "RecipeFile": "load",
-    "PIPELINE_FILE": "load",
+    "Project": "project",
+    "RecipeFile": "project",
+    "PIPELINE_FILE": "project",
     "Recipe": "schema",
     "Pipeline": "schema",
     "TargetSpec": "schema",

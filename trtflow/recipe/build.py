@@ -25,9 +25,8 @@ class BuildOptions(StrictModel):
     profiling_verbosity: Literal["none", "layer_names_only", "detailed"] | None = None  # --profilingVerbosity
     # Unset (None) below means the backend's own default, and keeps the field out of the build's key.
     tiling_optimization_level: Literal["none", "fast", "moderate", "full"] | None = None  # --tilingOptimizationLevel
-    l2_limit_for_tiling: int | None = Field(
-        default=None, ge=0
-    )  # bytes of L2 cache tiling may assume: --l2LimitForTiling
+    # bytes of L2 cache tiling may assume: --l2LimitForTiling
+    l2_limit_for_tiling: int | None = Field(default=None, ge=0)
     max_aux_streams: int | None = Field(default=None, ge=0)  # --maxAuxStreams
     max_num_tactics: int | None = Field(default=None, ge=1)  # --maxTactics
     sparse_weights: bool | None = None  # --sparsity=enable (kSPARSE_WEIGHTS)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from trtflow.errors import ProjectError
 
 if TYPE_CHECKING:
-    from trtflow.recipe.load import RecipeFile
+    from trtflow.recipe.project import RecipeFile
+
 
 ROLE_PREFIX = "plugin:"
 # A plugin's name becomes a file name in packages and on devices: a plain name, never a path.

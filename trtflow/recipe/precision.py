@@ -116,11 +116,12 @@ class QuantizeOptions(StrictModel):
 
 
 TaskMetric = Literal["top1", "top5", "mse"]
+# top-k: share of rows whose label is among the k largest outputs; mse: mean squared error
 TASK_METRICS = (
     "top1",
     "top5",
     "mse",
-)  # top-k: share of rows whose label is among the k largest outputs; mse: mean squared error
+)
 
 
 class Tolerance(StrictModel):
@@ -157,9 +158,8 @@ class AccuracyOptions(StrictModel):
     samples: int = Field(default=16, ge=1, le=10_000)  # held-out files (at most half the set), or random feeds
     seed: int = 1  # of the random feeds when no files are declared
     data: str | None = None  # labelled rows: a glob of .npz (one array per input) or .npy (the only input) files
-    labels: str | None = (
-        None  # a .npy of one label per row of `data`, in sorted file order: class ids, or float targets
-    )
+    # a .npy of one label per row of `data`, in sorted file order: class ids, or float targets
+    labels: str | None = None
     metric: TaskMetric | None = None  # what the labels measure (default top1; mse for float targets)
     fp16: Tolerance = Field(default_factory=Tolerance)
     bf16: Tolerance = Field(default_factory=Tolerance)

@@ -24,9 +24,8 @@ from trtflow.util.cc import ComputeCapability, parse_ccs
 
 # Compute capabilities TensorRT-RTX 1.7 can target (its trt.ComputeCapability enum).
 RTX_COMPUTE_CAPABILITIES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_120", "sm_121")
-NAME_PATTERN = (
-    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # a file name on every system: packages and engines are named after it
-)
+# a file name on every system: packages and engines are named after it
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
 
 def _known_precision(value: str) -> str:

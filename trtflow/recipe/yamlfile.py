@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from trtflow.errors import ProjectError
-from trtflow.runmemo import note_path
+from trtflow.util.reads import note_path
 
 try:  # libyaml's composer is several times faster; the result is identical
     from yaml import CSafeLoader as _Loader

@@ -11,6 +11,7 @@ from html import escape
 
 from trtflow.report import svg
 from trtflow.report.record import totals
+from trtflow.stages.base import NodeId
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 STYLE = """
@@ -226,7 +227,7 @@ def _engines(record: dict) -> str:
     rows = []
     for recipe, manifest in sorted(record.get("packages", {}).items()):
         for e in manifest.get("engines", []):
-            built = seconds.get(f"build:{recipe}/{e['precision']}/{e['target']}")
+            built = seconds.get(NodeId.of("build", recipe, e["precision"], e["target"]))
             rows.append(
                 [
                     escape(recipe),

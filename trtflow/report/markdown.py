@@ -7,6 +7,7 @@ has them all), so a project of any size stays a few KiB.
 from __future__ import annotations
 
 from trtflow.report.record import totals
+from trtflow.stages.base import NodeId
 
 MAX_ROWS = 25
 
@@ -57,7 +58,7 @@ def _engines(record: dict) -> list[str]:
     rows = []
     for recipe, manifest in sorted(record.get("packages", {}).items()):
         for e in manifest.get("engines", []):
-            built = seconds.get(f"build:{recipe}/{e['precision']}/{e['target']}")
+            built = seconds.get(NodeId.of("build", recipe, e["precision"], e["target"]))
             rows.append(
                 f"| {_cell(recipe)} | {e['precision']} | {_cell(e['target'])} "
                 f"({', '.join(e['compute_capabilities'])}) | "

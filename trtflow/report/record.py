@@ -56,7 +56,7 @@ def _node_entry(session: Any, state: NodeState) -> dict:
         "kind": node.kind,
         "recipe": node.recipe,
         "deps": sorted(d.node for d in getattr(node, "deps", ())),
-        "target": (getattr(node, "info", None) or {}).get("target"),
+        "target": node.info.target,
         "status": state.status,
         "failure_cached": state.from_cache,
         "reason": reason,
@@ -104,8 +104,8 @@ def _provision_choice(data: dict, cc: str) -> dict:
     """{chosen, reason, refused: [{file, why}], failed: [..]} or {error} for one package and one GPU."""
     from pydantic import ValidationError
 
+    from trtflow.deploy.provision import Device, NoEngineFits, choose, failed_for
     from trtflow.manifest import Manifest
-    from trtflow.provision import Device, NoEngineFits, choose, failed_for
 
     try:
         manifest = Manifest.model_validate(data)

@@ -1,7 +1,7 @@
 """Stages: each turns input artifacts into output files plus a JSON record, inside a given work directory.
 
-One module per stage kind, each a typed unit (see stages.base): export, cleanup, precision, build, verify,
-package, in DAG order. Helpers shared by several stages: compare (ONNX Runtime proofs), accuracy, convert
+One module (or package) per stage kind, each a typed unit (see stages.base): export, cleanup, precision, build,
+verify, package, in DAG order. Helpers shared by several stages: compare (ONNX Runtime proofs), accuracy, convert
 (ModelOpt), modelfile (model.onnx + external data), capture (native output). Stages never read the CLI, the
 global config or the clock.
 """
@@ -9,13 +9,17 @@ global config or the clock.
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtflow.stages.base import Stage
 
 STAGE_KINDS = ("export", "cleanup", "precision", "build", "verify", "package")
 
 
-def stage_module(kind: str) -> ModuleType:
-    """The module of a stage kind (light to import: heavy libraries load inside its `run`)."""
+def stage(kind: str) -> Stage:
+    """The Stage of a kind (light to import: heavy libraries load inside its `run`)."""
     if kind not in STAGE_KINDS:
         raise KeyError(f"no stage kind {kind!r}")
-    return importlib.import_module(f"trtflow.stages.{kind}")
+    found: Stage = importlib.import_module(f"trtflow.stages.{kind}").STAGE
+    return found

@@ -1,16 +1,16 @@
 """What every stage is made of: typed params, node ids, nodes, the inputs a stage reads and what it returns.
 
-A stage module (stages/<kind>.py) is one typed unit: `KIND`, `VERSION` (bump it when the output for the same
-inputs would change), a frozen `Params` model, a function that makes its nodes from a recipe, and
-`run(params, inputs, workdir) -> StageOutput`; optionally `finish(node, record, place)` (e.g. placing a package)
-`VERIFY_INPUTS = True` (re-hash every input object before running: what a package ships must be intact), and
-`REQUIRED_ROLES` (only these inputs must exist: the stage also runs when others failed, told which and why).
+A stage module (stages/<kind>.py, or a package) is one typed unit: `KIND`, `VERSION` (bump it when the output for
+the same inputs would change), a frozen `Params` model, a function that makes its nodes from a recipe, and `STAGE`,
+the `Stage` the runner, the planner and the executors use: its `run(params, inputs, workdir) -> StageOutput` and
+what else it asks of them (`Stage`'s fields). `stages.stage(kind)` is the registry.
 Stage modules import their heavy libraries (onnx, TensorRT, numpy) only inside `run`, so planning stays cheap.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from trtflow.calibration import Split
     from trtflow.hashing import FileDigests
-    from trtflow.recipe.load import RecipeFile
+    from trtflow.recipe.project import RecipeFile
     from trtflow.recipe.schema import Pipeline, TargetSpec
     from trtflow.signing import Signer
     from trtflow.store.objects import Store
@@ -104,6 +104,15 @@ class Dep:
 
 
 @dataclass(frozen=True)
+class NodeInfo:
+    """What a node tells the user and its dependents beyond its id; never part of its key."""
+
+    precision: str | None = None  # precision, build and verify nodes
+    target: str | None = None  # build and verify nodes: the pipeline target's name
+    where: str | None = None  # `recipes/x.yaml:3: source.onnx`: where the node's source file is declared
+
+
+@dataclass(frozen=True)
 class Node:
     """One unit of work in the DAG: a stage applied to typed params and to inputs (upstream outputs, files)."""
 
@@ -112,7 +121,7 @@ class Node:
     params: StageParams
     deps: tuple[Dep, ...] = ()
     sources: tuple[tuple[str, Path], ...] = ()  # (role, file outside the store)
-    info: dict[str, Any] = field(default_factory=dict)  # shown to the user, not part of the key
+    info: NodeInfo = NodeInfo()
 
     @property
     def kind(self) -> str:
@@ -238,3 +247,20 @@ class Placement:
     packages_dir: Path
     digests: FileDigests
     signer: Signer | None = None  # signs each package's provenance (signing.py), when the environment holds a key
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage kind as the runner, the planner and the executors see it (each stage module's `STAGE`)."""
+
+    kind: str
+    version: int
+    run: Callable[[Any, dict[str, Upstream], Path], StageOutput]  # (its Params, inputs by role, work dir)
+    # on every finished or cached node: re-checks a cached record under today's policy, places what the user gets
+    # (packages); returns a warning line or None, raises StageError to fail the node
+    finish: Callable[[Node, dict, Placement], str | None] | None = None
+    # a failed node's reason -> the line shown (e.g. how to exclude the pair)
+    failure_hint: Callable[[Node, str], str] | None = None
+    verify_inputs: bool = False  # re-hash every input object before running (what a package ships must be intact)
+    # only these inputs must exist: the stage also runs when the others failed, told which and why (None: all)
+    required_roles: tuple[str, ...] | None = None

@@ -18,14 +18,23 @@ from trtflow.backends.limits import describe, unsupported_nodes
 from trtflow.errors import StageError
 from trtflow.recipe.build import BuildOptions
 from trtflow.recipe.schema import TargetSpec
-from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream, plugin_files
+from trtflow.stages.base import (
+    Dep,
+    Node,
+    NodeId,
+    NodeInfo,
+    RecipeContext,
+    Stage,
+    StageOutput,
+    StageParams,
+    Upstream,
+    plugin_files,
+)
 from trtflow.util.cc import ComputeCapability
 
-KIND, VERSION = (
-    "build",
-    4,
-)  # 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM);
-# 4: the record holds the network's layers (BuildResult.network)
+# versions: 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM); 4: the
+# record holds the network's layers (BuildResult.network)
+KIND, VERSION = "build", 4
 Profiles = list[dict[str, dict[str, list[int]]]]
 
 
@@ -69,7 +78,7 @@ def node(ctx: RecipeContext, precision: str, target: str, spec: TargetSpec, mode
         params=params,
         deps=(Dep("model", model_node, "model"),),
         sources=ctx.plugin_sources,
-        info={"target": target, "precision": precision},
+        info=NodeInfo(precision=precision, target=target),
     )
 
 
@@ -112,6 +121,7 @@ def failure_hint(node: Node, reason: str) -> str:
     target's name is no part of the stage's key, so the stage itself cannot say it)."""
     if " cannot build for " not in reason or "exclude:" in reason:
         return reason
-    return (
-        f"{reason}; drop the pair with exclude: [{{precision: {node.params.precision}, target: {node.info['target']}}}]"
-    )
+    return f"{reason}; drop the pair with exclude: [{{precision: {node.params.precision}, target: {node.info.target}}}]"
+
+
+STAGE = Stage(KIND, VERSION, run, failure_hint=failure_hint)

@@ -39,9 +39,11 @@ from trtflow.stages.base import (
     Dep,
     Node,
     NodeId,
+    NodeInfo,
     Placement,
     ProofSettings,
     RecipeContext,
+    Stage,
     StageOutput,
     StageParams,
     Upstream,
@@ -53,11 +55,9 @@ from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
 PROOF_FAILED = "the cleaned model differs from the source: onnx_compare"
-KIND, VERSION = (
-    "cleanup",
-    6,
-)  # 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes; 5: CPU-independent sessions
-# 6: no fold larger than its seeds (stages.folding)
+# versions: 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes; 5: CPU-independent
+# sessions; 6: no fold larger than its seeds (stages.folding)
+KIND, VERSION = "cleanup", 6
 # IR 3 lists every initializer as a graph input too; from IR 4 on initializers are constants of their own.
 MIN_IR_VERSION = 4
 # The newest IR version ONNX Runtime and the TensorRT parsers read; a model needing more keeps its own.
@@ -111,15 +111,15 @@ def node(ctx: RecipeContext, export: Node | None) -> Node:
         onnxruntime=ort_version(),
         onnxslim=tool_version("onnxslim"),
     )
-    node_id, info = NodeId.of(KIND, ctx.name), {"recipe_file": ctx.item.display}
+    node_id = NodeId.of(KIND, ctx.name)
     if export is not None:
-        return Node(id=node_id, version=VERSION, params=params, deps=(Dep("model", export.id, "model"),), info=info)
+        return Node(id=node_id, version=VERSION, params=params, deps=(Dep("model", export.id, "model"),))
     return Node(
         id=node_id,
         version=VERSION,
         params=params,
         sources=(("model", ctx.item.source_path(ctx.root)),),
-        info={**info, "where": ctx.item.where("source", "onnx")},
+        info=NodeInfo(where=ctx.item.where("source", "onnx")),
     )
 
 
@@ -297,3 +297,6 @@ def _tensor_bytes(helper: Any, tensor: Any) -> int:
     except (KeyError, ValueError, TypeError):
         return len(tensor.raw_data)
     return math.prod(tensor.dims) * itemsize
+
+
+STAGE = Stage(KIND, VERSION, run, finish=finish)

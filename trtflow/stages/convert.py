@@ -208,9 +208,8 @@ def set_percentile_scales(model: Any, fp32_path: Path, feeds: list[dict], percen
         ratio = thresholds[tensor] / maxima[tensor] if maxima[tensor] > 0 else 1.0
         partner = dequantizers.get(node.output[0])  # ModelOpt gives the DQ its own copy of the scale
         for scale_name in (node.input[1], *([partner.input[1]] if partner is not None else [])):
-            ratios[scale_name] = max(
-                ratios.get(scale_name, 0.0), ratio
-            )  # a scale shared by a concat group keeps the widest
+            # a scale shared by a concat group keeps the widest
+            ratios[scale_name] = max(ratios.get(scale_name, 0.0), ratio)
     for scale_name, ratio in ratios.items():
         old = numpy_helper.to_array(initializers[scale_name])
         initializers[scale_name].CopyFrom(

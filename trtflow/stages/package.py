@@ -17,18 +17,16 @@ from typing import TYPE_CHECKING
 from trtflow import __version__
 from trtflow.errors import StageError
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
-from trtflow.runmemo import note_path
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
-from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, Stage, StageOutput, StageParams, Upstream
+from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Engine, MissingEngine, Plugin, Tensor
 
 KIND, VERSION = "package", 8  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
 # 7: a missing engine names its target's compute capabilities; 8: each engine's network facts (layers)
-VERIFY_INPUTS = True  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
-REQUIRED_ROLES = ("model",)  # engines whose build or verify failed are left out and listed as missing
 
 
 class PackagedEngine(build_stage.Params):
@@ -58,15 +56,15 @@ def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: 
     engines = [
         PackagedEngine(
             **b.params.model_dump(),
-            role=f"engine:{b.info['precision']}/{b.info['target']}",
-            verify_role=f"verify:{b.info['precision']}/{b.info['target']}",
-            target=b.info["target"],
+            role=f"engine:{b.info.precision}/{b.info.target}",
+            verify_role=f"verify:{b.info.precision}/{b.info.target}",
+            target=b.info.target,
         )
         for b in builds
     ]
     deps = [Dep(e.role, b.id, "engine") for e, b in zip(engines, builds, strict=True)]
     deps += [Dep(e.verify_role, v.id, "report") for e, v in zip(engines, verifies, strict=True)]
-    quantized = sorted({b.info["precision"] for b in builds} & set(QUANTIZED_PRECISIONS))
+    quantized = sorted({b.info.precision for b in builds} & set(QUANTIZED_PRECISIONS))
     deps += [dep for p in quantized for dep in precision_stage.report_dep(ctx, p, f"precision:{p}")]
     params = Params(recipe=ctx.name, engines=engines, trtflow=__version__, plugins=ctx.recipe.package.plugins)
     return Node(
@@ -335,3 +333,13 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
         os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+STAGE = Stage(
+    KIND,
+    VERSION,
+    run,
+    finish=finish,
+    verify_inputs=True,  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
+    required_roles=("model",),  # engines whose build or verify failed are left out and listed as missing
+)

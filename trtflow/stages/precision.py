@@ -20,16 +20,14 @@ from pydantic import BaseModel, ConfigDict
 from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
-from trtflow.stages.base import Dep, Node, NodeId, RecipeContext, StageOutput, StageParams, Upstream
+from trtflow.stages.base import Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, StageParams, Upstream
 from trtflow.stages.composition import composition
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
 from trtflow.util.versions import ort_version, tool_version
 
-KIND, VERSION = (
-    "precision",
-    6,
-)  # 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions;
-# 5: value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis
+# versions: 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions; 5:
+# value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis
+KIND, VERSION = "precision", 6
 
 
 class Accuracy(BaseModel):
@@ -94,7 +92,7 @@ def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
         version=VERSION,
         params=Params(precision=precision),
         deps=(Dep("model", model_node, "model"),),
-        info={"precision": precision},
+        info=NodeInfo(precision=precision),
     )
     if precision == "fp32":
         return base
@@ -393,3 +391,6 @@ def _failure_message(precision: str, result: dict) -> str:
 
 def _pass_through(model: Upstream, workdir: Path) -> dict[str, Path]:
     return place_side_by_side(model.files, MODEL, workdir)
+
+
+STAGE = Stage(KIND, VERSION, run)

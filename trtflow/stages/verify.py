@@ -20,7 +20,7 @@ from trtflow.backends.base import get_backend
 from trtflow.device import local_compute_capabilities, no_gpu_reason
 from trtflow.errors import StageError
 from trtflow.stages import precision as precision_stage
-from trtflow.stages.base import Dep, Node, RecipeContext, StageOutput, StageParams, Upstream, plugin_files
+from trtflow.stages.base import Dep, Node, RecipeContext, Stage, StageOutput, StageParams, Upstream, plugin_files
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.versions import ort_version
 
@@ -69,7 +69,7 @@ def nodes(ctx: RecipeContext, builds: list[Node], cleanup: Node) -> list[Node]:
 def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
     """verify:<recipe>/<precision>/<target>; its fingerprint names the local GPUs, since they decide whether the engine
     runs."""
-    verify, precision, target = ctx.recipe.verify, build.info["precision"], build.params
+    verify, precision, target = ctx.recipe.verify, build.info.precision, build.params
     params = Params(
         profiles=ctx.profiles,
         samples=verify.samples_for(len(ctx.profiles)),
@@ -195,3 +195,6 @@ def _raise_on_failure(record: dict, on_fail: str) -> None:
         from trtflow.stages import compare
 
         raise StageError(compare.failure_message("engine_run", record["engine_run"]))
+
+
+STAGE = Stage(KIND, VERSION, run)

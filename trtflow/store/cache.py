@@ -103,9 +103,8 @@ class Cache:
                 raise sqlite3.DatabaseError("it is not a regular file")  # a link is never opened: thrown away, anew
             db = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
             self._db = db
-            if (
-                db.execute("PRAGMA journal_mode").fetchone()[0] != "delete"
-            ):  # a rollback journal: reading writes nothing
+            # a rollback journal: reading writes nothing
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "delete":
                 db.execute("PRAGMA journal_mode = DELETE")
             # No fsync per statement: each row is checked against the file it describes (or only explains), and a
             # database a crash left unreadable is thrown away. A write took 0.9 ms with fsyncs, 0.1 ms without, and a

@@ -236,9 +236,8 @@ def _recipe_of_leftover(name: str) -> str | None:
 
 def _sweep_store_strays(store: Store, own_run: str | None) -> list[Path]:
     """Temp files of killed writers under objects/, records/ and runs/, when no run but `own_run` is live."""
-    with holding(
-        store.locks / "gc.lock"
-    ):  # a run starting now waits: it cannot begin a write we would take for a stray
+    # a run starting now waits: it cannot begin a write we would take for a stray
+    with holding(store.locks / "gc.lock"):
         swept = sweep_dead_runs(store.root)  # a run that took no lease (a no-op) sweeps dead runs' folders too
         others = [p.name for p in _children(store.tmp) if p.name != own_run and run_is_live(store.root, p.name)]
         if others:

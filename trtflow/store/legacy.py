@@ -6,17 +6,29 @@ import contextlib
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from trtflow.store.records import DIGEST, checked_record
 
 LEGACY_INDEX = "index"  # the diskcache folder of older stores, imported once (import_legacy_index)
 
-if TYPE_CHECKING:
-    from trtflow.store.objects import Store
+
+class RecordStore(Protocol):
+    """What importing needs of the store (store/objects.py's Store)."""
+
+    root: Path
+    notes: list[str]
+
+    def record_path(self, key: str) -> Path:
+        """Where the record of `key` lives."""
+        ...
+
+    def put_stage_record(self, key: str, record: dict) -> dict:
+        """Write the record of `key`."""
+        ...
 
 
-def import_legacy_index(store: Store) -> None:
+def import_legacy_index(store: RecordStore) -> None:
     """Carry the stage records of a store written by an older trtflow (a diskcache index/) over to records/.
 
     Only the SQLite table's key and value columns are read (diskcache's file-name column is never followed);

@@ -35,7 +35,6 @@ from pathlib import Path
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.hashing import file_signature, sha256_handle
-from trtflow.runmemo import note_path
 from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
 from trtflow.store.layout import SUBFOLDERS, entry_is_regular, folder, real_folder, set_aside
@@ -45,6 +44,7 @@ from trtflow.store.records import DIGEST, RECORD_MAX_BYTES, RecordFiles, checked
 from trtflow.store.runs import RUN_HISTORY, RunHistory  # noqa: F401  (RUN_HISTORY: gc reads it from here)
 from trtflow.util.faults import crash_point
 from trtflow.util.fs import NotRegular, fsync_dir, fsync_file, open_regular
+from trtflow.util.reads import note_path
 
 # Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -89,9 +89,8 @@ class Store(RecordFiles, CacheMemos, RunHistory):
         self.exchange = root / EXCHANGE_DIR
         self.quarantined: list[str] = []  # digests moved to corrupt/ by this instance, for the run to report
         self.notes: list[str] = []  # records moved aside, legacy index imported: for the run to report
-        self.set_aside: list[
-            str
-        ] = []  # malformed records, linked objects and folders moved to corrupt/ by this instance
+        # malformed records, linked objects and folders moved to corrupt/ by this instance
+        self.set_aside: list[str] = []
         self._cache = Cache(root / CACHE_FILE)
         self._stat = MemoryView(self._cache, "stat:")
 

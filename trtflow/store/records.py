@@ -14,10 +14,10 @@ from typing import Any
 
 from trtflow.errors import InternalError
 from trtflow.hashing import stage_key
-from trtflow.runmemo import note_path
 from trtflow.store.layout import folder, real_folder
 from trtflow.util.fs import atomic_write, read_regular
 from trtflow.util.jsondata import BoundExceeded, loads_bounded
+from trtflow.util.reads import note_path
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 RECORD_MAX_BYTES = 16 << 20  # a stage record is a few KiB; anything near this is not one

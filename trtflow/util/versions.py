@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 
-from trtflow.runmemo import note_version
+from trtflow.util.reads import note_version
 
 
 def tool_version(distribution: str) -> str | None:

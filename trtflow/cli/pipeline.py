@@ -1,68 +1,18 @@
-"""The `trtflow` commands and `main`, which maps errors to exit codes.
-
-Exit codes: 0 success; 1 a stage failed; 2 bad command line; 3 invalid project, recipe or file;
-4 something missing from this machine (a package, a GPU); 5 no engine fits the device (provision);
-6 the store is busy (gc while a run uses it: try again later); 70 a bug in trtflow (please report it).
-"""
+"""The pipeline's commands: validate, plan, run, report, inspect, schema."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import click
 
-from trtflow import __version__
-from trtflow.cli import output
-from trtflow.errors import InternalError, TrtflowError
+from trtflow.cli import output, progress
+from trtflow.cli.app import Context, cli, pass_context
 from trtflow.states import CACHED, FAILED
-
-
-class Context:
-    """What every command gets: the project folder and -v; opens the session or the store on demand."""
-
-    def __init__(self, project_dir: Path, verbose: bool):
-        self.project_dir = project_dir
-        self.verbose = verbose
-
-    def session(self, recipes: tuple[str, ...] = (), keep_refusals: bool = False):
-        """The project as a Session (plan and run), limited to `recipes` when given."""
-        from trtflow.session import Session
-
-        return Session.open(self.project_dir, recipes, keep_refusals)
-
-    def store(self):
-        """(project, its store or None if nothing has run yet), for the cache commands."""
-        from trtflow.recipe import load_project
-        from trtflow.store import Store
-
-        project = load_project(self.project_dir)
-        return project, Store.existing(project.store_dir)
-
-
-pass_context = click.make_pass_decorator(Context)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "-C",
-    "--project",
-    "project_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=".",
-    show_default=True,
-    help="Folder holding pipeline.yaml.",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Show details (tracebacks of failed stages, build logs).")
-@click.version_option(__version__, prog_name="trtflow")
-@click.pass_context
-def cli(ctx: click.Context, project_dir: Path, verbose: bool) -> None:
-    """Build TensorRT engines for a GPU fleet from declarative recipes, rebuilding only what changed."""
-    ctx.obj = Context(project_dir, verbose)
 
 
 @cli.command()
@@ -284,18 +234,6 @@ def report(ctx: Context, source: Path | None, out: Path | None, fmt: str) -> Non
     click.echo(f"wrote {target}", err=True)
 
 
-def _size_option(value: str | None) -> int | None:
-    """--memory 16G -> bytes; a bad size is a usage error (exit 2) naming it."""
-    if value is None:
-        return None
-    from trtflow.util.memory import parse_size
-
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--memory") from None
-
-
 def _exit_if_failed(states: list) -> None:
     """Exit 1 when a stage failed (4 when it found something missing from this machine); under --frozen, a failure
     exactly as trtflow.lock records it is a known one and does not fail the run."""
@@ -315,7 +253,7 @@ def _run_session(
                 session.frozen_keys()  # the same check a frozen run makes before building anything
             output.print_summary(list(session.plan(options.force).values()), as_json, 0.0, dry_run=True)
             return None, session
-        view = None if as_json else output.progress_view(ctx.verbose, options.jobs)
+        view = None if as_json else progress.progress_view(ctx.verbose, options.jobs)
         try:
             return list(session.run(options, view).values()), session
         finally:
@@ -358,209 +296,13 @@ def schema(what: str) -> None:
     click.echo(json.dumps(recipe_json_schema() if what == "recipe" else Pipeline.model_json_schema(), indent=2))
 
 
-@cli.command()
-@click.argument("package", metavar="PACKAGE|URL")
-@click.option(
-    "--gpu",
-    default="auto",
-    show_default=True,
-    help="auto (nvidia-smi), a compute capability (sm_86 or 8.6), or a target name of the package.",
-)
-@click.option(
-    "--runtime-version",
-    help="TensorRT or TensorRT-RTX version on the device, e.g. 10.13.3; without it version rules are not applied.",
-)
-@click.option(
-    "--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="Consider only engines of this backend."
-)
-@click.option("--precision", help="Consider only engines of this precision.")
-@click.option(
-    "--prefer",
-    help="Precisions in order of preference, e.g. fp16,int8 (default: fp8,int8,fp16,bf16,fp32: fewest bits first); "
-    "drop first ranks by the task accuracy drop the manifest measured (lowest first).",
-)
-@click.option(
-    "--allow-failed",
-    is_flag=True,
-    help="Also consider engines whose verification or accuracy check failed (recorded with on_fail: warn).",
-)
-@click.option(
-    "--dest",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder to install into: <recipe>/current -> <sha256>/ holding <recipe>.engine and provision.json.",
-)
-@click.option(
-    "--keep",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="Engine versions to keep per recipe (the current one included).",
-)
-@click.option(
-    "--require-signature",
-    is_flag=True,
-    help="Refuse a package unless a --trust key signed its provenance (<recipe>.intoto.jsonl beside it).",
-)
-@click.option(
-    "--trust",
-    "trust",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="An Ed25519 public key (PEM) whose signatures are accepted; repeatable.",
-)
-@click.option(
-    "--provenance",
-    "provenance_file",
-    type=click.Path(path_type=Path),
-    help="The provenance file, if not beside the package.",
-)
-@click.option(
-    "--channel", default="stable", show_default=True, help="For a URL: the channel to follow (channels/<name>.json)."
-)
-@click.option(
-    "--device-id",
-    help="For a URL: this device's id, which decides whether it is in a rollout's share (default: the host name).",
-)
-@click.option(
-    "--no-preflight", is_flag=True, help="Do not check the engine against the installed runtime before `current` flips."
-)
-@click.option(
-    "--plugin-dir",
-    type=click.Path(path_type=Path),
-    help="The plugin libraries this device has (found by sha256); "
-    "an engine needing one neither here nor carried by the package is refused.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON record.")
-def provision(
-    package: str,
-    gpu: str,
-    runtime_version: str | None,
-    backend: str | None,
-    precision: str | None,
-    prefer: str | None,
-    allow_failed: bool,
-    dest: Path,
-    keep: int,
-    require_signature: bool,
-    trust: tuple[Path, ...],
-    provenance_file: Path | None,
-    channel: str,
-    device_id: str | None,
-    no_preflight: bool,
-    plugin_dir: Path | None,
-    as_json: bool,
-) -> None:
-    """Install the engine of PACKAGE (folder, .tar.gz, manifest.json, or a URL `trtflow publish` wrote) that fits a GPU.
+def _size_option(value: str | None) -> int | None:
+    """--memory 16G -> bytes; a bad size is a usage error (exit 2) naming it."""
+    if value is None:
+        return None
+    from trtflow.util.memory import parse_size
 
-    From a URL: the channel's version for this device, its manifest and the chosen engine are fetched (nothing but
-    one conditional request when nothing changed); the engine's sha256 is checked while it streams."""
-    from trtflow.cli.fleet import ProvisionOptions, provision_once
-
-    failed: list[dict] = []  # for --json: the engines for this GPU that failed to build
-    options = ProvisionOptions(
-        gpu,
-        runtime_version,
-        backend,
-        precision,
-        prefer,
-        allow_failed,
-        dest,
-        keep,
-        require_signature,
-        trust,
-        provenance_file,
-        channel,
-        device_id,
-        not no_preflight,
-        plugin_dir=plugin_dir,
-    )
-
-    def install() -> dict:
-        return provision_once(package, options, failed)
-
-    if not as_json:
-        output.print_provision(install())
-        return
     try:
-        record = install()
-    except TrtflowError as exc:  # --json: one JSON object on stdout on failure too; the one line still goes to stderr
-        click.echo(
-            json.dumps(
-                {"action": "failed", "exit_code": exc.exit_code, "error": str(exc), "failed_engines": failed}, indent=2
-            )
-        )
-        raise
-    click.echo(json.dumps({**record, "exit_code": 0}, indent=2))
-
-
-@cli.command()
-@click.argument("package", type=click.Path(path_type=Path))
-@click.argument("url")
-@click.option(
-    "--channel",
-    default="stable",
-    show_default=True,
-    help="The channel whose newest version it becomes (e.g. stable, canary).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print what was sent as JSON.")
-def publish(package: Path, url: str, channel: str, as_json: bool) -> None:
-    """Upload a package folder to URL (s3://bucket/prefix, file:///shared/...) as a version, then flip CHANNEL to it.
-
-    Engines go to engines/<sha256>.engine (sent only when missing), the manifest to versions/<sha256>/, the small
-    channels/<name>.json last: a device never sees a manifest whose engines are being replaced."""
-    from trtflow import provenance
-    from trtflow.deploy.channels import publish_version
-
-    summary = publish_version(package, url, provenance.provenance_path(package), channel)
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-        return
-    unchanged = f", {len(summary['engines_unchanged'])} unchanged" if summary["engines_unchanged"] else ""
-    click.echo(
-        f"published {summary['recipe']} to {summary['url']} as version {summary['version'][:12]} on channel {channel}: "
-        f"{len(summary['engines_sent'])} engine(s) sent{unchanged}, {summary['files_sent']} file(s), "
-        f"{summary['bytes_sent']} bytes"
-    )
-
-
-def main(argv: list[str] | None = None) -> Any:
-    """Entry point: run the CLI, turning expected errors into one line and an exit code."""
-    verbose = "-v" in (argv if argv is not None else sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
-    try:
-        return cli.main(args=argv, prog_name="trtflow", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except InternalError as exc:
-        traceback.print_exc()
-        click.echo(f"trtflow: internal error: {exc} (please report this)", err=True)
-        sys.exit(exc.exit_code)
-    except TrtflowError as exc:
-        if verbose:
-            traceback.print_exc()
-        click.echo("\n".join(f"error: {line}" for line in str(exc).splitlines()), err=True)
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # a bug: show everything needed to report it (unless a write found no room)
-        _exit_if_write_failed(exc)
-        traceback.print_exc()
-        click.echo(f"trtflow: internal error: {type(exc).__name__}: {exc} (please report this)", err=True)
-        sys.exit(InternalError.exit_code)
-
-
-def _exit_if_write_failed(exc: Exception) -> None:
-    """A write the disk, a quota or permissions refused (packages, trtflow.lock) is one line, exit 4, not a bug."""
-    from trtflow.errors import EnvironmentProblem
-    from trtflow.store import WRITE_ERRNOS
-
-    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
-        where = f" {exc.filename}" if exc.filename else ""
-        click.echo(
-            f"error: cannot write{where}: {exc.strerror} (disk full, file size limit or quota reached, or no "
-            "permission?)",
-            err=True,
-        )
-        sys.exit(EnvironmentProblem.exit_code)
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory") from None

@@ -1,4 +1,4 @@
-"""Provision: pick the engine of a package that fits a device (the rules: trtflow/choice.py), verify its sha256,
+"""Provision: pick the engine of a package that fits a device (the rules: deploy/choice.py), verify its sha256,
 put it in place. The choice reads only the manifest, so a fleet agent decides without TensorRT or a GPU.
 """
 
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from pydantic import ValidationError
 
-from trtflow.choice import (  # noqa: F401  (re-exported: callers name them from here)
+from trtflow.deploy.channels import engine_file, version_file
+from trtflow.deploy.choice import (  # noqa: F401  (re-exported: callers name them from here)
     AMPERE_PLUS,
     DEFAULT_PREFERENCE,
     EXACT,
@@ -32,7 +33,6 @@ from trtflow.choice import (  # noqa: F401  (re-exported: callers name them from
     failed_for,
     measured_drop,
 )
-from trtflow.deploy.channels import engine_file, version_file
 from trtflow.deploy.install import install
 from trtflow.deploy.plugins import plugin_installs
 from trtflow.deploy.remote import PROVENANCE_FILE, RemoteFolder
@@ -277,10 +277,11 @@ def provision(
     command) runs on the installed bytes before `current` flips; what it raises leaves `current` as it was."""
     chosen, others = choose(package.manifest, device)
     recipe = package.manifest.recipe
+    # from the package, into DEST's names
     for field, value in (
         ("recipe", recipe),
         ("precision", chosen.engine.precision),
-    ):  # from the package, into DEST's names
+    ):
         if not SAFE_NAME.fullmatch(value):
             raise BadPackage(
                 f"{package.path}: {field} {value!r} is not a plain file name; refusing it (rebuild the package with "

@@ -31,7 +31,6 @@ from typing import Any, Literal
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
-from trtflow.runmemo import note_glob
 from trtflow.stages.base import (
     CACHED_UNDER_WARN,
     Node,
@@ -45,8 +44,9 @@ from trtflow.stages.base import (
     enforce_proof,
 )
 from trtflow.stages.capture import captured_output
-from trtflow.stages.export import KIND, VERSION, check_against_reference, dynamic_axes
+from trtflow.stages.export.common import KIND, VERSION, check_against_reference, dynamic_axes, one_line
 from trtflow.stages.modelfile import FILE_NAMES, MODEL
+from trtflow.util.reads import note_glob
 from trtflow.util.versions import tool_version
 
 PROOF_FAILED = {
@@ -63,9 +63,8 @@ class Params(StageParams):
     FINGERPRINT = ("tensorflow", "keras", "tf2onnx", "onnx")
     POLICY = ("on_fail",)
     format: Literal["saved_model", "keras"]
-    files: list[
-        str
-    ]  # SavedModel: every file's path inside the directory (each the input `saved_model/<path>`); Keras: its name
+    # SavedModel: every file's path inside the directory (each the input `saved_model/<path>`); Keras: its name
+    files: list[str]
     signature: str | None = None
     tag: str | None = None
     opset: int
@@ -100,11 +99,10 @@ def node(ctx: RecipeContext) -> Node | None:
         tf2onnx=tool_version("tf2onnx"),
         onnx=tool_version("onnx"),
     )
-    info = {"recipe_file": ctx.item.display}
     if source.keras is not None:
         path = (ctx.root / source.keras).resolve()
         params = Params(format="keras", files=[path.name], opset=TF_OPSET, **common)
-        return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=(("keras", path),), info=info)
+        return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=(("keras", path),))
     spec = source.tensorflow
     folder = (ctx.root / spec.saved_model).resolve()
     files = saved_model_files(folder)
@@ -117,7 +115,7 @@ def node(ctx: RecipeContext) -> Node | None:
         **common,
     )
     sources = tuple((f"saved_model/{relative}", path) for relative, path in zip(params.files, files, strict=True))
-    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=sources, info=info)
+    return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=sources)
 
 
 def saved_model_files(folder: Path) -> list[Path]:
@@ -201,7 +199,7 @@ def _saved_model(tf: Any, tf2onnx: Any, params: Params, folder: Path) -> tuple[A
     try:
         loaded = tf.saved_model.load(str(folder), tags=[params.tag])
     except Exception as exc:
-        raise StageError(f"source.tensorflow.saved_model: TensorFlow cannot load it: {_one_line(exc)}") from None
+        raise StageError(f"source.tensorflow.saved_model: TensorFlow cannot load it: {one_line(exc)}") from None
     function = loaded.signatures[params.signature]
     _, specs = function.structured_input_signature
     _check_shapes(
@@ -225,7 +223,7 @@ def _saved_model(tf: Any, tf2onnx: Any, params: Params, folder: Path) -> tuple[A
         )
     except Exception as exc:
         raise StageError(
-            f"source.tensorflow: tf2onnx cannot convert signature {params.signature}: {_one_line(exc)}"
+            f"source.tensorflow: tf2onnx cannot convert signature {params.signature}: {one_line(exc)}"
         ) from None
     return reference, model
 
@@ -242,7 +240,7 @@ def _check_tag_and_signature(tf: Any, params: Params, folder: Path) -> None:
         else:
             text_format.Parse((folder / "saved_model.pbtxt").read_text(), saved)
     except Exception as exc:
-        raise StageError(f"source.tensorflow.saved_model: not a readable SavedModel: {_one_line(exc)}") from None
+        raise StageError(f"source.tensorflow.saved_model: not a readable SavedModel: {one_line(exc)}") from None
     graphs = {tuple(g.meta_info_def.tags): sorted(g.signature_def) for g in saved.meta_graphs}
     matching = [signatures for tags, signatures in graphs.items() if params.tag in tags]
     if not matching:
@@ -270,7 +268,7 @@ def _keras(tf: Any, tf2onnx: Any, params: Params, path: Path, workdir: Path) -> 
     try:
         model = keras.models.load_model(str(named), compile=False)
     except Exception as exc:
-        raise StageError(f"source.keras: Keras cannot load {params.files[0]}: {_one_line(exc)}") from None
+        raise StageError(f"source.keras: Keras cannot load {params.files[0]}: {one_line(exc)}") from None
     specs = {tensor.name: (list(tensor.shape), _dtype_name(tensor.dtype)) for tensor in model.inputs}
     _check_shapes(params, specs, "the Keras model")
     order = [tensor.name for tensor in model.inputs]
@@ -278,7 +276,7 @@ def _keras(tf: Any, tf2onnx: Any, params: Params, path: Path, workdir: Path) -> 
     try:
         converted, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=params.opset)
     except Exception as exc:
-        raise StageError(f"source.keras: tf2onnx cannot convert the model: {_one_line(exc)}") from None
+        raise StageError(f"source.keras: tf2onnx cannot convert the model: {one_line(exc)}") from None
     output_names = [value.name for value in converted.graph.output]  # the output layers' names, in the model's order
 
     def reference(feed: dict[str, Any]) -> dict[str, Any]:
@@ -366,7 +364,7 @@ def _check_converted(model: Any, params: Params, unsupported: list[str]) -> None
                 f"ONNX opset {params.opset}; replace them in the model or try another opset"
             ) from None
         raise StageError(
-            f"{FIELD[params.format]}: the converted model fails the ONNX checker: {_one_line(exc)}"
+            f"{FIELD[params.format]}: the converted model fails the ONNX checker: {one_line(exc)}"
         ) from None
 
 
@@ -393,11 +391,6 @@ def _stabilize_dims(model: Any) -> None:
 def _io(value: Any) -> dict:
     dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
     return {"name": value.name, "shape": dims}
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 def _converter(model_format: str) -> str:

@@ -26,7 +26,7 @@ import importlib
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -48,6 +48,7 @@ from trtflow.stages.base import (
     enforce_proof,
 )
 from trtflow.stages.capture import ANSI_ESCAPES, captured_output
+from trtflow.stages.export.common import KIND, VERSION, dynamic_axes, one_line
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
 from trtflow.util.versions import tool_version
 
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 PROOF_FAILED = "source.torch: the exported ONNX differs from torch"
-KIND, VERSION = "export", 2  # 2: CPU-independent sessions (compare.session)
 EXPORTER = "torch.onnx.export(dynamo=True)"
 STRIPPED_METADATA = ("pkg.torch.onnx.stack_trace",)
 
@@ -90,14 +90,12 @@ class Params(StageParams):
 
 
 def node(ctx: RecipeContext) -> Node | None:
-    """PyTorch -> ONNX for torch sources (TensorFlow and Keras sources: stages.tfexport), None for ONNX. Its inputs are
+    """PyTorch -> ONNX for torch sources, else None. Its inputs are
     the factory's module file, the weights and the listed
     `files`, not the whole project: editing an unrelated file re-exports nothing."""
     spec = ctx.recipe.source.torch
     if spec is None:
-        from trtflow.stages import tfexport
-
-        return tfexport.node(ctx)
+        return None
     sources = [("factory", ctx.item.factory_file(ctx.root))]
     sources += [("weights", (ctx.root / spec.weights).resolve())] if spec.weights else []
     sources += [(f"files[{index}]", (ctx.root / path).resolve()) for index, path in enumerate(spec.files)]
@@ -122,7 +120,6 @@ def node(ctx: RecipeContext) -> Node | None:
         version=VERSION,
         params=params,
         sources=tuple(sources),
-        info={"recipe_file": ctx.item.display},
     )
 
 
@@ -137,30 +134,8 @@ def export_dims(ctx: RecipeContext) -> tuple[list[ExampleInput], dict[str, dict[
     return inputs, {spec.name: dynamic[spec.name] for spec in specs if spec.name in dynamic}
 
 
-def dynamic_axes(profiles: list[dict[str, dict[str, list[int]]]]) -> dict[str, dict[str, list[int]]]:
-    """Per input, the axes any profile's min, opt or max differs on, each with the range it spans over every profile:
-
-    profiles [{x: min [1,3] opt [4,3] max [8,3]}, {x: shape [32,3]}] -> {x: {"0": [1, 32]}} (axis 1 static)
-    """
-    dynamic = {}
-    for name in dict.fromkeys(name for profile in profiles for name in profile):
-        shapes = [shape for profile in profiles if name in profile for shape in profile[name].values()]
-        axes = {
-            str(axis): [min(s[axis] for s in shapes), max(s[axis] for s in shapes)]
-            for axis in range(len(shapes[0]))
-            if len({s[axis] for s in shapes}) > 1
-        }
-        if axes:
-            dynamic[name] = axes
-    return dynamic
-
-
-def run(params: StageParams, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
+def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     """Import and call the factory, export with the dynamo exporter, check the ONNX against torch on ONNX Runtime."""
-    if not isinstance(params, Params):
-        from trtflow.stages import tfexport
-
-        return tfexport.run(params, inputs, workdir)  # type: ignore[arg-type]
     torch = import_or_explain("torch", "torch")
     import_or_explain("onnxscript", "torch", "torch's dynamo exporter writes ONNX with it")
     with _user_code(params.factory, inputs["factory"].files["factory"]):
@@ -189,10 +164,7 @@ def run(params: StageParams, inputs: dict[str, Upstream], workdir: Path) -> Stag
 
 def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
-    if not isinstance(node.params, Params):
-        from trtflow.stages import tfexport
-
-        return tfexport.finish(node, record, place)
+    assert isinstance(node.params, Params)
     enforce_proof(node.params.on_fail, record["record"]["torch_equality"], PROOF_FAILED, CACHED_UNDER_WARN)
     return None
 
@@ -219,7 +191,7 @@ def _model(torch: Any, params: Params, inputs: dict[str, Upstream]) -> Any:
     try:
         model = factory(**params.kwargs)
     except Exception as exc:
-        raise StageError(f"source.torch.factory: {params.factory} raised {_one_line(exc)}") from None
+        raise StageError(f"source.torch.factory: {params.factory} raised {one_line(exc)}") from None
     if not isinstance(model, torch.nn.Module):
         raise StageError(
             f"source.torch.factory: {params.factory} returned {type(model).__name__}, not a torch.nn.Module"
@@ -234,7 +206,7 @@ def _factory(spec: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except BaseException as exc:  # a module may even call sys.exit on import
-        raise StageError(f"source.torch.factory: cannot import {module_name!r}: {_one_line(exc)}") from None
+        raise StageError(f"source.torch.factory: cannot import {module_name!r}: {one_line(exc)}") from None
     try:
         return functools.reduce(getattr, attribute.split("."), module)
     except AttributeError:
@@ -246,7 +218,7 @@ def _load_weights(torch: Any, model: Any, path: Path) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise StageError(f"source.torch.weights: cannot load {path.name}: {_one_line(exc)}") from None
+        raise StageError(f"source.torch.weights: cannot load {path.name}: {one_line(exc)}") from None
     if not isinstance(state, dict):
         raise StageError(
             f"source.torch.weights: {path.name} holds a {type(state).__name__}, not a state_dict "
@@ -255,7 +227,7 @@ def _load_weights(torch: Any, model: Any, path: Path) -> None:
     try:
         model.load_state_dict(state, strict=True)
     except Exception as exc:
-        raise StageError(f"source.torch.weights: {path.name} does not fit the model: {_one_line(exc)}") from None
+        raise StageError(f"source.torch.weights: {path.name} does not fit the model: {one_line(exc)}") from None
 
 
 def _examples(torch: Any, params: Params) -> list[Any]:
@@ -278,7 +250,7 @@ def _eager_outputs(torch: Any, model: Any, examples: list[Any], params: Params) 
             result = model(*examples)
     except Exception as exc:
         shown = ", ".join(f"{s.name} {s.dtype} {s.shape}" for s in params.inputs)
-        raise StageError(f"source.torch.inputs: the model does not accept ({shown}): {_one_line(exc)}") from None
+        raise StageError(f"source.torch.inputs: the model does not accept ({shown}): {one_line(exc)}") from None
     leaves = [leaf for leaf in torch.utils._pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
     names = params.outputs
     if names is not None and len(names) != len(leaves):
@@ -369,47 +341,9 @@ def _check_against_torch(path: Path, params: Params, examples: list[Any], expect
     }
 
 
-def check_against_reference(
-    path: Path,
-    check: ProofSettings,
-    samples: int,
-    profiles: list[dict],
-    reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-) -> dict:
-    """ONNX Runtime on the exported model vs `reference` (the source framework) on the same seeded inputs at the
-    profiles' shapes, output by output name, within the recipe's fp32 tolerances: the worst over `samples`."""
-    from trtflow.stages import compare
-
-    session = compare.session(path)
-    names = compare.output_names(session)
-    feeds = compare.sample_feeds(session, profiles, samples, check.seed)
-    per_sample = []
-    for feed, got in zip(feeds, compare.run_all(session, feeds), strict=True):
-        expected = reference(feed)
-        if set(expected) != set(names):
-            raise StageError(
-                f"the exported ONNX's outputs ({', '.join(names)}) are not the model's ({', '.join(expected)})"
-            )
-        per_sample.append(compare.compare_outputs(got, expected, check.rtol, check.atol))
-    rows = compare.worst(per_sample)
-    return {
-        "runtime": compare.RUNTIME,
-        "samples": len(feeds),
-        "rtol": check.rtol,
-        "atol": check.atol,
-        "outputs": rows,
-        "passed": all(row["passed"] for row in rows),
-    }
-
-
 def _warning_lines(caught: list[Any]) -> list[str]:
     """Each distinct warning once: what the exporter and the model's code said (a tracer warning matters)."""
     seen = dict.fromkeys(
         f"{w.category.__name__}: {str(w.message).splitlines()[0] if str(w.message) else ''}" for w in caught
     )
     return list(seen)[:20]
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__

@@ -1,0 +1,100 @@
+"""The `trtflow` command group, what every command gets (Context), and `main`, which maps errors to exit codes.
+
+Exit codes: docs/reference/exit-codes.md (generated from the error classes in trtflow/errors.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trtflow import __version__
+from trtflow.errors import EnvironmentProblem, InternalError, TrtflowError
+
+
+class Context:
+    """What every command gets: the project folder and -v; opens the session or the store on demand."""
+
+    def __init__(self, project_dir: Path, verbose: bool):
+        self.project_dir = project_dir
+        self.verbose = verbose
+
+    def session(self, recipes: tuple[str, ...] = (), keep_refusals: bool = False):
+        """The project as a Session (plan and run), limited to `recipes` when given."""
+        from trtflow.session import Session
+
+        return Session.open(self.project_dir, recipes, keep_refusals)
+
+    def store(self):
+        """(project, its store or None if nothing has run yet), for the cache commands."""
+        from trtflow.recipe import load_project
+        from trtflow.store import Store
+
+        project = load_project(self.project_dir)
+        return project, Store.existing(project.store_dir)
+
+
+pass_context = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-C",
+    "--project",
+    "project_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=".",
+    show_default=True,
+    help="Folder holding pipeline.yaml.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Show details (tracebacks of failed stages, build logs).")
+@click.version_option(__version__, prog_name="trtflow")
+@click.pass_context
+def cli(ctx: click.Context, project_dir: Path, verbose: bool) -> None:
+    """Build TensorRT engines for a GPU fleet from declarative recipes, rebuilding only what changed."""
+    ctx.obj = Context(project_dir, verbose)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Entry point: run the CLI, turning expected errors into one line and an exit code."""
+    verbose = "-v" in (argv if argv is not None else sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    try:
+        return cli.main(args=argv, prog_name="trtflow", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except InternalError as exc:
+        traceback.print_exc()
+        click.echo(f"trtflow: internal error: {exc} (please report this)", err=True)
+        sys.exit(exc.exit_code)
+    except TrtflowError as exc:
+        if verbose:
+            traceback.print_exc()
+        click.echo("\n".join(f"error: {line}" for line in str(exc).splitlines()), err=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug: show everything needed to report it (unless a write found no room)
+        _exit_if_write_failed(exc)
+        traceback.print_exc()
+        click.echo(f"trtflow: internal error: {type(exc).__name__}: {exc} (please report this)", err=True)
+        sys.exit(InternalError.exit_code)
+
+
+def _exit_if_write_failed(exc: Exception) -> None:
+    """A write the disk, a quota or permissions refused (packages, trtflow.lock) is one line, exit 4, not a bug."""
+    from trtflow.store import WRITE_ERRNOS
+
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        where = f" {exc.filename}" if exc.filename else ""
+        click.echo(
+            f"error: cannot write{where}: {exc.strerror} (disk full, file size limit or quota reached, or no "
+            "permission?)",
+            err=True,
+        )
+        sys.exit(EnvironmentProblem.exit_code)

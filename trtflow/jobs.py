@@ -1,0 +1,85 @@
+"""One job of a run: the node handed to an executor (its inputs, its work dir), and what its ending means: a failure
+recorded under its key, a worker the OOM killer took, a store too full to take its output."""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtflow.dag import Node
+from trtflow.errors import EnvironmentProblem
+from trtflow.executors import StageResult
+from trtflow.plan import Resolution
+from trtflow.stages.base import Upstream
+from trtflow.stages.modelfile import companions, place_side_by_side
+from trtflow.store.objects import Store
+from trtflow.util.memory import oom_kills, shown
+
+# A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
+STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
+
+
+@dataclass
+class Job:
+    """A node a run handed to its executor, with what the runner needs when it ends."""
+
+    node: Node
+    key: str
+    components: dict
+    workdir: Path
+    started: float
+    slot: int = 0  # which of the -j job slots it ran in (the report's timeline rows)
+    expected: int = 0  # the peak memory it was admitted with (admission.MemoryAdmission)
+    oom_kills: int | None = None  # the cgroup's OOM kill count when it started: a kill since then is a lack of memory
+
+
+def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store, workdir: Path) -> dict[str, Upstream]:
+    """Each input role's files (store objects; a model and its external data side by side), record and digests."""
+    node, digests = resolution.node, resolution.components["inputs"]
+    # a source model's digests include its external data files'
+    inputs = {
+        role: Upstream(files={role: path}, sha256=companions(digests, role) | {role: digests[role]})
+        for role, path in node.sources
+    }
+    for dep in node.deps:
+        if dep.node in resolution.missing:
+            inputs[dep.role] = Upstream(files={}, missing=resolution.missing[dep.node])
+            continue
+        record = finished[dep.node]
+        files = {name: store.object_path(digest) for name, digest in record["outputs"].items()}
+        if companions(files, dep.output):
+            files.update(place_side_by_side(files, dep.output, workdir / "inputs" / dep.role))
+        inputs[dep.role] = Upstream(files=files, record=record["record"], key=record["key"], sha256=record["outputs"])
+    return inputs
+
+
+def as_lack_of_memory(job: Job, result: StageResult) -> StageResult:
+    """A worker the kernel's OOM killer killed (its cgroup counted a kill while the stage ran) fails for lack of
+    memory, exit 4, never recorded: said as such, not as a bare signal."""
+    now = oom_kills()
+    if result.error is None or job.oom_kills is None or now is None or now <= job.oom_kills:
+        return result
+    return StageResult.failure(
+        f"{job.node.id} was killed for lack of memory (the kernel's OOM killer; it was expected to need "
+        f"{shown(job.expected)}): run fewer stages at once (-j, --memory) or on a machine with more memory",
+        EnvironmentProblem.exit_code,
+        result.detail,
+        node=result.node,
+    )
+
+
+def failure_record(job: Job, result: StageResult, seconds: float, run_id: str) -> dict:
+    """The stage record of a stage's own failure: no outputs, its one-line reason, exit code and the log's tail."""
+    failure = {"reason": result.error, "exit_code": result.exit_code, "log": result.detail[-4000:]}
+    return {
+        "key": job.key,
+        "node": job.node.id,
+        "outputs": {},
+        "record": {},
+        "failure": failure,
+        "components": job.components,
+        "seconds": seconds,
+        "built_by": {"run": run_id, "pid": os.getpid()},
+    }
