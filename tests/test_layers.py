@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +144,51 @@ def test_no_import_cycle_at_module_level() -> None:
 
     for module in sorted(graph):
         visit(module, ())
+
+
+def _architecture():
+    """tools/architecture.py: the layers, and the measures the closing checks print."""
+    spec = importlib.util.spec_from_file_location("architecture", PACKAGE.parent / "tools" / "architecture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_cycle_counting_lazy_and_type_only_imports() -> None:
+    """A lazy or TYPE_CHECKING import hides a dependency, it does not remove it: none may close a cycle."""
+    architecture = _architecture()
+    assert architecture.cycles(architecture.graph(PACKAGE)) == []
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    architecture = _architecture()
+    edges = architecture.graph(PACKAGE)
+    assert architecture.unlayered(edges) == []
+    assert architecture.upward(edges) == []
+
+
+def test_no_module_over_400_lines() -> None:
+    assert _architecture().long_modules(PACKAGE) == []
+
+
+def test_the_architecture_check_finds_a_planted_cycle_and_an_upward_import(tmp_path: Path) -> None:
+    package = tmp_path / "trtflow"
+    (package / "util").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "util" / "__init__.py").write_text("")
+    (package / "util" / "a.py").write_text("def f():\n    from trtflow.util import b\n")
+    (package / "util" / "b.py").write_text("from trtflow.util import a\nfrom trtflow import session\n")
+    (package / "session.py").write_text("")
+    architecture = _architecture()
+    edges = architecture.graph(package)
+    assert architecture.cycles(edges) == [["trtflow.util.a", "trtflow.util.b"]]
+    assert architecture.upward(edges) == [("trtflow.util.b", "trtflow.session")]
+
+
+@pytest.mark.parametrize("kind", ["export", "cleanup", "precision", "build", "verify", "package"])
+def test_every_stage_kind_registers_its_stage(kind: str) -> None:
+    from trtflow.stages import stage
+
+    found = stage(kind)
+    module = importlib.import_module(f"trtflow.stages.{kind}")
+    assert (found.kind, found.version) == (kind, module.VERSION)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow import __version__
-from trtflow.errors import TrtflowError
+from trtflow.errors import UntrustedPackage
 from trtflow.manifest import MANIFEST_FILE
 from trtflow.signing import STATEMENT_TYPE, SignatureRejected, Signer, TrustedKeys, envelope_of
 from trtflow.util.fs import read_regular
@@ -28,12 +28,6 @@ BUILD_TYPE = "urn:trtflow:build-type:package:v1"
 BUILDER = "urn:trtflow:builder"
 SUFFIX = ".intoto.jsonl"
 MAX_BYTES = 8 << 20
-
-
-class UntrustedPackage(TrtflowError):
-    """--require-signature: the package has no provenance a trusted key signed for exactly these bytes."""
-
-    exit_code = 3
 
 
 def provenance_path(package: Path) -> Path:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtflow.errors import EnvironmentProblem, ProjectError, TrtflowError
+from trtflow.errors import EnvironmentProblem, ProjectError, SignatureRejected, TrtflowError
 from trtflow.util.fs import atomic_write
 from trtflow.util.reads import note_path
 
@@ -29,10 +29,6 @@ KEY_TEXT_ENV = "TRTFLOW_SIGNING_KEY"
 RECORD_TYPE = "application/vnd.trtflow.record+json"
 STATEMENT_TYPE = "application/vnd.in-toto+json"
 KEY_FILE_MAX = 64 << 10
-
-
-class SignatureRejected(TrtflowError):
-    """An envelope is unsigned, signed by no trusted key, or its signature does not verify."""
 
 
 def pae(payload_type: str, body: bytes) -> bytes:

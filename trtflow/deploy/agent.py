@@ -25,25 +25,13 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from trtflow.deploy.install import BadDestination
-from trtflow.errors import TrtflowError
+from trtflow.errors import AgentBusy, HealthCheckFailed, TrtflowError
 from trtflow.manifest import Engine
 from trtflow.util.fs import read_regular, real_dir, write_nofollow
 from trtflow.util.jsondata import loads_bounded
 
 STATUS_FILE = "status.json"
 MAX_STATUS_BYTES = 64 << 10
-
-
-class AgentBusy(TrtflowError):
-    """Another agent holds the destination's lock."""
-
-    exit_code = 6
-
-
-class HealthCheckFailed(TrtflowError):
-    """The health command failed on the new engine; `current` was left as it was."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)

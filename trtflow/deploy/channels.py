@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from trtflow.deploy.remote import PROVENANCE_FILE, NotPublishable, RemoteFolder
-from trtflow.errors import TrtflowError
+from trtflow.errors import BadChannel, BadRollout
 from trtflow.hashing import sha256_file
 from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Manifest
 from trtflow.util.jsondata import loads_bounded
@@ -34,18 +34,6 @@ CHANNEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 MAX_CHANNEL_BYTES = 16 << 10  # 20 digests and a few fields are about 1.5 KB
 MAX_HISTORY = 20
 FULL_SHARE = 10000
-
-
-class BadChannel(TrtflowError):
-    """A channel or version on the remote is malformed, or names what it must not."""
-
-    exit_code = 3
-
-
-class BadRollout(TrtflowError):
-    """A rollout command cannot be done (nothing to roll back to, an unknown version, a bad share)."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)

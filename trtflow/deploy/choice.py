@@ -31,7 +31,7 @@ from pathlib import Path
 
 from trtflow.deploy.plugins import PluginDir, missing_plugin
 from trtflow.device import no_gpu_reason, query_compute_capabilities
-from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.errors import BadRequest, EnvironmentProblem, NoEngineFits
 from trtflow.manifest import Engine, Manifest, MissingEngine
 from trtflow.util.cc import ComputeCapability
 
@@ -40,18 +40,6 @@ AMPERE_PLUS = "hardware-compatible build (ampere_plus runs on sm_80 and newer)"
 DEFAULT_PREFERENCE = ("fp8", "int8", "fp16", "bf16", "fp32")
 # A version-compatible engine of one TensorRT major also loads on these runtime majors (support matrix, 11.4).
 CROSS_MAJOR_RUNTIMES = {8: (10,), 10: (11,)}
-
-
-class NoEngineFits(TrtflowError):
-    """No engine of the package can run on the device; the message lists why, per engine."""
-
-    exit_code = 5
-
-
-class BadRequest(TrtflowError):
-    """A provision option has a value that cannot be understood."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)

@@ -26,19 +26,13 @@ from typing import BinaryIO
 
 from filelock import FileLock
 
-from trtflow.errors import TrtflowError
+from trtflow.errors import BadDestination
 from trtflow.util.fs import fsync_dir, real_dir, remove_nofollow
 
 Extras = dict[str, tuple[int, Callable[[BinaryIO], None]]]  # more files of the version folder: path -> (size, copy)
 CURRENT = "current"
 RECORD = "provision.json"
 DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-class BadDestination(TrtflowError):
-    """--dest cannot be a folder (it is under a file, or somewhere nothing can be made)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)

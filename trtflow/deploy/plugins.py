@@ -15,17 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from trtflow.errors import TrtflowError
+from trtflow.errors import BadPluginDir
 from trtflow.manifest import Engine, Plugin
 
 CHUNK = 1 << 20
 Copy = Callable[[BinaryIO], None]
-
-
-class BadPluginDir(TrtflowError):
-    """--plugin-dir is not a folder that can be read."""
-
-    exit_code = 2
 
 
 class PluginDir:

@@ -20,17 +20,11 @@ import subprocess
 from pathlib import Path
 
 from trtflow.device import query_compute_capabilities
-from trtflow.errors import TrtflowError
+from trtflow.errors import PreflightRefused
 from trtflow.manifest import Engine
 
 RUNTIME_MODULES = {"tensorrt-rtx": "tensorrt_rtx", "tensorrt": "tensorrt"}
 HEADER_FACTS = ("VERSION_MISMATCH", "MALFORMED_ENGINE")  # said by the header alone, GPU or not
-
-
-class PreflightRefused(TrtflowError):
-    """The device's runtime or driver cannot load the chosen engine (said before `current` flips)."""
-
-    exit_code = 5
 
 
 def installed_runtime(backend: str) -> object | None:

@@ -36,7 +36,7 @@ from trtflow.deploy.choice import (  # noqa: F401  (re-exported: callers name th
 from trtflow.deploy.install import install
 from trtflow.deploy.plugins import plugin_installs
 from trtflow.deploy.remote import PROVENANCE_FILE, RemoteFolder
-from trtflow.errors import TrtflowError
+from trtflow.errors import TamperedEngine, TrtflowError
 from trtflow.hashing import sha256_file
 from trtflow.manifest import MANIFEST_FILE, Engine, Manifest, Plugin
 from trtflow.util.archive import UnsafeArchive, read_member
@@ -51,12 +51,6 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 class BadPackage(UnsafeArchive):
     """The package is missing, malformed, or names files outside itself."""
-
-    exit_code = 3
-
-
-class TamperedEngine(TrtflowError):
-    """An engine's bytes do not match the sha256 its manifest records."""
 
     exit_code = 3
 

@@ -25,21 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.errors import NotPublishable, RemoteUnreachable
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 
 CHUNK = 1 << 20
 PROVENANCE_FILE = "provenance.intoto.jsonl"
-
-
-class RemoteUnreachable(EnvironmentProblem):
-    """The package URL could not be read or written (network, credentials, permissions)."""
-
-
-class NotPublishable(TrtflowError):
-    """`trtflow publish` was given something that is not an intact package folder."""
-
-    exit_code = 3
 
 
 @dataclass

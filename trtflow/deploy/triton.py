@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.deploy.provision import SAFE_NAME, Package, copy_verified
-from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.errors import CannotExport, EnvironmentProblem
 from trtflow.manifest import Engine, Tensor
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.fs import atomic_write, first_link, fsync_dir
@@ -52,12 +52,6 @@ RTX_REFUSAL = (
     "the TensorRT-RTX runtime of the same release, and no Triton backend for them is documented: export them with "
     "`trtflow export ort-context` instead"
 )
-
-
-class CannotExport(TrtflowError):
-    """The packages cannot become the requested deployment (wrong backend, disagreeing I/O, ambiguous choice)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,6 @@ are pure functions of that JSON, so `trtflow report --from run.json` redraws any
 
 from __future__ import annotations
 
-from trtflow.errors import ProjectError
-
 RUN_FILE = "run.json"
 REPORT_FILE = "report.html"
 FORMAT = 1
-
-
-class NoRunRecord(ProjectError):
-    """There is no run record to report on (nothing has run, or the file is not one)."""

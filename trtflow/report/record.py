@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trtflow import __version__
-from trtflow.report import FORMAT, RUN_FILE, NoRunRecord
+from trtflow.errors import NoRunRecord
+from trtflow.report import FORMAT, RUN_FILE
 from trtflow.states import CACHED, FAILED, NodeState
 
 MAX_RECORD_BYTES = 256 << 20

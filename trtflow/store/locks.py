@@ -21,16 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtflow.errors import TrtflowError
+from trtflow.errors import StoreBusy
 from trtflow.store.layout import folder, real_folder
 from trtflow.store.objects import WRITE_ERRNOS, write_failure
 from trtflow.util.fs import remove_under
-
-
-class StoreBusy(TrtflowError):
-    """gc cannot run now: a run is using the store (or another gc is running). Exit 6: try again later."""
-
-    exit_code = 6
 
 
 def file_lock(path: Path) -> Any:

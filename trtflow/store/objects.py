@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.errors import ObjectMismatch, StoreWriteError
 from trtflow.hashing import file_signature, sha256_handle
 from trtflow.store.cache import FILE_NAME as CACHE_FILE
 from trtflow.store.cache import Cache
@@ -51,18 +51,6 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, 
 
 
 EXCHANGE_DIR = "exchange"  # the Ray executor's default data plane (executors.exchange); gc empties it
-
-
-class StoreWriteError(EnvironmentProblem):
-    """A write into the store failed: the disk is full, a size limit or quota was hit, or access is denied."""
-
-
-class ObjectMismatch(TrtflowError):
-    """A file offered as a known object hashes to something else (a tampered or truncated download)."""
-
-    def __init__(self, expected: str, actual: str):
-        super().__init__(f"expected sha256 {expected[:16]}..., got {actual[:16]}...")
-        self.expected, self.actual = expected, actual
 
 
 def write_failure(root: Path, exc: BaseException, what: str = "") -> StoreWriteError:

@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from trtflow.errors import EnvironmentProblem
+from trtflow.errors import RemoteUnavailable
 from trtflow.signing import (
     KEY_FILE_ENV,
     KEY_TEXT_ENV,
@@ -46,10 +46,6 @@ from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 from trtflow.util.jsondata import BoundExceeded, loads_bounded
 
 CHUNK = 1 << 20
-
-
-class RemoteUnavailable(EnvironmentProblem):
-    """The remote cache could not be reached or refused access, and the run was told to require it."""
 
 
 class _RemoteFailure(Exception):

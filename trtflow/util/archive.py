@@ -15,13 +15,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from trtflow.errors import TrtflowError
+from trtflow.errors import TrtflowError, UnsafeArchive
 from trtflow.util.faults import crash_point
 from trtflow.util.proc import exchange
-
-
-class UnsafeArchive(TrtflowError):
-    """An archive member would be written outside the destination or is not a plain file."""
 
 
 def write_reproducible_tar(folder: Path, archive: Path, prefix: str) -> None:
