@@ -13,6 +13,7 @@ import click
 from trtflow.cli import output, progress
 from trtflow.cli.app import Context, cli, pass_context
 from trtflow.states import CACHED, FAILED
+from trtflow.util.reads import recording as reads_recording
 
 
 @cli.command()
@@ -136,7 +137,7 @@ def run(
         return
     from trtflow.runner import RunOptions
 
-    with runmemo.recording() as reads:
+    with reads_recording() as reads:
         options = RunOptions(
             jobs=jobs,
             force=force,
