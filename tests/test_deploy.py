@@ -40,7 +40,7 @@ def full_tensorrt_package(source: Path, dest: Path, builds: dict[str, str], edit
     folder = Path(shutil.copytree(source, dest))
     manifest = manifest_of(folder)
     engines = []
-    for (target, cc), engine in zip(builds.items(), manifest["engines"], strict=True):
+    for (target, cc), engine in zip(builds.items(), manifest["engines"], strict=False):
         engine = copy.deepcopy(engine)
         engine.update(backend="tensorrt", backend_version="10.13.3.9", target=target, compute_capabilities=[cc])
         engines.append(edit(engine) if edit else engine)
