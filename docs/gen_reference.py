@@ -22,13 +22,17 @@ REFERENCE = Path(__file__).resolve().parent / "reference"
 PAGES = {
     "recipe": (
         "Recipe reference",
-        "A recipe is one YAML file under the folders `pipeline.yaml`'s `recipes:` globs name; see "
-        "[Project files](../project.md). Unknown keys are errors.",
+        (
+            "A recipe is one YAML file that a glob of `pipeline.yaml`'s `recipes:` matches; see "
+            "[Project files](../project.md). Unknown keys are errors."
+        ),
     ),
     "pipeline": (
         "pipeline.yaml reference",
-        "The project file: where outputs go, the GPU targets of the fleet, which recipe files belong to it; see "
-        "[Project files](../project.md). Unknown keys are errors.",
+        (
+            "The project file: where outputs go, the GPU targets of the fleet, which recipe files belong to it; see "
+            "[Project files](../project.md). Unknown keys are errors."
+        ),
     ),
 }
 
@@ -130,8 +134,10 @@ def page(what: str) -> str:
         "",
         intro,
         "",
-        f"Print the schema for an editor: `trtflow schema {what}`. A field with no default shown is optional with a "
-        "computed default (an empty list, the recipe's file name, a block's own defaults) unless it says required.",
+        (
+            f"Print the schema for an editor: `trtflow schema {what}`. A field with no default shown is optional with "
+            "a computed default (an empty list, the recipe's file name, a block's own defaults) unless it says required."
+        ),
         "",
         f"## {root.get('title', what)}",
         "",
