@@ -98,6 +98,16 @@ def test_any_change_to_what_the_no_op_read_is_seen(built_project: Path, change) 
         assert (root / "trtflow.lock").read_bytes() == lock
 
 
+def test_a_copied_project_never_answers_from_the_original_s_memo(built_project: Path, tmp_path: Path) -> None:
+    """The memo names the files of the folder that wrote it: a copy (its .trtflow/ too) whose recipe is then edited
+    must see its own edit, not the untouched original."""
+    root = remembered_project(built_project)
+    copy = Path(shutil.copytree(root, tmp_path / "copy", symlinks=True))
+    expected = _edit_profile(copy)
+    summary, imports = run_process(copy)
+    assert "trtflow.dag" in imports and expected <= built_ids(summary)
+
+
 def test_a_signing_key_in_the_environment_is_a_change(built_project: Path, tmp_path: Path) -> None:
     root = remembered_project(built_project)
     provenance = root / "artifacts/packages/tiny.intoto.jsonl"

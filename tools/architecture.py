@@ -138,13 +138,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--map", action="store_true", help="print the module map too")
     args = parser.parse_args(argv)
     edges = graph(args.package)
-    found = {"import cycles": cycles(edges), "upward imports": upward(edges), "modules without a layer": unlayered(edges)}
+    found = {
+        "import cycles": cycles(edges),
+        "upward imports": upward(edges),
+        "modules without a layer": unlayered(edges),
+    }
     found["modules over 400 lines"] = long_modules(args.package)
     print(f"{len(edges)} modules, {sum(len(v) for v in edges.values())} imports between them")
     for name, items in found.items():
         print(f"{name}: {len(items)}")
         for item in items:
-            print("  " + (item if isinstance(item, str) else (" <-> " if name == "import cycles" else " -> ").join(map(str, item))))
+            print(
+                "  "
+                + (
+                    item
+                    if isinstance(item, str)
+                    else (" <-> " if name == "import cycles" else " -> ").join(map(str, item))
+                )
+            )
     if args.map:
         print("\n".join(module_map(args.package)))
     return 1 if any(found.values()) else 0

@@ -128,6 +128,8 @@ def remembered_nodes(project_dir: Path) -> list[dict] | None:
             memo = json.loads(stream.read(MEMO_MAX_BYTES))
         if memo.get("format") != FORMAT or not isinstance(memo.get("nodes"), list):
             return None
+        if memo.get("project") != str(project_dir.resolve()):
+            return None  # a copied or moved project: the memo names the files of the folder that wrote it
         now = fingerprint(memo["paths"], memo["globs"], memo["versions"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
@@ -175,6 +177,7 @@ def remember(project_dir: Path, reads: Reads, nodes: list[dict], started_ns: int
         "globs": reads.globs,
         "versions": reads.versions,
         "nodes": nodes,
+        "project": str(project_dir.resolve()),
         "store": str(store) if store is not None else None,
     }
     text = json.dumps(memo, sort_keys=True)

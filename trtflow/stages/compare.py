@@ -38,8 +38,8 @@ def onnxruntime() -> Any:
     if tool_version("onnxruntime") and tool_version("onnxruntime-gpu"):
         raise EnvironmentProblem(
             "both onnxruntime and onnxruntime-gpu are installed; they overwrite each other's files: "
-            "pip uninstall -y onnxruntime onnxruntime-gpu, then install one trtflow extra that brings ONNX Runtime "
-            "(quant brings onnxruntime-gpu, verify brings onnxruntime)"
+            "pip uninstall -y onnxruntime onnxruntime-gpu, then install a trtflow extra that brings ONNX Runtime "
+            "(quant and verify both bring onnxruntime, the CPU build)"
         )
     return import_or_explain("onnxruntime", "verify")
 
