@@ -29,7 +29,8 @@ from conftest import REPO, trtflow
 
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
-EXAMPLE = ["pipeline.yaml", "recipes", "models", "trtflow.lock"]  # the repository's own example project
+# the repository's own example project, and the tools the docs run
+EXAMPLE = ["pipeline.yaml", "recipes", "models", "trtflow.lock", "tools"]
 COMMAND_LANGUAGES = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
 MARKER = re.compile(r"^\s*<!--\s*(?P<what>not run|exit)(?![\w-])\s*(?P<colon>:?)\s*(?P<value>.*?)\s*-->\s*$")

@@ -134,9 +134,13 @@ def module_map(package: Path) -> Iterator[str]:
 def main(argv: list[str] | None = None) -> int:
     """Print the measures (and the module map with --map); exit 1 unless all are zero."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("package", nargs="?", type=Path, default=Path(__file__).resolve().parents[1] / "trtflow")
+    parser.add_argument("package", nargs="?", type=Path, help="the package folder (default: trtflow's, as imported)")
     parser.add_argument("--map", action="store_true", help="print the module map too")
     args = parser.parse_args(argv)
+    if args.package is None:
+        import trtflow
+
+        args.package = Path(trtflow.__file__).resolve().parent
     edges = graph(args.package)
     found = {
         "import cycles": cycles(edges),
