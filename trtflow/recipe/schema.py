@@ -190,6 +190,7 @@ class InputShape(StrictModel):
         for name in ("min", "opt", "max"):
             if getattr(self, name) is None:
                 raise FieldError(name, f"{name} is required (or give a static shape:)")
+        assert self.min is not None and self.opt is not None and self.max is not None  # each checked just above
         if not len(self.min) == len(self.opt) == len(self.max):
             raise FieldError("max", "min, opt and max must have the same rank")
         if any(a > b for a, b in zip(self.min, self.opt, strict=True)):

@@ -179,8 +179,9 @@ class _Builder:
 
     def _merged(self, node: yaml.Node, loc: Loc) -> dict:
         """The mapping(s) a merge key names; anything else is an error at its line."""
-        maps = node.value if isinstance(node, yaml.SequenceNode) else [node]
-        if not all(isinstance(item, yaml.MappingNode) for item in maps):
+        items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        maps = [item for item in items if isinstance(item, yaml.MappingNode)]
+        if len(maps) != len(items):
             raise ProjectError(
                 f"{self.display}:{node.start_mark.line + 1}: `<<` merges a mapping (or a list of them) into this one"
             )
