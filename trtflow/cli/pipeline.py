@@ -125,6 +125,7 @@ def run(
 ) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow import runmemo
+    from trtflow.util.reads import recording
 
     started, started_ns = time.perf_counter(), time.time_ns()
     whole_project = not (recipes or force or retry_failed or dry_run or frozen or remote_required or check_repro)
@@ -136,7 +137,7 @@ def run(
         return
     from trtflow.runner import RunOptions
 
-    with runmemo.recording() as reads:
+    with recording() as reads:
         options = RunOptions(
             jobs=jobs,
             force=force,
