@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from trtflow.errors import required
 from trtflow.recipe.base import Dim, FieldError, StrictModel
 from trtflow.recipe.build import BuildSettings
 from trtflow.recipe.precision import (
@@ -203,7 +204,8 @@ class InputShape(StrictModel):
         """(min, opt, max), with a static shape repeated three times."""
         if self.shape is not None:
             return list(self.shape), list(self.shape), list(self.shape)
-        return list(self.min), list(self.opt), list(self.max)  # type: ignore[arg-type]
+        low, mid, high = (required(bound, "a profile's min, opt or max") for bound in (self.min, self.opt, self.max))
+        return list(low), list(mid), list(high)
 
 
 class Profile(StrictModel):
