@@ -89,7 +89,7 @@ def extract_tar(archive: Path, destination: Path) -> dict[str, str]:
     digests = {}
     destination.mkdir(parents=True, exist_ok=True)
     root = destination.resolve()
-    with tarfile.open(archive, "r:gz") as tar:  # members are copied below: its copybufsize would serve extract()
+    with tarfile.open(archive, "r:gz") as tar:  # no copybufsize: it serves extract(), and members are copied below
         for member in tar.getmembers():
             target = (root / member.name).resolve()
             if member.isdir():
@@ -99,7 +99,7 @@ def extract_tar(archive: Path, destination: Path) -> dict[str, str]:
                     f"{archive}: refusing member {member.name!r} (outside the destination or not a regular file)"
                 )
             target.parent.mkdir(parents=True, exist_ok=True)
-            with required(tar.extractfile(member), member.name) as source, open(target, "wb") as sink:  # a file
+            with required(tar.extractfile(member), member.name) as source, open(target, "wb") as sink:  # isfile()
                 hashing = _Hashing(source)
                 shutil.copyfileobj(hashing, sink, COPY_BUFFER)
             digests[member.name] = hashing.digest.hexdigest()
