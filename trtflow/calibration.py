@@ -98,16 +98,17 @@ def plan_split(item: RecipeFile, root: Path) -> Split | None:
     """The files a recipe's precision nodes use; None without calibration files. A declaration that matches
     nothing is a ProjectError when the DAG is made, so validate and run refuse it before any work."""
     spec = item.recipe.calibration
-    if spec is None or declared_pattern(spec) is None:
+    declared = declared_pattern(spec) if spec is not None else None
+    if spec is None or declared is None:
         return None
     files = matching_files(spec, root)
     if not files:
-        field, pattern = declared_pattern(spec)
+        field, pattern = declared
         kinds = "/".join(DATA_SUFFIXES if field == "data" else IMAGE_SUFFIXES)
         raise ProjectError(f"{item.where('calibration', *field.split('.'))}: no {kinds} file matches {pattern!r}")
     special = next((name for name in files if not (root / name).is_file()), None)
     if special is not None:
-        field, _ = declared_pattern(spec)
+        field, _ = declared
         raise ProjectError(
             f"{item.where('calibration', *field.split('.'))}: {special} is not a regular file (a FIFO, a device or a "
             "broken link); calibration reads files only"
@@ -221,7 +222,7 @@ def _resize(image: Any, size: Any) -> Any:
         width, height = image.size
         scale = size / min(width, height)
         size = [max(1, round(height * scale)), max(1, round(width * scale))]
-    return image.resize((size[1], size[0]), Image.BILINEAR)
+    return image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
 
 
 def _center_crop(image: Any, size: Any) -> Any:
@@ -235,7 +236,7 @@ def _center_crop(image: Any, size: Any) -> Any:
 def _normalized(pixels: np.ndarray, reading: dict) -> np.ndarray:
     import numpy as np
 
-    values = pixels.astype(np.float32) / 255.0
+    values: np.ndarray = pixels.astype(np.float32) / 255.0
     if reading["mean"] is not None:
         values = values - np.asarray(reading["mean"], dtype=np.float32)
     if reading["std"] is not None:

@@ -14,12 +14,12 @@ from trtflow.util.cc import ComputeCapability
 
 
 @functools.cache
-def local_compute_capabilities() -> tuple[str, ...]:
+def local_compute_capabilities() -> tuple[ComputeCapability, ...]:
     """query_compute_capabilities(), asked once per process (planning needs it for every verify node)."""
     return query_compute_capabilities()
 
 
-def query_compute_capabilities() -> tuple[str, ...]:
+def query_compute_capabilities() -> tuple[ComputeCapability, ...]:
     """Sorted distinct compute capabilities of the local GPUs; empty when there is none (or no driver)."""
     if shutil.which("nvidia-smi") is None:
         return ()

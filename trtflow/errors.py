@@ -7,6 +7,10 @@ An `InternalError` is a broken assumption in trtflow itself and is shown with a 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+_T = TypeVar("_T")
+
 
 class TrtflowError(Exception):
     """Base class for every error trtflow expects and explains."""
@@ -36,6 +40,13 @@ class InternalError(TrtflowError):
     """A broken internal assumption: a bug in trtflow, please report it."""
 
     exit_code = 70
+
+
+def required(value: _T | None, what: str) -> _T:
+    """`value`, which only a bug in trtflow leaves None (an InternalError naming `what` then)."""
+    if value is None:
+        raise InternalError(f"{what} is missing")
+    return value
 
 
 # store/objects -------------------------------------------------------------------------------------------------

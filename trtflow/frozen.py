@@ -67,7 +67,7 @@ class FrozenCheck:
         equivalent = [d.node for d in node.deps if d.node in self.equivalent]
         if not equivalent or self.expected is None:
             return None
-        standing_in = {**finished, **{n: {"outputs": self.expected[n].outputs} for n in equivalent}}
+        standing_in: dict[str, dict] = {**finished, **{n: {"outputs": self.expected[n].outputs} for n in equivalent}}
         return self.resolver.resolve(node, standing_in).key
 
     def verdict(self, state: NodeState, record: dict) -> NodeState:
@@ -126,7 +126,8 @@ class FrozenCheck:
             for role in claimed
             if role in record["outputs"]
         }
-        return digests if digests and all(digests.values()) else None
+        found = {role: digest for role, digest in digests.items() if digest}
+        return found if digests and len(found) == len(digests) else None
 
     def as_locked(self, state: NodeState) -> NodeState:
         """A failure or skip as trtflow.lock records it is expected (the run may still pass); a failure the lock does

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtflow.dag import Node
-from trtflow.errors import EnvironmentProblem
+from trtflow.errors import EnvironmentProblem, required
 from trtflow.executors import StageResult
 from trtflow.plan import Resolution
 from trtflow.stages.base import Upstream
@@ -37,7 +37,7 @@ class Job:
 
 def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store, workdir: Path) -> dict[str, Upstream]:
     """Each input role's files (store objects; a model and its external data side by side), record and digests."""
-    node, digests = resolution.node, resolution.components["inputs"]
+    node, digests = resolution.node, required(resolution.components, f"{resolution.node.id}: the components")["inputs"]
     # a source model's digests include its external data files'
     inputs = {
         role: Upstream(files={role: path}, sha256=companions(digests, role) | {role: digests[role]})

@@ -7,14 +7,14 @@ the same inputs must give a byte-identical manifest (and package).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from trtflow.recipe.build import BuildOptions as BuilderOptions  # the recipe's `build:` block, recorded as built
 
 # 2: verification holds cleanup_equality and precision_accuracy; 3: int8/fp8 calibration, typed accuracy;
-SCHEMA_VERSION = 4
+SCHEMA_VERSION: Final = 4
 # 4: complete/missing (a package holds the engines that built; the others are listed with why), precision_composition,
 # canonical_sha256 and reproducible per engine; missing engines name their target's compute capabilities
 MANIFEST_FILE = "manifest.json"

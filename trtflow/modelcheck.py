@@ -15,7 +15,7 @@ from typing import Any
 
 from trtflow.backends.base import backend_version, get_backend
 from trtflow.backends.limits import describe, unsupported_nodes
-from trtflow.errors import ProjectError
+from trtflow.errors import ProjectError, required
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.recipe.project import RecipeFile
 from trtflow.recipe.pymodule import top_level_names
@@ -72,7 +72,7 @@ def check_torch_factory(item: RecipeFile, root: Path) -> None:
     The inputs were checked against the profiles when the recipe loaded; whether the model accepts them
     only running it can tell.
     """
-    module, attribute = item.recipe.source.torch.factory.split(":")
+    module, attribute = required(item.recipe.source.torch, "source.torch").factory.split(":")
     path = item.factory_file(root)
     shown = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
     where = item.where("source", "torch", "factory")

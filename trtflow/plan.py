@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.dag import Dag, Node
-from trtflow.errors import ProjectError
+from trtflow.errors import ProjectError, required
 from trtflow.hashing import FileDigests, stage_key
 from trtflow.stages import stage
 from trtflow.stages.base import NodeId
@@ -72,7 +72,7 @@ class Resolution:
         """The record of the node's outputs when it is cached with some (not a recorded failure), else None."""
         return self.record if self.record is not None and recorded_failure(self.record) is None else None
 
-    def lock_differences(self, locked_key: str, locked_components: dict) -> list[str]:
+    def lock_differences(self, locked_key: str | None, locked_components: dict) -> list[str]:
         """How this resolution differs from a lock entry, one line each; empty when the keys agree."""
         if self.key == locked_key:
             return []
@@ -209,11 +209,11 @@ def upstream_outcome(node: Node, ended: dict[str, str]) -> tuple[str | None, str
     failed = [dep for dep in node.deps if dep.node in ended]
     if not failed:
         return None, None, {}
-    required = stage(node.kind).required_roles
-    blocking = [dep.node for dep in failed if required is None or dep.role in required]
-    if blocking:
+    roles = stage(node.kind).required_roles
+    blocking = [dep.node for dep in failed if roles is None or dep.role in roles]
+    if blocking or roles is None:  # (every role required: `failed` blocks)
         return f"upstream {blocking[0]} failed or was skipped", ended[blocking[0]], {}
-    optional = [dep for dep in node.deps if dep.role not in required]
+    optional = [dep for dep in node.deps if dep.role not in roles]
     if all(dep.node in ended for dep in optional):
         return f"every upstream it could use failed (first: {failed[0].node})", ended[failed[0].node], {}
     return None, None, {dep.node: ended[dep.node] for dep in failed}
@@ -228,7 +228,8 @@ def plan(dag: Dag, resolver: Resolver, force: bool = False) -> dict[str, NodeSta
     for node in dag:
         skip, root, missing = upstream_outcome(node, ended)
         if skip is not None:
-            states[node.id], ended[node.id] = NodeState(node, SKIPPED, skip), root
+            states[node.id] = NodeState(node, SKIPPED, skip)
+            ended[node.id] = required(root, f"{node.id}: the failure it is skipped below")
             continue
         resolution = resolver.resolve(node, finished, force, missing)
         states[node.id] = resolution.state

@@ -100,7 +100,8 @@ def check(
     """(the verified statement of a package, the id of the key that signed it), or UntrustedPackage naming what is
     wrong."""
     statement_, keyid = _open(path, trust)
-    subjects = statement_.get("subject") if isinstance(statement_.get("subject"), list) else []
+    subject = statement_.get("subject")
+    subjects = subject if isinstance(subject, list) else []
     digests = {
         s["name"]: s["digest"].get("sha256")
         for s in subjects

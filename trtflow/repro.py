@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtflow.dag import Dag, Node
+from trtflow.errors import required
 from trtflow.executors import StageTask
 from trtflow.executors.hermetic import run_hermetic
 from trtflow.hashing import sha256_file
@@ -100,8 +101,9 @@ def _check(
             if result.error is not None:
                 failures.append(result.error)
                 continue
-            identical += sha256_file(Path(result.files["engine"])) == digest
-            rebuilt = (result.record.get("canonical_sha256") or {}).get("engine")
+            files, record = required(result.files, "a rebuild's files"), required(result.record, "a rebuild's record")
+            identical += sha256_file(Path(files["engine"])) == digest
+            rebuilt = (record.get("canonical_sha256") or {}).get("engine")
             equivalent += canonical is not None and rebuilt == canonical
         finally:
             shutil.rmtree(workdir, ignore_errors=True)

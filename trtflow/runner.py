@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtflow.admission import MemoryAdmission
 from trtflow.dag import Dag, Node
-from trtflow.errors import TrtflowError
+from trtflow.errors import TrtflowError, required
 from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.frozen import FrozenCheck
 from trtflow.jobs import STORE_FULL_ERRNOS, Job, as_lack_of_memory, failure_record, task_inputs
@@ -164,7 +164,7 @@ class Runner:
     def _claim(self, resolution: Resolution, running: dict) -> bool:
         """Start the node holding its key's lock, or use what was made meanwhile; False: wait (key busy, input
         corrupt)."""
-        node, key = resolution.node, resolution.key
+        node, key = resolution.node, required(resolution.key, f"{resolution.node.id}: the key")  # upstreams are done
         if not self.keys.claim(key):
             self._lock_waits += 1
             if node.id not in self._waited:
@@ -250,8 +250,8 @@ class Runner:
         busy = {job.slot for job in self._running_jobs}
         job = Job(
             node,
-            resolution.key,
-            resolution.components,
+            required(resolution.key, f"{node.id}: the key"),
+            required(resolution.components, f"{node.id}: the key's components"),
             workdir,
             time.perf_counter(),
             min(set(range(len(busy) + 1)) - busy),
@@ -293,7 +293,8 @@ class Runner:
                     )
                 )
                 return
-            outputs = {name: self.store.add_object(Path(path)) for name, path in result.files.items()}
+            files = required(result.files, f"{job.node.id}: the files of a successful stage")
+            outputs = {name: self.store.add_object(Path(path)) for name, path in files.items()}
             record = {
                 "key": job.key,
                 "node": job.node.id,

@@ -17,7 +17,7 @@ from trtflow.admission import default_budget
 from trtflow.backends.base import BACKENDS
 from trtflow.calibration import check_calibration_data
 from trtflow.dag import Dag, dag_from_project
-from trtflow.errors import EnvironmentProblem, ProjectError
+from trtflow.errors import EnvironmentProblem, ProjectError, required
 from trtflow.executors.local import LocalExecutor
 from trtflow.frozen import canonical_outputs
 from trtflow.hashing import FileDigests
@@ -152,7 +152,7 @@ class Session:
             executor.prepare({s.node.kind for s in planned.values() if not s.settled})
             self.project.refuse(self.check_models(planned))
             check_backends(planned)
-            if self.store is not None:  # what a killed run left beside the packages and the lock
+            if self.store is not None and lease is not None:  # what a killed run left beside the packages and the lock
                 from trtflow.store.housekeeping import sweep_leftovers
 
                 sweep_leftovers(
@@ -162,14 +162,16 @@ class Session:
                     lease.tmp().name if lease.taken else None,
                     runs_died=True if lease.swept else None,
                 )
-            if self.store is None:
-                self._create_store()
-                lease = LazyLease(self.store.root, self.store.notes)
+            if self.store is None or lease is None:  # no store yet (so no lease either)
+                store = self._create_store()
+                lease = LazyLease(store.root, store.notes)
                 lease.tmp()
-            placement = Placement(self.store, self.project.packages_dir, self.resolver.digests, self.signer)
+            else:
+                store = self.store
+            placement = Placement(store, self.project.packages_dir, self.resolver.digests, self.signer)
             runner = Runner(
                 self.dag,
-                self.store,
+                store,
                 self.resolver,
                 placement,
                 _with_memory_budget(options, executor),
@@ -190,13 +192,13 @@ class Session:
                     "equivalent": sorted(runner.frozen.equivalent),
                 }
             if not options.frozen:
-                self._update_lock(runner.finished, states)
-            self.store.record_run(
+                self._update_lock(store, runner.finished, states)
+            store.record_run(
                 [record["key"] for record in runner.finished.values()]
                 + [state.key for state in states.values() if state.recorded and state.key]
             )
             if options.check_repro:
-                self.repro = self._check_repro(runner.finished, options, listener)
+                self.repro = self._check_repro(store, runner.finished, options, listener)
                 self.repro_skipped = {
                     n: states[n].label for n in states if self.dag.nodes[n].kind == "build" and n not in runner.finished
                 }
@@ -215,22 +217,26 @@ class Session:
             if state.settled:
                 continue
             last = self.store.last_run(node_id) if self.store is not None else None
-            record = self.store.stage_record(last["key"]) if last and isinstance(last.get("key"), str) else None
+            key = last.get("key") if last else None
+            record = self.store.stage_record(key) if self.store is not None and isinstance(key, str) else None
             guesses[node_id] = record.get("seconds") if isinstance(record, dict) else None
         return guesses
 
-    def _check_repro(self, finished: dict[str, dict], options: RunOptions, listener: Listener | None) -> list:
+    def _check_repro(
+        self, store: Store, finished: dict[str, dict], options: RunOptions, listener: Listener | None
+    ) -> list:
         """Rebuild every engine of the run `options.check_repro` times in hermetic workers (the release gate)."""
         from trtflow.repro import check_builds
 
         progress = (lambda check: listener("repro", check)) if listener is not None else None
-        return check_builds(self.dag, finished, self.store, self.resolver, options.check_repro, options.jobs, progress)
+        return check_builds(self.dag, finished, store, self.resolver, options.check_repro, options.jobs, progress)
 
-    def _create_store(self) -> None:
-        self.store = Store.create(self.project.store_dir)
-        digests = self.store.file_digests()
+    def _create_store(self) -> Store:
+        self.store = store = Store.create(self.project.store_dir)
+        digests = store.file_digests()
         digests.adopt(self.resolver.digests)
-        self.resolver = Resolver(self.store, digests)
+        self.resolver = Resolver(store, digests)
+        return store
 
     def _remote(self, options: RunOptions) -> Remote | None:
         """The remote cache pipeline.yaml names, if any (fsspec is imported only then)."""
@@ -251,7 +257,7 @@ class Session:
             trust=self.project.trusted_keys(),
         )
 
-    def _update_lock(self, finished: dict[str, dict], states: dict[str, NodeState]) -> None:
+    def _update_lock(self, store: Store, finished: dict[str, dict], states: dict[str, NodeState]) -> None:
         """Entries of this run's nodes replace old ones (a recorded failure and what it skipped included: the lock
         holds every stage); nodes gone from the project are dropped. A node that failed for a reason of the machine
         (killed, a missing package) keeps its old entry."""
@@ -266,9 +272,9 @@ class Session:
         }
         ours.update(_failure_entries(states, ours))
         note_path(self.lock_path)
-        with holding(self.store.locks / "trtflow-lock.lock"):  # concurrent runs of one project merge, not overwrite
+        with holding(store.locks / "trtflow-lock.lock"):  # concurrent runs of one project merge, not overwrite
             if self.all_node_ids <= ours.keys() and self._lock_holds(
-                entries_digest({k: ours[k] for k in self.all_node_ids})
+                store, entries_digest({k: ours[k] for k in self.all_node_ids})
             ):
                 return  # a no-op of the whole project: the lock is the one the last run wrote or read, unchanged
             try:
@@ -279,13 +285,13 @@ class Session:
             entries.update(ours)
             if entries != previous:  # a no-op writes nothing (and skips encoding thousands of entries)
                 write_lock(self.lock_path, entries)
-            self.store.remember_lock(str(self.lock_path), signature(str(self.lock_path)), entries_digest(entries))
+            store.remember_lock(str(self.lock_path), signature(str(self.lock_path)), entries_digest(entries))
 
-    def _lock_holds(self, digest: str) -> bool:
+    def _lock_holds(self, store: Store, digest: str) -> bool:
         """Whether the lock file is, byte for byte, one this store saw holding entries of `digest` (no need to read
         it)."""
         seen = signature(str(self.lock_path))  # type, size, mtime, ctime, inode: the same file, untouched
-        return seen is not None and self.store.remembered_lock(str(self.lock_path)) == [seen, digest]
+        return seen is not None and store.remembered_lock(str(self.lock_path)) == [seen, digest]
 
     def _executor(self, options: RunOptions, planned: dict[str, NodeState]) -> Executor:
         """The local process pool, or a Ray executor (--executor ray, or executor.ray in pipeline.yaml) checked to
@@ -299,8 +305,8 @@ class Session:
         spec = spec or RaySpec()
         cache = self.project.pipeline.cache
         exchange = spec.exchange or cache.remote or str(self.project.store_dir / EXCHANGE_DIR)
-        labels = {
-            node.id: self.project.pipeline.targets[node.info.target].runs_on
+        labels: dict[str, dict[str, str]] = {
+            node.id: self.project.pipeline.targets[required(node.info.target, node.id)].runs_on
             for node in self.dag
             if node.kind == "build"
         }

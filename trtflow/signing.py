@@ -15,7 +15,7 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,14 +114,14 @@ def _b64(value: Any) -> bytes:
     return base64.b64decode(value, validate=True)
 
 
-def signer_from_environment(environ: dict | None = None) -> Signer | None:
+def signer_from_environment(environ: Mapping[str, str] | None = None) -> Signer | None:
     """The signing key the environment names, or None; a key that cannot be used is exit 4, one line."""
-    environ = os.environ if environ is None else environ
-    if environ.get(KEY_FILE_ENV):
-        where = f"{KEY_FILE_ENV}={environ[KEY_FILE_ENV]}"
-        text = _read_key_file(Path(environ[KEY_FILE_ENV]), where, EnvironmentProblem)
-    elif environ.get(KEY_TEXT_ENV):
-        where, text = KEY_TEXT_ENV, environ[KEY_TEXT_ENV].encode()
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    if env.get(KEY_FILE_ENV):
+        where = f"{KEY_FILE_ENV}={env[KEY_FILE_ENV]}"
+        text = _read_key_file(Path(env[KEY_FILE_ENV]), where, EnvironmentProblem)
+    elif env.get(KEY_TEXT_ENV):
+        where, text = KEY_TEXT_ENV, env[KEY_TEXT_ENV].encode()
     else:
         return None
     from cryptography.hazmat.primitives import serialization

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtflow.calibration import DATA_SUFFIXES, arrays_from_file
-from trtflow.errors import ProjectError, StageError
+from trtflow.errors import ProjectError, StageError, required
 from trtflow.util.reads import note_glob
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ def plan_files(item: RecipeFile, root: Path) -> TaskFiles | None:
     options = item.recipe.accuracy
     if options.data is None:
         return None
+    labels = required(options.labels, "accuracy.labels")  # the recipe's model pairs it with accuracy.data
     matches = glob.glob(str(root / options.data), recursive=True)
     note_glob("glob", str(root / options.data), matches)
     data = sorted(
@@ -51,11 +52,9 @@ def plan_files(item: RecipeFile, root: Path) -> TaskFiles | None:
     )
     if not data:
         raise ProjectError(f"{item.where('accuracy', 'data')}: no .npy/.npz file matches {options.data!r}")
-    if not (root / options.labels).is_file():
-        raise ProjectError(
-            f"{item.where('accuracy', 'labels')}: {options.labels} not found (a .npy of one label per data row)"
-        )
-    return TaskFiles(tuple(data), Path(options.labels).as_posix())
+    if not (root / labels).is_file():
+        raise ProjectError(f"{item.where('accuracy', 'labels')}: {labels} not found (a .npy of one label per data row)")
+    return TaskFiles(tuple(data), Path(labels).as_posix())
 
 
 def sources(files: TaskFiles | None, root: Path) -> tuple[tuple[str, Path], ...]:

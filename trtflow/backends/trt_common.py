@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.backends.base import BuildRequest, BuildResult, TensorSpec
-from trtflow.errors import StageError
+from trtflow.errors import StageError, required
 
 DTYPE_NAMES = {
     "FLOAT": "float32",
@@ -229,7 +229,7 @@ def build_engine(trt: Any, request: BuildRequest, configure: Callable[[Any, Any]
         return _build(trt, builder, logger, request, configure, backend)
     finally:
         for handle in handles:  # full TensorRT's builder registry is the process's: the next build must not see them
-            registry.deregister_library(handle)
+            required(registry, "the plugin registry").deregister_library(handle)
 
 
 def _build(

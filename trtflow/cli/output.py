@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -25,7 +26,7 @@ def print_summary(
     seconds: float,
     dry_run: bool = False,
     warnings: tuple = (),
-    repro: list = (),
+    repro: Sequence[Any] = (),
     repro_skipped: dict[str, str] | None = None,
     frozen: dict | None = None,
 ) -> None:
@@ -35,7 +36,9 @@ def print_summary(
             click.echo(f"warning: {warning}", err=True)
         counts = {status: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
         counts["failed_cached"] = sum(s.status == FAILED and s.from_cache for s in states)
-        checks = {"reproducibility": [check.to_json() for check in repro]} if repro or repro_skipped else {}
+        checks: dict[str, object] = (
+            {"reproducibility": [check.to_json() for check in repro]} if repro or repro_skipped else {}
+        )
         if repro_skipped:
             checks["reproducibility_not_checked"] = [
                 {"id": node_id, "why": why} for node_id, why in repro_skipped.items()
@@ -105,7 +108,7 @@ def _totals(states: list[NodeState], seconds: float) -> str:
     return line
 
 
-def _print_repro(repro: list, skipped: dict[str, str]) -> None:
+def _print_repro(repro: Sequence[Any], skipped: dict[str, str]) -> None:
     """The --check-repro verdict per engine rebuilt, then the engines it could not rebuild and why."""
     if repro:
         click.echo(f"reproducibility ({repro[0].rebuilds} hermetic rebuild(s) per engine):")

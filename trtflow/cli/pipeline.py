@@ -12,7 +12,7 @@ import click
 
 from trtflow.cli import output, progress
 from trtflow.cli.app import Context, cli, pass_context
-from trtflow.states import CACHED, FAILED
+from trtflow.states import CACHED, FAILED, NodeState
 from trtflow.util.reads import recording as reads_recording
 
 
@@ -131,9 +131,9 @@ def run(
     whole_project = not (recipes or force or retry_failed or dry_run or frozen or remote_required or check_repro)
     remembered = runmemo.remembered_nodes(ctx.project_dir.resolve()) if whole_project else None
     if remembered is not None:  # nothing the last no-op read has changed: that no-op's answer
-        states = [runmemo.remembered_state(entry) for entry in remembered]
-        output.print_summary(states, as_json, time.perf_counter() - started)
-        _exit_if_failed(states)
+        known = [runmemo.remembered_state(entry) for entry in remembered]
+        output.print_summary(known, as_json, time.perf_counter() - started)
+        _exit_if_failed(known)
         return
     from trtflow.runner import RunOptions
 
@@ -245,7 +245,7 @@ def _exit_if_failed(states: list) -> None:
 
 def _run_session(
     ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: bool, as_json: bool
-) -> tuple[list | None, Any]:
+) -> tuple[list[NodeState] | None, Any]:
     """(final states, the session) of a run; (None, session) after printing a dry run's plan."""
     session = ctx.session(recipes)
     try:

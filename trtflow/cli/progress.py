@@ -58,7 +58,8 @@ class Eta:
     (a stage that never ran is guessed at the mean of its kind's known ones, else of all known ones)."""
 
     def __init__(self, jobs: int = 1):
-        self.jobs, self.left, self.total, self.done, self.failed = max(jobs, 1), {}, 0, 0, 0
+        self.jobs, self.total, self.done, self.failed = max(jobs, 1), 0, 0, 0
+        self.left: dict[str, float | None] = {}  # node id -> seconds it should take (None: unknown)
 
     def plan(self, estimates: dict[str, float | None]) -> None:
         """The nodes that will run and their seconds last time (None: unknown)."""

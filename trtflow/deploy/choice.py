@@ -25,6 +25,7 @@ E.g. sm_89 with rtx-ampere (sm_86) and rtx-ada (sm_89) engines: rtx-ada, "exact 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +152,10 @@ def failed_checks(engine: Engine) -> str | None:
 def _version(text: str) -> tuple[int, int, int] | None:
     """major.minor.patch of '10.13.3.9' or '1.7' (missing parts are 0); None if not a version."""
     match = re.fullmatch(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.\d+)?", text.strip())
-    return None if match is None else tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
+    if match is None:
+        return None
+    major, minor, patch = (int(part or 0) for part in match.groups())
+    return major, minor, patch
 
 
 def _rank(verdict: Verdict, device: Device) -> tuple:
@@ -297,21 +301,22 @@ def device_from_options(
         )
     by_drop = _by_drop(prefer, manifest)
     precisions = ",".join(p for p in prefer.split(",") if p.strip() != "drop") if by_drop and prefer else prefer
-    extra = {
-        "runtime_version": runtime_version,
-        "backend": backend,
-        "precision": precision,
-        "by_drop": by_drop,
-        "prefer": _preference(precisions or None),
-        "allow_failed": allow_failed,
-        "plugins": PluginDir(plugin_dir) if plugin_dir is not None else None,
-    }
+    device = functools.partial(
+        Device,
+        runtime_version=runtime_version,
+        backend=backend,
+        precision=precision,
+        by_drop=by_drop,
+        prefer=_preference(precisions or None),
+        allow_failed=allow_failed,
+        plugins=PluginDir(plugin_dir) if plugin_dir is not None else None,
+    )
     if gpu == "auto":
-        ccs = detect_compute_capabilities()
-        return Device(tuple(ccs), "+".join(ccs), "auto-detected", **extra)
+        detected = detect_compute_capabilities()
+        return device(tuple(detected), "+".join(detected), "auto-detected")
     try:
         cc = ComputeCapability.parse(gpu)
-        return Device((cc,), cc, "given", **extra)
+        return device((cc,), cc, "given")
     except ValueError:
         pass
     ccs = sorted(
@@ -323,7 +328,7 @@ def device_from_options(
             f"--gpu {gpu!r} is neither auto, a compute capability (sm_86, 8.6) nor a target of package "
             f"{manifest.recipe} (its targets: {targets})"
         )
-    return Device(tuple(ccs), f"{gpu} ({', '.join(ccs)})", f"target {gpu} of the manifest", **extra)
+    return device(tuple(ccs), f"{gpu} ({', '.join(ccs)})", f"target {gpu} of the manifest")
 
 
 def _by_drop(prefer: str | None, manifest: Manifest) -> bool:
@@ -349,7 +354,7 @@ def _preference(text: str | None) -> tuple[str, ...]:
     return given + tuple(p for p in DEFAULT_PREFERENCE if p not in given)
 
 
-def detect_compute_capabilities() -> list[str]:
+def detect_compute_capabilities() -> list[ComputeCapability]:
     """The local GPUs' compute capabilities (an engine must fit all of them); EnvironmentProblem if none."""
     ccs = list(query_compute_capabilities())
     if not ccs:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 from trtflow import __version__
 from trtflow.deploy.provision import SAFE_NAME, Package, copy_verified
@@ -53,7 +54,7 @@ def context_model(package: Package, engine: Engine, engine_file: str, embed: byt
 
     inputs = [t for t in engine.tensors if t.mode == "input"]
     outputs = [t for t in engine.tensors if t.mode == "output"]
-    attributes = {
+    attributes: dict[str, Any] = {
         "main_context": 0,
         "embed_mode": 1 if embed is not None else 0,
         "ep_cache_context": embed if embed is not None else engine_file,

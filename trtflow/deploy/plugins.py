@@ -10,6 +10,7 @@ An engine whose plugin is neither is refused with the reason, so the choice fall
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -68,13 +69,14 @@ def plugin_installs(
     """(provision.json's `plugins`, the files to install in the version folder: relative path -> (size, copy)).
 
     A plugin found in --plugin-dir is used from there; a carried one is installed beside the engine."""
-    records, files = [], {}
+    records: list[dict] = []
+    files: dict[str, tuple[int, Copy]] = {}
     for plugin in engine.plugins:
         found = plugins.find(plugin) if plugins is not None else None
         entry = {"name": plugin.name, "sha256": plugin.sha256, "size": plugin.size}
         if found is not None:
             records.append({**entry, "source": "plugin-dir", "path": str(found.resolve())})
             continue
-        files[plugin.file] = (plugin.size, lambda sink, plugin=plugin: copy(plugin, sink))
+        files[plugin.file] = (plugin.size, functools.partial(copy, plugin))
         records.append({**entry, "source": "package", "file": plugin.file})
     return records, files

@@ -35,8 +35,8 @@ from trtflow.deploy.choice import (  # noqa: F401  (re-exported: callers name th
 )
 from trtflow.deploy.install import install
 from trtflow.deploy.plugins import plugin_installs
-from trtflow.deploy.remote import PROVENANCE_FILE, RemoteFolder
-from trtflow.errors import TamperedEngine, TrtflowError
+from trtflow.deploy.remote import PROVENANCE_FILE, ReadStream, RemoteFolder
+from trtflow.errors import TamperedEngine, TrtflowError, required
 from trtflow.hashing import sha256_file
 from trtflow.manifest import MANIFEST_FILE, Engine, Manifest, Plugin
 from trtflow.util.archive import UnsafeArchive, read_member
@@ -194,7 +194,7 @@ def _safe_relative(package: Package, file: str) -> str:
 
 
 @contextlib.contextmanager
-def _open_engine(package: Package, engine: Engine | Plugin) -> Iterator[BinaryIO]:
+def _open_engine(package: Package, engine: Engine | Plugin) -> Iterator[ReadStream]:
     """The engine's (or a carried plugin's: anything with `file`) bytes as a stream, from the folder, straight from
     its archive member (never extracted to a path the package names) or from a published version."""
     what = "engine" if isinstance(engine, Engine) else "plugin"
@@ -224,7 +224,7 @@ def _open_engine(package: Package, engine: Engine | Plugin) -> Iterator[BinaryIO
                 f"{package.path}: no regular file {package.manifest.recipe}/{relative} in the archive; fetch the "
                 "package again"
             )
-        with tar.extractfile(member) as source:  # type: ignore[union-attr]
+        with required(tar.extractfile(member), member.name) as source:  # a regular file: never None
             yield source
 
 
@@ -297,7 +297,7 @@ def provision(
         None if check is None else lambda path: checked.update(check(chosen.engine, path)),
         extras,
     )
-    written = {
+    written: dict[str, str | list[str]] = {
         "engine": str(installed.current / installed.engine.name),
         "version": str(installed.engine.parent),
         "record": str(installed.record),

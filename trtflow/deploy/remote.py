@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 from trtflow.errors import NotPublishable, RemoteUnreachable
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
@@ -71,7 +71,7 @@ class RemoteFolder:
         return data
 
     @contextlib.contextmanager
-    def open(self, relative: str) -> Iterator[BinaryIO]:
+    def open(self, relative: str) -> Iterator[ReadStream]:
         """A counted read stream of the file; FileNotFoundError if it is not there, RemoteUnreachable for the rest."""
         try:
             handle = self._fs.open(f"{self._base}/{relative}", "rb", block_size=CHUNK, cache_type="none")
@@ -221,6 +221,14 @@ class RemoteFolder:
                 raise NotPublishable(
                     f"{self.where(relative)}: {path} is a symlink; refusing to write through it (remove it)"
                 )
+
+
+class ReadStream(Protocol):
+    """A stream of bytes read in chunks: a local file, an archive member, a remote file (counted)."""
+
+    def read(self, size: int = -1, /) -> bytes:
+        """Up to `size` bytes (all that is left when negative); b"" at the end."""
+        ...
 
 
 class _Counted:

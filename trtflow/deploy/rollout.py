@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtflow.deploy.channels import (
     DIGEST,
@@ -31,9 +32,13 @@ from trtflow.deploy.channels import (
 )
 from trtflow.deploy.install import RECORD, install
 from trtflow.deploy.remote import RemoteFolder
+from trtflow.errors import required
 from trtflow.manifest import MANIFEST_FILE, Engine
 from trtflow.util.fs import read_regular, write_nofollow
 from trtflow.util.jsondata import loads_bounded
+
+if TYPE_CHECKING:
+    from trtflow.signing import TrustedKeys
 
 MAX_MEMO_BYTES = 64 << 10
 MAX_CHOICES = 8
@@ -51,7 +56,7 @@ class Request:
     dest: Path
     keep: int = 2
     choice: tuple = ()  # runtime_version, backend, precision, prefer, allow_failed: what the choice depends on
-    trust: object | None = None  # TrustedKeys when --require-signature
+    trust: TrustedKeys | None = None  # --require-signature
     options: dict | None = None
 
 
@@ -67,7 +72,11 @@ def provision_channel(request: Request, make_device: Callable, check: Check | No
         tag, data = remote.read_if_changed(relative, memo.get("tag") if memo else None, MAX_CHANNEL_BYTES)
     except FileNotFoundError:
         return _flat_layout(request, remote, make_device, check)
-    channel = parse_channel(data, remote.where(relative), request.channel) if data is not None else memo["parsed"]
+    channel = (
+        parse_channel(data, remote.where(relative), request.channel)
+        if data is not None
+        else required(memo, "the memo whose tag matched")["parsed"]
+    )
     version = pick_version(channel, request.device_id)
     choice_key = hashlib.sha256(json.dumps([version, request.gpu, *request.choice]).encode()).hexdigest()[:32]
     known = (memo or {}).get("choices", {}).get(choice_key)

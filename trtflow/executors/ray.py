@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.backends.base import import_or_explain
-from trtflow.errors import EnvironmentProblem
+from trtflow.errors import EnvironmentProblem, required
 from trtflow.executors import StageResult, StageTask, run_task
 from trtflow.executors.exchange import Exchange
 from trtflow.stages.base import Upstream
@@ -193,7 +193,7 @@ def run_on_node(shipped: ShippedTask, exchange_url: str, exchange_options: dict)
             result = run_task(task)
         if result.error is not None:
             return {"result": result, "node": node, "files": {}}
-        digests = {name: exchange.put(Path(path)) for name, path in result.files.items()}
+        digests = {name: exchange.put(Path(path)) for name, path in required(result.files, "a result's files").items()}
     return {"result": replace(result, files=None), "node": node, "files": digests}
 
 

@@ -24,7 +24,7 @@ from trtflow.recipe.precision import PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED
 from trtflow.recipe.project import PIPELINE_FILE, Project, RecipeFile, format_loc
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import InputShape, Pipeline, Recipe, TargetSpec
-from trtflow.recipe.source import TorchInput
+from trtflow.recipe.source import TensorFlowSource, TorchInput, TorchSource
 from trtflow.recipe.yamlfile import YamlDocument, load_yaml
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.reads import note_glob
@@ -220,22 +220,22 @@ def _capability_problem(recipe: Recipe, precision: str, target: str, spec: Targe
 def _check_source_exists(item: RecipeFile, root: Path) -> None:
     source = item.recipe.source
     if source.torch is not None:
-        _check_torch_source(item, root)
+        _check_torch_source(item, source.torch, root)
         return
     if source.tensorflow is not None:
-        _check_saved_model(item, root)
+        _check_saved_model(item, source.tensorflow, root)
         return
     if source.keras is not None:
-        _check_keras_file(item, root)
+        _check_keras_file(item, source.keras, root)
         return
     path = item.source_path(root)
     if not path.is_file():
         raise ProjectError(f"{item.where('source', 'onnx')}: model file not found: {item.recipe.source.onnx}")
 
 
-def _check_saved_model(item: RecipeFile, root: Path) -> None:
+def _check_saved_model(item: RecipeFile, tensorflow: TensorFlowSource, root: Path) -> None:
     """source.tensorflow.saved_model is a SavedModel directory (saved_model.pb or .pbtxt inside)."""
-    given = item.recipe.source.tensorflow.saved_model
+    given = tensorflow.saved_model
     folder, where = root / given, item.where("source", "tensorflow", "saved_model")
     if not folder.is_dir():
         raise ProjectError(
@@ -248,9 +248,9 @@ def _check_saved_model(item: RecipeFile, root: Path) -> None:
         )
 
 
-def _check_keras_file(item: RecipeFile, root: Path) -> None:
+def _check_keras_file(item: RecipeFile, given: str, root: Path) -> None:
     """source.keras is a Keras 3 .keras archive (a zip) or a legacy .h5 file."""
-    given, where = item.recipe.source.keras, item.where("source", "keras")
+    where = item.where("source", "keras")
     path = root / given
     if path.is_dir():
         raise ProjectError(
@@ -270,9 +270,8 @@ def _check_keras_file(item: RecipeFile, root: Path) -> None:
         )
 
 
-def _check_torch_source(item: RecipeFile, root: Path) -> None:
+def _check_torch_source(item: RecipeFile, torch: TorchSource, root: Path) -> None:
     """The factory's module and every named file exist, and the inputs agree with the profiles."""
-    torch = item.recipe.source.torch
     item.factory_file(root)
     for loc, path in ((("weights",), torch.weights), *((("files", i), p) for i, p in enumerate(torch.files))):
         if path is not None and not (root / path).is_file():

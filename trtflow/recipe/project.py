@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtflow.errors import ProjectError
+from trtflow.errors import InternalError, ProjectError
 from trtflow.recipe.pymodule import ModuleNotFound, module_file
 from trtflow.recipe.refusals import Refusal, exclude_entries, refusal_report
 from trtflow.recipe.schema import Pipeline, Recipe
@@ -48,8 +48,11 @@ class RecipeFile:
 
     def source_path(self, root: Path) -> Path:
         """The ONNX source file (a torch source has none: its model comes from the export stage)."""
+        onnx = self.recipe.source.onnx
+        if onnx is None:
+            raise InternalError(f"{self.where('source')}: not an ONNX source, it has no source file")
         try:
-            return (root / self.recipe.source.onnx).resolve()
+            return (root / onnx).resolve()
         except (RuntimeError, OSError) as exc:  # a symlink loop
             raise ProjectError(
                 f"{self.where('source', 'onnx')}: cannot follow {self.recipe.source.onnx}: {exc}"
@@ -57,7 +60,10 @@ class RecipeFile:
 
     def factory_file(self, root: Path) -> Path:
         """The torch factory's module file, found without importing it; ProjectError if there is none."""
-        module = self.recipe.source.torch.factory.split(":")[0]
+        torch = self.recipe.source.torch
+        if torch is None:
+            raise InternalError(f"{self.where('source')}: not a torch source, it has no factory")
+        module = torch.factory.split(":")[0]
         try:
             return module_file(module, root)
         except ModuleNotFound as exc:

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from trtflow.errors import required
 from trtflow.recipe.base import Dim, FieldError, StrictModel
 from trtflow.recipe.build import BuildSettings
 from trtflow.recipe.precision import (
@@ -190,6 +191,7 @@ class InputShape(StrictModel):
         for name in ("min", "opt", "max"):
             if getattr(self, name) is None:
                 raise FieldError(name, f"{name} is required (or give a static shape:)")
+        assert self.min is not None and self.opt is not None and self.max is not None  # each checked just above
         if not len(self.min) == len(self.opt) == len(self.max):
             raise FieldError("max", "min, opt and max must have the same rank")
         if any(a > b for a, b in zip(self.min, self.opt, strict=True)):
@@ -202,7 +204,8 @@ class InputShape(StrictModel):
         """(min, opt, max), with a static shape repeated three times."""
         if self.shape is not None:
             return list(self.shape), list(self.shape), list(self.shape)
-        return list(self.min), list(self.opt), list(self.max)  # type: ignore[arg-type]
+        low, mid, high = (required(bound, "a profile's min, opt or max") for bound in (self.min, self.opt, self.max))
+        return list(low), list(mid), list(high)
 
 
 class Profile(StrictModel):

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
 from trtflow.recipe.base import Dim, FieldError, StrictModel
 
-TORCH_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+TorchDtype = Literal["float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"]
+TORCH_DTYPES = get_args(TorchDtype)
 # Weights a graph computes from small seeds (ConstantOfShape, Tile, Range...) stay computed above this size: folding
 # them made engines 55-260x larger. The folds worth having (shapes, zero biases, LSTM gate weights) made at most 64 KiB
 # in the test zoo; 16 MiB still folds the gate weights of a 1024-wide LSTM. The engine computes what is left itself.
@@ -35,7 +36,7 @@ class TorchInput(StrictModel):
 
     name: str = Field(min_length=1)
     shape: list[Dim] | None = None  # the example tensor's shape; default: the first profile's opt shape
-    dtype: Literal[TORCH_DTYPES] = "float32"  # type: ignore[valid-type]
+    dtype: TorchDtype = "float32"
 
 
 class TorchSource(StrictModel):

@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+import yaml.constructor
 
 from trtflow.errors import ProjectError
 from trtflow.util.reads import note_path
 
-try:  # libyaml's composer is several times faster; the result is identical
-    from yaml import CSafeLoader as _Loader
-except ImportError:  # pragma: no cover - depends on how PyYAML was built
-    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
-import yaml.constructor
+# libyaml's composer is several times faster; the result is identical (PyYAML may be built without it)
+_Loader = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
 PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
@@ -179,8 +177,9 @@ class _Builder:
 
     def _merged(self, node: yaml.Node, loc: Loc) -> dict:
         """The mapping(s) a merge key names; anything else is an error at its line."""
-        maps = node.value if isinstance(node, yaml.SequenceNode) else [node]
-        if not all(isinstance(item, yaml.MappingNode) for item in maps):
+        items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        maps = [item for item in items if isinstance(item, yaml.MappingNode)]
+        if len(maps) != len(items):
             raise ProjectError(
                 f"{self.display}:{node.start_mark.line + 1}: `<<` merges a mapping (or a list of them) into this one"
             )

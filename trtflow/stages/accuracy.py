@@ -96,7 +96,7 @@ def _short(value: float) -> str:
 
 def _per_feed(got: dict, want: dict) -> dict:
     """Raw sums per output for one feed, folded later (so no metric is an average of averages)."""
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name, expected in want.items():
         a = np.asarray(got[name], dtype=np.float64)
         e = np.asarray(expected, dtype=np.float64)

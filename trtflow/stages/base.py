@@ -13,15 +13,17 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+from trtflow.errors import InternalError
 
 if TYPE_CHECKING:
     from trtflow.calibration import Split
     from trtflow.hashing import FileDigests
     from trtflow.recipe.project import RecipeFile
-    from trtflow.recipe.schema import Pipeline, TargetSpec
+    from trtflow.recipe.schema import Pipeline, Recipe, TargetSpec
     from trtflow.signing import Signer
     from trtflow.store.objects import Store
 
@@ -112,6 +114,9 @@ class NodeInfo:
     where: str | None = None  # `recipes/x.yaml:3: source.onnx`: where the node's source file is declared
 
 
+P = TypeVar("P", bound=StageParams)
+
+
 @dataclass(frozen=True)
 class Node:
     """One unit of work in the DAG: a stage applied to typed params and to inputs (upstream outputs, files)."""
@@ -133,6 +138,12 @@ class Node:
         """The recipe this node belongs to (recipes never share nodes)."""
         return self.id.recipe or ""
 
+    def params_as(self, cls: type[P]) -> P:
+        """The params as `cls`, its stage's own Params (a stage's hooks see only its own nodes: else a bug)."""
+        if not isinstance(self.params, cls):
+            raise InternalError(f"{self.id}: params of {type(self.params).__name__}, not {cls.__name__}")
+        return self.params
+
     @functools.cached_property
     def known_parts(self) -> dict[str, Any]:
         """Key components known before any input digest: kind, version, params and fingerprint."""
@@ -149,7 +160,7 @@ class RecipeContext:
     pipeline: Pipeline
 
     @property
-    def recipe(self) -> Any:
+    def recipe(self) -> Recipe:
         """The validated Recipe model."""
         return self.item.recipe
 

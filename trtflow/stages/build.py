@@ -10,7 +10,7 @@ are in the key, never their paths, and the backend loads them into the builder's
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from trtflow.backends.base import BuildRequest, backend_version, get_backend
 from trtflow.backends.engine_identity import CANONICAL_FORM, canonical_digest
@@ -41,7 +41,13 @@ Profiles = list[dict[str, dict[str, list[int]]]]
 class Params(BuildOptions, StageParams):
     """Builder options (inherited from the recipe's `build:`), profiles, precision, and the target's hardware."""
 
-    FINGERPRINT = ("backend", "backend_version", "compute_capabilities", "hardware_compatibility", "version_compatible")
+    FINGERPRINT: ClassVar[tuple[str, ...]] = (
+        "backend",
+        "backend_version",
+        "compute_capabilities",
+        "hardware_compatibility",
+        "version_compatible",
+    )
     precision: str
     profiles: Profiles
     backend: str
@@ -121,7 +127,8 @@ def failure_hint(node: Node, reason: str) -> str:
     target's name is no part of the stage's key, so the stage itself cannot say it)."""
     if " cannot build for " not in reason or "exclude:" in reason:
         return reason
-    return f"{reason}; drop the pair with exclude: [{{precision: {node.params.precision}, target: {node.info.target}}}]"
+    precision = node.params_as(Params).precision
+    return f"{reason}; drop the pair with exclude: [{{precision: {precision}, target: {node.info.target}}}]"
 
 
 STAGE = Stage(KIND, VERSION, run, failure_hint=failure_hint)

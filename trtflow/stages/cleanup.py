@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trtflow.errors import StageError
-from trtflow.recipe.schema import CleanupOptions
+from trtflow.recipe.source import CleanupOptions
 from trtflow.stages import folding
 from trtflow.stages.base import (
     CACHED_UNDER_WARN,
@@ -155,7 +155,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached cleanup whose proof failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
-    enforce_proof(node.params.on_fail, record["record"]["equality"], PROOF_FAILED, CACHED_UNDER_WARN)
+    enforce_proof(node.params_as(Params).on_fail, record["record"]["equality"], PROOF_FAILED, CACHED_UNDER_WARN)
     return None
 
 
@@ -192,9 +192,7 @@ def _simplify(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list
     skipped = [name for switch, name in SLIM_PASSES.items() if not getattr(options, switch)]
     limit = options.fold_size_limit_mib
     threshold = None if limit is None else max(1, int(limit * MIB))  # bytes; onnxslim folds nothing larger
-    hidden, weighed = (
-        folding.inflating_seeds(onnx, model) if options.fold_constants and limit is not None else ([], None)
-    )
+    hidden, weighed = folding.inflating_seeds(onnx, model) if options.fold_constants and limit is not None else ([], {})
     moved = folding.hide(onnx, model, hidden)
     try:
         slimmed = onnxslim.slim(
@@ -271,7 +269,7 @@ def _check(onnx: Any, model: Any) -> None:
 
 def _normalized_ir_version(onnx: Any, model: Any) -> int:
     needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
-    return min(model.ir_version, max(MAX_IR_VERSION, needed))
+    return int(min(model.ir_version, max(MAX_IR_VERSION, needed)))
 
 
 def model_summary(model: Any) -> dict:
@@ -296,7 +294,8 @@ def _tensor_bytes(helper: Any, tensor: Any) -> int:
         itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     except (KeyError, ValueError, TypeError):
         return len(tensor.raw_data)
-    return math.prod(tensor.dims) * itemsize
+    size: int = math.prod(tensor.dims) * itemsize
+    return size
 
 
 STAGE = Stage(KIND, VERSION, run, finish=finish)

@@ -148,7 +148,7 @@ def compare_outputs(
     actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rtol: float, atol: float
 ) -> list[dict]:
     """Per output: max abs error, max rel error, and whether |a-e| <= atol + rtol*|e| everywhere."""
-    results = []
+    results: list[dict] = []
     for name, want in expected.items():
         got = np.asarray(actual[name], dtype=np.float64)
         want = np.asarray(want, dtype=np.float64)

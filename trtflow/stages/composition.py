@@ -49,15 +49,18 @@ def composition(model: Any, precision: str, reasons: dict[str, str] | None = Non
     for row in kept:
         row["reason"] = _reason(row, precision, reasons or {}, excluded)
     kept.sort(key=lambda r: (-r["weights"], -r["macs"], r["name"]))
-    share = lambda part, whole: round(part / whole, 6) if whole else 1.0  # noqa: E731
     return {
         **counts(model),
         "precision": precision,
-        "weight_share": share(weights - sum(r["weights"] for r in kept), weights),
-        "mac_share": share(macs - sum(r["macs"] for r in kept), macs),
+        "weight_share": _share(weights - sum(r["weights"] for r in kept), weights),
+        "mac_share": _share(macs - sum(r["macs"] for r in kept), macs),
         "kept_nodes": len(kept),
         "kept": kept[:TOP_KEPT],
     }
+
+
+def _share(part: int, whole: int) -> float:
+    return round(part / whole, 6) if whole else 1.0
 
 
 def autocast_reason(message: str) -> tuple[str, str] | None:
@@ -124,17 +127,17 @@ def _weight_of(value: str, inits: dict, producer: dict) -> str | None:
     return None
 
 
-def _macs(node: Any, dims: dict, inits: dict, weights: list[str]) -> int:
-    out = dims.get(node.output[0]) if node.output else None
+def _macs(node: Any, dims: dict, inits: dict[str, int], weights: list[str]) -> int:
+    out: list[int] | None = dims.get(node.output[0]) if node.output else None
     if node.op_type in ("Conv", "ConvTranspose") and out and weights:
-        channels = dims.get(weights[0]) or dims.get(node.input[1]) or [1]
+        channels: list[int] = dims.get(weights[0]) or dims.get(node.input[1]) or [1]
         return math.prod(out) * inits[weights[0]] // max(channels[0], 1)
     if node.op_type in ("MatMul", "Gemm") and out:
-        inner = dims.get(node.input[0]) or [1]
+        inner: list[int] = dims.get(node.input[0]) or [1]
         transposed = node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute)
         return math.prod(out) * (inner[0] if transposed and len(inner) > 1 else inner[-1])
     if node.op_type in RECURRENT and weights:
-        sequence = dims.get(node.input[0]) or [1, 1]
+        sequence: list[int] = dims.get(node.input[0]) or [1, 1]
         return sum(inits[w] for w in weights) * math.prod(sequence[:2])
     return 0
 

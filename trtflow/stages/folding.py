@@ -95,7 +95,7 @@ def _value_sizes(onnx: Any, model: Any) -> dict[str, int]:
             else None
         )
         if dims is not None and None not in dims and tensor.elem_type:
-            sizes[value.name] = _bytes(onnx, tensor.elem_type, dims)
+            sizes[value.name] = _bytes(onnx, tensor.elem_type, [d for d in dims if d is not None])
     return sizes
 
 
@@ -104,4 +104,5 @@ def _bytes(onnx: Any, data_type: int, dims: list[int]) -> int:
         itemsize = onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
     except (KeyError, ValueError, TypeError):
         itemsize = 1
-    return math.prod(dims) * itemsize
+    size: int = math.prod(dims) * itemsize
+    return size

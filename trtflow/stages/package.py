@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtflow import __version__
-from trtflow.errors import StageError
+from trtflow.errors import StageError, required
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
@@ -23,7 +23,7 @@ from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, Sta
 from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
-    from trtflow.manifest import Engine, MissingEngine, Plugin, Tensor
+    from trtflow.manifest import Calibration, Engine, MissingEngine, Plugin, Tensor
 
 KIND, VERSION = "package", 8  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
 # 7: a missing engine names its target's compute capabilities; 8: each engine's network facts (layers)
@@ -58,13 +58,13 @@ def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: 
             **b.params.model_dump(),
             role=f"engine:{b.info.precision}/{b.info.target}",
             verify_role=f"verify:{b.info.precision}/{b.info.target}",
-            target=b.info.target,
+            target=required(b.info.target, f"{b.id}: the target"),  # every build node names it
         )
         for b in builds
     ]
     deps = [Dep(e.role, b.id, "engine") for e, b in zip(engines, builds, strict=True)]
     deps += [Dep(e.verify_role, v.id, "report") for e, v in zip(engines, verifies, strict=True)]
-    quantized = sorted({b.info.precision for b in builds} & set(QUANTIZED_PRECISIONS))
+    quantized = sorted(set(QUANTIZED_PRECISIONS) & {b.info.precision for b in builds})
     deps += [dep for p in quantized for dep in precision_stage.report_dep(ctx, p, f"precision:{p}")]
     params = Params(recipe=ctx.name, engines=engines, trtflow=__version__, plugins=ctx.recipe.package.plugins)
     return Node(
@@ -88,7 +88,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
     recipe = params.recipe
     present = [spec for spec in params.engines if _missing(spec, inputs) is None]
-    missing = [_missing(spec, inputs) for spec in params.engines if _missing(spec, inputs) is not None]
+    missing = [gone for spec in params.engines if (gone := _missing(spec, inputs)) is not None]
     plugins = _plugins(inputs, carry=params.plugins == "carry")
     engines = [
         _describe_engine(
@@ -161,10 +161,13 @@ def _missing(spec: PackagedEngine, inputs: dict[str, Upstream]) -> MissingEngine
     )
 
 
-def _calibration(inputs: dict[str, Upstream], precision: str) -> dict | None:
+def _calibration(inputs: dict[str, Upstream], precision: str) -> Calibration | None:
     """How an int8/fp8 model was calibrated, from its precision node (the package depends on it for this alone)."""
+    from trtflow.manifest import Calibration
+
     upstream = inputs.get(f"precision:{precision}")
-    return upstream.record.get("calibration") if upstream is not None else None
+    found = upstream.record.get("calibration") if upstream is not None else None
+    return Calibration.model_validate(found) if found is not None else None
 
 
 def _describe_engine(
@@ -172,11 +175,12 @@ def _describe_engine(
     spec: PackagedEngine,
     build: Upstream,
     verify: Upstream,
-    calibration: dict | None,
+    calibration: Calibration | None,
     plugins: list[tuple[Plugin, Path]],
 ) -> Engine:
     """One engine's manifest entry (its bytes are checked against `sha256` while they are packed)."""
-    from trtflow.manifest import Engine
+    from trtflow.manifest import Engine, Verification
+    from trtflow.recipe.build import BuildOptions
 
     relative = f"engines/{spec.target}/{recipe}-{spec.precision}.engine"
     digest = build.sha256["engine"]
@@ -187,15 +191,15 @@ def _describe_engine(
         precision=spec.precision,
         calibration=calibration,
         target=spec.target,
-        compute_capabilities=spec.compute_capabilities,
+        compute_capabilities=list(spec.compute_capabilities),
         backend=build.record["backend"],
         backend_version=build.record["backend_version"],
         hardware_compatibility=spec.hardware_compatibility,
         version_compatible=spec.version_compatible,
-        builder=spec.builder_options(),
+        builder=BuildOptions.model_validate(spec.builder_options()),
         tensors=[_tensor(t, spec.profiles) for t in build.record["tensors"]],
-        verification=verify.record,
-        stage_key=build.key,
+        verification=Verification.model_validate(verify.record),
+        stage_key=required(build.key, f"{spec.role}: the stage key"),
         canonical_sha256=(build.record.get("canonical_sha256") or {}).get("engine"),
         reproducible="equivalent" if build.record.get("canonical_sha256") else "bytes",
         network=build.record.get("network") or None,

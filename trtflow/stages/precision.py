@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from trtflow import calibration, taskdata
-from trtflow.errors import StageError, TrtflowError
+from trtflow.errors import StageError, TrtflowError, required
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
 from trtflow.stages.base import Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, StageParams, Upstream
 from trtflow.stages.composition import composition
@@ -98,20 +98,20 @@ def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
         return base
     recipe, spec = ctx.recipe, ctx.recipe.calibration
     data = calibration.reading_params(spec)
-    settings: dict[str, Any] = (
-        {"autocast": recipe.autocast}
-        if precision in AUTOCAST_PRECISIONS
-        else {
+    if precision in AUTOCAST_PRECISIONS:
+        settings: dict[str, Any] = {"autocast": recipe.autocast}
+    else:
+        quantizing = required(spec, "calibration")  # the recipe's loader requires it for int8 and fp8
+        settings = {
             "quantize": Quantize(
                 **recipe.quantize.model_dump(),
-                method=spec.method_for(precision),
-                seed=spec.seed,
-                percentile=spec.percentile_value(),
-                samples=spec.samples if spec.random else None,
+                method=quantizing.method_for(precision),
+                seed=quantizing.seed,
+                percentile=quantizing.percentile_value(),
+                samples=quantizing.samples if quantizing.random else None,
             )
         }
-    )
-    tools = {
+    tools: dict[str, Any] = {
         "modelopt": tool_version("nvidia-modelopt"),
         "onnx": tool_version("onnx"),
         "onnxruntime": ort_version(),
@@ -242,7 +242,8 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
     try:
         with convert.quiet() as printed:
             if precision in AUTOCAST_PRECISIONS:
-                autocast, data = params.autocast.model_dump(), _autocast_data(calibrating, workdir / "autocast-data")
+                autocast = required(params.autocast, "autocast").model_dump()
+                data = _autocast_data(calibrating, workdir / "autocast-data")
                 details = {
                     "autocast": autocast,
                     "autocast_data": _autocast_data_record(calibrating),
@@ -252,7 +253,7 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
                 return model, details, reasons
             samples = calibrating if calibrating is not None else _random_samples(source, params)
             options = {
-                **params.quantize.model_dump(),
+                **required(params.quantize, "quantize").model_dump(),
                 "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists(),
             }
             model = convert.quantize(
@@ -271,7 +272,7 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
     return (
         model,
         {
-            "quantize": params.quantize.model_dump(),
+            "quantize": required(params.quantize, "quantize").model_dump(),
             "qdq": summary,
             "calibration": _calibration_record(params, samples, calibrating is None),
         },
@@ -305,12 +306,12 @@ def _autocast_data_record(samples: list | None) -> dict:
 
 def _calibration_record(params: Params, samples: list, random: bool) -> dict:
     """What the manifest says about calibration: method, how many samples, the digest of the exact arrays."""
-    quantize = params.quantize
+    quantize = required(params.quantize, "quantize")
     return {
         "method": quantize.method,
         "percentile": quantize.percentile,
         "random": random,
-        "source": "random" if random else params.data["kind"],
+        "source": "random" if random else required(params.data, "data")["kind"],
         "seed": quantize.seed,
         "samples": len(samples),
         "rows": calibration.rows(samples),
@@ -337,7 +338,7 @@ def _declared_samples(params: Params, inputs: dict[str, Upstream], model_inputs:
 def _checked(samples: list, model_inputs: dict, params: Params, reading: dict) -> list:
     field = "calibration.data" if reading["kind"] == "arrays" else "calibration.images"
     for sample in samples:
-        problem = calibration.check_sample(sample, model_inputs, params.profiles)
+        problem = calibration.check_sample(sample, model_inputs, required(params.profiles, "profiles"))
         if problem:
             raise StageError(f"{field}: {problem}")
     return samples
@@ -347,8 +348,9 @@ def _random_samples(source: Path, params: Params) -> list:
     """`calibration: {random: true}`: seeded random batches at the profiles' opt/min/max shapes."""
     from trtflow.stages import compare
 
-    count, seed = params.quantize.samples or calibration.RANDOM_CALIBRATION_SAMPLES, params.quantize.seed
-    feeds = compare.sample_feeds(compare.session(source), params.profiles, count, seed)
+    quantize = required(params.quantize, "quantize")
+    count, seed = quantize.samples or calibration.RANDOM_CALIBRATION_SAMPLES, quantize.seed
+    feeds = compare.sample_feeds(compare.session(source), required(params.profiles, "profiles"), count, seed)
     return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
 
 
@@ -356,13 +358,14 @@ def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrat
     """Held-out files when there are any; else the calibration files (said so); else seeded random inputs."""
     from trtflow.stages import accuracy, compare
 
-    options = params.accuracy
+    options = required(params.accuracy, "accuracy")
     if held_out:
         samples, data = held_out, f"{len(held_out)} file(s) held out from the calibration set"
     elif calibrating:
         samples, data = calibrating[: options.samples], "the calibration samples (too few files to hold any out)"
     else:
-        feeds = compare.sample_feeds(compare.session(source), params.profiles, options.samples, options.seed)
+        profiles = required(params.profiles, "profiles")
+        feeds = compare.sample_feeds(compare.session(source), profiles, options.samples, options.seed)
         samples, data = (
             [calibration.Sample("random", f) for f in feeds],
             f"seeded random inputs within the profiles (seed {options.seed})",

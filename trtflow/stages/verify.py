@@ -18,7 +18,8 @@ from typing import Any
 
 from trtflow.backends.base import get_backend
 from trtflow.device import local_compute_capabilities, no_gpu_reason
-from trtflow.errors import StageError
+from trtflow.errors import StageError, required
+from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import Dep, Node, RecipeContext, Stage, StageOutput, StageParams, Upstream, plugin_files
 from trtflow.util.cc import ComputeCapability
@@ -69,7 +70,8 @@ def nodes(ctx: RecipeContext, builds: list[Node], cleanup: Node) -> list[Node]:
 def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
     """verify:<recipe>/<precision>/<target>; its fingerprint names the local GPUs, since they decide whether the engine
     runs."""
-    verify, precision, target = ctx.recipe.verify, build.info.precision, build.params
+    verify, target = ctx.recipe.verify, build.params_as(build_stage.Params)
+    precision = required(build.info.precision, f"{build.id}: the precision")  # every build node names it
     params = Params(
         profiles=ctx.profiles,
         samples=verify.samples_for(len(ctx.profiles)),

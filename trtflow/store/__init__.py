@@ -5,13 +5,8 @@ listing, verifying and collecting garbage (housekeeping).
 A leaf: it imports nothing above it (errors, hashing, util).
 """
 
-from trtflow.store.objects import (
-    RUN_HISTORY,
-    WRITE_ERRNOS,
-    ObjectMismatch,
-    Store,
-    StoreWriteError,
-    write_failure,
-)
+from trtflow.errors import ObjectMismatch, StoreWriteError
+from trtflow.store.objects import WRITE_ERRNOS, Store, write_failure
+from trtflow.store.runs import RUN_HISTORY
 
 __all__ = ["RUN_HISTORY", "WRITE_ERRNOS", "ObjectMismatch", "Store", "StoreWriteError", "write_failure"]

@@ -31,7 +31,8 @@ from trtflow.store.locks import (
     run_is_live,
     sweep_dead_runs,
 )
-from trtflow.store.objects import DIGEST, Store
+from trtflow.store.objects import Store
+from trtflow.store.records import DIGEST
 from trtflow.util.fs import NotRegular, open_regular, remove_nofollow, remove_under
 
 

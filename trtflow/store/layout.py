@@ -56,6 +56,7 @@ def set_aside(root: Path, path: Path, why: str, notes: list[str] | None = None) 
     following or deleting through it; `corrupt` itself goes beside it. Returns where it went (None if it is gone)."""
     relative = path.relative_to(root)
     stamp = time.time_ns()
+    target: Path | None
     if relative == Path(CORRUPT):
         target = root / f"{CORRUPT}.{stamp}.set-aside"
     else:

@@ -63,7 +63,7 @@ class LockEntry:
         """The node's entry in the lock file: the key, the components beside it, the outputs (and canonical digests)."""
         if self.skipped is not None:
             return {"skipped": self.skipped}
-        extra = {"canonical": self.canonical} if self.canonical else {}
+        extra: dict[str, object] = {"canonical": self.canonical} if self.canonical else {}
         extra.update({"failed": self.failed} if self.failed is not None else {})
         return {"key": self.key, **self.components, "outputs": self.outputs, **extra}
 

@@ -41,8 +41,8 @@ class MemoryView(MutableMapping[str, Any]):
 class CacheMemos:
     """The memo methods of Store (a mixin: `self._cache` and `self._stat` are the Store's)."""
 
-    _cache: Any
-    _stat: Any
+    _cache: Cache
+    _stat: MemoryView
 
     def last_run(self, node_id: str) -> dict | None:
         """What the node resolved to the last time it ran or was found cached (for `plan --explain`)."""

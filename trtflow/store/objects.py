@@ -40,8 +40,8 @@ from trtflow.store.cache import Cache
 from trtflow.store.layout import SUBFOLDERS, entry_is_regular, folder, real_folder, set_aside
 from trtflow.store.legacy import LEGACY_INDEX, import_legacy_index
 from trtflow.store.memos import CacheMemos, MemoryView
-from trtflow.store.records import DIGEST, RECORD_MAX_BYTES, RecordFiles, checked_record  # noqa: F401  (re-exported)
-from trtflow.store.runs import RUN_HISTORY, RunHistory  # noqa: F401  (RUN_HISTORY: gc reads it from here)
+from trtflow.store.records import DIGEST, RecordFiles
+from trtflow.store.runs import RunHistory
 from trtflow.util.faults import crash_point
 from trtflow.util.fs import NotRegular, fsync_dir, fsync_file, open_regular
 from trtflow.util.reads import note_path

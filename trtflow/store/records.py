@@ -64,7 +64,8 @@ class RecordFiles:
         with self.writing("(writing a stage record)"):
             folder(self.root, f"records/{key[:2]}", self.notes)
             atomic_write(path, text)
-        return json.loads(text)
+        stored: dict = json.loads(text)
+        return stored
 
     def stage_records(self) -> Iterator[tuple[str, dict]]:
         """Every well-formed (key, record) in the store, whether or not its objects are present."""
@@ -89,11 +90,16 @@ class RecordFiles:
         except FileNotFoundError:
             return None
         except OSError as exc:  # a symlink, a folder, a FIFO: a record is a regular file or nothing
-            return self._set_aside(path, f"it is not a regular file ({exc.strerror or exc})")
+            self._set_aside(path, f"it is not a regular file ({exc.strerror or exc})")
+            return None
         if len(text) > RECORD_MAX_BYTES:
-            return self._set_aside(path, f"it is over {RECORD_MAX_BYTES >> 20} MiB")
+            self._set_aside(path, f"it is over {RECORD_MAX_BYTES >> 20} MiB")
+            return None
         record, problem = checked_record(text, key, components)
-        return record if not problem else self._set_aside(path, problem)
+        if problem:
+            self._set_aside(path, problem)
+            return None
+        return record
 
     def _set_aside(self, path: Path, problem: str) -> None:
         """Move a bad record to corrupt/ (its stage is built again) and say so once."""
@@ -107,7 +113,6 @@ class RecordFiles:
         self.notes.append(
             f"the store's record {path.name} was malformed ({problem}); moved it to corrupt/, its stage is built again"
         )
-        return None
 
     def _record_files(self) -> Iterator[Path]:
         """records/<kk>/<key>.json regular files whose names are digests (temp files and strays are not records)."""

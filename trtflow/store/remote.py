@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from trtflow.errors import RemoteUnavailable
+from trtflow.errors import ObjectMismatch, RemoteUnavailable
 from trtflow.signing import (
     KEY_FILE_ENV,
     KEY_TEXT_ENV,
@@ -41,7 +41,8 @@ from trtflow.signing import (
     envelope_body,
     envelope_of,
 )
-from trtflow.store.objects import RECORD_MAX_BYTES, ObjectMismatch, Store, checked_record
+from trtflow.store.objects import Store
+from trtflow.store.records import RECORD_MAX_BYTES, checked_record
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 from trtflow.util.jsondata import BoundExceeded, loads_bounded
 
@@ -90,7 +91,8 @@ class Remote:
             return None
         record, problem = self._opened_record(text, key)
         if problem:
-            return self._reject(node_id, problem)
+            self._reject(node_id, problem)
+            return None
         for digest in record["outputs"].values():
             if not store.object_intact(digest) and not self._pull_object(digest, node_id, store, workdir):
                 return None
@@ -132,7 +134,8 @@ class Remote:
 
     def _read(self, relative: str) -> bytes:
         try:
-            return self._fs.cat_file(f"{self._base}/{relative}")
+            data: bytes = self._fs.cat_file(f"{self._base}/{relative}")
+            return data
         except FileNotFoundError:
             raise
         except Exception as exc:  # connection refused, access denied, timeouts: every library has its own
@@ -223,11 +226,11 @@ class Remote:
 
     def _reject(self, node_id: str, problem: str) -> None:
         self._warn(f"remote cache: rejected the record of {node_id}: {problem}; building it locally")
-        return None
 
 
 def _read_chunk(source: Any) -> bytes:
     try:
-        return source.read(CHUNK)
+        chunk: bytes = source.read(CHUNK)
+        return chunk
     except Exception as exc:  # see Remote._read
         raise _RemoteFailure(str(exc)) from exc

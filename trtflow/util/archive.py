@@ -14,8 +14,9 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import IO
 
-from trtflow.errors import TrtflowError, UnsafeArchive
+from trtflow.errors import TrtflowError, UnsafeArchive, required
 from trtflow.util.faults import crash_point
 from trtflow.util.proc import exchange
 
@@ -41,7 +42,7 @@ def write_reproducible_members(
         open(archive, "wb") as raw,
         gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=STORED) as zipped,
     ):
-        with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT, copybufsize=COPY_BUFFER) as tar:
+        with tarfile.TarFile(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT, copybufsize=COPY_BUFFER) as tar:
             for name in sorted(members):
                 content = members[name]
                 if isinstance(content, bytes):
@@ -61,7 +62,7 @@ def write_reproducible_members(
 class _Hashing:
     """A file reader that hashes what is read through it."""
 
-    def __init__(self, handle):
+    def __init__(self, handle: IO[bytes]):
         self._handle, self.digest = handle, hashlib.sha256()
 
     def read(self, size: int = -1) -> bytes:
@@ -88,7 +89,7 @@ def extract_tar(archive: Path, destination: Path) -> dict[str, str]:
     digests = {}
     destination.mkdir(parents=True, exist_ok=True)
     root = destination.resolve()
-    with tarfile.open(archive, "r:gz", copybufsize=COPY_BUFFER) as tar:
+    with tarfile.open(archive, "r:gz") as tar:  # no copybufsize: it serves extract(), and members are copied below
         for member in tar.getmembers():
             target = (root / member.name).resolve()
             if member.isdir():
@@ -98,7 +99,7 @@ def extract_tar(archive: Path, destination: Path) -> dict[str, str]:
                     f"{archive}: refusing member {member.name!r} (outside the destination or not a regular file)"
                 )
             target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(member) as source, open(target, "wb") as sink:  # type: ignore[union-attr]
+            with required(tar.extractfile(member), member.name) as source, open(target, "wb") as sink:  # isfile()
                 hashing = _Hashing(source)
                 shutil.copyfileobj(hashing, sink, COPY_BUFFER)
             digests[member.name] = hashing.digest.hexdigest()
@@ -127,5 +128,5 @@ def read_member(archive: Path, suffix: str, limit: int | None = None) -> bytes:
             if member.isfile() and member.name.endswith(suffix):
                 if limit is not None and member.size > limit:
                     raise TrtflowError(f"{archive}: member {member.name} is {member.size} bytes, more than {limit}")
-                return tar.extractfile(member).read()  # type: ignore[union-attr]
+                return required(tar.extractfile(member), member.name).read()  # a regular file: never None
     raise TrtflowError(f"{archive}: no member ending in {suffix}")

@@ -13,6 +13,7 @@ import errno
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,11 +122,20 @@ def remove_in(dir_fd: int, name: str) -> None:
     is removed with everything in it, each level opened without following links. Nothing if it is gone."""
     try:
         if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-            shutil.rmtree(name, dir_fd=dir_fd)  # fd-based on Linux: links inside are unlinked, never followed
+            _rmtree_in(dir_fd, name)
         else:
             os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
+
+
+def _rmtree_in(dir_fd: int, name: str) -> None:
+    """shutil.rmtree of the folder `name` in an opened folder: fd-based on Linux, links inside are unlinked, never
+    followed. Python 3.10's rmtree takes no dir_fd: it walks the same way from the folder's /proc/self/fd entry."""
+    if sys.version_info >= (3, 11):
+        shutil.rmtree(name, dir_fd=dir_fd)
+    else:
+        shutil.rmtree(f"/proc/self/fd/{dir_fd}/{name}")
 
 
 def remove_nofollow(path: Path) -> None:

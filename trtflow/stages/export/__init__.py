@@ -27,8 +27,9 @@ def run(params: StageParams, inputs: dict[str, Upstream], workdir: Path) -> Stag
 
 def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached export whose proof failed under on_fail: warn fails the run once on_fail is fail."""
-    exporter = from_torch if isinstance(node.params, from_torch.Params) else from_tensorflow
-    return exporter.finish(node, record, place)
+    if isinstance(node.params, from_torch.Params):
+        return from_torch.finish(node, record, place)
+    return from_tensorflow.finish(node, record, place)
 
 
 STAGE = Stage(KIND, VERSION, run, finish=finish)

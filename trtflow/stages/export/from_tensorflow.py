@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trtflow.backends.base import import_or_explain
-from trtflow.errors import StageError
+from trtflow.errors import StageError, required
 from trtflow.stages.base import (
     CACHED_UNDER_WARN,
     Node,
@@ -88,7 +88,7 @@ def node(ctx: RecipeContext) -> Node | None:
     if source.tensorflow is None and source.keras is None:
         return None
     verify = ctx.recipe.verify
-    common = dict(
+    common: dict[str, Any] = dict(
         profiles=ctx.profiles,
         dynamic=dynamic_axes(ctx.profiles),
         check=ProofSettings(rtol=verify.rtol, atol=verify.atol, seed=verify.seed),
@@ -103,7 +103,7 @@ def node(ctx: RecipeContext) -> Node | None:
         path = (ctx.root / source.keras).resolve()
         params = Params(format="keras", files=[path.name], opset=TF_OPSET, **common)
         return Node(id=NodeId.of(KIND, ctx.name), version=VERSION, params=params, sources=(("keras", path),))
-    spec = source.tensorflow
+    spec = required(source.tensorflow, "source.tensorflow")  # neither keras nor None: checked above
     folder = (ctx.root / spec.saved_model).resolve()
     files = saved_model_files(folder)
     params = Params(
@@ -163,11 +163,9 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
+    params = node.params_as(Params)
     enforce_proof(
-        node.params.on_fail,
-        record["record"]["tensorflow_equality"],
-        PROOF_FAILED[node.params.format],
-        CACHED_UNDER_WARN,
+        params.on_fail, record["record"]["tensorflow_equality"], PROOF_FAILED[params.format], CACHED_UNDER_WARN
     )
     return None
 

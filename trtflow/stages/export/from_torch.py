@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from trtflow.backends.base import import_or_explain
-from trtflow.errors import StageError
+from trtflow.errors import StageError, required
 from trtflow.recipe.pymodule import import_root
 from trtflow.stages.base import (
     CACHED_UNDER_WARN,
@@ -125,7 +125,7 @@ def node(ctx: RecipeContext) -> Node | None:
 
 def export_dims(ctx: RecipeContext) -> tuple[list[ExampleInput], dict[str, dict[str, list[int]]]]:
     """The example inputs (shape: given, else the first profile's opt) and the dynamic axes with their ranges."""
-    profiles, specs = ctx.profiles, ctx.recipe.source.torch.inputs
+    profiles, specs = ctx.profiles, required(ctx.recipe.source.torch, "source.torch").inputs
     inputs = [
         ExampleInput(name=spec.name, dtype=spec.dtype, shape=spec.shape or profiles[0][spec.name]["opt"])
         for spec in specs
@@ -164,8 +164,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
-    assert isinstance(node.params, Params)
-    enforce_proof(node.params.on_fail, record["record"]["torch_equality"], PROOF_FAILED, CACHED_UNDER_WARN)
+    params = node.params_as(Params)
+    enforce_proof(params.on_fail, record["record"]["torch_equality"], PROOF_FAILED, CACHED_UNDER_WARN)
     return None
 
 
