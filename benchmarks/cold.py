@@ -1,6 +1,10 @@
 """Cold-build benchmark: trtflow against the TensorRT-RTX builds it wraps, on real architectures.
 
     python benchmarks/cold.py [--models resnet mobilenet encoder] [--workdir DIR]
+    python benchmarks/cold.py --torchvision [--workdir DIR]
+
+--torchvision measures the project the issue names instead of tests/zoo.py's small models: torchvision's ResNet-18
+and MobileNetV3-small at their real sizes and a 4-layer encoder (benchmarks/torchvision_like.py), batch 1/8/32.
 
 What is measured, in one run (every figure is a ratio against a baseline measured in the same run):
   1. a project of three real architectures from tests/zoo.py (ResNet-, MobileNetV3-style CNNs and a transformer
@@ -34,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from realmodels import cold_run, direct_builds, write_fleet_project  # noqa: E402
+from torchvision_like import write_project as write_torchvision_project  # noqa: E402
 
 GOALS = {"cold": 2.0, "cold_stretch": 1.5, "packaging": 1.2, "parallel": 1.8}
 
@@ -125,13 +130,21 @@ def main() -> None:
     parser.add_argument(
         "--precision-model", default="resnet", help="the model whose fp16/int8 stages are timed ('' to skip)"
     )
+    parser.add_argument(
+        "--torchvision",
+        action="store_true",
+        help="ResNet-18, MobileNetV3-small (real sizes) and an encoder, batch 1/8/32",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="trtflow-cold-")) if args.workdir is None else args.workdir
     walls, summaries = {}, {}
     for jobs in (1, 2):
         root = workdir / f"project-j{jobs}"
         shutil.rmtree(root, ignore_errors=True)
-        write_fleet_project(root, tuple(args.models), ("fp32",))
+        if args.torchvision:
+            write_torchvision_project(root, workdir / "onnx-cache")
+        else:
+            write_fleet_project(root, tuple(args.models), ("fp32",))
         walls[jobs], summaries[jobs] = cold_run(root, jobs)
     root = workdir / "project-j1"
     cpu: dict[str, float] = {}
@@ -160,7 +173,7 @@ def main() -> None:
         f"   one direct build keeps {busy:.2f} cores busy: on {cores} cores, two at once can gain at most "
         f"{min(2.0, cores / busy):.2f}x"
     )
-    if args.precision_model:
+    if args.precision_model and not args.torchvision:
         precision_report(workdir, args.precision_model)
     print(f"(projects left in {workdir})")
 

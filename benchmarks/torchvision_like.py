@@ -1,0 +1,105 @@
+"""torchvision's ResNet-18 and MobileNetV3-small at their real sizes, and a 4-layer transformer encoder, in plain
+torch (torchvision has no CPU build on every index), exported to ONNX with a batch 1/8/32 profile: the project the
+cold benchmark measures in its `--torchvision` mode.
+
+    python benchmarks/torchvision_like.py DIR   # writes DIR/pipeline.yaml, recipes/ and models/ (fp32, sm_86 + sm_89)
+
+Sizes as torchvision's: ResNet-18 11.7 M parameters, MobileNetV3-small 2.5 M, both on [N, 3, 224, 224] with 1000
+classes; the encoder is d_model 256, 4 heads, FFN 1024, over [N, 128, 256] embeddings (3.2 M).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from zoo import (  # noqa: E402
+    MOBILENET_V3_SMALL,
+    BasicBlock,
+    ConvBNAct,
+    InvertedResidual,
+    PooledEncoder,
+    Shapes,
+    _export,
+    _image_classifier,
+    _mlp,
+    _seeded,
+    _settled,
+)
+
+IMAGE = {"input": Shapes.batched(3, 224, 224, low=1, opt=8, high=32)}
+TOKENS = {"embeddings": Shapes.batched(128, 256, low=1, opt=8, high=32)}
+TARGETS = {"rtx-ampere": "sm_86", "rtx-ada": "sm_89"}
+
+
+def resnet18(classes: int = 1000) -> nn.Module:
+    """torchvision's resnet18: 7x7/2 stem and max pool, stages of 2 basic blocks at 64/128/256/512, GAP, Linear."""
+    blocks: list[nn.Module] = []
+    cin = 64
+    with _seeded():
+        for stage, width in enumerate((64, 128, 256, 512)):
+            blocks += [BasicBlock(cin, width, 1 if stage == 0 else 2), BasicBlock(width, width, 1)]
+            cin = width
+        stem = nn.Sequential(ConvBNAct(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1))
+        return _settled(_image_classifier(stem, blocks, nn.Linear(512, classes)), 3, 224, 224, batches=1)
+
+
+def mobilenet_v3_small(classes: int = 1000) -> nn.Module:
+    """torchvision's mobilenet_v3_small: its bneck table, 576-channel 1x1 conv, Linear 576-1024-1000 (hardswish)."""
+    blocks: list[nn.Module] = []
+    cin = 16
+    with _seeded():
+        for kernel, expanded, cout, se, hardswish, stride in MOBILENET_V3_SMALL:
+            act = nn.Hardswish if hardswish else nn.ReLU
+            blocks.append(InvertedResidual(cin, cout, expanded, kernel, stride, se, act, nn.Hardsigmoid))
+            cin = cout
+        blocks.append(ConvBNAct(cin, 576, 1, act=nn.Hardswish))
+        stem = ConvBNAct(3, 16, 3, 2, act=nn.Hardswish)
+        model = _image_classifier(stem, blocks, *_mlp(576, 1024, classes, act=nn.Hardswish))
+        return _settled(model, 3, 224, 224, batches=1)
+
+
+def encoder4(d_model: int = 256, heads: int = 4, layers: int = 4, classes: int = 1000) -> nn.Module:
+    """A 4-layer post-norm TransformerEncoder (FFN 4 x d_model), mean-pooled, Linear head."""
+    with _seeded():
+        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True)
+        stack = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        return PooledEncoder(stack, nn.Linear(d_model, classes)).eval()
+
+
+MODELS = {
+    "resnet18": (resnet18, IMAGE),
+    "mobilenet_v3_small": (mobilenet_v3_small, IMAGE),
+    "encoder": (encoder4, TOKENS),
+}
+
+
+def write_project(root: Path, cache: Path) -> Path:
+    """pipeline.yaml for sm_86 and sm_89, one fp32 recipe per model with the batch 1/8/32 profile (ONNX cached)."""
+    (root / "recipes").mkdir(parents=True)
+    (root / "models").mkdir()
+    targets = {name: {"backend": "tensorrt-rtx", "compute_capabilities": [cc]} for name, cc in TARGETS.items()}
+    (root / "pipeline.yaml").write_text(yaml.safe_dump({"targets": targets}))
+    cache.mkdir(parents=True, exist_ok=True)
+    for name, (make, profile) in MODELS.items():
+        onnx_file = cache / f"{name}.onnx"
+        if not onnx_file.is_file():
+            with torch.no_grad():
+                _export(make(), profile, onnx_file)
+        (root / "models" / f"{name}.onnx").write_bytes(onnx_file.read_bytes())
+        recipe = {
+            "source": {"onnx": f"models/{name}.onnx"},
+            "precisions": ["fp32"],
+            "profiles": [{"inputs": {input_name: s.as_recipe() for input_name, s in profile.items()}}],
+        }
+        (root / "recipes" / f"{name}.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return root
+
+
+if __name__ == "__main__":
+    write_project(Path(sys.argv[1]), Path(sys.argv[1]) / ".onnx-cache")
