@@ -192,3 +192,19 @@ def test_a_failed_proof_is_recorded_under_warn_and_fails_a_cached_cleanup_under_
     cached_under_warn = r"\(a cached result built under verify: \{on_fail: warn\}\)$"
     with pytest.raises(StageError, match=r"^the cleaned model differs from the source: .* " + cached_under_warn):
         cleanup.finish(nodes["cleanup:fail"], cached, None)
+
+
+@pytest.mark.parametrize(
+    "shape, expected",
+    [
+        ({"min": [1, 3], "opt": [8, 3], "max": [32, 3]}, 2),  # opt and min differ on the batch axis: max adds nothing
+        ({"min": [1, 3], "opt": [1, 3], "max": [32, 3]}, 3),  # opt = min: only the max shape moves the batch axis
+        ({"min": [1, 3, 8], "opt": [4, 3, 8], "max": [8, 3, 16]}, 3),  # the last axis: opt = min
+        ({"min": [2, 3], "opt": [2, 3], "max": [2, 3]}, 2),  # static
+    ],
+)
+def test_a_rewrite_is_proven_at_two_shapes_when_they_move_every_dynamic_axis(shape: dict, expected: int) -> None:
+    from trtflow.recipe.schema import VerifyOptions
+
+    assert VerifyOptions().rewrite_samples_for([{"input": shape}, {"input": shape}]) == 2 * expected
+    assert VerifyOptions(samples=5).rewrite_samples_for([{"input": shape}]) == 5

@@ -101,7 +101,8 @@ def node(ctx: RecipeContext, export: Node | None) -> Node:
     `model.data:<location>`); `where` lets planning name the recipe field when one of them is missing.
     """
     verify = ctx.recipe.verify
-    proof = Proof(rtol=verify.rtol, atol=verify.atol, samples=verify.samples_for(len(ctx.profiles)), seed=verify.seed)
+    samples = verify.rewrite_samples_for(ctx.profiles)
+    proof = Proof(rtol=verify.rtol, atol=verify.atol, samples=samples, seed=verify.seed)
     params = Params(
         profiles=ctx.profiles,
         proof=proof,

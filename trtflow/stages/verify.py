@@ -50,6 +50,8 @@ class Params(StageParams):
     )
     profiles: list[dict[str, dict[str, list[int]]]]
     samples: int
+    # the report carries cleanup's proof (its record, not a file): its sample count keys it here
+    cleanup_samples: int
     seed: int
     on_fail: str
     rtol: float
@@ -75,6 +77,7 @@ def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
     params = Params(
         profiles=ctx.profiles,
         samples=verify.samples_for(len(ctx.profiles)),
+        cleanup_samples=verify.rewrite_samples_for(ctx.profiles),
         seed=verify.seed,
         on_fail=verify.on_fail,
         **engine_tolerance(ctx, precision),
