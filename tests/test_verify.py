@@ -27,6 +27,7 @@ def _params(on_fail: str = "fail") -> verify.Params:
         rtol=1e-3,
         atol=1e-4,
         samples=3,
+        cleanup_samples=2,
         seed=0,
         on_fail=on_fail,
         onnxruntime=None,
@@ -98,8 +99,8 @@ def test_every_packaged_engine_records_what_verification_ran(project: Path) -> N
     manifest = json.loads((project / "artifacts/packages/tiny/manifest.json").read_text())
     for engine in manifest["engines"]:
         check = engine["verification"]
-        # one profile: opt, min, max
-        assert check["cleanup_equality"]["passed"] and check["cleanup_equality"]["samples"] == 3
+        # one profile whose opt and min differ on its dynamic axis: the cleanup's proof runs those two shapes
+        assert check["cleanup_equality"]["passed"] and check["cleanup_equality"]["samples"] == 2
         assert check["engine_checks"] == {"io_names_and_dtypes": "pass", "profile_shapes": "pass", "problems": []}
         assert check["engine_run"]["status"].startswith("not run (no GPU")
 
