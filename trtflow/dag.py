@@ -5,8 +5,8 @@ For each recipe: [export, for a torch source] -> cleanup -> one precision node p
 rtx-ampere, rtx-ada:
 
     export:tiny                   (torch sources only; inputs: the factory's module file, the weights, `files`)
-    cleanup:tiny                  (input: the source model and its external data files, or export's model; proves its
-    output equal to it)
+    cleanup:tiny                  (input: the source model and its external data files, or export's model;
+                                  proves its output equal to it)
     precision:tiny/fp32           (model <- cleanup:tiny; fp16/int8... convert or quantize here, shared by targets)
     build:tiny/fp32/rtx-ampere    (model <- precision:tiny/fp32)
     verify:tiny/fp32/rtx-ampere   (model <- precision, reference <- cleanup:tiny, engine <- the build)

@@ -211,8 +211,7 @@ class NetworkFacts(_Model):
 
 class Plugin(_Model):
     """A plugin library an engine needs where it runs: its file name, sha256 and size, and whether the package carries
-    it
-    (as `plugins/<sha256>-<name>`, listed in SHA256SUMS); `provision --plugin-dir` finds the others by sha256."""
+    it (as `plugins/<sha256>-<name>`, listed in SHA256SUMS); `provision --plugin-dir` finds the others by sha256."""
 
     name: PluginName
     sha256: Sha256

@@ -70,9 +70,8 @@ def failure_message(precision: str, accuracy: dict) -> str:
 
 
 def range_note(precision: str, output: dict) -> str:
-    """`; the fp32 reference's largest |value| is 1.2e-09, below fp16's smallest subnormal 5.96e-08 (it underflows to
-    0)`
-    when an output's reference lies outside what the precision holds; else empty."""
+    """`; the fp32 reference's largest |value| is 1.2e-09, below fp16's smallest subnormal 5.96e-08 (it underflows
+    to 0)` when an output's reference lies outside what the precision holds; else empty."""
     low, high = RANGES.get(precision, (None, None))
     peak = output.get("reference_abs_max")
     if low is None or peak is None:

@@ -11,9 +11,8 @@ set, a record must also be signed by one of those keys (a DSSE envelope, see sig
 pair a valid key with another valid object cannot sign the pair. Any failed check rejects the whole record
 with a warning, and the stage is built locally (then pushed, replacing the bad object). Records are pushed
 in an envelope, signed when the environment holds a signing key; with `cache.trust` set and no signing key,
-nothing is pushed (one warning). A remote that is down, slow or denies access costs one warning and local builds: the
-first
-failure switches the remote off for the rest of the run. With `--remote-required` it is an error.
+nothing is pushed (one warning). A remote that is down, slow or denies access costs one warning and local builds:
+the first failure switches the remote off for the rest of the run. With `--remote-required` it is an error.
 
 Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...)
 or the filesystem's own configuration, never from pipeline.yaml, and are never written into records.

@@ -368,8 +368,8 @@ def _check_converted(model: Any, params: Params, unsupported: list[str]) -> None
 
 def _stabilize_dims(model: Any) -> None:
     """Name every dynamic dimension of the graph's inputs and outputs `<tensor>_dim<axis>` (tf2onnx numbers them
-    `unk__N`
-    with a process-wide counter); a symbol an input shares with an output or inner value keeps the input's name."""
+    `unk__N` with a process-wide counter); a symbol an input shares with an output or inner value keeps the input's
+    name."""
     renamed: dict[str, str] = {}
     for value in [*model.graph.input, *model.graph.output]:
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
