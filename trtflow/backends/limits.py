@@ -23,9 +23,14 @@ TURING = ComputeCapability("sm_75")
 FLOAT32 = 1  # onnx.TensorProto.FLOAT
 
 
+def has_limits(backend: str, cc: str) -> bool:
+    """Whether `backend` has graph limits for `cc` at all (when not, nothing needs to read the graph)."""
+    return backend == "tensorrt-rtx" and ComputeCapability.parse(cc) == TURING
+
+
 def unsupported_nodes(backend: str, cc: str, model: Any) -> dict[str, list[str]]:
     """{limit: [node names]} of what `backend` cannot compile for `cc` in the ONNX `model` (a ModelProto)."""
-    if backend != "tensorrt-rtx" or ComputeCapability.parse(cc) != TURING:
+    if not has_limits(backend, cc):
         return {}
     types, ranks = value_types(model)
     found = {
