@@ -59,15 +59,7 @@ def main() -> None:
             url = f"s3://{bucket}/{package.name}"
             trtflow(server.env(), "publish", str(package), url)
             server.reset()
-            import boto3
-
-            boto3.client(
-                "s3",
-                endpoint_url=server.endpoint,
-                aws_access_key_id="testing",
-                aws_secret_access_key="testing",
-                region_name="us-east-1",
-            ).upload_file(str(package.with_suffix(".tar.gz")), bucket, f"{package.name}.tar.gz")
+            server.client().upload_file(str(package.with_suffix(".tar.gz")), bucket, f"{package.name}.tar.gz")
             for gpu in TARGETS.values():
                 dest = work / "devices" / gpu
                 server.reset()
@@ -81,13 +73,7 @@ def main() -> None:
                 noop_bytes, noop_requests = sum(server.served.values()), len(server.requests)
                 server.reset()
                 started = time.perf_counter()
-                boto3.client(
-                    "s3",
-                    endpoint_url=server.endpoint,
-                    aws_access_key_id="testing",
-                    aws_secret_access_key="testing",
-                    region_name="us-east-1",
-                ).download_file(bucket, f"{package.name}.tar.gz", str(work / "archive.tar.gz"))
+                server.client().download_file(bucket, f"{package.name}.tar.gz", str(work / "archive.tar.gz"))
                 archive_seconds, archive = time.perf_counter() - started, sum(server.served.values())
                 rows.append(
                     (

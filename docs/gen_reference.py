@@ -5,14 +5,13 @@
 
 One table per object of the schema (the recipe or pipeline.yaml itself, then every object it refers to, by name):
 field, type, default, and a description made of the field's own description and its constraints. The schemas come
-from the installed trtflow (`python -m trtflow schema ...` with this interpreter), so a changed recipe model changes
+from the trtflow this interpreter imports (the functions `trtflow schema` prints), so a changed recipe model changes
 the page; tests/test_docs.py fails until the pages are regenerated.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,10 @@ PAGES = {
 
 def schema(what: str) -> dict[str, Any]:
     """The JSON Schema `trtflow schema WHAT` prints, from the trtflow this interpreter imports."""
-    out = subprocess.run([sys.executable, "-m", "trtflow", "schema", what], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    from trtflow.recipe.schema import Pipeline, recipe_json_schema
+
+    found: dict[str, Any] = recipe_json_schema() if what == "recipe" else Pipeline.model_json_schema()
+    return found
 
 
 def anchor(name: str) -> str:

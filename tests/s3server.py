@@ -82,18 +82,22 @@ class CountingS3:
             self.requests.clear()
             self.heads.clear()
 
-    def bucket(self) -> str:
-        """A new empty bucket's name."""
+    def client(self) -> Any:
+        """A boto3 S3 client of this server (what an operator's own tools would use beside trtflow)."""
         import boto3
 
-        name = f"fleet-{uuid.uuid4().hex[:12]}"
-        boto3.client(
+        return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
             region_name="us-east-1",
-        ).create_bucket(Bucket=name)
+        )
+
+    def bucket(self) -> str:
+        """A new empty bucket's name."""
+        name = f"fleet-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
         return name
 
     def env(self) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ast
+import functools
 import importlib
 import importlib.util
 import subprocess
@@ -33,18 +33,21 @@ def _module_name(path: Path) -> str:
     return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
 
 
-def _trtflow_imports(path: Path) -> set[str]:
-    """Every trtflow module a file imports, at module level or inside functions."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trtflow"):
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("trtflow"))
-    return found
-
-
 MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+@functools.cache
+def _architecture():
+    """tools/architecture.py: the layers, and the measures the closing checks print."""
+    spec = importlib.util.spec_from_file_location("architecture", PACKAGE.parent / "tools" / "architecture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trtflow_imports(path: Path) -> set[str]:
+    """Every trtflow module a file imports: at module level, inside functions or under TYPE_CHECKING."""
+    return set(_architecture().imports(path, MODULES))
 
 
 def _top(module: str) -> str:
@@ -113,45 +116,6 @@ COMMANDS = [
 def test_every_command_has_help(command: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", "trtflow", *command, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "Usage:" in result.stdout
-
-
-def _module_level_imports(path: Path) -> set[str]:
-    """The trtflow modules a file imports at module level (what runs on import; TYPE_CHECKING blocks excluded)."""
-    found = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trtflow"):
-            found.update(
-                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
-            )
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("trtflow"))
-    return {module for module in found if module in MODULES}
-
-
-def test_no_import_cycle_at_module_level() -> None:
-    """Module-level imports form no cycle (each module can be imported alone, in any order)."""
-    graph = {module: _module_level_imports(path) - {module} for module, path in MODULES.items()}
-    done: set[str] = set()
-
-    def visit(module: str, path: tuple[str, ...]) -> None:
-        if module in path:
-            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module) :] + (module,)))
-        if module in done:
-            return
-        for imported in sorted(graph[module]):
-            visit(imported, path + (module,))
-        done.add(module)
-
-    for module in sorted(graph):
-        visit(module, ())
-
-
-def _architecture():
-    """tools/architecture.py: the layers, and the measures the closing checks print."""
-    spec = importlib.util.spec_from_file_location("architecture", PACKAGE.parent / "tools" / "architecture.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_no_import_cycle_counting_lazy_and_type_only_imports() -> None:

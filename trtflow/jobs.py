@@ -3,7 +3,6 @@ recorded under its key, a worker the OOM killer took, a store too full to take i
 
 from __future__ import annotations
 
-import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +15,6 @@ from trtflow.stages.base import Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side
 from trtflow.store.objects import Store
 from trtflow.util.memory import oom_kills, shown
-
-# A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
-STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import dataclasses
+import errno
 import os
 import shutil
 import tempfile
@@ -28,7 +29,7 @@ from trtflow.dag import Dag, Node
 from trtflow.errors import TrtflowError, required
 from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.frozen import FrozenCheck
-from trtflow.jobs import STORE_FULL_ERRNOS, Job, as_lack_of_memory, failure_record, task_inputs
+from trtflow.jobs import Job, as_lack_of_memory, failure_record, task_inputs
 from trtflow.plan import Resolution, Resolver, failure_shown, upstream_outcome
 from trtflow.stages import stage
 from trtflow.stages.base import Placement
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 # ("start" | "done" | "wait", NodeState), or ("warning", message): a remote that is down, a corrupt object
 Listener = Callable[[str, Any], None]
 LOCK_POLL_SECONDS = 0.05  # how often a key another run is building is looked at again
+# A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
+STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from trtflow.backends.base import get_backend
 from trtflow.device import local_compute_capabilities, no_gpu_reason
 from trtflow.errors import StageError, required
 from trtflow.stages import build as build_stage
+from trtflow.stages import cleanup as cleanup_stage
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import Dep, Node, RecipeContext, Stage, StageOutput, StageParams, Upstream, plugin_files
 from trtflow.util.cc import ComputeCapability
@@ -77,7 +78,7 @@ def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
     params = Params(
         profiles=ctx.profiles,
         samples=verify.samples_for(len(ctx.profiles)),
-        cleanup_samples=verify.rewrite_samples_for(ctx.profiles),
+        cleanup_samples=cleanup.params_as(cleanup_stage.Params).proof.samples,
         seed=verify.seed,
         on_fail=verify.on_fail,
         **engine_tolerance(ctx, precision),
