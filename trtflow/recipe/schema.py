@@ -219,7 +219,8 @@ class VerifyOptions(StrictModel):
 
     rtol: float = Field(default=1e-3, ge=0)
     atol: float = Field(default=1e-4, ge=0)
-    # default: each profile's opt, min and max shape once (the max shape, the costliest to run, is proven once)
+    # default: an engine is verified at each profile's opt, min and max shape once; cleanup proves its rewrite at
+    # opt and min (rewrite_samples_for)
     samples: int | None = Field(default=None, ge=1, le=10_000)
     seed: int = 0
     on_fail: Literal["fail", "warn"] = "fail"
