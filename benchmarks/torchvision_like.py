@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -20,6 +21,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from zoo import (  # noqa: E402
     MOBILENET_V3_SMALL,
+    SEED,
     BasicBlock,
     ConvBNAct,
     InvertedResidual,
@@ -79,14 +81,18 @@ MODELS = {
 }
 
 
-def write_project(root: Path, cache: Path) -> Path:
-    """pipeline.yaml for sm_86 and sm_89, one fp32 recipe per model with the batch 1/8/32 profile (ONNX cached)."""
+def write_project(
+    root: Path, cache: Path, models: tuple[str, ...] = tuple(MODELS), precisions: tuple[str, ...] = ("fp32",)
+) -> Path:
+    """pipeline.yaml for sm_86 and sm_89, one recipe per model with the batch 1/8/32 profile (ONNX cached); with a
+    precision other than fp32, 4 seeded calibration batches at the opt shape (as tests/fleet.py writes them)."""
     (root / "recipes").mkdir(parents=True)
     (root / "models").mkdir()
     targets = {name: {"backend": "tensorrt-rtx", "compute_capabilities": [cc]} for name, cc in TARGETS.items()}
     (root / "pipeline.yaml").write_text(yaml.safe_dump({"targets": targets}))
     cache.mkdir(parents=True, exist_ok=True)
-    for name, (make, profile) in MODELS.items():
+    for name in models:
+        make, profile = MODELS[name]
         onnx_file = cache / f"{name}.onnx"
         if not onnx_file.is_file():
             with torch.no_grad():
@@ -94,11 +100,23 @@ def write_project(root: Path, cache: Path) -> Path:
         (root / "models" / f"{name}.onnx").write_bytes(onnx_file.read_bytes())
         recipe = {
             "source": {"onnx": f"models/{name}.onnx"},
-            "precisions": ["fp32"],
+            "precisions": list(precisions),
             "profiles": [{"inputs": {input_name: s.as_recipe() for input_name, s in profile.items()}}],
         }
+        if set(precisions) - {"fp32"}:
+            _calibration_batches(root / "calib" / name, profile)
+            recipe["calibration"] = {"data": f"calib/{name}/*"}
         (root / "recipes" / f"{name}.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     return root
+
+
+def _calibration_batches(folder: Path, profile: dict[str, Shapes], count: int = 4) -> None:
+    """`count` seeded float32 batches at the opt shape, one .npz each."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(SEED)
+    for index in range(count):
+        arrays = {name: rng.standard_normal(shapes.opt).astype(np.float32) for name, shapes in profile.items()}
+        np.savez(folder / f"{index:02d}.npz", **arrays)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ Paths never enter a key, only the digests of what they point to, so moving a pro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -75,22 +76,48 @@ class FileDigests:
     def __init__(self, memory: MutableMapping[str, Any] | None = None):
         self._memory: MutableMapping[str, Any] = memory if memory is not None else {}
         self.hashed_bytes = 0
+        # within one run (`for_one_run`): every digest, a just-written file's too (the run's plans see one snapshot)
+        self._this_run: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def for_one_run(self) -> Iterator[None]:
+        """Within the block, a file hashed once is not hashed again while its signature holds, even one modified
+        within the racy window: a run plans twice (before and after taking its lease) and must not read a freshly
+        exported multi-GB model twice. Outside it, the racy window applies."""
+        self._this_run = {}
+        try:
+            yield
+        finally:
+            self._this_run = None
+
+    def _remembered(self, path: Path, signature: list[int]) -> dict | None:
+        for memory in (self._this_run or {}, self._memory):
+            entry = memory.get(str(path))
+            if entry and entry.get("sig") == signature:
+                return dict(entry)
+        return None
 
     def digest(self, path: Path) -> str:
-        """sha256 of a file, remembered while its signature holds (never for a file modified within RACY_WINDOW_NS)."""
+        """sha256 of a file, remembered while its signature holds (never for a file modified within RACY_WINDOW_NS,
+        except within `for_one_run`)."""
         path = Path(os.path.abspath(path))
         note_path(path)
         stat = path.stat()
         signature = file_signature(stat)
-        remembered = self._memory.get(str(path))
-        if remembered and remembered.get("sig") == signature:
-            return remembered["sha256"]
+        remembered = self._remembered(path, signature)
+        if remembered:
+            return str(remembered["sha256"])
         digest = sha256_file(path)
         self.hashed_bytes += stat.st_size
-        unchanged_while_read = file_signature(path.stat()) == signature
-        if unchanged_while_read and time.time_ns() - stat.st_mtime_ns > RACY_WINDOW_NS:
-            self._memory[str(path)] = {"sig": signature, "sha256": digest}
+        if file_signature(path.stat()) == signature:  # unchanged while read
+            self._remember(path, {"sig": signature, "sha256": digest}, stat.st_mtime_ns)
         return digest
+
+    def _remember(self, path: Path, entry: dict, mtime_ns: int) -> None:
+        if self._this_run is not None:
+            self._this_run[str(path)] = entry
+        if time.time_ns() - mtime_ns > RACY_WINDOW_NS:
+            self._memory[str(path)] = entry
 
     def digest_with_companions(self, path: Path, companions_of: Callable[[Path], list[str]]) -> dict[str, str]:
         """Digests of a file and of the files it refers to (an ONNX graph's external data), by name relative to its
@@ -103,12 +130,14 @@ class FileDigests:
         """
         path = Path(os.path.abspath(path))
         main = self.digest(path)
-        entry = self._memory.get(str(path)) or {}
-        names = entry.get("companions") if entry.get("sha256") == main else None
+        memories = [m for m in (self._this_run, self._memory) if m is not None]
+        entries = [m.get(str(path)) or {} for m in memories]
+        names = next((e["companions"] for e in entries if e.get("sha256") == main and "companions" in e), None)
         if names is None:
             names = companions_of(path)
-            if entry.get("sha256") == main:
-                self._memory[str(path)] = {**entry, "companions": names}
+            for memory, entry in zip(memories, entries, strict=True):
+                if entry.get("sha256") == main:
+                    memory[str(path)] = {**entry, "companions": names}
         return {"": main, **{name: self.digest(path.parent / name) for name in names}}
 
     def adopt(self, other: FileDigests) -> None:

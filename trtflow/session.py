@@ -131,6 +131,10 @@ class Session:
 
     def run(self, options: RunOptions, listener: Listener | None = None) -> dict[str, NodeState]:
         """Plan, pre-check the models that will be read, then execute what is not cached; update the lock."""
+        with self.resolver.digests.for_one_run():  # each source is read once however often the run plans
+            return self._run(options, listener)
+
+    def _run(self, options: RunOptions, listener: Listener | None) -> dict[str, NodeState]:
         expected = self.frozen_keys() if options.frozen else None
         self.signer = signer_from_environment()
         remote = self._remote(options)

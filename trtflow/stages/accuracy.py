@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from trtflow.stages import compare
+from trtflow.stages.modelfile import infer_shapes
 
 # The magnitudes each reduced type holds: (smallest subnormal, largest finite); int8/fp8 hold what calibration scaled.
 RANGES = {"fp16": (5.96e-08, 65504.0), "bf16": (9.18e-41, 3.39e38)}
@@ -32,13 +33,12 @@ def emulation_note(types: list[str]) -> str:
 
 def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, data: str) -> dict:
     """Run both models over `feeds` and compare every output; `candidate` is an onnx ModelProto."""
-    runnable, emulated = ort_runnable(candidate)
-    cand = compare.session(runnable.SerializeToString())
-    ref = compare.session(reference)
-    rows = [
-        _per_feed(got, want)
-        for got, want in zip(compare.run_all(cand, feeds), compare.run_all(ref, feeds), strict=True)
-    ]
+    together = compare.side_by_side(candidate.ByteSize(), compare.model_bytes(reference))
+    got, want = compare.both(
+        lambda: _run_candidate(candidate, feeds), lambda: compare.run_all(compare.session(reference), feeds), together
+    )
+    emulated = got[1]
+    rows = [_per_feed(g, w) for g, w in zip(got[0], want, strict=True)]
     outputs = [_judge(_fold(name, [r[name] for r in rows]), tolerance) for name in rows[0]] if rows else []
     return {
         "runtime": compare.RUNTIME + emulation_note(emulated),
@@ -49,6 +49,12 @@ def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, 
         "outputs": outputs,
         "passed": bool(outputs) and all(o["passed"] for o in outputs),
     }
+
+
+def _run_candidate(candidate: Any, feeds: list[dict]) -> tuple[list[dict], list[str]]:
+    """The candidate's outputs over `feeds` as ONNX Runtime runs it (emulating fp16/bf16), and what it emulated."""
+    runnable, emulated = ort_runnable(candidate)
+    return compare.run_all(compare.session(runnable.SerializeToString()), feeds), emulated
 
 
 def failure_message(precision: str, accuracy: dict) -> str:
@@ -188,7 +194,7 @@ def ort_runnable(model: Any) -> tuple[Any, list[str]]:
     held = [(elem, name) for elem, name in reduced if _holds(model, elem)]
     if not held:
         return model, []
-    emulated = onnx.shape_inference.infer_shapes(model)
+    emulated = infer_shapes(onnx, model)
     for elem, _ in held:
         _emulate(onnx, emulated, elem)
     return emulated, [name for _, name in held]

@@ -50,7 +50,7 @@ from trtflow.stages.base import (
     enforce_proof,
 )
 from trtflow.stages.capture import captured_output
-from trtflow.stages.modelfile import load_graph, save_model
+from trtflow.stages.modelfile import infer_shapes, load_graph, save_model
 from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
@@ -181,7 +181,7 @@ def _clean(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list[st
     model.ir_version = _normalized_ir_version(onnx, model)
     passes.append(f"ir_version {model.ir_version}")
     if options.infer_shapes:
-        model = onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
+        model = infer_shapes(onnx, model, check_type=True, data_prop=True)
         passes.append("infer_shapes")
     return model, passes
 
@@ -241,7 +241,7 @@ def _element_types(onnx: Any, model: Any) -> dict[str, int]:
     """Element type by value name: declared in the graph, else inferred (ONNX shape inference, no weights read)."""
     graph = model.graph
     try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
+        inferred = infer_shapes(onnx, model).graph.value_info
     except Exception:
         inferred = []
     values = [*inferred, *graph.value_info, *graph.output, *graph.input]

@@ -7,10 +7,13 @@ Inputs are drawn at each profile's opt, min and max shapes in turn, so dynamic d
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -31,6 +34,12 @@ ORT_DTYPES = {
     "tensor(bool)": "bool",
 }
 RUNTIME = "onnxruntime CPUExecutionProvider"
+# Two models up to this size each run side by side (each session on one thread, so the numbers are the same either
+# way): a proof takes half the wall time on two cores. Larger ones run one after the other, so a multi-GB model is in
+# memory once, not twice.
+SIDE_BY_SIDE_MAX_BYTES = 512 << 20
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 def onnxruntime() -> Any:
@@ -190,19 +199,46 @@ def worst(per_sample: list[list[dict]]) -> list[dict]:
     return list(folded.values())
 
 
+def side_by_side(*sizes: int) -> bool:
+    """Whether models of these sizes (bytes, weights included) may run at once: each small enough, two cores."""
+    return (os.cpu_count() or 1) >= 2 and all(size <= SIDE_BY_SIDE_MAX_BYTES for size in sizes)
+
+
+def model_bytes(path: Path) -> int:
+    """A model file's size with the external data files its graph names."""
+    from trtflow.stages.modelfile import external_data_locations
+
+    return path.stat().st_size + sum((path.parent / name).stat().st_size for name in external_data_locations(path))
+
+
+def both(first: Callable[[], T], second: Callable[[], U], together: bool) -> tuple[T, U]:
+    """(first(), second()), in two threads at once when `together` (ONNX Runtime releases the GIL while it runs),
+    else one after the other."""
+    if not together:
+        done = first()
+        return done, second()
+    with ThreadPoolExecutor(1, thread_name_prefix="compare") as pool:
+        later = pool.submit(second)
+        return first(), later.result()
+
+
 def prove_equal(candidate: Path, reference: Path, profiles: list[dict], tolerance: dict) -> dict:
     """Run both models on the same seeded inputs; the record says per output how far apart they are.
 
-    `tolerance` holds rtol, atol, samples and seed (the recipe's `verify:` block). One session at a time:
-    each holds the model's weights, so a multi-GB model is in memory once, not twice.
+    `tolerance` holds rtol, atol, samples and seed (the recipe's `verify:` block). Small models run side by side;
+    larger ones one session at a time: each holds the model's weights, so a multi-GB model is in memory once.
     """
     ref = session(reference)
     feeds = sample_feeds(ref, profiles, tolerance["samples"], tolerance["seed"])
-    expected = run_all(ref, feeds)
-    del ref
+    if side_by_side(model_bytes(reference), model_bytes(candidate)):
+        expected, actual = both(lambda: run_all(ref, feeds), lambda: run_all(session(candidate), feeds), True)
+    else:
+        expected = run_all(ref, feeds)
+        del ref
+        actual = run_all(session(candidate), feeds)
     per_sample = [
         compare_outputs(got, want, tolerance["rtol"], tolerance["atol"])
-        for got, want in zip(run_all(session(candidate), feeds), expected, strict=True)
+        for got, want in zip(actual, expected, strict=True)
     ]
     outputs = worst(per_sample)
     return {

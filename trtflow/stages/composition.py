@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trtflow.stages.modelfile import infer_shapes
 from trtflow.util.onnxio import composition as counts
 
 TOP_KEPT = 10  # kept nodes listed in the record, by weights then MACs
@@ -147,7 +148,7 @@ def _dims(model: Any) -> dict:
     import onnx
 
     try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
+        graph = infer_shapes(onnx, model).graph
     except Exception:  # what shape inference cannot follow counts no MACs
         graph = model.graph
     found: dict = {init.name: list(init.dims) for init in graph.initializer}

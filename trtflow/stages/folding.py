@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trtflow.stages.modelfile import infer_shapes
+
 GROWTH_ALLOWANCE = 64 << 10  # bytes a fold may add over its seeds: zero biases and shape tensors stay foldable
 
 
@@ -83,7 +85,7 @@ def _constant_nodes(model: Any) -> list[tuple[Any, Any]]:
 def _value_sizes(onnx: Any, model: Any) -> dict[str, int]:
     """Bytes of every value whose type and shape shape inference knows (with data propagation, graph only)."""
     try:
-        graph = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+        graph = infer_shapes(onnx, model, data_prop=True).graph
     except Exception:  # a graph inference cannot follow: weigh nothing, fold as onnxslim would
         return {}
     sizes = {}
