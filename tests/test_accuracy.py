@@ -65,3 +65,39 @@ def test_comparison_sessions_compute_as_the_unrewritten_graph_does(name: str, zo
     for got, want in zip(compare.run_all(measuring, feeds), compare.run_all(plain, feeds), strict=True):
         for output, expected in want.items():
             assert np.array_equal(got[output], expected), (name, output, float(np.abs(got[output] - expected).max()))
+
+
+@pytest.mark.parametrize("name", ["resnet", "lstm", "encoder"])
+def test_proofs_side_by_side_give_the_numbers_one_after_the_other_gives(
+    name: str, zoo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The equality proof and the accuracy report run their two models at once when they are small: each session keeps
+    its one thread, so every number is the same as when they run in turn (the path models over the limit take)."""
+    model = zoo_model(name, zoo_dir)
+    profiles = [model.recipe_profile()["inputs"]]
+    fp16 = _rounded_copy(onnx.load(str(model.path)))
+    tolerance = {"rtol": 1e-3, "atol": 1e-4, "samples": 3, "seed": 1}
+    feeds = compare.sample_feeds(compare.session(model.path), profiles, 3, seed=2)
+    results = []
+    for limit in (compare.SIDE_BY_SIDE_MAX_BYTES, 0):
+        monkeypatch.setattr(compare, "SIDE_BY_SIDE_MAX_BYTES", limit)
+        assert compare.side_by_side(1) == (limit > 0)
+        results.append(
+            (
+                compare.prove_equal(model.path, model.path, profiles, tolerance),
+                accuracy.report(fp16, model.path, feeds, {"min_cosine": 0.99}, "random"),
+            )
+        )
+    assert results[0] == results[1]
+    assert results[0][0]["passed"] and results[0][1]["samples"] == 3
+
+
+def _rounded_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its float initializers stored as fp16 behind a Cast (what a precision stage could make)."""
+    for init in list(model.graph.initializer):
+        if init.data_type == TensorProto.FLOAT and init.dims:
+            half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name + "_h")
+            model.graph.initializer.remove(init)
+            model.graph.initializer.append(half)
+            model.graph.node.insert(0, helper.make_node("Cast", [half.name], [init.name], to=TensorProto.FLOAT))
+    return model

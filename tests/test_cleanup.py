@@ -11,6 +11,7 @@ import onnx
 import pytest
 from conftest import trtflow, write_project
 from onnx import TensorProto, helper, numpy_helper
+from zoo import zoo_model
 
 ONE_TARGET = "targets: [rtx-ada]\n"
 RECIPE = (
@@ -208,3 +209,16 @@ def test_a_rewrite_is_proven_at_two_shapes_when_they_move_every_dynamic_axis(sha
 
     assert VerifyOptions().rewrite_samples_for([{"input": shape}, {"input": shape}]) == 2 * expected
     assert VerifyOptions(samples=5).rewrite_samples_for([{"input": shape}]) == 5
+
+
+@pytest.mark.parametrize("name", ["resnet", "lstm", "encoder", "opweights"])
+def test_shape_inference_without_the_weights_gives_what_onnx_gives(name: str, zoo_dir: Path) -> None:
+    """Shape inference runs with the weights' bytes set aside: the same model comes out, and the input is untouched."""
+    from trtflow.stages.modelfile import infer_shapes
+
+    model = onnx.load(str(zoo_model(name, zoo_dir).path))
+    before = model.SerializeToString()
+    for options in ({}, {"data_prop": True}, {"check_type": True, "data_prop": True}):
+        expected = onnx.shape_inference.infer_shapes(model, **options).SerializeToString()
+        assert infer_shapes(onnx, model, **options).SerializeToString() == expected, options
+    assert model.SerializeToString() == before

@@ -64,3 +64,18 @@ def test_freshly_written_file_is_not_remembered(tmp_path: Path) -> None:
     memory: dict = {}
     FileDigests(memory).digest(path)
     assert memory == {}
+
+
+def test_a_run_reads_a_fresh_file_once_however_often_it_plans(tmp_path: Path) -> None:
+    """Within one run a just-exported model is hashed once (a run plans twice); a change within the run is still
+    seen, and after the run the racy window applies again."""
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"a" * 100)
+    digests = FileDigests({})
+    with digests.for_one_run():
+        first = digests.digest(path)
+        assert digests.digest(path) == first and digests.hashed_bytes == 100
+        path.write_bytes(b"b" * 101)
+        assert digests.digest(path) != first and digests.hashed_bytes == 201
+    digests.digest(path)
+    assert digests.hashed_bytes == 302
