@@ -110,3 +110,39 @@ def test_expectations_learn_from_the_last_peak_and_scale_with_the_model() -> Non
     base, per_byte = DECLARED["precision"]
     assert expected_peak("precision", 548 << 20, None) == int(base + per_byte * (548 << 20))
     assert expected_peak("precision", 548 << 20, 123) == 123
+
+
+def test_a_pool_worker_frees_what_model_tools_leave_behind(tmp_path: Path, zoo_dir: Path) -> None:
+    """onnxslim's graph is a web of reference cycles the collector may leave for long: stage after stage, nothing of
+    it accumulates in a pool worker (automatic collection is off here, so only trtflow's own release can free it)."""
+    import subprocess
+    import sys
+
+    import yaml
+    from zoo import zoo_model
+
+    model = zoo_model("resnet", zoo_dir)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "pipeline.yaml").write_text("targets:\n  ada: {backend: tensorrt-rtx, compute_capabilities: [sm_89]}\n")
+    recipe = {"source": {"onnx": str(model.path)}, "precisions": ["fp32"], "profiles": [model.recipe_profile()]}
+    (tmp_path / "recipes" / "m.yaml").write_text(yaml.safe_dump(recipe))
+    code = f"""
+import gc
+from pathlib import Path
+gc.disable()
+from trtflow.dag import dag_from_project
+from trtflow.executors import StageTask, run_task
+from trtflow.recipe import load_project
+from trtflow.stages.base import Upstream
+node = {{n.id: n for n in dag_from_project(load_project(Path({str(tmp_path)!r})))}}["cleanup:m"]
+source = Upstream({{"model": Path({str(model.path)!r})}}, sha256={{"model": "0" * 64}})
+for run in range(3):
+    work = Path({str(tmp_path)!r}) / f"work{{run}}"
+    work.mkdir()
+    assert run_task(StageTask(node.id, "cleanup", node.params, {{"model": source}}, work)).error is None
+    print(sum(type(o).__qualname__ == "Node" and type(o).__module__.startswith("onnxslim") for o in gc.get_objects()))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = [int(count) for count in done.stdout.split()]
+    assert after[0] == after[1] == after[2], after  # graph nodes left alive: the same few after each stage

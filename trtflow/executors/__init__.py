@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from trtflow.errors import EnvironmentProblem, StageError, TrtflowError
 from trtflow.stages import stage
 from trtflow.stages.base import StageParams, Upstream
-from trtflow.util.memory import peak_rss, reset_peak, shown
+from trtflow.util.memory import peak_rss, release_memory, reset_peak, shown
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,9 @@ def run_task(task: StageTask) -> StageResult:
     """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult, with the peak RSS the
     worker reached while it ran (the peak is reset first: a pool worker's earlier stages do not count)."""
     reset_peak()
-    return dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
+    result = dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
+    release_memory()
+    return result
 
 
 def _run_stage(task: StageTask) -> StageResult:

@@ -91,6 +91,22 @@ def reset_peak() -> None:
         pass
 
 
+def release_memory() -> None:
+    """Free what model tools left behind and hand it back to the system: onnxslim's and ModelOpt's graphs are reference
+    cycles (nodes and tensors point at each other) that the cyclic collector, counting objects rather than bytes,
+    leaves for long (a cleanup of a 548 MB VGG-19 left 3.7 GB live after it returned: 0.7 GB after this), and glibc
+    keeps freed heap (malloc_trim). A pool worker calls it after every stage, so the next starts from little."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: what was freed stays with the process until it ends
+
+
 def peak_rss() -> int | None:
     """This process's peak resident set size in bytes since its start or the last reset_peak (VmHWM)."""
     kib = _field("/proc/self/status", "VmHWM:")
