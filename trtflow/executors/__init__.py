@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import dataclasses
+import gc
 import os
 import re
 import traceback
@@ -135,6 +136,7 @@ def run_task(task: StageTask) -> StageResult:
     """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult, with the peak RSS the
     worker reached while it ran (the peak is reset first: a pool worker's earlier stages do not count)."""
     reset_peak()
+    gc.freeze()  # what lives now (imports, earlier stages' results) is not scanned again: each release stays cheap
     result = dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
     release_memory()
     return result
