@@ -137,8 +137,11 @@ def run_task(task: StageTask) -> StageResult:
     worker reached while it ran (the peak is reset first: a pool worker's earlier stages do not count)."""
     reset_peak()
     gc.freeze()  # what lives now (imports, earlier stages' results) is not scanned again: each release stays cheap
-    result = dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
-    release_memory()
+    try:
+        result = dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
+        release_memory()
+    finally:
+        gc.unfreeze()  # frozen objects are never finalized: at exit, native bindings would report them as leaks
     return result
 
 
