@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import dataclasses
-import gc
 import os
 import re
 import traceback
@@ -136,12 +135,8 @@ def run_task(task: StageTask) -> StageResult:
     """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult, with the peak RSS the
     worker reached while it ran (the peak is reset first: a pool worker's earlier stages do not count)."""
     reset_peak()
-    gc.freeze()  # what lives now (imports, earlier stages' results) is not scanned again: each release stays cheap
-    try:
-        result = dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
-        release_memory()
-    finally:
-        gc.unfreeze()  # frozen objects are never finalized: at exit, native bindings would report them as leaks
+    result = dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
+    release_memory()
     return result
 
 
