@@ -30,10 +30,21 @@ from trtflow.errors import TrtflowError, required
 from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.frozen import FrozenCheck
 from trtflow.jobs import Job, as_lack_of_memory, failure_record, task_inputs
+from trtflow.placing import Placements, run_here
 from trtflow.plan import Resolution, Resolver, failure_shown, upstream_outcome
 from trtflow.stages import stage
 from trtflow.stages.base import Placement
-from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, WAITING, NodeState, recorded_failure
+from trtflow.states import (
+    BUILT,
+    CACHED,
+    FAILED,
+    PULLED,
+    SKIPPED,
+    WAITING,
+    NodeState,
+    failed_as_recorded,
+    recorded_failure,
+)
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.locks import KeyLocks
 from trtflow.store.objects import Store, write_failure
@@ -98,6 +109,7 @@ class Runner:
         self._memory_noted: set[str] = set()
         self._built_here: dict[str, dict] = {}  # key -> record built by this run (two nodes, one key)
         self._reopened: list[Node] = []  # finished nodes whose output turned out corrupt: to run again
+        self.placements = Placements()  # finish hooks that place packages, running beside the next stages
         self._lock_waits = 0
         self._waited: set[str] = set()
         self._reported = 0
@@ -112,19 +124,24 @@ class Runner:
         running: dict[futures.Future, Job] = {}
         self.t0 = time.perf_counter()
         try:
-            while waiting or running:
+            while waiting or running or self.placements.pending:
                 waiting = self._dispatch(waiting, running)
                 self._report()
-                if running:
+                if running or self.placements.pending:
                     poll = LOCK_POLL_SECONDS if self._lock_waits else None
-                    done, _ = futures.wait(running, timeout=poll, return_when=futures.FIRST_COMPLETED)
+                    pending = [*running, *self.placements.pending]
+                    done, _ = futures.wait(pending, timeout=poll, return_when=futures.FIRST_COMPLETED)
                     for future in done:
-                        self._collect(running.pop(future), future.result())
+                        if future in running:
+                            self._collect(running.pop(future), future.result())
+                        else:
+                            self._placed(*self.placements.take(future), future)
                 elif self._lock_waits:
                     time.sleep(LOCK_POLL_SECONDS)
             if self.remote is not None:
                 self.remote.finish()
         finally:
+            self.placements.close()
             self.executor.shutdown()
             self.keys.release_all()
             if self.remote is not None:
@@ -342,23 +359,21 @@ class Runner:
         failure = recorded_failure(record)
         if failure is not None:
             self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
-            self._settle(
-                NodeState(
-                    state.node,
-                    FAILED,
-                    failure,
-                    key=state.key,
-                    components=state.components,
-                    exit_code=1,
-                    detail=record["failure"].get("log") or "",
-                    recorded=True,
-                    from_cache=True,
-                )
-            )
+            self._settle(failed_as_recorded(state, failure, record))
             return
-        finish = stage(state.node.kind).finish
+        kind = stage(state.node.kind)
+        finish = kind.finish
+        if finish is not None and kind.places_files:
+            self.placements.start(lambda: finish(state.node, record, self.placement), state, record)
+        else:
+            place = (lambda: finish(state.node, record, self.placement)) if finish else (lambda: None)
+            self._placed(state, record, run_here(place))
+
+    def _placed(self, state: NodeState, record: dict, finished: futures.Future) -> None:
+        """After the finish hook (here or in the placing thread): fail the node it refused, warn of what it
+        repaired, then hold the node to the lock (--frozen) and remember it."""
         try:
-            repaired = finish(state.node, record, self.placement) if finish is not None else None
+            repaired = finished.result()
         except TrtflowError as exc:
             self._settle(NodeState(state.node, FAILED, str(exc), key=state.key, exit_code=exc.exit_code))
             return

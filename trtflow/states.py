@@ -63,3 +63,18 @@ def recorded_failure(record: dict | None) -> str | None:
     """The one-line reason of a store record that records a stage's failure, or None for an ordinary record."""
     failure = record.get("failure") if isinstance(record, dict) else None
     return failure["reason"] if isinstance(failure, dict) and isinstance(failure.get("reason"), str) else None
+
+
+def failed_as_recorded(state: NodeState, failure: str, record: dict) -> NodeState:
+    """The failed state of a node whose stage's own failure is recorded under its key (found, or made meanwhile)."""
+    return NodeState(
+        state.node,
+        FAILED,
+        failure,
+        key=state.key,
+        components=state.components,
+        exit_code=1,
+        detail=record["failure"].get("log") or "",
+        recorded=True,
+        from_cache=True,
+    )

@@ -273,5 +273,6 @@ class Stage:
     # a failed node's reason -> the line shown (e.g. how to exclude the pair)
     failure_hint: Callable[[Node, str], str] | None = None
     verify_inputs: bool = False  # re-hash every input object before running (what a package ships must be intact)
+    places_files: bool = False  # its finish hook writes the user's files (I/O only): it runs beside the next stages
     # only these inputs must exist: the stage also runs when the others failed, told which and why (None: all)
     required_roles: tuple[str, ...] | None = None

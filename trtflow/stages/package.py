@@ -345,5 +345,6 @@ STAGE = Stage(
     run,
     finish=finish,
     verify_inputs=True,  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
+    places_files=True,  # extracting the package into its folder overlaps the stages after it
     required_roles=("model",),  # engines whose build or verify failed are left out and listed as missing
 )
