@@ -114,7 +114,8 @@ def test_expectations_learn_from_the_last_peak_and_scale_with_the_model() -> Non
 
 def test_a_pool_worker_frees_what_model_tools_leave_behind(tmp_path: Path, zoo_dir: Path) -> None:
     """onnxslim's graph is a web of reference cycles the collector may leave for long: stage after stage, nothing of
-    it accumulates in a pool worker (automatic collection is off here, so only trtflow's own release can free it)."""
+    it accumulates in a pool worker (automatic collection is off here, so only trtflow's own release can free it;
+    that release runs after stages that grew the process by RELEASE_ABOVE, here set to 0)."""
     import subprocess
     import sys
 
@@ -130,6 +131,8 @@ def test_a_pool_worker_frees_what_model_tools_leave_behind(tmp_path: Path, zoo_d
 import gc
 from pathlib import Path
 gc.disable()
+import trtflow.util.memory
+trtflow.util.memory.RELEASE_ABOVE = 0  # a small model: release after every stage, as after a large one
 from trtflow.dag import dag_from_project
 from trtflow.executors import StageTask, run_task
 from trtflow.recipe import load_project

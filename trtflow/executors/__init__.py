@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from trtflow.errors import EnvironmentProblem, StageError, TrtflowError
 from trtflow.stages import stage
 from trtflow.stages.base import StageParams, Upstream
-from trtflow.util.memory import peak_rss, release_memory, reset_peak, shown
+from trtflow.util.memory import peak_rss, release_memory, reset_peak, rss, shown
 
 
 @dataclass(frozen=True)
@@ -131,12 +131,14 @@ def warm_up(kinds: list[str]) -> None:
                 pass  # the stage says what is missing in its own words
 
 
-def run_task(task: StageTask) -> StageResult:
+def run_task(task: StageTask, release: bool = True) -> StageResult:
     """Run one stage (in a worker). Returns its files and record, or its failure as a StageResult, with the peak RSS the
-    worker reached while it ran (the peak is reset first: a pool worker's earlier stages do not count)."""
+    worker reached while it ran (the peak is reset first: a pool worker's earlier stages do not count). `release`:
+    free what the stage left behind for the next (false in a worker that exits after this one)."""
     reset_peak()
+    started = rss() if release else None
     result = dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
-    release_memory()
+    release_memory(started)
     return result
 
 

@@ -91,13 +91,26 @@ def reset_peak() -> None:
         pass
 
 
-def release_memory() -> None:
-    """Free what model tools left behind and hand it back to the system: onnxslim's and ModelOpt's graphs are reference
-    cycles (nodes and tensors point at each other) that the cyclic collector, counting objects rather than bytes,
-    leaves for long (a cleanup of a 548 MB VGG-19 left 3.7 GB live after it returned: 0.7 GB after this), and glibc
-    keeps freed heap (malloc_trim). A pool worker calls it after every stage, so the next starts from little (a
-    collection costs 0.15 s once ModelOpt and torch are imported; freezing what lived before the stage would
-    make it cheap but never collect what the stage let go of)."""
+# A stage whose process grew less than this keeps what it allocated: a collection costs 0.05-0.15 s once ONNX, ONNX
+# Runtime (and ModelOpt, torch) are imported, more than a small stage itself takes.
+RELEASE_ABOVE = 256 << 20
+
+
+def rss() -> int | None:
+    """This process's resident set size in bytes now (Linux), None elsewhere."""
+    kib = _field("/proc/self/status", "VmRSS:")
+    return None if kib is None else kib * 1024
+
+
+def release_memory(since: int | None) -> None:
+    """Free what model tools left behind and hand it back to the system, once the process has grown by RELEASE_ABOVE
+    since `since` (its RSS at the stage's start): onnxslim's and ModelOpt's graphs are reference cycles (nodes and
+    tensors point at each other) that the cyclic collector, counting objects rather than bytes, leaves for long (a
+    cleanup of a 548 MB VGG-19 left 3.7 GB live after it returned: 0.7 GB after this), and glibc keeps freed heap
+    (malloc_trim). A pool worker calls it after every stage, so the next starts from little."""
+    now = rss()
+    if since is None or now is None or now - since < RELEASE_ABOVE:
+        return
     import gc
 
     gc.collect()
