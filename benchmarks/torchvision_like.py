@@ -30,6 +30,7 @@ from zoo import (  # noqa: E402
     _export,
     _image_classifier,
     _mlp,
+    _quiet,
     _seeded,
     _settled,
 )
@@ -72,6 +73,40 @@ def encoder4(d_model: int = 256, heads: int = 4, layers: int = 4, classes: int =
         layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True)
         stack = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         return PooledEncoder(stack, nn.Linear(d_model, classes)).eval()
+
+
+VGG19 = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+
+
+def vgg19(classes: int = 1000) -> nn.Module:
+    """torchvision's vgg19 (no batch norm): 16 3x3 convs in 5 blocks, then 25088-4096-4096-1000 (143.7 M parameters,
+    a 548 MB ONNX file): the memory benchmark's large model, with its weights as initializers."""
+    layers: list[nn.Module] = []
+    cin = 3
+    with _seeded():
+        for width in VGG19:
+            if width == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+                continue
+            layers += [nn.Conv2d(cin, int(width), 3, padding=1), nn.ReLU()]
+            cin = int(width)
+        head = [nn.Linear(512 * 7 * 7, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, classes)]
+        model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(7), nn.Flatten(), *head)
+        for module in model.modules():
+            if isinstance(module, nn.Conv2d | nn.Linear):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                nn.init.zeros_(module.bias)
+    return model.eval()
+
+
+def write_vgg19(path: Path) -> Path:
+    """VGG-19 exported to ONNX at a static [1, 3, 224, 224] input, as ONNX's legacy VGG-19 takes it."""
+    with torch.no_grad(), _quiet():
+        program = torch.onnx.export(
+            vgg19(), (torch.randn(1, 3, 224, 224),), dynamo=True, input_names=["input"], output_names=["logits"]
+        )
+    program.save(str(path))
+    return path
 
 
 MODELS = {
