@@ -75,7 +75,7 @@ def test_nothing_unpickles_what_another_process_can_write() -> None:
             for line in text.splitlines()
             if re.search(r"pickle\.(load|loads|Unpickler)\b", line)
         ]
-    assert loads == [("worker.py", "result = run_task(pickle.loads(read_private(task_file.absolute(), 1 << 30)))")]
+    assert loads == [("worker.py", "task = pickle.loads(read_private(task_file.absolute(), 1 << 30))")]
     hermetic = (PACKAGE / "executors" / "hermetic.py").read_text()
     assert "pickle.load" not in hermetic and "read_private(channel / RESULT_FILE" in hermetic
 

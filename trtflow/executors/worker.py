@@ -27,7 +27,8 @@ def main(argv: list[str]) -> int:
             return 0
         argv = argv[2:]
     task_file, result_file = Path(argv[0]), Path(argv[1])
-    result = run_task(pickle.loads(read_private(task_file.absolute(), 1 << 30)), release=False)  # one task, then exit
+    task = pickle.loads(read_private(task_file.absolute(), 1 << 30))
+    result = run_task(task, release=False)  # one task, then exit: nothing to free for a next one
     fd = os.open(result_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as sink:
         json.dump(result.to_json(), sink)
