@@ -94,7 +94,7 @@ class FileDigests:
         for memory in (self._this_run or {}, self._memory):
             entry = memory.get(str(path))
             if entry and entry.get("sig") == signature:
-                return dict(entry)
+                return dict(entry)  # the persistent memory may hand out its own rows: never edited here
         return None
 
     def digest(self, path: Path) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import dataclasses
 import errno
+import functools
 import os
 import shutil
 import tempfile
@@ -362,11 +363,10 @@ class Runner:
             self._settle(failed_as_recorded(state, failure, record))
             return
         kind = stage(state.node.kind)
-        finish = kind.finish
-        if finish is not None and kind.places_files:
-            self.placements.start(lambda: finish(state.node, record, self.placement), state, record)
+        place = functools.partial(kind.finish, state.node, record, self.placement) if kind.finish else lambda: None
+        if kind.places_files:
+            self.placements.start(place, state, record)
         else:
-            place = (lambda: finish(state.node, record, self.placement)) if finish else (lambda: None)
             self._placed(state, record, run_here(place))
 
     def _placed(self, state: NodeState, record: dict, finished: futures.Future) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from trtflow.errors import EnvironmentProblem, StageError, TrtflowError
 from trtflow.stages import stage
 from trtflow.stages.base import StageParams, Upstream
-from trtflow.util.memory import peak_rss, release_memory, reset_peak, rss, shown
+from trtflow.util.memory import peak_rss, released_after, reset_peak, shown
 
 
 @dataclass(frozen=True)
@@ -136,10 +136,8 @@ def run_task(task: StageTask, release: bool = True) -> StageResult:
     worker reached while it ran (the peak is reset first: a pool worker's earlier stages do not count). `release`:
     free what the stage left behind for the next (false in a worker that exits after this one)."""
     reset_peak()
-    started = rss() if release else None
-    result = dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
-    release_memory(started)
-    return result
+    with released_after(release):
+        return dataclasses.replace(_run_stage(task), peak_rss=peak_rss())
 
 
 def _run_stage(task: StageTask) -> StageResult:

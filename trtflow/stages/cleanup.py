@@ -51,7 +51,7 @@ from trtflow.stages.base import (
 )
 from trtflow.stages.capture import captured_output
 from trtflow.stages.modelfile import infer_shapes, load_graph, save_model
-from trtflow.util.memory import release_memory, rss
+from trtflow.util.memory import released_after
 from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
@@ -135,10 +135,9 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     source, options = inputs["model"], params.options
     model, unloaded = _load(onnx, source.files["model"])
     before = model_summary(model)
-    started = rss()
-    with captured_output() as log:
+    # onnxslim's graph (cycles, with copies of the weights) is freed before the model is written and proven
+    with captured_output() as log, released_after():
         model, passes = _clean(onnx, model, options)
-    release_memory(started)  # onnxslim's graph (cycles, with copies of the weights) before the model is written
     files = save_model(onnx, model, workdir, unloaded=unloaded)
     external = bool(unloaded) or "model.data" in files
     _check(onnx, files["model"] if external else model)

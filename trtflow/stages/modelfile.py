@@ -189,17 +189,18 @@ def _graph_tensors(graph: Any) -> Iterator[Any]:
 
 # Floating-point initializers above this many bytes are weights: shape inference never reads their values.
 SET_ASIDE_BYTES = 64 << 10
-_FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
 def infer_shapes(onnx: Any, model: Any, **options: Any) -> Any:
     """`onnx.shape_inference.infer_shapes(model, **options)` without serializing the weights: the bytes of large
     floating-point initializers are set aside while it runs and put back into both models (the same result; on
     ResNet-18, 0.14 s instead of 0.26). Data propagation reads only small integer tensors (shapes, axes)."""
+    kinds = onnx.TensorProto
+    floats = {kinds.FLOAT, kinds.FLOAT16, kinds.DOUBLE, kinds.BFLOAT16}
     aside = {
         tensor.name: tensor.raw_data
         for tensor in model.graph.initializer
-        if tensor.data_type in _FLOAT_TYPES and len(tensor.raw_data) > SET_ASIDE_BYTES
+        if tensor.data_type in floats and len(tensor.raw_data) > SET_ASIDE_BYTES
     }
     for tensor in model.graph.initializer:
         if tensor.name in aside:

@@ -23,7 +23,7 @@ from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, 
 from trtflow.stages.base import Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, StageParams, Upstream
 from trtflow.stages.composition import composition
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
-from trtflow.util.memory import release_memory, rss
+from trtflow.util.memory import released_after
 from trtflow.util.versions import ort_version, tool_version
 
 # versions: 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions; 5:
@@ -169,8 +169,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     model_inputs = calibration.model_input_types(source)
     held_out, calibrating = _declared_samples(params, inputs, model_inputs)
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
-    started, (model, details, reasons) = rss(), _convert(params, source, calibrating, workdir)
-    release_memory(started)  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
+    with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
+        model, details, reasons = _convert(params, source, calibrating, workdir)
     files = save_model(onnx, canonical_order(model), workdir)
     excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
     made_of = composition(model, precision, reasons, excluded)

@@ -10,7 +10,9 @@ the last time it ran (remembered in the store), else what its kind declares for 
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -100,6 +102,14 @@ def rss() -> int | None:
     """This process's resident set size in bytes now (Linux), None elsewhere."""
     kib = _field("/proc/self/status", "VmRSS:")
     return None if kib is None else kib * 1024
+
+
+@contextlib.contextmanager
+def released_after(enabled: bool = True) -> Iterator[None]:
+    """Around a block that runs a model tool: afterwards, `release_memory` from the RSS the block started at."""
+    started = rss() if enabled else None
+    yield
+    release_memory(started)
 
 
 def release_memory(since: int | None) -> None:
