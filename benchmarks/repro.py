@@ -9,8 +9,11 @@ For each model of the test corpus (tests/zoo.py), fp32, one target, the same bui
   2. plain: N builds, each in a fresh ordinary process (address-space randomization on);
   3. hermetic: N builds in hermetic workers (executors.hermetic: fresh process, ASLR off, fixed environment, slot
      folder and names);
+  4. forked: N builds in hermetic workers forked by a build server (what `trtflow run` does), from two servers in
+     turn (N/2 builds each: a server started later must give the same bytes as one started earlier);
 and prints, per mode, the distinct engine byte sequences and distinct canonical digests (backends.engine_identity),
-then the seconds per build of the pool and of hermetic workers and their ratio (the hermetic worker's start-up).
+then the seconds per build of the pool, of fresh hermetic workers and of forked ones, and their ratios to the pool
+(what a fresh process and its imports cost, and what a fork costs).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from zoo import ZOO, zoo_model  # noqa: E402
 
 from trtflow.backends.engine_identity import canonical_digest  # noqa: E402
 from trtflow.executors import StageTask  # noqa: E402
-from trtflow.executors.hermetic import run_hermetic  # noqa: E402
+from trtflow.executors.hermetic import ForkServers, run_hermetic  # noqa: E402
 from trtflow.stages import build  # noqa: E402
 from trtflow.stages.base import Upstream  # noqa: E402
 from trtflow.util.settings import Settings  # noqa: E402
@@ -94,16 +97,23 @@ def plain_builds(model, cc: str, n: int, scratch: Path) -> list[Path]:
     return engines
 
 
-def hermetic_builds(model, cc: str, n: int, scratch: Path) -> tuple[list[Path], list[float]]:
-    """N builds in hermetic workers, timed end to end (process start-up included)."""
+def hermetic_builds(model, cc: str, n: int, scratch: Path, forked: bool = False) -> tuple[list[Path], list[float]]:
+    """N builds in hermetic workers, timed end to end (process start-up or fork included); `forked`: by two build
+    servers (started before the builds, as a run starts them), N/2 builds each."""
     engines, seconds = [], []
-    for index in range(n):
-        started = time.perf_counter()
-        result = run_hermetic(task(model, cc, scratch / f"hermetic-{index}"), Settings.from_environ())
-        seconds.append(time.perf_counter() - started)
-        if result.error:
-            sys.exit(f"{model.name}: hermetic build failed: {result.error}")
-        engines.append(Path(result.files["engine"]))
+    for half in (range(n // 2), range(n // 2, n)) if forked else (range(n),):
+        servers = ForkServers("build", Settings.from_environ()) if forked else None
+        if servers is not None:
+            servers.fill(1)
+        for index in half:
+            started = time.perf_counter()
+            result = run_hermetic(task(model, cc, scratch / f"hermetic-{index}"), Settings.from_environ(), servers)
+            seconds.append(time.perf_counter() - started)
+            if result.error:
+                sys.exit(f"{model.name}: hermetic build failed: {result.error}")
+            engines.append(Path(result.files["engine"]))
+        if servers is not None:
+            servers.close()
     return engines, seconds
 
 
@@ -124,10 +134,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"distinct engines over {args.n} builds, as raw bytes / canonical digests (1/1: byte-reproducible)")
     print(
-        f"{'model':<14} {'pool':>8} {'plain':>8} {'hermetic':>9} {'pool s/build':>13} {'hermetic s/build':>17} "
-        f"{'ratio':>6}"
+        f"{'model':<14} {'pool':>8} {'plain':>8} {'hermetic':>9} {'forked':>7} {'pool s/build':>13} "
+        f"{'hermetic s/build':>17} {'forked s/build':>15} {'ratios':>12}"
     )
-    ratios = []
+    ratios, forked_ratios = [], []
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
         for name in args.models:
@@ -135,14 +145,18 @@ def main() -> None:
             pooled, pool_seconds = pool_builds(model, args.cc, args.n, scratch / name / "pool")
             plain = plain_builds(model, args.cc, args.n, scratch / name / "plain")
             hermetic, hermetic_seconds = hermetic_builds(model, args.cc, args.n, scratch / name / "hermetic")
+            forked, forked_seconds = hermetic_builds(model, args.cc, args.n, scratch / name / "forked", forked=True)
             pool_s, hermetic_s = statistics.median(pool_seconds), statistics.median(hermetic_seconds)
+            forked_s = statistics.median(forked_seconds)
             ratios.append(hermetic_s / pool_s)
+            forked_ratios.append(forked_s / pool_s)
             print(
-                f"{name:<14} {distinct(pooled):>8} {distinct(plain):>8} {distinct(hermetic):>9} {pool_s:>13.2f} "
-                f"{hermetic_s:>17.2f} {ratios[-1]:>5.2f}x"
+                f"{name:<14} {distinct(pooled):>8} {distinct(plain):>8} {distinct(hermetic):>9} {distinct(forked):>7} "
+                f"{pool_s:>13.2f} {hermetic_s:>17.2f} {forked_s:>15.2f} {ratios[-1]:>5.2f}x {forked_ratios[-1]:>5.2f}x"
             )
     print(
-        f"\nhermetic worker / pool per build: median {statistics.median(ratios):.2f}x (a fresh process, its imports "
+        f"\nper build, against the pool: fresh hermetic worker median {statistics.median(ratios):.2f}x (a fresh "
+        f"process, its imports and the slot), forked hermetic worker {statistics.median(forked_ratios):.2f}x (a fork "
         "and the slot)"
     )
 

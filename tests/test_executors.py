@@ -117,3 +117,78 @@ def test_a_node_that_cannot_read_the_exchange_fails_its_stage_with_exit_4(tmp_pa
         ok.inputs["model"].files["model"].read_bytes() == b"an onnx model"
         and ok.inputs["model"].files["model"].name == "model.onnx"
     )
+
+
+def _zoo_build_task(model, work: Path) -> StageTask:
+    """The fp32 build of a zoo model for sm_89 (what a run hands a build server)."""
+    profile = {name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in model.profile.items()}
+    params = build.Params(
+        precision="fp32",
+        profiles=[profile],
+        backend="tensorrt-rtx",
+        backend_version=None,
+        compute_capabilities=["sm_89"],
+        hardware_compatibility="none",
+        version_compatible=False,
+    )
+    work.mkdir(parents=True)
+    inputs = {"model": Upstream(files={"model": model.path})}
+    return StageTask(f"build:{model.name}/fp32/t", "build", params, inputs, work)
+
+
+def test_builds_forked_by_two_build_servers_are_byte_identical(zoo_dir: Path, tmp_path: Path) -> None:
+    """MobileNetV3-style: builds in one process differ in their Myelin numbering (benchmarks/repro.py: 4 distinct
+    engines in 4 builds); forked by a build server, started now or later, every build gives the same bytes."""
+    import hashlib
+
+    from zoo import zoo_model
+
+    from trtflow.executors.hermetic import ForkServers, run_hermetic
+    from trtflow.util.settings import Settings
+
+    model, digests, records = zoo_model("mobilenet", zoo_dir), set(), set()
+    for server in range(2):
+        servers = ForkServers("build", Settings.from_environ())
+        try:
+            for index in range(2):
+                result = run_hermetic(_zoo_build_task(model, tmp_path / f"{server}-{index}"), Settings(), servers)
+                assert result.error is None, result.error
+                digests.add(hashlib.sha256(Path(result.files["engine"]).read_bytes()).hexdigest())
+                records.add(result.record["hermetic"])
+        finally:
+            servers.close()
+    assert len(digests) == 1
+    assert records == {
+        "yes: forked from a build server that did only its imports, ASLR off, minimal environment, PYTHONHASHSEED=0, "
+        "fixed slot folder and names"
+    }
+
+
+def test_a_build_server_that_died_is_replaced_and_its_slot_freed(zoo_dir: Path, tmp_path: Path) -> None:
+    """Killed while idle (as the OOM killer would): the next task starts a new server; killed during a task: that task
+    fails in one line naming the signal, and nothing stays in the slots."""
+    import os
+    import signal
+    import threading
+
+    from zoo import zoo_model
+
+    from trtflow.executors.hermetic import ForkServers, run_hermetic
+    from trtflow.util.settings import Settings
+
+    model, servers = zoo_model("resnet", zoo_dir), ForkServers("build", Settings())
+    try:
+        servers.fill(1)
+        (idle,) = servers._idle
+        os.kill(idle.process.pid, signal.SIGKILL)
+        idle.process.wait()
+        result = run_hermetic(_zoo_build_task(model, tmp_path / "after-idle-death"), Settings(), servers)
+        assert result.error is None, result.error
+        (again,) = servers._idle
+        assert again.process.pid != idle.process.pid and not list(again.slot.iterdir())  # its slot emptied
+        threading.Timer(0.1, os.kill, (again.process.pid, signal.SIGKILL)).start()
+        killed = run_hermetic(_zoo_build_task(model, tmp_path / "killed"), Settings(), servers)
+        assert killed.error is not None and "died: killed by SIGKILL" in killed.error and not killed.deterministic
+        assert servers._idle == [] and not again.slot.exists()  # a dead server's slot is removed
+    finally:
+        servers.close()

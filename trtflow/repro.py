@@ -18,7 +18,7 @@ from pathlib import Path
 from trtflow.dag import Dag, Node
 from trtflow.errors import required
 from trtflow.executors import StageTask
-from trtflow.executors.hermetic import run_hermetic
+from trtflow.executors.hermetic import FORKS, ForkServers, run_hermetic
 from trtflow.hashing import sha256_file
 from trtflow.jobs import task_inputs
 from trtflow.plan import Resolver
@@ -69,18 +69,29 @@ def check_builds(
     """Rebuild each finished build node `times` times, `jobs` at once, and compare with the engine in the store."""
     builds = [node for node in dag if node.kind == "build" and node.id in finished]
     settings = Settings.from_environ()
-    with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        checks = pool.map(lambda node: _check(node, finished, store, resolver, times, settings), builds)
-        found = []
-        for check in checks:
-            found.append(check)
-            if progress is not None:
-                progress(check)
+    servers = ForkServers("build", settings) if FORKS else None  # the way the run built them
+    try:
+        with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            checks = pool.map(lambda node: _check(node, finished, store, resolver, times, settings, servers), builds)
+            found = []
+            for check in checks:
+                found.append(check)
+                if progress is not None:
+                    progress(check)
+    finally:
+        if servers is not None:
+            servers.close()
     return found
 
 
 def _check(
-    node: Node, finished: dict[str, dict], store: Store, resolver: Resolver, times: int, settings: Settings
+    node: Node,
+    finished: dict[str, dict],
+    store: Store,
+    resolver: Resolver,
+    times: int,
+    settings: Settings,
+    servers: ForkServers | None,
 ) -> EngineRepro:
     """N hermetic rebuilds of one engine, each compared by bytes and by canonical digest."""
     record = finished[node.id]
@@ -97,7 +108,7 @@ def _check(
                 task_inputs(resolver.resolve(node, finished), finished, store, workdir),
                 workdir,
             )
-            result = run_hermetic(task, settings)
+            result = run_hermetic(task, settings, servers)
             if result.error is not None:
                 failures.append(result.error)
                 continue

@@ -1,14 +1,15 @@
-"""Hermetic workers: each task in a fresh process with address-space randomization off, a fixed minimal environment,
-a fixed hash seed and a fixed working directory (Linux).
+"""Hermetic workers: each task in a process of its own with address-space randomization off, a fixed minimal
+environment, a fixed hash seed and a fixed working directory (Linux): a child forked by a build server that did its
+imports and nothing else (executors.worker), or a fresh process.
 
 Why: TensorRT-RTX numbers what it generates (`__mye3107`) after memory addresses and thread interleaving, so two
 builds of one network in two ordinary processes give engines that differ in that numbering. With the addresses
 fixed (personality(ADDR_NO_RANDOMIZE), what `setarch -R` does) and nothing else varying between processes, most
 builds give the same bytes (measured: README, Reproducible builds). Even the lengths of the paths a process
 handles move its allocations, so the worker runs in a fixed slot folder (`/tmp/trtflow-hermetic-<uid>/<n>`, one
-per concurrent worker) with its inputs linked there under fixed names, and an identical command line. A fresh
-process per task also means no state left by earlier builds. Elsewhere, or where the kernel refuses, the task
-runs in an ordinary fresh process and the record says `hermetic: no (<reason>)`.
+per concurrent worker) with its inputs linked there under fixed names, and an identical command line. A process per
+task (forked from the same state, or fresh) also means no state left by earlier builds. Elsewhere, or where the
+kernel refuses, the task runs in an ordinary process and the record says `hermetic: no (<reason>)`.
 """
 
 from __future__ import annotations
@@ -31,15 +32,14 @@ from typing import Any, NamedTuple
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
+from trtflow.executors.worker import GO, OUTPUT_FILE, RESULT_FILE, TASK_FILE
 from trtflow.stages.modelfile import FILE_NAMES
 from trtflow.util.fs import NotRegular, check_private, private_dir, read_private
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 ADDR_NO_RANDOMIZE = 0x0040000
-# The task travels to the child pickled (the parent wrote it, in a 0700 folder of its own: the slot, or a private
-# folder for isolated workers); the result comes back as JSON, never unpickled, through the same private folder.
-TASK_FILE, RESULT_FILE = ".hermetic-task.pickle", ".hermetic-result.json"
+FORKS = sys.platform.startswith("linux")  # where build servers fork workers (fork without exec is safe on Linux)
 RESULT_MAX_BYTES = 64 << 20
 
 
@@ -62,68 +62,144 @@ def _no_aslr() -> None:
     die_with_parent()
 
 
-class _Worker(NamedTuple):
-    """A started worker: the stack that holds its slot (closing it ends the worker), the slot, the process."""
+class ForkServer(NamedTuple):
+    """A started build server: the stack that holds its slot (closing it ends the server), the slot, the process."""
 
     stack: contextlib.ExitStack
     slot: Path
     process: subprocess.Popen
 
+    def run(self, task: StageTask) -> StageResult:
+        """Run `task` (already in this server's slot) in a child the server forks; its result, or its death."""
+        _write_task(self.slot / TASK_FILE, task)
+        reply = _ask(self.process)
+        code = int(reply) if reply.strip().lstrip(b"-").isdigit() else _server_death(self.process)
+        return _worker_result(task, self.slot, code, _tail(self.slot / OUTPUT_FILE))
 
-class WarmWorkers:
-    """Hermetic worker processes started ahead of their task, each in a slot of its own: taking one starts the next,
-    so a build's process start-up and imports overlap the build before it. Each still runs exactly one task."""
 
-    def __init__(self, kind: str, settings: Settings, spares: int):
-        self.kind, self.settings, self.spares = kind, settings, spares
-        self._idle: list[_Worker] = []
+class ForkServers:
+    """Build servers (`python -m trtflow.executors.worker --serve KIND`), one per concurrent task, each in a slot of
+    its own: a server imports what stages of KIND need once, then forks one child per task, so a build costs a fork
+    instead of a process start and its imports. Every child starts from the same state: the server does nothing
+    between forks but wait (and it forks once at start, so even the first task finds it in that state)."""
+
+    def __init__(self, kind: str, settings: Settings):
+        self.kind, self.settings = kind, settings
+        self._idle: list[ForkServer] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self) -> _Worker | None:
-        """A started worker (its slot held) for one task, starting the spares that keep the next one warm; None once
-        closed."""
+    @contextlib.contextmanager
+    def server(self) -> Iterator[ForkServer]:
+        """An idle server (started if none is), given back emptied after the task; ended if it died meanwhile."""
         with self._lock:
             if self._closed:
-                return None
+                raise EnvironmentProblem("the run is ending: no build server is started any more")
+            while self._idle and self._idle[0].process.poll() is not None:
+                self._idle.pop(0).stack.close()  # died while idle (killed from outside): forget it
             taken = self._idle.pop(0) if self._idle else self._start()
-            self._top_up()
-        return taken
+        try:
+            yield taken
+        finally:
+            self._give_back(taken)
 
-    def fill(self) -> None:
-        """Start the spares now (before the first task), so even the first one finds a worker ready."""
+    def _give_back(self, server: ForkServer) -> None:
+        """Keep a server that is still alive for the next task, its slot emptied; end it once the run is ending."""
+        if server.process.poll() is None:
+            _empty(server.slot)
+            with self._lock:
+                if not self._closed:
+                    self._idle.append(server)
+                    return
+        server.stack.close()
+
+    def fill(self, count: int) -> None:
+        """Start up to `count` servers now (before the first task), so tasks find them with their imports done."""
         with self._lock:
-            self._top_up()
+            while not self._closed and len(self._idle) < count:
+                self._idle.append(self._start())
 
-    def _top_up(self) -> None:
-        """With the lock held: start spares until there are `spares` idle ones."""
-        while not self._closed and len(self._idle) < self.spares:
-            self._idle.append(self._start())
-
-    def _start(self) -> _Worker:
+    def _start(self) -> ForkServer:
         stack = contextlib.ExitStack()
         slot = stack.enter_context(_free_slot())
-        command = [sys.executable, "-m", "trtflow.executors.worker", "--warm", self.kind, TASK_FILE, RESULT_FILE]
         process = subprocess.Popen(
-            command,
+            [sys.executable, "-m", "trtflow.executors.worker", "--serve", self.kind],
             env=self.settings.hermetic_env(),
             cwd=slot,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            stderr=subprocess.DEVNULL,
             preexec_fn=_hermetic_preexec(),
         )
         stack.callback(_end, process)
-        return _Worker(stack, slot, process)
+        return ForkServer(stack, slot, process)
 
     def close(self) -> None:
-        """End the spares no task took (they exit at the end of their input) and free their slots."""
+        """End the idle servers (each exits at the end of its input) and free their slots."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.stack.close()
+        for server in idle:
+            server.stack.close()
+
+
+class _FreshWorker(NamedTuple):
+    """A fresh hermetic process per task, in a slot held for it (where no build server is available)."""
+
+    slot: Path
+    settings: Settings
+
+    def run(self, task: StageTask) -> StageResult:
+        """Run `task` (already in the slot) in a fresh hermetic process."""
+        return _run_worker(task, self.slot, self.settings.hermetic_env(), _hermetic_preexec())
+
+
+@contextlib.contextmanager
+def _fresh_worker(settings: Settings) -> Iterator[_FreshWorker]:
+    """A slot for one task in a fresh process."""
+    with _free_slot() as slot:
+        yield _FreshWorker(slot, settings)
+
+
+def _empty(slot: Path) -> None:
+    """Remove what a task left in a slot (the folder stays: it is its server's working directory)."""
+    for entry in slot.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _ask(process: subprocess.Popen) -> bytes:
+    """Tell a server to fork a child for the task in its slot; the line it answers when the child ended ('' if the
+    server is gone)."""
+    if process.stdin is None or process.stdout is None:
+        return b""
+    try:
+        process.stdin.write(GO)
+        process.stdin.flush()
+        return process.stdout.readline()
+    except OSError:
+        return b""
+
+
+def _server_death(process: subprocess.Popen) -> int:
+    """The exit status of a server that stopped answering (killed from outside, or out of memory)."""
+    try:
+        return process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def _tail(path: Path) -> str:
+    """The last 4000 characters a forked child wrote (its output file in the slot), or nothing."""
+    try:
+        with open(path, "rb") as source:
+            source.seek(max(0, os.fstat(source.fileno()).st_size - 4000))
+            return source.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _hermetic_preexec() -> Any:
@@ -132,9 +208,7 @@ def _hermetic_preexec() -> Any:
 
 
 def _end(process: subprocess.Popen) -> None:
-    """Close a worker's input (a spare then exits 0), drain its pipes and reap it."""
-    if process.returncode is not None:
-        return  # it ran its task: communicate() already reaped it
+    """Close a server's input (it then exits 0; a dead one's pipes are closed all the same), drain them, reap it."""
     try:
         process.communicate(timeout=30)
     except subprocess.TimeoutExpired:
@@ -142,21 +216,14 @@ def _end(process: subprocess.Popen) -> None:
         process.communicate()
 
 
-def run_hermetic(task: StageTask, settings: Settings, warm: WarmWorkers | None = None) -> StageResult:
-    """Run one task in a fresh hermetic process in a free slot folder (a warm one if `warm` has it); its outputs are
-    moved back to its work dir."""
+def run_hermetic(task: StageTask, settings: Settings, servers: ForkServers | None = None) -> StageResult:
+    """Run one task hermetically in a free slot folder: in a child of one of `servers` (forked from a process that
+    did its imports), or in a fresh process; its outputs are moved back to its work dir."""
     try:
-        taken = warm.take() if warm is not None else None
-        with taken.stack if taken else contextlib.ExitStack() as stack:
-            slot = taken.slot if taken else stack.enter_context(_free_slot())
-            in_slot = _task_in_slot(task, slot)
-            result = (
-                _go(in_slot, slot, taken.process)
-                if taken
-                else _run_worker(in_slot, slot, settings.hermetic_env(), _hermetic_preexec())
-            )
+        with servers.server() if servers is not None else _fresh_worker(settings) as worker:
+            result = worker.run(_task_in_slot(task, worker.slot))
             if result.record is not None:
-                result.record["hermetic"] = _description(unavailable_reason(), settings)
+                result.record["hermetic"] = _description(unavailable_reason(), settings, forked=servers is not None)
             if result.files is not None:
                 moved = {name: shutil.move(path, task.workdir / Path(path).name) for name, path in result.files.items()}
                 result = dataclasses.replace(result, files={name: str(path) for name, path in moved.items()})
@@ -215,13 +282,6 @@ def _task_in_slot(task: StageTask, slot: Path) -> StageTask:
     return dataclasses.replace(task, inputs=inputs, workdir=slot / "work")
 
 
-def _go(task: StageTask, slot: Path, process: subprocess.Popen) -> StageResult:
-    """Hand the task to a warm worker waiting in `slot` and read back its result."""
-    _write_task(slot / TASK_FILE, task)
-    _, stderr = process.communicate("go\n")
-    return _worker_result(task, slot, process.returncode, stderr)
-
-
 def run_isolated(task: StageTask) -> StageResult:
     """Run one task in a fresh ordinary process (the user's environment, its own work dir): a stage that runs user
     code (a torch factory) cannot take the run down, and when it dies, the message says how and in what."""
@@ -267,12 +327,13 @@ def _worker_result(task: StageTask, channel: Path, code: int, stderr: str) -> St
     return result
 
 
-def _description(reason: str | None, settings: Settings) -> str:
+def _description(reason: str | None, settings: Settings, forked: bool = False) -> str:
     """What the record says about how the stage ran."""
+    process = "forked from a build server that did only its imports" if forked else "fresh process"
     if reason:
-        return f"no ({reason}); fresh process, minimal environment, PYTHONHASHSEED=0, fixed slot folder and names"
+        return f"no ({reason}); {process}, minimal environment, PYTHONHASHSEED=0, fixed slot folder and names"
     passed = f", passed through: {', '.join(sorted(settings.passed_through))}" if settings.passed_through else ""
-    return f"yes: fresh process, ASLR off, minimal environment{passed}, PYTHONHASHSEED=0, fixed slot folder and names"
+    return f"yes: {process}, ASLR off, minimal environment{passed}, PYTHONHASHSEED=0, fixed slot folder and names"
 
 
 def _exit_description(code: int) -> str:

@@ -3,20 +3,19 @@
 Processes, not threads: TensorRT-RTX builds are single-threaded and hold the GIL, so processes are what lets
 `-j 2` use both cores, and a crash inside a native library fails one node instead of the whole run (the
 pool is then replaced). Workers are spawned, never forked: the runner holds SQLite handles. Stages of the
-`hermetic` kinds (builds, by default) run each in a fresh hermetic process instead (executors.hermetic): their
-output must not depend on what the process did before. Every worker, pooled or not, starts with the hash seed and
-locale pinned (util.settings.PINNED): AutoCast's value_info followed string hashing. The runner keeps at most -j
-tasks running in all.
+`hermetic` kinds (builds, by default) run each in a hermetic process of its own instead (executors.hermetic), forked
+by a build server that did its imports once: their output must not depend on what the process did before. Every
+worker, pooled or not, starts with the hash seed and locale pinned (util.settings.PINNED): AutoCast's value_info
+followed string hashing. The runner keeps at most -j tasks running in all.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
 import multiprocessing
-import os
 
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
-from trtflow.executors.hermetic import WarmWorkers, run_hermetic, run_isolated
+from trtflow.executors.hermetic import FORKS, ForkServers, run_hermetic, run_isolated
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings, pinned_environ
 
@@ -33,7 +32,7 @@ class LocalExecutor:
         self._threads: futures.ThreadPoolExecutor | None = None  # each waits on one hermetic process
         self._pool: futures.ProcessPoolExecutor | None = None
         self._broken = False  # set from the pool's thread when a worker died; the pool is replaced on the next submit
-        self._warm: dict[str, WarmWorkers] = {}
+        self._servers: dict[str, ForkServers] = {}
 
     def submit(self, task: StageTask) -> futures.Future[StageResult]:
         """Start the task in a worker; a worker that dies resolves the future to a failure, never an exception."""
@@ -41,7 +40,7 @@ class LocalExecutor:
             if self._threads is None:
                 self._threads = futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="process")
             if task.kind in self.hermetic:
-                return self._threads.submit(run_hermetic, task, self.settings, self._warm_workers(task.kind))
+                return self._threads.submit(run_hermetic, task, self.settings, self._fork_servers(task.kind))
             return self._threads.submit(run_isolated, task)
         outer: futures.Future[StageResult] = futures.Future()
         inner = self._workers().submit(run_task, task)
@@ -49,18 +48,23 @@ class LocalExecutor:
         return outer
 
     def prepare(self, kinds: set[str]) -> None:
-        """Start spare hermetic workers and a pool worker with its imports done while the run still plans and checks."""
+        """Start build servers and a pool worker, their imports done while the run still plans and checks."""
         for kind in kinds & self.hermetic:
-            self._warm_workers(kind).fill()
+            servers = self._fork_servers(kind)
+            if servers is not None:
+                servers.fill(self.jobs)
         pooled = sorted(kinds - self.hermetic - ISOLATED_KINDS)
         if pooled:
             self._workers().submit(warm_up, pooled)  # nothing waits for it: the first task queues behind it
 
-    def _warm_workers(self, kind: str) -> WarmWorkers:
-        """The spare hermetic workers for `kind`: each waits, its imports done, for the next task."""
-        if kind not in self._warm:  # one spare while a core is free of jobs; none when the jobs take every core
-            self._warm[kind] = WarmWorkers(kind, self.settings, spares=1 if self.jobs < (os.cpu_count() or 1) else 0)
-        return self._warm[kind]
+    def _fork_servers(self, kind: str) -> ForkServers | None:
+        """The build servers for `kind` (up to one per job), or None where processes cannot fork (each task then
+        runs in a fresh process)."""
+        if not FORKS:
+            return None
+        if kind not in self._servers:
+            self._servers[kind] = ForkServers(kind, self.settings)
+        return self._servers[kind]
 
     def _result(self, done: futures.Future) -> StageResult:
         try:
@@ -94,9 +98,9 @@ class LocalExecutor:
         if self._threads is not None:
             self._threads.shutdown(cancel_futures=True)
             self._threads = None
-        for warm in self._warm.values():
-            warm.close()
-        self._warm.clear()
+        for servers in self._servers.values():
+            servers.close()
+        self._servers.clear()
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
