@@ -33,7 +33,8 @@ from zoo import ZOO, zoo_model  # noqa: E402
 
 from trtflow.backends.engine_identity import canonical_digest  # noqa: E402
 from trtflow.executors import StageTask  # noqa: E402
-from trtflow.executors.hermetic import ForkServers, run_hermetic  # noqa: E402
+from trtflow.executors.forking import ForkServers  # noqa: E402
+from trtflow.executors.hermetic import run_hermetic  # noqa: E402
 from trtflow.stages import build  # noqa: E402
 from trtflow.stages.base import Upstream  # noqa: E402
 from trtflow.util.settings import Settings  # noqa: E402
@@ -102,7 +103,7 @@ def hermetic_builds(model, cc: str, n: int, scratch: Path, forked: bool = False)
     servers (started before the builds, as a run starts them), N/2 builds each."""
     engines, seconds = [], []
     for half in (range(n // 2), range(n // 2, n)) if forked else (range(n),):
-        servers = ForkServers("build", Settings.from_environ()) if forked else None
+        servers = ForkServers(("build",), Settings.from_environ(), hermetic=True) if forked else None
         if servers is not None:
             servers.fill(1)
         for index in half:

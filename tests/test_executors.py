@@ -143,12 +143,13 @@ def test_builds_forked_by_two_build_servers_are_byte_identical(zoo_dir: Path, tm
 
     from zoo import zoo_model
 
-    from trtflow.executors.hermetic import ForkServers, run_hermetic
+    from trtflow.executors.forking import ForkServers
+    from trtflow.executors.hermetic import run_hermetic
     from trtflow.util.settings import Settings
 
     model, digests, records = zoo_model("mobilenet", zoo_dir), set(), set()
     for server in range(2):
-        servers = ForkServers("build", Settings.from_environ())
+        servers = ForkServers(("build",), Settings.from_environ(), hermetic=True)
         try:
             for index in range(2):
                 result = run_hermetic(_zoo_build_task(model, tmp_path / f"{server}-{index}"), Settings(), servers)
@@ -173,10 +174,11 @@ def test_a_build_server_that_died_is_replaced_and_its_slot_freed(zoo_dir: Path, 
 
     from zoo import zoo_model
 
-    from trtflow.executors.hermetic import ForkServers, run_hermetic
+    from trtflow.executors.forking import ForkServers
+    from trtflow.executors.hermetic import run_hermetic
     from trtflow.util.settings import Settings
 
-    model, servers = zoo_model("resnet", zoo_dir), ForkServers("build", Settings())
+    model, servers = zoo_model("resnet", zoo_dir), ForkServers(("build",), Settings(), hermetic=True)
     try:
         servers.fill(1)
         (idle,) = servers._idle

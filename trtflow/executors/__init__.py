@@ -113,6 +113,7 @@ class Executor(Protocol):
 # What a worker imports ahead of a stage kind's first task (executors.local.LocalExecutor.prepare).
 WARM_IMPORTS = {
     "cleanup": ("trtflow.stages.cleanup", "onnx", "onnxruntime", "onnxslim"),
+    "precision": ("trtflow.stages.precision", "trtflow.stages.compare", "onnx", "onnxruntime"),
     "verify": ("trtflow.stages.verify",),
     "package": ("trtflow.stages.package", "trtflow.manifest"),
     "build": ("trtflow.stages.build", "tensorrt_rtx", "onnx"),
@@ -121,14 +122,18 @@ WARM_IMPORTS = {
 
 def warm_up(kinds: list[str]) -> None:
     """Import what stages of these kinds need, in this worker, before their first task arrives."""
+    import_quietly([module for kind in kinds for module in WARM_IMPORTS.get(kind, ())])
+
+
+def import_quietly(modules: list[str]) -> None:
+    """Import these modules now; one that is missing is left to the stage, which says what to install."""
     import importlib
 
-    for kind in kinds:
-        for module in WARM_IMPORTS.get(kind, ()):
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                pass  # the stage says what is missing in its own words
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
 
 
 def run_task(task: StageTask, release: bool = True) -> StageResult:

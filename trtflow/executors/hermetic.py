@@ -25,21 +25,19 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
-from trtflow.executors.worker import GO, OUTPUT_FILE, RESULT_FILE, TASK_FILE
+from trtflow.executors.worker import RESULT_FILE, TASK_FILE
 from trtflow.stages.modelfile import FILE_NAMES
 from trtflow.util.fs import NotRegular, check_private, private_dir, read_private
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 ADDR_NO_RANDOMIZE = 0x0040000
-FORKS = sys.platform.startswith("linux")  # where build servers fork workers (fork without exec is safe on Linux)
 RESULT_MAX_BYTES = 64 << 20
 
 
@@ -62,85 +60,22 @@ def _no_aslr() -> None:
     die_with_parent()
 
 
-class ForkServer(NamedTuple):
-    """A started build server: the stack that holds its slot (closing it ends the server), the slot, the process."""
+class SlotWorker(Protocol):
+    """A process that runs one task placed in its slot folder (a fresh one, or a child a build server forks)."""
 
-    stack: contextlib.ExitStack
-    slot: Path
-    process: subprocess.Popen
+    @property
+    def slot(self) -> Path:
+        """The slot folder the task's inputs are linked into."""
 
     def run(self, task: StageTask) -> StageResult:
-        """Run `task` (already in this server's slot) in a child the server forks; its result, or its death."""
-        _write_task(self.slot / TASK_FILE, task)
-        reply = _ask(self.process)
-        code = int(reply) if reply.strip().lstrip(b"-").isdigit() else _server_death(self.process)
-        return _worker_result(task, self.slot, code, _tail(self.slot / OUTPUT_FILE))
+        """Run the task (already in the slot); its result, or its death as a failure."""
 
 
-class ForkServers:
-    """Build servers (`python -m trtflow.executors.worker --serve KIND`), one per concurrent task, each in a slot of
-    its own: a server imports what stages of KIND need once, then forks one child per task, so a build costs a fork
-    instead of a process start and its imports. Every child starts from the same state: the server does nothing
-    between forks but wait (and it forks once at start, so even the first task finds it in that state)."""
+class SlotWorkers(Protocol):
+    """Where hermetic tasks can run one after another (executors.forking.ForkServers)."""
 
-    def __init__(self, kind: str, settings: Settings):
-        self.kind, self.settings = kind, settings
-        self._idle: list[ForkServer] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @contextlib.contextmanager
-    def server(self) -> Iterator[ForkServer]:
-        """An idle server (started if none is), given back emptied after the task; ended if it died meanwhile."""
-        with self._lock:
-            if self._closed:
-                raise EnvironmentProblem("the run is ending: no build server is started any more")
-            while self._idle and self._idle[0].process.poll() is not None:
-                self._idle.pop(0).stack.close()  # died while idle (killed from outside): forget it
-            taken = self._idle.pop(0) if self._idle else self._start()
-        try:
-            yield taken
-        finally:
-            self._give_back(taken)
-
-    def _give_back(self, server: ForkServer) -> None:
-        """Keep a server that is still alive for the next task, its slot emptied; end it once the run is ending."""
-        if server.process.poll() is None:
-            _empty(server.slot)
-            with self._lock:
-                if not self._closed:
-                    self._idle.append(server)
-                    return
-        server.stack.close()
-
-    def fill(self, count: int) -> None:
-        """Start up to `count` servers now (before the first task), so tasks find them with their imports done."""
-        with self._lock:
-            while not self._closed and len(self._idle) < count:
-                self._idle.append(self._start())
-
-    def _start(self) -> ForkServer:
-        stack = contextlib.ExitStack()
-        slot = stack.enter_context(_free_slot())
-        process = subprocess.Popen(
-            [sys.executable, "-m", "trtflow.executors.worker", "--serve", self.kind],
-            env=self.settings.hermetic_env(),
-            cwd=slot,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_hermetic_preexec(),
-        )
-        stack.callback(_end, process)
-        return ForkServer(stack, slot, process)
-
-    def close(self) -> None:
-        """End the idle servers (each exits at the end of its input) and free their slots."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for server in idle:
-            server.stack.close()
+    def server(self) -> contextlib.AbstractContextManager[SlotWorker]:
+        """A worker with a slot of its own for one task."""
 
 
 class _FreshWorker(NamedTuple):
@@ -151,79 +86,29 @@ class _FreshWorker(NamedTuple):
 
     def run(self, task: StageTask) -> StageResult:
         """Run `task` (already in the slot) in a fresh hermetic process."""
-        return _run_worker(task, self.slot, self.settings.hermetic_env(), _hermetic_preexec())
+        return _run_worker(task, self.slot, self.settings.hermetic_env(), hermetic_preexec())
 
 
 @contextlib.contextmanager
 def _fresh_worker(settings: Settings) -> Iterator[_FreshWorker]:
     """A slot for one task in a fresh process."""
-    with _free_slot() as slot:
+    with free_slot() as slot:
         yield _FreshWorker(slot, settings)
 
 
-def _empty(slot: Path) -> None:
-    """Remove what a task left in a slot (the folder stays: it is its server's working directory)."""
-    for entry in slot.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-
-
-def _ask(process: subprocess.Popen) -> bytes:
-    """Tell a server to fork a child for the task in its slot; the line it answers when the child ended ('' if the
-    server is gone)."""
-    if process.stdin is None or process.stdout is None:
-        return b""
-    try:
-        process.stdin.write(GO)
-        process.stdin.flush()
-        return process.stdout.readline()
-    except OSError:
-        return b""
-
-
-def _server_death(process: subprocess.Popen) -> int:
-    """The exit status of a server that stopped answering (killed from outside, or out of memory)."""
-    try:
-        return process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
-
-
-def _tail(path: Path) -> str:
-    """The last 4000 characters a forked child wrote (its output file in the slot), or nothing."""
-    try:
-        with open(path, "rb") as source:
-            source.seek(max(0, os.fstat(source.fileno()).st_size - 4000))
-            return source.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _hermetic_preexec() -> Any:
+def hermetic_preexec() -> Any:
     """What a hermetic child runs before exec: ASLR off and die with the run, or only the latter where ASLR stays on."""
     return die_with_parent if unavailable_reason() else _no_aslr
 
 
-def _end(process: subprocess.Popen) -> None:
-    """Close a server's input (it then exits 0; a dead one's pipes are closed all the same), drain them, reap it."""
-    try:
-        process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-
-
-def run_hermetic(task: StageTask, settings: Settings, servers: ForkServers | None = None) -> StageResult:
+def run_hermetic(task: StageTask, settings: Settings, servers: SlotWorkers | None = None) -> StageResult:
     """Run one task hermetically in a free slot folder: in a child of one of `servers` (forked from a process that
     did its imports), or in a fresh process; its outputs are moved back to its work dir."""
     try:
         with servers.server() if servers is not None else _fresh_worker(settings) as worker:
-            result = worker.run(_task_in_slot(task, worker.slot))
+            result = worker.run(task_in_slot(task, worker.slot))
             if result.record is not None:
-                result.record["hermetic"] = _description(unavailable_reason(), settings, forked=servers is not None)
+                result.record["hermetic"] = description(unavailable_reason(), settings, forked=servers is not None)
             if result.files is not None:
                 moved = {name: shutil.move(path, task.workdir / Path(path).name) for name, path in result.files.items()}
                 result = dataclasses.replace(result, files={name: str(path) for name, path in moved.items()})
@@ -235,7 +120,7 @@ def run_hermetic(task: StageTask, settings: Settings, servers: ForkServers | Non
 
 
 @contextlib.contextmanager
-def _free_slot() -> Iterator[Path]:
+def free_slot() -> Iterator[Path]:
     """An empty slot folder no other worker (of any run on this machine) uses meanwhile."""
     from filelock import FileLock, Timeout
 
@@ -264,7 +149,7 @@ def _free_slot() -> Iterator[Path]:
         return
 
 
-def _task_in_slot(task: StageTask, slot: Path) -> StageTask:
+def task_in_slot(task: StageTask, slot: Path) -> StageTask:
     """The task with every input file linked into the slot under a fixed name, and the slot's work folder.
 
     A hermetic stage reads its inputs' files and digests, not their records: a record holds text that differs from
@@ -293,16 +178,16 @@ def _run_worker(task: StageTask, folder: Path, env: dict | None, prepare, channe
     """`python -m trtflow.executors.worker` in `folder` on the task pickled in the private folder `channel` (the slot
     itself if None); its death becomes a one-line failure."""
     channel = channel or folder
-    _write_task(channel / TASK_FILE, task)
+    write_task(channel / TASK_FILE, task)
     files = [TASK_FILE, RESULT_FILE] if channel == folder else [str(channel / TASK_FILE), str(channel / RESULT_FILE)]
     command = [sys.executable, "-m", "trtflow.executors.worker", *files]
     done = subprocess.run(
         command, env=env, cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True, preexec_fn=prepare
     )
-    return _worker_result(task, channel, done.returncode, done.stderr)
+    return worker_result(task, channel, done.returncode, done.stderr)
 
 
-def _write_task(path: Path, task: StageTask) -> None:
+def write_task(path: Path, task: StageTask) -> None:
     """Pickle the task for the child into a private folder this process made (checked: 0700, this user's, real)."""
     check_private(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -310,7 +195,7 @@ def _write_task(path: Path, task: StageTask) -> None:
         sink.write(pickle.dumps(task))
 
 
-def _worker_result(task: StageTask, channel: Path, code: int, stderr: str) -> StageResult:
+def worker_result(task: StageTask, channel: Path, code: int, stderr: str) -> StageResult:
     """The JSON result a worker left in the private folder `channel`, or its death as a one-line failure."""
     try:
         data = json.loads(read_private(channel / RESULT_FILE, RESULT_MAX_BYTES)) if code == 0 else None
@@ -321,13 +206,13 @@ def _worker_result(task: StageTask, channel: Path, code: int, stderr: str) -> St
         factory = getattr(task.params, "factory", None)
         inside = f" in source.torch.factory {factory} or the exporter" if factory else ""
         return StageResult.failure(
-            f"the worker process of {task.node_id} died{inside}: {_exit_description(code)}: {_last_line(stderr)}",
+            f"the worker process of {task.node_id} died{inside}: {_exitdescription(code)}: {_last_line(stderr)}",
             detail=stderr[-4000:],
         )
     return result
 
 
-def _description(reason: str | None, settings: Settings, forked: bool = False) -> str:
+def description(reason: str | None, settings: Settings, forked: bool = False) -> str:
     """What the record says about how the stage ran."""
     process = "forked from a build server that did only its imports" if forked else "fresh process"
     if reason:
@@ -336,7 +221,7 @@ def _description(reason: str | None, settings: Settings, forked: bool = False) -
     return f"yes: {process}, ASLR off, minimal environment{passed}, PYTHONHASHSEED=0, fixed slot folder and names"
 
 
-def _exit_description(code: int) -> str:
+def _exitdescription(code: int) -> str:
     """`exit 1`, or `killed by SIGSEGV` for a native crash."""
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"

@@ -2,11 +2,12 @@
 
 Processes, not threads: TensorRT-RTX builds are single-threaded and hold the GIL, so processes are what lets
 `-j 2` use both cores, and a crash inside a native library fails one node instead of the whole run (the
-pool is then replaced). Workers are spawned, never forked: the runner holds SQLite handles. Stages of the
-`hermetic` kinds (builds, by default) run each in a hermetic process of its own instead (executors.hermetic), forked
-by a build server that did its imports once: their output must not depend on what the process did before. Every
-worker, pooled or not, starts with the hash seed and locale pinned (util.settings.PINNED): AutoCast's value_info
-followed string hashing. The runner keeps at most -j tasks running in all.
+pool is then replaced). Workers are spawned, never forked from this process: the runner holds SQLite handles. Builds
+run each in a hermetic process of its own (executors.hermetic), forked by a build server that did its imports once:
+their output must not depend on what the process did before. Cleanup and precision stages are forked by a plain
+worker server (executors.forking): what the model tools leave behind leaves with each child. Every worker starts
+with the hash seed and locale pinned (util.settings.PINNED): AutoCast's value_info followed string hashing. The
+runner keeps at most -j tasks running in all.
 """
 
 from __future__ import annotations
@@ -15,56 +16,73 @@ import concurrent.futures as futures
 import multiprocessing
 
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
-from trtflow.executors.hermetic import FORKS, ForkServers, run_hermetic, run_isolated
+from trtflow.executors.forking import FORKS, ForkServers, run_forked
+from trtflow.executors.hermetic import run_hermetic, run_isolated
+from trtflow.stages import stage
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings, pinned_environ
 
 HERMETIC_KINDS = frozenset({"build"})
 ISOLATED_KINDS = frozenset({"export"})  # run user code: a fresh process each, so a crash names itself
+# Kinds forked by servers, and which kinds one server imports for: hermetic build servers; plain servers for the model
+# tools (their leftovers leave with each child, and each stage's peak memory is its own).
+BUILD_SERVED, TOOLS_SERVED = ("build",), ("cleanup", "precision")
+SERVED = {kind: group for group in (BUILD_SERVED, TOOLS_SERVED) for kind in group}
 
 
 class LocalExecutor:
-    """Up to `jobs` stages at once in spawned worker processes."""
+    """Up to `jobs` stages at once: builds forked by hermetic build servers, cleanup and precision forked by plain
+    worker servers, exports in fresh processes, the rest in a pool of spawned worker processes."""
 
-    def __init__(self, jobs: int, hermetic: frozenset[str] = HERMETIC_KINDS, settings: Settings | None = None):
+    def __init__(self, jobs: int, settings: Settings | None = None):
         self.jobs = jobs
-        self.hermetic, self.settings = hermetic, settings or Settings.from_environ()
-        self._threads: futures.ThreadPoolExecutor | None = None  # each waits on one hermetic process
+        self.settings = settings or Settings.from_environ()
+        self._threads: futures.ThreadPoolExecutor | None = None  # each waits on one child process
         self._pool: futures.ProcessPoolExecutor | None = None
         self._broken = False  # set from the pool's thread when a worker died; the pool is replaced on the next submit
-        self._servers: dict[str, ForkServers] = {}
+        self._servers: dict[tuple[str, ...], ForkServers] = {}
 
     def submit(self, task: StageTask) -> futures.Future[StageResult]:
         """Start the task in a worker; a worker that dies resolves the future to a failure, never an exception."""
-        if task.kind in self.hermetic or task.kind in ISOLATED_KINDS:
-            if self._threads is None:
-                self._threads = futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="process")
-            if task.kind in self.hermetic:
-                return self._threads.submit(run_hermetic, task, self.settings, self._fork_servers(task.kind))
-            return self._threads.submit(run_isolated, task)
+        servers = self._fork_servers(task.kind)
+        if task.kind in HERMETIC_KINDS:
+            return self._waiting().submit(run_hermetic, task, self.settings, servers)
+        if servers is not None:
+            imports = stage(task.kind).imports
+            return self._waiting().submit(run_forked, task, servers, imports(task.params) if imports else ())
+        if task.kind in ISOLATED_KINDS:
+            return self._waiting().submit(run_isolated, task)
         outer: futures.Future[StageResult] = futures.Future()
         inner = self._workers().submit(run_task, task)
         inner.add_done_callback(lambda done: outer.set_result(self._result(done)))
         return outer
 
+    def _waiting(self) -> futures.ThreadPoolExecutor:
+        """The threads that wait on child processes, one per job."""
+        if self._threads is None:
+            self._threads = futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="process")
+        return self._threads
+
     def prepare(self, kinds: set[str]) -> None:
-        """Start build servers and a pool worker, their imports done while the run still plans and checks."""
-        for kind in kinds & self.hermetic:
-            servers = self._fork_servers(kind)
+        """Start servers (a build server per job, one worker server) and a pool worker, their imports done while the
+        run still plans and checks."""
+        for group in {SERVED[kind] for kind in kinds if kind in SERVED}:
+            servers = self._fork_servers(group[0])
             if servers is not None:
-                servers.fill(self.jobs)
-        pooled = sorted(kinds - self.hermetic - ISOLATED_KINDS)
+                servers.fill(self.jobs if servers.hermetic else 1)  # another starts when a second task needs it
+        pooled = sorted(kinds - HERMETIC_KINDS - ISOLATED_KINDS - (SERVED.keys() if FORKS else set()))
         if pooled:
             self._workers().submit(warm_up, pooled)  # nothing waits for it: the first task queues behind it
 
     def _fork_servers(self, kind: str) -> ForkServers | None:
-        """The build servers for `kind` (up to one per job), or None where processes cannot fork (each task then
-        runs in a fresh process)."""
-        if not FORKS:
+        """The servers that fork tasks of `kind` (up to one per job), or None: a kind no server runs, or processes
+        cannot fork here (builds then run in fresh processes, cleanup and precision in the pool)."""
+        group = SERVED.get(kind)
+        if group is None or not FORKS:
             return None
-        if kind not in self._servers:
-            self._servers[kind] = ForkServers(kind, self.settings)
-        return self._servers[kind]
+        if group not in self._servers:
+            self._servers[group] = ForkServers(group, self.settings, hermetic=group == BUILD_SERVED)
+        return self._servers[group]
 
     def _result(self, done: futures.Future) -> StageResult:
         try:

@@ -1,12 +1,15 @@
-"""`python -m trtflow.executors.worker TASK RESULT`: what a hermetic worker process runs (executors.hermetic);
-`python -m trtflow.executors.worker --serve KIND`: a build server that forks one such worker per task.
+"""`python -m trtflow.executors.worker TASK RESULT`: what a worker process runs (executors.hermetic);
+`python -m trtflow.executors.worker --serve KINDS` (hermetic) or `--serve-plain KINDS`: a server that forks one such
+worker per task (executors.forking).
 
-A build server imports what stages of KIND need once, then reads `go` lines on stdin: for each it forks a child that
-runs the task file waiting in its folder (the slot), waits for it and answers the child's exit status as one line.
-It does nothing else between forks, so every child starts from the same memory: with address-space randomization off
-(the server was started that way) the builder sees the same addresses in every child, as in fresh processes, and a
-fork costs milliseconds where a fresh process and its imports cost 0.3 s of CPU. It forks once at start, before the
-first `go`, so the first task finds the server in the state every later one does. End of input: it exits 0.
+A server imports what stages of KINDS (comma-separated) need once, then reads requests on stdin: for each it forks a
+child that runs the task file waiting in its folder, waits for it and answers the child's exit status as one line. A
+hermetic server reads the fixed request `go` and does nothing else between forks, so every child starts from the same
+memory: with address-space randomization off (the server was started that way) the builder sees the same addresses in
+every child, as in fresh processes, and a fork costs milliseconds where a fresh process and its imports cost 0.35 s
+of CPU. It forks once at start, before the first request, so the first task finds the server in the state every later
+one does. A plain server's request may name modules to import first (`go modelopt.onnx.autocast ...`), kept for the
+children after. End of input: the server exits 0.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from trtflow.executors import run_task, warm_up
+from trtflow.executors import import_quietly, run_task, warm_up
 from trtflow.util.fs import read_private
 from trtflow.util.proc import die_with_parent
 
@@ -33,7 +36,9 @@ def main(argv: list[str]) -> int:
     """Load the pickled StageTask (written by the parent in a private 0700 folder of its own, read no-follow), run it,
     write the StageResult as JSON beside it; exit 0 unless the result could not be written."""
     if argv[:1] == ["--serve"]:
-        return serve(argv[1])
+        return serve(argv[1].split(","))
+    if argv[:1] == ["--serve-plain"]:
+        return serve_plain(argv[1].split(","))
     task_file, result_file = Path(argv[0]), Path(argv[1])
     task = pickle.loads(read_private(task_file.absolute(), 1 << 30))
     result = run_task(task, release=False)  # one task, then exit: nothing to free for a next one
@@ -43,11 +48,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def serve(kind: str) -> int:
-    """The build server's loop: imports, one fork to settle its state, then a fork per `go` until end of input."""
-    warm_up([kind])
+def serve(kinds: list[str]) -> int:
+    """A hermetic server's loop: imports, one fork to settle its state, then a fork per `go` until end of input."""
+    warm_up(kinds)
     fork_and_wait(run=False)
     while os.read(0, len(GO)) == GO:
+        os.write(1, b"%d\n" % fork_and_wait(run=True))
+    return 0
+
+
+def serve_plain(kinds: list[str]) -> int:
+    """A plain server's loop: imports, then per request the modules it names (once) and a fork, until end of input."""
+    warm_up(kinds)
+    for request in sys.stdin.buffer:
+        words = request.decode("ascii", "replace").split()
+        if words[:1] != ["go"]:
+            break
+        import_quietly(words[1:])
         os.write(1, b"%d\n" % fork_and_wait(run=True))
     return 0
 

@@ -276,3 +276,6 @@ class Stage:
     places_files: bool = False  # its finish hook writes the user's files (I/O only): it runs beside the next stages
     # only these inputs must exist: the stage also runs when the others failed, told which and why (None: all)
     required_roles: tuple[str, ...] | None = None
+    # the modules a node with these params imports beyond its kind's usual ones (a worker server imports them once,
+    # before it forks the node's worker: executors.forking)
+    imports: Callable[[Any], tuple[str, ...]] | None = None

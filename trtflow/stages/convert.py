@@ -51,6 +51,16 @@ def _drop_handlers_on(stream: Any) -> None:
                 logger.removeHandler(handler)
 
 
+# What a reduced precision imports: ModelOpt, which imports torch (2-3 s); a worker server imports it once, before it
+# forks the first such stage (executors.forking)
+MODELOPT_MODULES = ("modelopt.onnx.autocast", "modelopt.onnx.quantization")
+
+
+def modules_for(precision: str) -> tuple[str, ...]:
+    """The modules a precision stage imports beyond its usual ones: ModelOpt's, for any precision but fp32."""
+    return () if precision == "fp32" else MODELOPT_MODULES
+
+
 def modelopt_onnx() -> Any:
     """ModelOpt's ONNX package, or an EnvironmentProblem saying which extra to install."""
     return import_or_explain("modelopt.onnx", "quant")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError, required
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
+from trtflow.stages import convert
 from trtflow.stages.base import Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, StageParams, Upstream
 from trtflow.stages.composition import composition
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
@@ -237,8 +238,6 @@ def _report(record: dict, workdir: Path) -> Path:
 
 def _convert(params: Params, source: Path, calibrating: list | None, workdir: Path) -> tuple[Any, dict, dict]:
     """The reduced-precision model, what to record about how it was made, and why the tool kept nodes higher."""
-    from trtflow.stages import convert
-
     precision, printed = params.precision, []
     try:
         with convert.quiet() as printed:
@@ -397,4 +396,4 @@ def _pass_through(model: Upstream, workdir: Path) -> dict[str, Path]:
     return place_side_by_side(model.files, MODEL, workdir)
 
 
-STAGE = Stage(KIND, VERSION, run)
+STAGE = Stage(KIND, VERSION, run, imports=lambda params: convert.modules_for(params.precision))
