@@ -57,3 +57,16 @@ def test_a_node_waiting_on_one_upstream_through_two_roles_names_it_once(tmp_path
     state = Resolver(store, FileDigests()).resolve(node, finished={}).state
     assert (state.status, state.reason) == (STALE, "upstream precision:m/int8 will run first")
     store.close()
+
+
+def test_each_node_knows_the_longest_chain_waiting_on_it(project) -> None:
+    """The runner starts the ready node with the longest chain first (with -j 2, a second model's cleanup before the
+    first model's builds): cleanup 5, precision 4, build 3, verify 2, package 1."""
+    from trtflow.dag import dag_from_project
+    from trtflow.recipe import load_project
+
+    heights = dag_from_project(load_project(project)).heights()
+    by_kind = {node_id.split(":")[0]: set() for node_id in heights}
+    for node_id, height in heights.items():
+        by_kind[node_id.split(":")[0]].add(height)
+    assert by_kind == {"cleanup": {5}, "precision": {4}, "build": {3}, "verify": {2}, "package": {1}}

@@ -42,6 +42,19 @@ class Dag:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    def heights(self) -> dict[str, int]:
+        """Each node's longest chain of nodes waiting on it, itself included: a package 1, its verify 2, ... a cleanup
+        5. The runner starts the ready node of the longest chain first, so the longest path through a run starts
+        early (with -j 2, the third model's cleanup before the first model's builds). Nodes come in dependency order,
+        so walking them backwards sees every dependent of a node before the node."""
+        height: dict[str, int] = {}
+        below: dict[str, int] = {}
+        for node in reversed(list(self)):
+            height[node.id] = 1 + below.get(node.id, 0)
+            for dep in node.deps:
+                below[dep.node] = max(below.get(dep.node, 0), height[node.id])
+        return height
+
     def downstream(self, node_id: str) -> list[str]:
         """Every node that depends on `node_id`, directly or not."""
         found: set[str] = {node_id}

@@ -120,8 +120,10 @@ class Runner:
         self.timeline: dict[str, dict] = {}
 
     def run(self) -> dict[str, NodeState]:
-        """Dispatch every node as its upstreams finish, until all are settled; returns each node's final state."""
-        waiting = list(self.dag)
+        """Dispatch every node as its upstreams finish (of those ready, the one with the longest chain waiting on it
+        first), until all are settled; returns each node's final state."""
+        heights = self.dag.heights()
+        waiting = sorted(self.dag, key=lambda node: -heights[node.id])
         running: dict[futures.Future, Job] = {}
         self.t0 = time.perf_counter()
         try:

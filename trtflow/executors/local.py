@@ -112,7 +112,8 @@ class LocalExecutor:
             self._pool = None
 
     def shutdown(self) -> None:
-        """Stop the workers; tasks not started are cancelled."""
+        """Stop the workers; tasks not started are cancelled. Pool workers exit on their own meanwhile (the run goes on
+        to write its lock and report)."""
         if self._threads is not None:
             self._threads.shutdown(cancel_futures=True)
             self._threads = None
@@ -120,5 +121,5 @@ class LocalExecutor:
             servers.close()
         self._servers.clear()
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
