@@ -240,6 +240,11 @@ def plan(dag: Dag, resolver: Resolver, force: bool = False) -> dict[str, NodeSta
     return states
 
 
+def kinds_to_run(planned: dict[str, NodeState]) -> set[str]:
+    """The stage kinds of the nodes a plan still has to run (what workers to start)."""
+    return {state.node.kind for state in planned.values() if not state.settled}
+
+
 def diff_components(old: dict, new: dict) -> list[str]:
     """Human lines naming each leaf that differs, e.g. `fingerprint.backend_version: 1.7.1 -> 1.8.0`."""
     before, after = _flatten(old), _flatten(new)

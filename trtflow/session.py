@@ -22,7 +22,7 @@ from trtflow.executors.local import LocalExecutor
 from trtflow.frozen import canonical_outputs
 from trtflow.hashing import FileDigests
 from trtflow.modelcheck import check_builder_options, check_recipe_model
-from trtflow.plan import Resolver, frozen_differences, plan
+from trtflow.plan import Resolver, frozen_differences, kinds_to_run, plan
 from trtflow.recipe.load import load_project
 from trtflow.recipe.project import Project
 from trtflow.recipe.refusals import Refusal
@@ -145,15 +145,15 @@ class Session:
                 self._new_resolver(True)
             planned = self.plan(options.force)
             if lease is not None and (options.check_repro or not all(s.settled for s in planned.values())):
+                executor = self._executor(options, planned)  # its workers start while the run leases and plans again
+                executor.prepare(kinds_to_run(planned))
                 # Work ahead: gc must not delete what the plan uses, so lease first, then plan again from scratch (a gc
-                # may have run since). A run that finds everything cached (or failed before, the same way) takes no
-                # lease and writes nothing.
+                # may have run since). A run that finds everything cached (or failed the same way) writes nothing.
                 lease.tmp()
                 self._new_resolver(options.retry_failed)
                 planned = self.plan(options.force)
-            executor = self._executor(options, planned)
-            # workers start while models are checked
-            executor.prepare({s.node.kind for s in planned.values() if not s.settled})
+            executor = executor or self._executor(options, planned)
+            executor.prepare(kinds_to_run(planned))  # and while the models are checked
             self.project.refuse(self.check_models(planned))
             check_backends(planned)
             if self.store is not None and lease is not None:  # what a killed run left beside the packages and the lock
