@@ -137,8 +137,8 @@ def _zoo_build_task(model, work: Path) -> StageTask:
 
 
 def test_builds_forked_by_two_build_servers_are_byte_identical(zoo_dir: Path, tmp_path: Path) -> None:
-    """MobileNetV3-style: builds in one process differ in their Myelin numbering (benchmarks/repro.py: 4 distinct
-    engines in 4 builds); forked by a build server, started now or later, every build gives the same bytes."""
+    """EfficientNet-style: builds in one process differ in their Myelin numbering (benchmarks/repro.py: 6 distinct
+    engines in 6 builds); forked by a build server, started now or later, every build gives the same bytes."""
     import hashlib
 
     from zoo import zoo_model
@@ -147,7 +147,7 @@ def test_builds_forked_by_two_build_servers_are_byte_identical(zoo_dir: Path, tm
     from trtflow.executors.hermetic import run_hermetic
     from trtflow.util.settings import Settings
 
-    model, digests, records = zoo_model("mobilenet", zoo_dir), set(), set()
+    model, digests, records = zoo_model("efficientnet", zoo_dir), set(), set()
     for server in range(2):
         servers = ForkServers(("build",), Settings.from_environ(), hermetic=True)
         try:
