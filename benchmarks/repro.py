@@ -32,11 +32,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from zoo import ZOO, zoo_model  # noqa: E402
 
 from trtflow.backends.engine_identity import canonical_digest  # noqa: E402
-from trtflow.executors import StageTask  # noqa: E402
 from trtflow.executors.forking import ForkServers  # noqa: E402
 from trtflow.executors.hermetic import run_hermetic  # noqa: E402
-from trtflow.stages import build  # noqa: E402
-from trtflow.stages.base import Upstream  # noqa: E402
 from trtflow.util.settings import Settings  # noqa: E402
 
 POOL = """
@@ -49,24 +46,6 @@ for path in sys.argv[1:]:
 """
 
 
-def task(model, cc: str, workdir: Path) -> StageTask:
-    """The build stage's task for one zoo model, fp32, one profile."""
-    profile = {name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in model.profile.items()}
-    params = build.Params(
-        precision="fp32",
-        profiles=[profile],
-        backend="tensorrt-rtx",
-        backend_version=None,
-        compute_capabilities=[cc],
-        hardware_compatibility="none",
-        version_compatible=False,
-    )
-    workdir.mkdir(parents=True)
-    return StageTask(
-        f"build:{model.name}/fp32/t", "build", params, {"model": Upstream(files={"model": model.path})}, workdir
-    )
-
-
 def pool_builds(model, cc: str, n: int, scratch: Path) -> tuple[list[Path], list[float]]:
     """N builds in one worker process, one after another."""
     import pickle
@@ -74,7 +53,7 @@ def pool_builds(model, cc: str, n: int, scratch: Path) -> tuple[list[Path], list
     paths = []
     for index in range(n):
         path = scratch / f"pool-task-{index}.pickle"
-        path.write_bytes(pickle.dumps(task(model, cc, scratch / f"pool-{index}")))
+        path.write_bytes(pickle.dumps(model.build_task(cc, scratch / f"pool-{index}")))
         paths.append(str(path))
     lines = subprocess.run(
         [sys.executable, "-c", POOL, *paths], check=True, capture_output=True, text=True
@@ -90,7 +69,7 @@ def plain_builds(model, cc: str, n: int, scratch: Path) -> list[Path]:
     engines = []
     for index in range(n):
         path = scratch / f"plain-task-{index}.pickle"
-        path.write_bytes(pickle.dumps(task(model, cc, scratch / f"plain-{index}")))
+        path.write_bytes(pickle.dumps(model.build_task(cc, scratch / f"plain-{index}")))
         line = subprocess.run(
             [sys.executable, "-c", POOL, str(path)], check=True, capture_output=True, text=True
         ).stdout.split()
@@ -108,7 +87,7 @@ def hermetic_builds(model, cc: str, n: int, scratch: Path, forked: bool = False)
             servers.fill(1)
         for index in half:
             started = time.perf_counter()
-            result = run_hermetic(task(model, cc, scratch / f"hermetic-{index}"), Settings.from_environ(), servers)
+            result = run_hermetic(model.build_task(cc, scratch / f"hermetic-{index}"), Settings.from_environ(), servers)
             seconds.append(time.perf_counter() - started)
             if result.error:
                 sys.exit(f"{model.name}: hermetic build failed: {result.error}")

@@ -119,23 +119,6 @@ def test_a_node_that_cannot_read_the_exchange_fails_its_stage_with_exit_4(tmp_pa
     )
 
 
-def _zoo_build_task(model, work: Path) -> StageTask:
-    """The fp32 build of a zoo model for sm_89 (what a run hands a build server)."""
-    profile = {name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in model.profile.items()}
-    params = build.Params(
-        precision="fp32",
-        profiles=[profile],
-        backend="tensorrt-rtx",
-        backend_version=None,
-        compute_capabilities=["sm_89"],
-        hardware_compatibility="none",
-        version_compatible=False,
-    )
-    work.mkdir(parents=True)
-    inputs = {"model": Upstream(files={"model": model.path})}
-    return StageTask(f"build:{model.name}/fp32/t", "build", params, inputs, work)
-
-
 def test_builds_forked_by_two_build_servers_are_byte_identical(zoo_dir: Path, tmp_path: Path) -> None:
     """EfficientNet-style: builds in one process differ in their Myelin numbering (benchmarks/repro.py: 6 distinct
     engines in 6 builds); forked by a build server, started now or later, every build gives the same bytes."""
@@ -152,7 +135,7 @@ def test_builds_forked_by_two_build_servers_are_byte_identical(zoo_dir: Path, tm
         servers = ForkServers(("build",), Settings.from_environ(), hermetic=True)
         try:
             for index in range(2):
-                result = run_hermetic(_zoo_build_task(model, tmp_path / f"{server}-{index}"), Settings(), servers)
+                result = run_hermetic(model.build_task("sm_89", tmp_path / f"{server}-{index}"), Settings(), servers)
                 assert result.error is None, result.error
                 digests.add(hashlib.sha256(Path(result.files["engine"]).read_bytes()).hexdigest())
                 records.add(result.record["hermetic"])
@@ -184,12 +167,12 @@ def test_a_build_server_that_died_is_replaced_and_its_slot_freed(zoo_dir: Path, 
         (idle,) = servers._idle
         os.kill(idle.process.pid, signal.SIGKILL)
         idle.process.wait()
-        result = run_hermetic(_zoo_build_task(model, tmp_path / "after-idle-death"), Settings(), servers)
+        result = run_hermetic(model.build_task("sm_89", tmp_path / "after-idle-death"), Settings(), servers)
         assert result.error is None, result.error
         (again,) = servers._idle
         assert again.process.pid != idle.process.pid and not list(again.slot.iterdir())  # its slot emptied
         threading.Timer(0.1, os.kill, (again.process.pid, signal.SIGKILL)).start()
-        killed = run_hermetic(_zoo_build_task(model, tmp_path / "killed"), Settings(), servers)
+        killed = run_hermetic(model.build_task("sm_89", tmp_path / "killed"), Settings(), servers)
         assert killed.error is not None and "died: killed by SIGKILL" in killed.error and not killed.deterministic
         assert servers._idle == [] and not again.slot.exists()  # a dead server's slot is removed
     finally:

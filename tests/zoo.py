@@ -97,6 +97,29 @@ class ZooModel:
         """One entry of a recipe's `profiles:` list (YAML-ready)."""
         return {"inputs": {name: shapes.as_recipe() for name, shapes in self.profile.items()}}
 
+    def build_task(self, cc: str, workdir: Path):  # -> trtflow.executors.StageTask
+        """The fp32 build of this model for one compute capability, as a run hands it to a worker (`workdir` made)."""
+        from trtflow.executors import StageTask
+        from trtflow.stages import build
+        from trtflow.stages.base import Upstream
+
+        profile = {
+            name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in self.profile.items()
+        }
+        params = build.Params(
+            precision="fp32",
+            profiles=[profile],
+            backend="tensorrt-rtx",
+            backend_version=None,
+            compute_capabilities=[cc],
+            hardware_compatibility="none",
+            version_compatible=False,
+        )
+        workdir.mkdir(parents=True)
+        return StageTask(
+            f"build:{self.name}/fp32/t", "build", params, {"model": Upstream(files={"model": self.path})}, workdir
+        )
+
     def calibration_batches(self, folder: Path, count: int = 4, seed: int = SEED) -> list[Path]:
         """`count` seeded float32 batches at the opt shape: .npy for one input, .npz (one array per input) else."""
         folder.mkdir(parents=True, exist_ok=True)
