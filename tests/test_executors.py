@@ -171,6 +171,7 @@ def test_a_build_server_that_died_is_replaced_and_its_slot_freed(zoo_dir: Path, 
         assert result.error is None, result.error
         (again,) = servers._idle
         assert again.process.pid != idle.process.pid and not list(again.slot.iterdir())  # its slot emptied
+        assert len(os.listdir(f"/proc/{again.process.pid}/task")) == 1  # it forks from a single-threaded process
         threading.Timer(0.1, os.kill, (again.process.pid, signal.SIGKILL)).start()
         killed = run_hermetic(model.build_task("sm_89", tmp_path / "killed"), Settings(), servers)
         assert killed.error is not None and "died: killed by SIGKILL" in killed.error and not killed.deterministic

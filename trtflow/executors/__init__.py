@@ -116,7 +116,9 @@ WARM_IMPORTS = {
     "precision": ("trtflow.stages.precision", "trtflow.stages.compare", "onnx", "onnxruntime"),
     "verify": ("trtflow.stages.verify",),
     "package": ("trtflow.stages.package", "trtflow.manifest"),
-    "build": ("trtflow.stages.build", "tensorrt_rtx", "onnx"),
+    # not onnx: a build reads the graph only for an architecture with limits, and onnx brings numpy, whose BLAS starts a
+    # thread; a build server forks from a single-threaded process
+    "build": ("trtflow.stages.build", "tensorrt_rtx"),
 }
 
 
