@@ -82,7 +82,7 @@ def hermetic_builds(model, cc: str, n: int, scratch: Path, forked: bool = False)
     servers (started before the builds, as a run starts them), N/2 builds each."""
     engines, seconds = [], []
     for half in (range(n // 2), range(n // 2, n)) if forked else (range(n),):
-        servers = ForkServers(("build",), Settings.from_environ(), hermetic=True) if forked else None
+        servers = ForkServers.for_builds(Settings.from_environ()) if forked else None
         if servers is not None:
             servers.fill(1)
         for index in half:

@@ -132,7 +132,7 @@ def test_builds_forked_by_two_build_servers_are_byte_identical(zoo_dir: Path, tm
 
     model, digests, records = zoo_model("efficientnet", zoo_dir), set(), set()
     for server in range(2):
-        servers = ForkServers(("build",), Settings.from_environ(), hermetic=True)
+        servers = ForkServers.for_builds(Settings.from_environ())
         try:
             for index in range(2):
                 result = run_hermetic(model.build_task("sm_89", tmp_path / f"{server}-{index}"), Settings(), servers)
@@ -161,7 +161,7 @@ def test_a_build_server_that_died_is_replaced_and_its_slot_freed(zoo_dir: Path, 
     from trtflow.executors.hermetic import run_hermetic
     from trtflow.util.settings import Settings
 
-    model, servers = zoo_model("resnet", zoo_dir), ForkServers(("build",), Settings(), hermetic=True)
+    model, servers = zoo_model("resnet", zoo_dir), ForkServers.for_builds(Settings())
     try:
         servers.fill(1)
         (idle,) = servers._idle

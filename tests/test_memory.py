@@ -161,8 +161,7 @@ def test_a_worker_server_keeps_nothing_of_the_stages_it_forks(tmp_path: Path, zo
     from zoo import zoo_model
 
     from trtflow.dag import dag_from_project
-    from trtflow.executors.forking import ForkServers, run_forked
-    from trtflow.executors.local import TOOLS_SERVED
+    from trtflow.executors.forking import TOOLS_SERVED, ForkServers, run_forked
     from trtflow.recipe import load_project
     from trtflow.stages.base import Upstream
     from trtflow.util.settings import Settings

@@ -70,7 +70,7 @@ def check_builds(
     """Rebuild each finished build node `times` times, `jobs` at once, and compare with the engine in the store."""
     builds = [node for node in dag if node.kind == "build" and node.id in finished]
     settings = Settings.from_environ()
-    servers = ForkServers(("build",), settings, hermetic=True) if FORKS else None  # the way the run built them
+    servers = ForkServers.for_builds(settings) if FORKS else None  # the way the run built them
     try:
         with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             checks = pool.map(lambda node: _check(node, finished, store, resolver, times, settings, servers), builds)

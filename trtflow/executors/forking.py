@@ -35,6 +35,8 @@ from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 FORKS = sys.platform.startswith("linux")  # where servers fork workers (fork without exec is safe there)
+# The stage kinds one server imports for: hermetic build servers; plain servers for the model tools.
+BUILD_SERVED, TOOLS_SERVED = ("build",), ("cleanup", "precision")
 
 
 class ForkServer(NamedTuple):
@@ -66,6 +68,11 @@ class ForkServers:
         self._idle: list[ForkServer] = []
         self._lock = threading.Lock()
         self._closed = False
+
+    @classmethod
+    def for_builds(cls, settings: Settings) -> ForkServers:
+        """Hermetic build servers (what a run builds with, and `--check-repro` rebuilds with)."""
+        return cls(BUILD_SERVED, settings, hermetic=True)
 
     @contextlib.contextmanager
     def server(self) -> Iterator[ForkServer]:
@@ -114,7 +121,7 @@ class ForkServers:
         return ForkServer(stack, folder, process)
 
     def close(self) -> None:
-        """End the idle servers (each exits at the end of its input) and free their folders."""
+        """End the idle servers (killed: they hold no task) and free their folders; busy ones end when given back."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []

@@ -206,7 +206,7 @@ def worker_result(task: StageTask, channel: Path, code: int, stderr: str) -> Sta
         factory = getattr(task.params, "factory", None)
         inside = f" in source.torch.factory {factory} or the exporter" if factory else ""
         return StageResult.failure(
-            f"the worker process of {task.node_id} died{inside}: {_exitdescription(code)}: {_last_line(stderr)}",
+            f"the worker process of {task.node_id} died{inside}: {_exit_description(code)}: {_last_line(stderr)}",
             detail=stderr[-4000:],
         )
     return result
@@ -221,7 +221,7 @@ def description(reason: str | None, settings: Settings, forked: bool = False) ->
     return f"yes: {process}, ASLR off, minimal environment{passed}, PYTHONHASHSEED=0, fixed slot folder and names"
 
 
-def _exitdescription(code: int) -> str:
+def _exit_description(code: int) -> str:
     """`exit 1`, or `killed by SIGSEGV` for a native crash."""
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"

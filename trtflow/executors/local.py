@@ -16,7 +16,7 @@ import concurrent.futures as futures
 import multiprocessing
 
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
-from trtflow.executors.forking import FORKS, ForkServers, run_forked
+from trtflow.executors.forking import BUILD_SERVED, FORKS, TOOLS_SERVED, ForkServers, run_forked
 from trtflow.executors.hermetic import run_hermetic, run_isolated
 from trtflow.stages import stage
 from trtflow.util.proc import die_with_parent
@@ -24,9 +24,8 @@ from trtflow.util.settings import Settings, pinned_environ
 
 HERMETIC_KINDS = frozenset({"build"})
 ISOLATED_KINDS = frozenset({"export"})  # run user code: a fresh process each, so a crash names itself
-# Kinds forked by servers, and which kinds one server imports for: hermetic build servers; plain servers for the model
-# tools (their leftovers leave with each child, and each stage's peak memory is its own).
-BUILD_SERVED, TOOLS_SERVED = ("build",), ("cleanup", "precision")
+# Kinds forked by servers, and the group each one's server imports for (the model tools' leftovers leave with each
+# child, and each stage's peak memory is its own).
 SERVED = {kind: group for group in (BUILD_SERVED, TOOLS_SERVED) for kind in group}
 
 
