@@ -53,9 +53,11 @@ def cold_run(root: Path, jobs: int) -> tuple[float, dict]:
     return seconds, json.loads(done.stdout)
 
 
-def direct_builds(root: Path, cpu: dict[str, float] | None = None) -> dict[str, float]:
-    """Seconds per build node, building each engine again directly from the ONNX its build stage read
-    (`cpu`, if given, gets the CPU seconds of each build, all the builder's threads together)."""
+def direct_builds(
+    root: Path, cpu: dict[str, float] | None = None, only: frozenset[str] | None = None
+) -> dict[str, float]:
+    """Seconds per build node (of `only`, if given), building each engine again directly from the ONNX its build
+    stage read (`cpu`, if given, gets the CPU seconds of each build, all the builder's threads together)."""
     from trtflow.backends.base import BuildRequest, get_backend
     from trtflow.dag import dag_from_project
     from trtflow.recipe import load_project
@@ -65,7 +67,7 @@ def direct_builds(root: Path, cpu: dict[str, float] | None = None) -> dict[str, 
     objects = root / "artifacts" / "store" / "objects"
     with tempfile.TemporaryDirectory() as scratch:
         for node in dag_from_project(load_project(root)):
-            if node.kind != "build":
+            if node.kind != "build" or (only is not None and node.id not in only):
                 continue
             model = lock[node.deps[0].node]["outputs"]["model"]
             onnx_path = Path(scratch) / "model.onnx"

@@ -56,3 +56,16 @@ def test_extract_refuses_links(tmp_path: Path) -> None:
         tar.addfile(info)
     with pytest.raises(UnsafeArchive):
         extract_tar(archive, tmp_path / "dest")
+
+
+def test_extract_refuses_an_evil_member_after_good_ones(tmp_path: Path) -> None:
+    """Members are extracted as they stream past: one refused late still raises, and nothing lands outside."""
+    archive = tmp_path / "late.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in ("pkg/ok.txt", "pkg/../../late-escape.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"data"))
+    with pytest.raises(UnsafeArchive):
+        extract_tar(archive, tmp_path / "dest")
+    assert not (tmp_path / "late-escape.txt").exists()

@@ -31,9 +31,9 @@ from trtflow.runmemo import signature
 from trtflow.runner import Listener, Runner, RunOptions
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import NodeId, Placement
-from trtflow.states import FAILED, PULLED, SKIPPED, NodeState
+from trtflow.states import PULLED, NodeState
 from trtflow.store import Store
-from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, read_lock, write_lock
+from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, failure_entries, read_lock, write_lock
 from trtflow.store.locks import LazyLease, holding
 from trtflow.store.objects import EXCHANGE_DIR
 from trtflow.taskdata import check_task_data
@@ -131,12 +131,15 @@ class Session:
             )
         return {node.id: lock[node.id] for node in self.dag}
 
-    def run(self, options: RunOptions, listener: Listener | None = None) -> dict[str, NodeState]:
-        """Plan, pre-check the models that will be read, then execute what is not cached; update the lock."""
+    def run(
+        self, options: RunOptions, listener: Listener | None = None, early: LocalExecutor | None = None
+    ) -> dict[str, NodeState]:
+        """Plan, pre-check the models that will be read, then execute what is not cached (in `early`, servers started
+        before the project was loaded, if the run is local); update the lock."""
         with self.resolver.digests.for_one_run():  # each source is read once however often the run plans
-            return self._run(options, listener)
+            return self._run(options, listener, early)
 
-    def _run(self, options: RunOptions, listener: Listener | None) -> dict[str, NodeState]:
+    def _run(self, options: RunOptions, listener: Listener | None, early: LocalExecutor | None) -> dict[str, NodeState]:
         expected = self.frozen_keys() if options.frozen else None
         self.signer = signer_from_environment()
         remote = self._remote(options)
@@ -147,14 +150,15 @@ class Session:
                 self._new_resolver(True)
             planned = self.plan(options.force)
             if lease is not None and (options.check_repro or not all(s.settled for s in planned.values())):
-                executor = self._executor(options, planned)  # its workers start while the run leases and plans again
+                # its workers start while the run leases and plans again
+                executor = self._executor(options, planned, early)
                 executor.prepare(kinds_to_run(planned))
                 # Work ahead: gc must not delete what the plan uses, so lease first, then plan again from scratch (a gc
                 # may have run since). A run that finds everything cached (or failed the same way) writes nothing.
                 lease.tmp()
                 self._new_resolver(options.retry_failed)
                 planned = self.plan(options.force)
-            executor = executor or self._executor(options, planned)
+            executor = executor or self._executor(options, planned, early)
             executor.prepare(kinds_to_run(planned))  # and while the models are checked
             self.project.refuse(self.check_models(planned))
             check_backends(planned)
@@ -276,7 +280,7 @@ class Session:
             )
             for node_id, record in finished.items()
         }
-        ours.update(_failure_entries(states, ours))
+        ours.update(failure_entries(states, ours))
         note_path(self.lock_path)
         with holding(store.locks / "trtflow-lock.lock"):  # concurrent runs of one project merge, not overwrite
             if self.all_node_ids <= ours.keys() and self._lock_holds(
@@ -299,13 +303,15 @@ class Session:
         seen = signature(str(self.lock_path))  # type, size, mtime, ctime, inode: the same file, untouched
         return seen is not None and store.remembered_lock(str(self.lock_path)) == [seen, digest]
 
-    def _executor(self, options: RunOptions, planned: dict[str, NodeState]) -> Executor:
+    def _executor(self, options: RunOptions, planned: dict[str, NodeState], early: LocalExecutor | None) -> Executor:
         """The local process pool, or a Ray executor (--executor ray, or executor.ray in pipeline.yaml) checked to
         have a node for every label set the stages to run need."""
         spec = self.project.pipeline.executor.ray
         stale = {s.node.id for s in planned.values() if not s.settled}
         if (options.executor or ("ray" if spec is not None else "local")) == "local" or not stale:
-            return LocalExecutor(options.jobs)  # nothing to run: no cluster to join (a stage found corrupt runs here)
+            return early or LocalExecutor(options.jobs)  # nothing to run: no cluster to join (corrupt stages run here)
+        if early is not None:
+            early.shutdown()
         from trtflow.executors.ray import RayExecutor
 
         spec = spec or RaySpec()
@@ -359,30 +365,6 @@ def _with_memory_budget(options: RunOptions, executor: Executor) -> RunOptions:
     if options.memory is not None or not isinstance(executor, LocalExecutor):
         return options
     return dataclasses.replace(options, memory=default_budget())
-
-
-def _failure_entries(states: dict[str, NodeState], built: dict[str, LockEntry]) -> dict[str, LockEntry]:
-    """Lock entries of the recorded failures of a run and of what was skipped below them (only below them: what an
-    environment failure skipped keeps its old entry)."""
-    entries: dict[str, LockEntry] = {}
-    for node_id, state in states.items():
-        if state.status == FAILED and state.recorded and node_id not in built:
-            entries[node_id] = LockEntry(
-                key=state.key, components=state.components or {}, outputs={}, failed=state.reason
-            )
-        elif state.status == SKIPPED and _below_recorded(state, states, entries):
-            entries[node_id] = LockEntry(key=None, components={}, outputs={}, skipped=state.reason)
-    return entries
-
-
-def _below_recorded(state: NodeState, states: dict[str, NodeState], entries: dict[str, LockEntry]) -> bool:
-    """Whether every upstream a skipped node lost has a failure or skip entry already (nodes come in DAG order)."""
-    lost = [
-        dep.node
-        for dep in state.node.deps
-        if states.get(dep.node) is not None and states[dep.node].status in (FAILED, SKIPPED)
-    ]
-    return bool(lost) and all(node_id in entries for node_id in lost)
 
 
 def check_backends(states: dict[str, NodeState]) -> None:

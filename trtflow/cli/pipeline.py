@@ -135,6 +135,7 @@ def run(
         output.print_summary(known, as_json, time.perf_counter() - started)
         _exit_if_failed(known)
         return
+    early = None if dry_run else _early_executor(ctx.project_dir, jobs, executor, ray_address)
     from trtflow.runner import RunOptions
 
     with reads_recording() as reads:
@@ -149,7 +150,11 @@ def run(
             ray_address=ray_address,
             memory=memory,
         )
-        states, session = _run_session(ctx, recipes, options, dry_run, as_json)
+        try:
+            states, session = _run_session(ctx, recipes, options, dry_run, as_json, early)
+        finally:
+            if early is not None:
+                early.shutdown()  # done already, unless the run stopped before using it (a project error)
     if states is None:
         return  # a dry run: printed already
     if whole_project and session.remembers_no_op(states):
@@ -243,10 +248,24 @@ def _exit_if_failed(states: list) -> None:
         sys.exit(max(failed))
 
 
+def _early_executor(project_dir: Path, jobs: int, executor: str | None, ray_address: str | None) -> Any:
+    """For a run that may be local: an executor whose servers start now, before the project is loaded (None for
+    Ray). Its module is one the run imports anyway; a project without a store yet gets the model tools' server too."""
+    if executor == "ray" or (ray_address and executor is None):
+        return None
+    from trtflow.executors.local import LocalExecutor
+
+    return LocalExecutor.started_early(jobs, cold=not (project_dir / DEFAULT_STORE).is_dir())
+
+
+DEFAULT_STORE = "artifacts/store"  # pipeline.yaml's default `store:` (the early guess need not load the project)
+
+
 def _run_session(
-    ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: bool, as_json: bool
+    ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: bool, as_json: bool, early: Any = None
 ) -> tuple[list[NodeState] | None, Any]:
-    """(final states, the session) of a run; (None, session) after printing a dry run's plan."""
+    """(final states, the session) of a run (in `early`'s servers if it is local); (None, session) after printing a
+    dry run's plan."""
     session = ctx.session(recipes)
     try:
         if dry_run:
@@ -256,7 +275,7 @@ def _run_session(
             return None, session
         view = None if as_json else progress.progress_view(ctx.verbose, options.jobs)
         try:
-            return list(session.run(options, view).values()), session
+            return list(session.run(options, view, early).values()), session
         finally:
             if view is not None:
                 view.close()

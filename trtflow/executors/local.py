@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import multiprocessing
+import os
 
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
 from trtflow.executors.forking import BUILD_SERVED, FORKS, TOOLS_SERVED, ForkServers, run_forked
@@ -62,16 +63,30 @@ class LocalExecutor:
             self._threads = futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="process")
         return self._threads
 
+    @classmethod
+    def started_early(cls, jobs: int, cold: bool) -> LocalExecutor:
+        """An executor whose build servers (and, for a project that has no store yet, the model tools' server) start
+        before the project is even loaded: their imports (0.4-0.6 s) overlap the run's own imports and first plan. A
+        run that turns out to need none of them ends them at its first `prepare`."""
+        executor = cls(jobs)
+        executor.prepare({"build", "cleanup"} if cold else {"build"})
+        return executor
+
     def prepare(self, kinds: set[str]) -> None:
         """Start servers (a build server per job, one worker server) and a pool worker, their imports done while the
-        run still plans and checks."""
-        for group in {SERVED[kind] for kind in kinds if kind in SERVED}:
+        run still plans and checks; end the idle servers of groups no kind in `kinds` needs."""
+        wanted = {SERVED[kind] for kind in kinds if kind in SERVED}
+        for group in set(self._servers) - wanted:
+            self._servers.pop(group).close()
+        for group in wanted:
             servers = self._fork_servers(group[0])
             if servers is not None:
                 servers.fill(self.jobs if servers.hermetic else 1)  # another starts when a second task needs it
         pooled = sorted(kinds - HERMETIC_KINDS - ISOLATED_KINDS - (SERVED.keys() if FORKS else set()))
-        if pooled:
-            self._workers().submit(warm_up, pooled)  # nothing waits for it: the first task queues behind it
+        if pooled and (not wanted or self.jobs < (os.cpu_count() or 1)):
+            # nothing waits for it: the first task queues behind it. Not beside a server per core: two pool workers
+            # starting beside two builds on 2 cores slowed both by 40%; the pool then starts with its first task
+            self._workers().submit(warm_up, pooled)
 
     def _fork_servers(self, kind: str) -> ForkServers | None:
         """The servers that fork tasks of `kind` (up to one per job), or None: a kind no server runs, or processes
@@ -122,3 +137,4 @@ class LocalExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtflow.errors import ProjectError
+from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.util.fs import atomic_write
 
 LOCK_FILE = "trtflow.lock"
@@ -125,3 +126,27 @@ def entries_digest(entries: dict[str, LockEntry]) -> str:
         canonical = sorted((entry.canonical or {}).items())
         digest.update(f"{node}\0{entry.key}\0{sorted(entry.outputs.items())}\0{canonical}{status}\n".encode())
     return digest.hexdigest()
+
+
+def failure_entries(states: dict[str, NodeState], built: dict[str, LockEntry]) -> dict[str, LockEntry]:
+    """Lock entries of the recorded failures of a run and of what was skipped below them (only below them: what an
+    environment failure skipped keeps its old entry)."""
+    entries: dict[str, LockEntry] = {}
+    for node_id, state in states.items():
+        if state.status == FAILED and state.recorded and node_id not in built:
+            entries[node_id] = LockEntry(
+                key=state.key, components=state.components or {}, outputs={}, failed=state.reason
+            )
+        elif state.status == SKIPPED and _below_recorded(state, states, entries):
+            entries[node_id] = LockEntry(key=None, components={}, outputs={}, skipped=state.reason)
+    return entries
+
+
+def _below_recorded(state: NodeState, states: dict[str, NodeState], entries: dict[str, LockEntry]) -> bool:
+    """Whether every upstream a skipped node lost has a failure or skip entry already (nodes come in DAG order)."""
+    lost = [
+        dep.node
+        for dep in state.node.deps
+        if states.get(dep.node) is not None and states[dep.node].status in (FAILED, SKIPPED)
+    ]
+    return bool(lost) and all(node_id in entries for node_id in lost)

@@ -85,12 +85,17 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
 
 def extract_tar(archive: Path, destination: Path) -> dict[str, str]:
     """Extract regular files only, refusing absolute paths, `..`, links and devices; returns each member's sha256
-    (computed while it is written, so nothing is read twice)."""
+    (computed while it is written, so nothing is read twice).
+
+    One pass over the archive as a stream, each member checked before it is written: listing the members first and
+    then extracting them decompressed the archive twice (0.56 s against 0.17 s for a 94 MB package). A refused
+    member can leave the members before it in `destination`: extract into a folder of its own, removed on failure.
+    """
     digests = {}
     destination.mkdir(parents=True, exist_ok=True)
     root = destination.resolve()
-    with tarfile.open(archive, "r:gz") as tar:  # no copybufsize: it serves extract(), and members are copied below
-        for member in tar.getmembers():
+    with tarfile.open(archive, "r|gz", bufsize=COPY_BUFFER) as tar:
+        for member in tar:
             target = (root / member.name).resolve()
             if member.isdir():
                 continue
