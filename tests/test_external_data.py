@@ -160,3 +160,24 @@ def test_the_external_file_list_is_parsed_only_when_the_graph_changes(tmp_path: 
     onnx.save(model, path)
     os.utime(path, ns=(past, past + 1))
     assert digests.digest_with_companions(path, parse)[""] != first[""] and len(calls) == 2
+
+
+def test_a_graph_without_the_location_key_is_not_parsed_for_external_data(tmp_path: Path) -> None:
+    """Only a file holding the bytes `location` (every external reference spells the key out) is parsed; the bytes
+    are found across the boundary of the chunks the file is scanned in, and an inline model names no files."""
+    from trtflow.stages import modelfile
+
+    inline = tmp_path / "inline.onnx"
+    onnx.save(mlp(seed=4), inline)
+    assert LOCATION not in inline.read_bytes() and external_data_locations(inline) == []
+    across = tmp_path / "across.bin"
+    across.write_bytes(b"\0" * (modelfile.SCAN_CHUNK - 3) + LOCATION + b"\0")
+    assert modelfile._may_name_external_data(across)
+    across.write_bytes(b"\0" * (modelfile.SCAN_CHUNK - 3) + LOCATION[:-1] + b"\0")
+    assert not modelfile._may_name_external_data(across)
+    external = tmp_path / "external.onnx"
+    save_external(mlp(seed=4), external)
+    assert external_data_locations(external) == ["w1", "w2"]
+
+
+LOCATION = b"location"

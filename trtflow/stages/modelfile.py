@@ -103,6 +103,8 @@ def external_data_locations(path: Path) -> list[str]:
     A file that does not parse names none: checking the model is modelcheck's job, and it says why.
     Raises ValueError for a location outside the model's folder.
     """
+    if not _may_name_external_data(path):
+        return []
     import onnx
 
     try:
@@ -110,6 +112,24 @@ def external_data_locations(path: Path) -> list[str]:
     except Exception:
         return []
     return external_locations(model, path)
+
+
+def _may_name_external_data(path: Path) -> bool:
+    """Whether the file holds the bytes `location`, which every external data reference spells out (its required
+    key). Without them the graph is not parsed: planning a run of a project whose sources are new skips importing
+    onnx (0.3 s) and parsing each model (in the run's own process, where nothing else runs meanwhile)."""
+    overlap = len(LOCATION_KEY) - 1
+    with open(path, "rb") as handle:
+        tail = b""
+        while chunk := handle.read(SCAN_CHUNK):
+            if LOCATION_KEY in chunk or LOCATION_KEY in tail + chunk[:overlap]:
+                return True
+            tail = chunk[-overlap:]
+    return False
+
+
+LOCATION_KEY = b"location"
+SCAN_CHUNK = 1 << 20
 
 
 def external_locations(model: Any, path: Path) -> list[str]:
