@@ -284,3 +284,22 @@ def test_a_target_whose_backend_is_not_installed_exits_4_in_one_line_before_any_
         "'trtflow[tensorrt]'\n"
     )
     assert not (project / "artifacts").exists()
+
+
+def test_servers_started_early_never_fail_a_run_that_builds_nothing(built_project: Path) -> None:
+    """A run starts its build servers before it loads the project; when they cannot start (their slot folder is not
+    private), a run that finds everything cached still succeeds, and only a run that must build says why (exit 4)."""
+    import os
+
+    slots = Path("/tmp") / f"trtflow-hermetic-{os.getuid()}"
+    slots.mkdir(mode=0o700, exist_ok=True)
+    try:
+        slots.chmod(0o755)
+        cached = trtflow(built_project, "run")
+        assert cached.code == 0, cached.err
+        pipeline = built_project / "pipeline.yaml"
+        pipeline.write_text(pipeline.read_text().replace("sm_86", "sm_80"))
+        building = trtflow(built_project, "run")
+        assert building.code == 4 and str(slots) in building.err, building.err
+    finally:
+        slots.chmod(0o700)

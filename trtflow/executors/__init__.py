@@ -114,7 +114,7 @@ class Executor(Protocol):
 WARM_IMPORTS = {
     "cleanup": ("trtflow.stages.cleanup", "onnx", "onnxruntime", "onnxslim"),
     "precision": ("trtflow.stages.precision", "trtflow.stages.compare", "onnx", "onnxruntime"),
-    "verify": ("trtflow.stages.verify",),
+    "verify": ("trtflow.stages.verify", "trtflow.stages.compare", "onnx"),  # it reads the model's graph (0.3 s)
     "package": ("trtflow.stages.package", "trtflow.manifest"),
     # not onnx: a build reads the graph only for an architecture with limits, and onnx brings numpy, whose BLAS starts a
     # thread; a build server forks from a single-threaded process

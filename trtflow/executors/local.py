@@ -69,7 +69,11 @@ class LocalExecutor:
         before the project is even loaded: their imports (0.4-0.6 s) overlap the run's own imports and first plan. A
         run that turns out to need none of them ends them at its first `prepare`."""
         executor = cls(jobs)
-        executor.prepare({"build", "cleanup"} if cold else {"build"})
+        try:
+            executor.prepare({"build", "cleanup"} if cold else {"build"})
+        except BaseException:
+            executor.shutdown()  # the servers that did start
+            raise
         return executor
 
     def prepare(self, kinds: set[str]) -> None:
