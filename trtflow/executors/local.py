@@ -130,8 +130,8 @@ class LocalExecutor:
             self._pool = None
 
     def shutdown(self) -> None:
-        """Stop the workers; tasks not started are cancelled. Pool workers exit on their own meanwhile (the run goes on
-        to write its lock and report)."""
+        """Stop the workers; tasks not started are cancelled. Idle servers and pool workers are killed (they hold no
+        task by then) rather than left to unload their libraries."""
         if self._threads is not None:
             self._threads.shutdown(cancel_futures=True)
             self._threads = None
@@ -139,5 +139,17 @@ class LocalExecutor:
             servers.close()
         self._servers.clear()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            _end_pool(self._pool)
             self._pool = None
+
+
+def _end_pool(pool: futures.ProcessPoolExecutor) -> None:
+    """Stop a pool without waiting for its workers to unload their libraries: they are killed (a run's tasks are all
+    done by then; an interrupted run's are abandoned), then its manager thread is joined, so it is gone before the
+    interpreter exits (CPython 3.11's exit hook can otherwise write to the wakeup pipe that thread is closing: a
+    `Bad file descriptor` traceback after a run that stopped early)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.kill()
+    pool.shutdown(wait=True)
