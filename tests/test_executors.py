@@ -197,3 +197,25 @@ def test_servers_started_before_the_plan_end_when_it_needs_none() -> None:
         assert executor._servers == {} and builds.process.wait(timeout=10) is not None
     finally:
         executor.shutdown()
+
+
+def test_what_a_killed_server_left_in_its_folder_goes_with_the_folders_next_use() -> None:
+    """A plain worker server's folder is a locked slot (`/tmp/trtflow-servers-<uid>/<n>`), not a fresh temporary
+    folder: a process killed while holding one leaves its files there, and the slot's next user finds it empty."""
+    import subprocess
+    import sys
+
+    from trtflow.executors.forking import PLAIN_SLOTS
+    from trtflow.executors.hermetic import free_slot
+
+    killed = (
+        "import os, sys\nfrom trtflow.executors.hermetic import free_slot\n"
+        f"with free_slot({PLAIN_SLOTS!r}) as slot:\n"
+        "    (slot / 'left-behind.pickle').write_bytes(b'task')\n    print(slot, flush=True)\n    os._exit(9)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", killed], capture_output=True, text=True, timeout=60)
+    left = Path(done.stdout.strip())
+    assert done.returncode == 9 and (left / "left-behind.pickle").exists()
+    with free_slot(PLAIN_SLOTS) as slot:
+        assert slot == left and not list(slot.iterdir())
+    assert not left.exists()

@@ -30,11 +30,11 @@ from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
 from trtflow.executors.hermetic import free_slot, hermetic_preexec, worker_result, write_task
 from trtflow.executors.worker import GO, OUTPUT_FILE, TASK_FILE
-from trtflow.util.fs import private_dir
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 FORKS = sys.platform.startswith("linux")  # where servers fork workers (fork without exec is safe there)
+PLAIN_SLOTS = "servers"  # the slot pool of plain servers' folders (`/tmp/trtflow-servers-<uid>/<n>`)
 # The stage kinds one server imports for: hermetic build servers; plain servers for the model tools.
 BUILD_SERVED, TOOLS_SERVED = ("build",), ("cleanup", "precision")
 
@@ -106,7 +106,7 @@ class ForkServers:
 
     def _start(self) -> ForkServer:
         stack = contextlib.ExitStack()
-        folder = stack.enter_context(free_slot() if self.hermetic else private_dir("trtflow-server-"))
+        folder = stack.enter_context(free_slot() if self.hermetic else free_slot(PLAIN_SLOTS))
         process = subprocess.Popen(
             [sys.executable, "-m", "trtflow.executors.worker", "--serve" if self.hermetic else "--serve-plain"]
             + [",".join(self.kinds)],

@@ -120,17 +120,19 @@ def run_hermetic(task: StageTask, settings: Settings, servers: SlotWorkers | Non
 
 
 @contextlib.contextmanager
-def free_slot() -> Iterator[Path]:
-    """An empty slot folder no other worker (of any run on this machine) uses meanwhile."""
+def free_slot(pool: str = "hermetic") -> Iterator[Path]:
+    """An empty slot folder of `pool` (`/tmp/trtflow-<pool>-<uid>/<n>`) no other worker (of any run on this machine)
+    uses meanwhile. A slot is locked while used and emptied when taken again: what a killed run left in one goes
+    with its next use, never piling up in /tmp."""
     from filelock import FileLock, Timeout
 
-    root = Path("/tmp") / f"trtflow-hermetic-{os.getuid()}"
+    root = Path("/tmp") / f"trtflow-{pool}-{os.getuid()}"
     root.mkdir(mode=0o700, exist_ok=True)
     try:
         check_private(root)
     except NotRegular:
         raise EnvironmentProblem(
-            f"{root} is not a private (0700) folder of this user's: remove it (hermetic build workers run there)"
+            f"{root} is not a private (0700) folder of this user's: remove it (trtflow's workers run there)"
         ) from None
     for number in itertools.count():
         lock = FileLock(str(root / f"{number}.lock"))
