@@ -181,20 +181,25 @@ def test_a_build_server_that_died_is_replaced_and_its_slot_freed(zoo_dir: Path, 
 
 
 def test_servers_started_before_the_plan_end_when_it_needs_none() -> None:
-    """`trtflow run` starts build servers (and, with no store yet, the model tools' server) before it loads the
-    project; a plan with no stage for them ends them at once instead of at the end of the run."""
+    """`trtflow run` starts a build server (for a project with no store yet, the model tools' server first) before
+    it loads the project; a plan with no stage for a server ends it at once instead of at the end of the run."""
     from trtflow.executors.forking import BUILD_SERVED, TOOLS_SERVED
 
-    executor = LocalExecutor.started_early(1, cold=True)
+    cold = LocalExecutor.started_early(1, cold=True)
     try:
-        assert set(executor._servers) == {BUILD_SERVED, TOOLS_SERVED}
-        (builds,), (tools,) = (executor._servers[group]._idle for group in (BUILD_SERVED, TOOLS_SERVED))
-        assert builds.process.poll() is None and tools.process.poll() is None
-        executor.prepare({"build", "verify"})  # the tools' server goes, the build server stays
+        assert TOOLS_SERVED in cold._servers  # cleanup comes first in a project never run
+    finally:
+        cold.shutdown()
+    executor = LocalExecutor.started_early(1, cold=False)
+    try:
         assert set(executor._servers) == {BUILD_SERVED}
-        assert tools.process.wait(timeout=10) is not None and builds.process.poll() is None
+        (builds,) = executor._servers[BUILD_SERVED]._idle
+        assert builds.process.poll() is None
+        executor.prepare({"cleanup", "verify"})  # the tools' server starts, the build server goes
+        assert set(executor._servers) == {TOOLS_SERVED} and builds.process.wait(timeout=10) is not None
+        (tools,) = executor._servers[TOOLS_SERVED]._idle
         executor.prepare({"verify"})
-        assert executor._servers == {} and builds.process.wait(timeout=10) is not None
+        assert executor._servers == {} and tools.process.wait(timeout=10) is not None
     finally:
         executor.shutdown()
 
