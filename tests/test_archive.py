@@ -36,13 +36,22 @@ def test_extract_round_trips(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "pkg" / "engines" / "a" / "m.engine").read_bytes() == b"\x00\x01engine"
 
 
-@pytest.mark.parametrize("name", ["../escape.txt", "/abs/escape.txt", "pkg/../../escape.txt"])
-def test_extract_refuses_members_outside_the_destination(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["../escape.txt"],
+        ["/abs/escape.txt"],
+        ["pkg/../../escape.txt"],
+        ["pkg/ok.txt", "pkg/../../escape.txt"],  # members are extracted as they stream past: a late one still raises
+    ],
+)
+def test_extract_refuses_members_outside_the_destination(tmp_path: Path, names: list[str]) -> None:
     archive = tmp_path / "evil.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
-        info = tarfile.TarInfo(name)
-        info.size = 4
-        tar.addfile(info, io.BytesIO(b"evil"))
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"evil"))
     with pytest.raises(UnsafeArchive):
         extract_tar(archive, tmp_path / "dest")
     assert not (tmp_path / "escape.txt").exists()
@@ -56,16 +65,3 @@ def test_extract_refuses_links(tmp_path: Path) -> None:
         tar.addfile(info)
     with pytest.raises(UnsafeArchive):
         extract_tar(archive, tmp_path / "dest")
-
-
-def test_extract_refuses_an_evil_member_after_good_ones(tmp_path: Path) -> None:
-    """Members are extracted as they stream past: one refused late still raises, and nothing lands outside."""
-    archive = tmp_path / "late.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for name in ("pkg/ok.txt", "pkg/../../late-escape.txt"):
-            info = tarfile.TarInfo(name)
-            info.size = 4
-            tar.addfile(info, io.BytesIO(b"data"))
-    with pytest.raises(UnsafeArchive):
-        extract_tar(archive, tmp_path / "dest")
-    assert not (tmp_path / "late-escape.txt").exists()
