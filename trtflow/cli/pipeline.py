@@ -249,8 +249,8 @@ def _exit_if_failed(states: list) -> None:
 
 
 def _early_executor(project_dir: Path, jobs: int, executor: str | None, ray_address: str | None) -> Any:
-    """For a run that may be local: an executor whose servers start now, before the project is loaded (None for
-    Ray). Its module is one the run imports anyway; a project without a store yet gets the model tools' server too.
+    """For a run that may be local: an executor whose first servers start now, before the project is loaded (None for
+    Ray). Its module is one the run imports anyway; a project without a store yet gets the model tools' server first.
     Best effort: a server that cannot start here (None) is started, and its problem reported, when a stage needs it;
     a run with nothing to build never meets it."""
     if executor == "ray" or (ray_address and executor is None):

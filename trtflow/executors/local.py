@@ -71,10 +71,10 @@ class LocalExecutor:
         the run made a run with everything cached 0.3 s slower at 3,000 stages). The first `prepare` starts the rest
         and ends those the plan does not need."""
         executor = cls(jobs)
-        budget = min(jobs + int(cold), max(1, (os.cpu_count() or 1) - 1))
+        budget = max(1, (os.cpu_count() or 1) - 1)  # servers to start now: a core is left to the run itself
         try:
-            for kind, count in (("cleanup", int(cold)), ("build", jobs)):
-                servers = executor._fork_servers(kind) if min(count, budget) > 0 else None
+            for kind, count in [*([("cleanup", 1)] if cold else []), ("build", jobs)]:
+                servers = executor._fork_servers(kind) if budget > 0 else None
                 if servers is not None:
                     servers.fill(min(count, budget))
                     budget -= min(count, budget)
