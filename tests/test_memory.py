@@ -185,7 +185,7 @@ def test_a_worker_server_keeps_nothing_of_the_stages_it_forks(tmp_path: Path, zo
             assert result.error is None, result.error
             assert (work / "model.onnx").is_file() and result.peak_rss > _resident(server.process.pid)
             resident.append(_resident(server.process.pid))
-        assert servers._idle == [server] and not list(server.folder.iterdir())
+        assert servers._idle == [server] and not list(server.slot.iterdir())
     finally:
         servers.close()
     assert max(resident) - min(resident) < 4 * MIB, resident  # nothing of three cleanups stayed in the server

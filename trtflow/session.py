@@ -304,8 +304,8 @@ class Session:
         return seen is not None and store.remembered_lock(str(self.lock_path)) == [seen, digest]
 
     def _executor(self, options: RunOptions, planned: dict[str, NodeState], early: LocalExecutor | None) -> Executor:
-        """The local process pool, or a Ray executor (--executor ray, or executor.ray in pipeline.yaml) checked to
-        have a node for every label set the stages to run need."""
+        """The local executor (`early`'s, if the CLI started one), or a Ray executor (--executor ray, or executor.ray in
+        pipeline.yaml; `early` is then ended) checked to have a node for every label set the stages to run need."""
         spec = self.project.pipeline.executor.ray
         stale = {s.node.id for s in planned.values() if not s.settled}
         if (options.executor or ("ray" if spec is not None else "local")) == "local" or not stale:

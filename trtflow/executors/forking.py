@@ -6,7 +6,8 @@ Two sorts:
   (executors.hermetic), and the same fixed request every time, so every child starts from the same memory and the
   builder numbers what it generates the same way in every child;
 - **plain** (cleanup and precision: the model tools): this process's environment with the hash seed and locale pinned,
-  a private folder of its own. A child runs the task where the task says and exits, and what the model tools left
+  a slot folder of its own (`/tmp/trtflow-servers-<uid>/<n>`, emptied by its next user: a killed run leaves nothing
+  there for good). A child runs the task where the task says and exits, and what the model tools left
   behind leaves with it: no stage is charged with an earlier stage's garbage (measured: a VGG-19's fp16 precision
   stage peaked at 7.9 GB after its cleanup in the same pool worker, 5.6 GB alone), and a crash inside a tool ends one
   child. A request may name modules to import before forking (ModelOpt, when a reduced precision comes): the server
@@ -28,7 +29,7 @@ from typing import NamedTuple
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
-from trtflow.executors.hermetic import free_slot, hermetic_preexec, worker_result, write_task
+from trtflow.executors.hermetic import HERMETIC_SLOTS, free_slot, hermetic_preexec, worker_result, write_task
 from trtflow.executors.worker import GO, OUTPUT_FILE, TASK_FILE
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
@@ -40,28 +41,24 @@ BUILD_SERVED, TOOLS_SERVED = ("build",), ("cleanup", "precision")
 
 
 class ForkServer(NamedTuple):
-    """A started server: the stack that holds its folder (closing it ends the server), the folder, the process."""
+    """A started server: the stack that holds its slot folder (closing it ends the server), the slot (its working
+    directory, where each task and, for a build, its inputs are placed), the process."""
 
     stack: contextlib.ExitStack
-    folder: Path
+    slot: Path
     process: subprocess.Popen
-
-    @property
-    def slot(self) -> Path:
-        """A hermetic server's folder is its slot: the task's inputs are linked there."""
-        return self.folder
 
     def run(self, task: StageTask, imports: tuple[str, ...] = ()) -> StageResult:
         """Run `task` in a child the server forks (after importing `imports`, a plain server only); its result, or
         its death."""
-        write_task(self.folder / TASK_FILE, task)
+        write_task(self.slot / TASK_FILE, task)
         reply = _ask(self.process, GO if not imports else b"go " + " ".join(imports).encode() + b"\n")
         code = int(reply) if reply.strip().lstrip(b"-").isdigit() else _server_death(self.process)
-        return worker_result(task, self.folder, code, _tail(self.folder / OUTPUT_FILE))
+        return worker_result(task, self.slot, code, _tail(self.slot / OUTPUT_FILE))
 
 
 class ForkServers:
-    """The servers of some stage kinds, started as tasks need them (or ahead, `fill`), each in a folder of its own."""
+    """The servers of some stage kinds, started as tasks need them (or ahead, `fill`), each in a slot of its own."""
 
     def __init__(self, kinds: tuple[str, ...], settings: Settings, hermetic: bool):
         self.kinds, self.settings, self.hermetic = kinds, settings, hermetic
@@ -91,7 +88,7 @@ class ForkServers:
     def _give_back(self, server: ForkServer) -> None:
         """Keep a server that is still alive for the next task, its folder emptied; end it once the run is ending."""
         if server.process.poll() is None:
-            _empty(server.folder)
+            _empty(server.slot)
             with self._lock:
                 if not self._closed:
                     self._idle.append(server)
@@ -106,19 +103,19 @@ class ForkServers:
 
     def _start(self) -> ForkServer:
         stack = contextlib.ExitStack()
-        folder = stack.enter_context(free_slot() if self.hermetic else free_slot(PLAIN_SLOTS))
+        slot = stack.enter_context(free_slot(HERMETIC_SLOTS if self.hermetic else PLAIN_SLOTS))
         process = subprocess.Popen(
             [sys.executable, "-m", "trtflow.executors.worker", "--serve" if self.hermetic else "--serve-plain"]
             + [",".join(self.kinds)],
             env=self.settings.hermetic_env() if self.hermetic else Settings.pinned_env(),
-            cwd=folder,
+            cwd=slot,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             preexec_fn=hermetic_preexec() if self.hermetic else die_with_parent,
         )
         stack.callback(_end, process)
-        return ForkServer(stack, folder, process)
+        return ForkServer(stack, slot, process)
 
     def close(self) -> None:
         """End the idle servers (killed: they hold no task) and free their folders; busy ones end when given back."""
@@ -140,9 +137,9 @@ def run_forked(task: StageTask, servers: ForkServers, imports: tuple[str, ...] =
         return StageResult.failure(f"worker server could not start: {exc}", errno=exc.errno)
 
 
-def _empty(folder: Path) -> None:
-    """Remove what a task left in a server's folder (the folder stays: it is the server's working directory)."""
-    for entry in folder.iterdir():
+def _empty(slot: Path) -> None:
+    """Remove what a task left in a server's slot (the folder stays: it is the server's working directory)."""
+    for entry in slot.iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:

@@ -39,6 +39,7 @@ from trtflow.util.settings import Settings
 
 ADDR_NO_RANDOMIZE = 0x0040000
 RESULT_MAX_BYTES = 64 << 20
+HERMETIC_SLOTS = "hermetic"  # the slot pool of hermetic workers (`/tmp/trtflow-hermetic-<uid>/<n>`)
 
 
 def unavailable_reason() -> str | None:
@@ -120,7 +121,7 @@ def run_hermetic(task: StageTask, settings: Settings, servers: SlotWorkers | Non
 
 
 @contextlib.contextmanager
-def free_slot(pool: str = "hermetic") -> Iterator[Path]:
+def free_slot(pool: str = HERMETIC_SLOTS) -> Iterator[Path]:
     """An empty slot folder of `pool` (`/tmp/trtflow-<pool>-<uid>/<n>`) no other worker (of any run on this machine)
     uses meanwhile. A slot is locked while used and emptied when taken again: what a killed run left in one goes
     with its next use, never piling up in /tmp."""

@@ -71,28 +71,28 @@ class LocalExecutor:
         the run made a run with everything cached 0.3 s slower at 3,000 stages). The first `prepare` starts the rest
         and ends those the plan does not need."""
         executor = cls(jobs)
-        budget = max(1, (os.cpu_count() or 1) - 1)  # servers to start now: a core is left to the run itself
         try:
-            for kind, count in [*([("cleanup", 1)] if cold else []), ("build", jobs)]:
-                servers = executor._fork_servers(kind) if budget > 0 else None
-                if servers is not None:
-                    servers.fill(min(count, budget))
-                    budget -= min(count, budget)
+            executor.prepare({"build", "cleanup"} if cold else {"build"}, at_most=max(1, (os.cpu_count() or 1) - 1))
         except BaseException:
             executor.shutdown()  # the servers that did start
             raise
         return executor
 
-    def prepare(self, kinds: set[str]) -> None:
-        """Start servers (a build server per job, one worker server) and a pool worker, their imports done while the
-        run still plans and checks; end the idle servers of groups no kind in `kinds` needs."""
+    def prepare(self, kinds: set[str], at_most: int | None = None) -> None:
+        """Start servers (a build server per job, one worker server; `at_most` in all, the tools' server first, since
+        cleanup comes first) and a pool worker, their imports done while the run still plans and checks; end the idle
+        servers of groups no kind in `kinds` needs."""
         wanted = {SERVED[kind] for kind in kinds if kind in SERVED}
         for group in set(self._servers) - wanted:
             self._servers.pop(group).close()
-        for group in wanted:
-            servers = self._fork_servers(group[0])
+        budget = at_most
+        for group in sorted(wanted, key=lambda group: group != TOOLS_SERVED):
+            count = 1 if group == TOOLS_SERVED else self.jobs
+            count = count if budget is None else min(count, budget)
+            servers = self._fork_servers(group[0]) if count > 0 else None
             if servers is not None:
-                servers.fill(self.jobs if servers.hermetic else 1)  # another starts when a second task needs it
+                servers.fill(count)  # another starts when a task finds none idle
+                budget = None if budget is None else budget - count
         pooled = sorted(kinds - HERMETIC_KINDS - ISOLATED_KINDS - (SERVED.keys() if FORKS else set()))
         if pooled and (not wanted or self.jobs < (os.cpu_count() or 1)):
             # nothing waits for it: the first task queues behind it. Not beside a server per core: two pool workers
