@@ -13,7 +13,7 @@ What is measured, each as a real subprocess (`sys.executable ...`), wall-clock t
      its own tiny ONNX model (Conv+Relu, weights seeded by the recipe number), fp32: 7 stages per recipe. It is
      built once with `trtflow run -j JOBS --json` (kept in --workdir, so a second benchmark run skips the builds),
      then, 2 s later (the memo does not trust newer files), one no-op that plans every stage and remembers the
-     answer (trtflow/runmemo.py), the no-op --repeat times (answered from the memo; its JSON must say built == 0),
+     answer (trtflow/run/runmemo.py), the no-op --repeat times (answered from the memo; its JSON must say built == 0),
      and the no-op planning every stage (memo removed first) --repeat/2 times;
   3. at the --dvc-stages sizes, when DVC is installed: the same no-op of a DVC project of the same shape
      (benchmarks/dvc_twin.py: same stages, edges and source files; `dvc repro` must run nothing);
@@ -150,7 +150,7 @@ def full_build(project: Path, jobs: int) -> tuple[float, dict]:
 
 
 def noop_once(project: Path, jobs: int, replan: bool = False) -> float:
-    """One no-op run; `replan`: without the remembered no-op (trtflow/runmemo.py), so every stage is resolved."""
+    """One no-op run; `replan`: without the remembered no-op (trtflow/run/runmemo.py), so every stage is resolved."""
     if replan:
         shutil.rmtree(project / ".trtflow", ignore_errors=True)
     seconds, result = timed(run_command(project, jobs))
@@ -333,7 +333,7 @@ def measure_point(workdir: Path, stages: int, args: argparse.Namespace) -> dict:
     seconds, summary = full_build(project, args.jobs)
     count = summary["cached"] + summary["built"]
     print(f"\n{count} stages ({recipes} recipes) in {project}: build {seconds:.1f} s wall ({summary['built']} built)")
-    time.sleep(2.2)  # outputs written less than 2 s before a run are not trusted by the memo (trtflow/runmemo.py)
+    time.sleep(2.2)  # outputs written less than 2 s before a run are not trusted by the memo (trtflow/run/runmemo.py)
     point = {
         "stages": count,
         "project": project,

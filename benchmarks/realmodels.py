@@ -59,8 +59,8 @@ def direct_builds(
     """Seconds per build node (of `only`, if given), building each engine again directly from the ONNX its build
     stage read (`cpu`, if given, gets the CPU seconds of each build, all the builder's threads together)."""
     from trtflow.backends.base import BuildRequest, get_backend
-    from trtflow.dag import dag_from_project
     from trtflow.recipe import load_project
+    from trtflow.run.dag import dag_from_project
 
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
     backend, seconds = get_backend("tensorrt-rtx"), {}

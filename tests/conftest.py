@@ -69,8 +69,8 @@ def trtflow_process(root: Path, *args: str, timeout: float = 300) -> subprocess.
 
 
 def settle() -> None:
-    """Wait out the window in which a run distrusts files touched just before it (trtflow.runmemo.RACY_NS)."""
-    from trtflow.runmemo import RACY_NS
+    """Wait out the window in which a run distrusts files touched just before it (trtflow.run.runmemo.RACY_NS)."""
+    from trtflow.run.runmemo import RACY_NS
 
     time.sleep(RACY_NS / 1e9 + 0.2)
 

@@ -146,9 +146,9 @@ def break_cleanup(monkeypatch: pytest.MonkeyPatch, root: Path, tmp_path: Path):
 
 def test_a_broken_cleanup_is_caught_by_the_onnx_runtime_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Cleanup's passes are made to perturb one weight (in this process); the equality proof must name the output."""
-    from trtflow.dag import dag_from_project
     from trtflow.errors import StageError
     from trtflow.recipe import load_project
+    from trtflow.run.dag import dag_from_project
     from trtflow.stages import cleanup
 
     root = bn_project(tmp_path / "p", {"slim": RECIPE})
@@ -177,9 +177,9 @@ def test_a_failed_proof_is_recorded_under_warn_and_fails_a_cached_cleanup_under_
 ) -> None:
     """The same key serves both policies, so the finish hook refuses a failed proof cached under warn once on_fail is
     fail."""
-    from trtflow.dag import dag_from_project
     from trtflow.errors import StageError
     from trtflow.recipe import load_project
+    from trtflow.run.dag import dag_from_project
     from trtflow.stages import cleanup
 
     root = bn_project(tmp_path / "p", {"warn": RECIPE + "verify: {on_fail: warn}\n", "fail": RECIPE})

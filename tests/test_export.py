@@ -396,8 +396,8 @@ def test_failing_exports_say_which_recipe_field_in_one_line(tmp_path: Path) -> N
 
 
 def test_dynamic_axes_come_from_every_profile(tmp_path: Path) -> None:
-    from trtflow.dag import dag_from_project
     from trtflow.recipe import load_project
+    from trtflow.run.dag import dag_from_project
     from trtflow.stages.base import RecipeContext
     from trtflow.stages.export.from_torch import export_dims
 

@@ -38,9 +38,9 @@ RECIPES = {
 
 def project_keys(root: Path) -> dict[str, str]:
     """node id -> the hash of its kind, stage version and params (what the recipe and the code decide)."""
-    from trtflow.dag import dag_from_project
     from trtflow.hashing import stage_key
     from trtflow.recipe import load_project
+    from trtflow.run.dag import dag_from_project
 
     dag = dag_from_project(load_project(root))
     return {node.id: stage_key({k: v for k, v in node.known_parts.items() if k != "fingerprint"}) for node in dag}
@@ -94,8 +94,8 @@ def test_written_out_defaults_make_the_same_keys_as_unset_ones(tmp_path: Path) -
 
 def test_a_new_option_with_a_default_changes_no_key(tmp_path: Path) -> None:
     """As if a release added a builder option: the same params with it at its default hash the same."""
-    from trtflow.dag import dag_from_project
     from trtflow.recipe import load_project
+    from trtflow.run.dag import dag_from_project
 
     dag = dag_from_project(load_project(golden_project(tmp_path / "p")))
     for node in (n for n in dag if n.kind in ("build", "precision", "cleanup", "verify")):

@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trtflow"
 # Leaves import nothing above them: only each other (a package may import itself).
-LEAVES = ("errors", "hashing", "manifest", "recipe", "runmemo", "signing", "states", "store", "util")
+LEAVES = ("errors", "hashing", "manifest", "recipe", "signing", "states", "store", "util")
 HEAVY = (
     "onnx",
     "onnxruntime",
@@ -73,13 +73,15 @@ def test_every_leaf_exists() -> None:
 def test_backends_never_see_recipes() -> None:
     for module, path in MODULES.items():
         if module.startswith("trtflow.backends"):
-            assert not {m for m in _trtflow_imports(path) if m in ("trtflow.recipe", "trtflow.dag", "trtflow.runner")}
+            assert not {
+                m for m in _trtflow_imports(path) if m in ("trtflow.recipe", "trtflow.run.dag", "trtflow.run.runner")
+            }
 
 
 def test_planning_imports_no_heavy_library() -> None:
     """A no-op run must not pay for onnx, TensorRT or torch: plan and the CLI import none of them."""
     code = (
-        "import sys, trtflow.cli, trtflow.session; "
+        "import sys, trtflow.cli, trtflow.run.session; "
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -118,6 +120,15 @@ def test_every_command_has_help(command: list[str]) -> None:
     assert result.returncode == 0 and "Usage:" in result.stdout
 
 
+RUN_FRONT_DOORS = {"trtflow.run", "trtflow.run.session", "trtflow.run.runmemo"}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) == "cli"))
+def test_the_cli_reaches_the_run_engine_only_through_its_front_doors(module: str) -> None:
+    """The CLI opens a session (or asks the no-op memo); the planner, runner and jobs are the engine's own."""
+    assert {m for m in _trtflow_imports(MODULES[module]) if _top(m) == "run"} <= RUN_FRONT_DOORS
+
+
 def test_no_import_cycle_counting_lazy_and_type_only_imports() -> None:
     """A lazy or TYPE_CHECKING import hides a dependency, it does not remove it: none may close a cycle."""
     architecture = _architecture()
@@ -141,12 +152,14 @@ def test_the_architecture_check_finds_a_planted_cycle_and_an_upward_import(tmp_p
     (package / "__init__.py").write_text("")
     (package / "util" / "__init__.py").write_text("")
     (package / "util" / "a.py").write_text("def f():\n    from trtflow.util import b\n")
-    (package / "util" / "b.py").write_text("from trtflow.util import a\nfrom trtflow import session\n")
-    (package / "session.py").write_text("")
+    (package / "util" / "b.py").write_text("from trtflow.util import a\nfrom trtflow.run import session\n")
+    (package / "run").mkdir()
+    (package / "run" / "__init__.py").write_text("")
+    (package / "run" / "session.py").write_text("")
     architecture = _architecture()
     edges = architecture.graph(package)
     assert architecture.cycles(edges) == [["trtflow.util.a", "trtflow.util.b"]]
-    assert architecture.upward(edges) == [("trtflow.util.b", "trtflow.session")]
+    assert architecture.upward(edges) == [("trtflow.util.b", "trtflow.run.session")]
 
 
 @pytest.mark.parametrize("kind", ["export", "cleanup", "precision", "build", "verify", "package"])

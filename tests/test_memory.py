@@ -134,7 +134,7 @@ from pathlib import Path
 gc.disable()
 import trtflow.util.memory
 trtflow.util.memory.RELEASE_ABOVE = 0  # a small model: release after every stage, as after a large one
-from trtflow.dag import dag_from_project
+from trtflow.run.dag import dag_from_project
 from trtflow.executors import StageTask, run_task
 from trtflow.recipe import load_project
 from trtflow.stages.base import Upstream
@@ -160,9 +160,9 @@ def test_a_worker_server_keeps_nothing_of_the_stages_it_forks(tmp_path: Path, zo
     import yaml
     from zoo import zoo_model
 
-    from trtflow.dag import dag_from_project
     from trtflow.executors.forking import TOOLS_SERVED, ForkServers, run_forked
     from trtflow.recipe import load_project
+    from trtflow.run.dag import dag_from_project
     from trtflow.stages.base import Upstream
     from trtflow.util.settings import Settings
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtflow.plan import diff_components
+from trtflow.run.plan import diff_components
 
 
 def test_diff_names_changed_parameters_fingerprints_and_inputs() -> None:
@@ -41,7 +41,7 @@ def test_unresolved_inputs_are_not_reported_as_removed() -> None:
 def test_a_node_waiting_on_one_upstream_through_two_roles_names_it_once(tmp_path) -> None:
     """verify reads the precision node's model and its report: the plan says `upstream X will run first` once."""
     from trtflow.hashing import FileDigests
-    from trtflow.plan import STALE, Resolver
+    from trtflow.run.plan import STALE, Resolver
     from trtflow.stages.base import Dep, Node, NodeId, StageParams
     from trtflow.store.objects import Store
 
@@ -62,8 +62,8 @@ def test_a_node_waiting_on_one_upstream_through_two_roles_names_it_once(tmp_path
 def test_each_node_knows_the_longest_chain_waiting_on_it(project) -> None:
     """The runner starts the ready node with the longest chain first (with -j 2, a second model's cleanup before the
     first model's builds): cleanup 5, precision 4, build 3, verify 2, package 1."""
-    from trtflow.dag import dag_from_project
     from trtflow.recipe import load_project
+    from trtflow.run.dag import dag_from_project
 
     heights = dag_from_project(load_project(project)).heights()
     by_kind = {node_id.split(":")[0]: set() for node_id in heights}

@@ -16,9 +16,9 @@ from test_bad_input import assert_refused, recipe
 
 from trtflow.backends.base import BuildRequest, get_backend
 from trtflow.calibration import rank
-from trtflow.dag import dag_from_project
 from trtflow.errors import StageError
 from trtflow.recipe import load_project
+from trtflow.run.dag import dag_from_project
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import Upstream
 

@@ -143,7 +143,7 @@ def test_report_without_a_run_says_what_to_do(project: Path) -> None:
 
 def test_the_eta_comes_from_earlier_runs_of_the_same_stage_kinds() -> None:
     from trtflow.cli.progress import Eta
-    from trtflow.runmemo import RememberedNode
+    from trtflow.run.runmemo import RememberedNode
     from trtflow.states import BUILT, FAILED, NodeState
 
     eta = Eta(jobs=2)

@@ -88,7 +88,7 @@ def test_check_repro_rebuilds_every_engine_in_hermetic_workers_and_reports_each(
 
 
 def test_a_rebuild_that_is_not_equivalent_or_fails_is_different() -> None:
-    from trtflow.repro import EngineRepro
+    from trtflow.run.repro import EngineRepro
 
     assert EngineRepro("b", 3, identical=3, equivalent=3).verdict == "identical"
     assert EngineRepro("b", 3, identical=1, equivalent=3).verdict == "equivalent"

@@ -89,7 +89,7 @@ def test_a_no_op_run_writes_nothing_at_all(built_project: Path) -> None:
     job).
 
     The copy gave every file a new inode, so the first run re-hashes them and remembers that (and, the copy being
-    settled, the no-op: trtflow.runmemo); the second is the no-op."""
+    settled, the no-op: trtflow.run.runmemo); the second is the no-op."""
     settle()
     assert trtflow(built_project, "run").code == 0
     before = _tree(built_project)

@@ -1,4 +1,4 @@
-"""The remembered no-op (trtflow/runmemo.py): answered without loading the project, and never when anything it read
+"""The remembered no-op (trtflow/run/runmemo.py): answered without loading the project, and never when anything it read
 changed."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_RECIPE, settle, trtflow
 
-from trtflow import runmemo
+from trtflow.run import runmemo
 
 
 def remembered_project(built_project: Path) -> Path:
@@ -46,7 +46,7 @@ def test_a_remembered_no_op_answers_without_loading_the_project_and_writes_nothi
     full = json.loads(trtflow(root, "run", "--json", "-j", "2").out)
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
     summary, imports = run_process(root)
-    assert "trtflow.dag" not in imports and "pydantic" not in imports  # no recipe was parsed, no key computed
+    assert "trtflow.run.dag" not in imports and "pydantic" not in imports  # no recipe was parsed, no key computed
     assert summary["nodes"] == full["nodes"] and summary["built"] == 0 and summary["cached"] == 7
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
     assert (root / ".trtflow" / ".gitignore").read_text().splitlines()[-1] == "*"  # never committed by accident
@@ -91,7 +91,7 @@ def test_any_change_to_what_the_no_op_read_is_seen(built_project: Path, change) 
     lock, manifest = (root / "trtflow.lock").read_bytes(), (root / "artifacts/packages/tiny/manifest.json").read_bytes()
     expected = change(root)
     summary, imports = run_process(root)
-    assert "trtflow.dag" in imports  # planned in full
+    assert "trtflow.run.dag" in imports  # planned in full
     assert expected <= built_ids(summary) and summary["failed"] == 0
     if change in (_edit_package_file, _delete_lock):
         assert (root / "artifacts/packages/tiny/manifest.json").read_bytes() == manifest
@@ -105,7 +105,7 @@ def test_a_copied_project_never_answers_from_the_original_s_memo(built_project: 
     copy = Path(shutil.copytree(root, tmp_path / "copy", symlinks=True))
     expected = _edit_profile(copy)
     summary, imports = run_process(copy)
-    assert "trtflow.dag" in imports and expected <= built_ids(summary)
+    assert "trtflow.run.dag" in imports and expected <= built_ids(summary)
 
 
 def test_a_signing_key_in_the_environment_is_a_change(built_project: Path, tmp_path: Path) -> None:
@@ -147,14 +147,14 @@ def test_a_damaged_memo_is_a_normal_run(built_project: Path, memo: bytes) -> Non
     root = remembered_project(built_project)
     runmemo.memo_path(root).write_bytes(memo)
     summary, imports = run_process(root)
-    assert "trtflow.dag" in imports and summary["cached"] == 7
+    assert "trtflow.run.dag" in imports and summary["cached"] == 7
 
 
 def test_selected_forced_or_frozen_runs_never_use_the_memo(built_project: Path) -> None:
     root = remembered_project(built_project)
     for args in (("tiny",), ("--frozen",), ("--dry-run",)):
         _, imports = run_process(root, *args)
-        assert "trtflow.dag" in imports, args
+        assert "trtflow.run.dag" in imports, args
     shutil.rmtree(root / ".trtflow")
     _, imports = run_process(root)
-    assert "trtflow.dag" in imports
+    assert "trtflow.run.dag" in imports

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from conftest import TINY_RECIPE, trtflow, write_project
 
-from trtflow.runner import RunOptions
-from trtflow.session import Session
+from trtflow.run.runner import RunOptions
+from trtflow.run.session import Session
 from trtflow.store import Store
 
 PACKAGE = Path("artifacts/packages/tiny.tar.gz")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from conftest import trtflow, write_project
 
-from trtflow.dag import dag_from_project
 from trtflow.errors import StageError
 from trtflow.recipe.load import load_project
+from trtflow.run.dag import dag_from_project
 from trtflow.stages import compare, task
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import Upstream

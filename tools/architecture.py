@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "hashing", "util", "signing"),
     ("recipe", "manifest", "states", "store", "backends", "device"),
     ("stages", "calibration", "modelcheck", "taskdata", "provenance", "toolchain"),
-    ("dag", "plan", "admission", "executors", "runmemo", "frozen", "jobs", "placing", "repro", "runner", "session"),
+    ("executors", "run"),
     ("deploy", "report", "inspection"),
     ("cli", "__main__"),
 )

@@ -25,7 +25,7 @@ class Context:
 
     def session(self, recipes: tuple[str, ...] = (), keep_refusals: bool = False):
         """The project as a Session (plan and run), limited to `recipes` when given."""
-        from trtflow.session import Session
+        from trtflow.run.session import Session
 
         return Session.open(self.project_dir, recipes, keep_refusals)
 

@@ -125,7 +125,7 @@ def run(
     no_report: bool,
 ) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
-    from trtflow import runmemo
+    from trtflow.run import runmemo
 
     started, started_ns = time.perf_counter(), time.time_ns()
     whole_project = not (recipes or force or retry_failed or dry_run or frozen or remote_required or check_repro)
@@ -136,7 +136,7 @@ def run(
         _exit_if_failed(known)
         return
     early = None if dry_run else _early_executor(ctx.project_dir, jobs, executor, ray_address)
-    from trtflow.runner import RunOptions
+    from trtflow.run.session import RunOptions
 
     with reads_recording() as reads:
         options = RunOptions(

@@ -23,7 +23,7 @@ MAX_RECORD_BYTES = 256 << 20
 
 
 def run_record(session: Any, states: list[NodeState], seconds: float, jobs: int) -> dict:
-    """The record of a finished run of `session` (a trtflow.session.Session): nodes, timing, packages, fleet."""
+    """The record of a finished run of `session` (a trtflow.run.session.Session): nodes, timing, packages, fleet."""
     nodes = [_node_entry(session, state) for state in states]
     manifests = _manifests(session.project.packages_dir, sorted({n["recipe"] for n in nodes}))
     targets = {

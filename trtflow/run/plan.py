@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtflow.dag import Dag, Node
 from trtflow.errors import ProjectError, required
 from trtflow.hashing import FileDigests, stage_key
+from trtflow.run.dag import Dag, Node
 from trtflow.stages import stage
 from trtflow.stages.base import NodeId
 from trtflow.stages.modelfile import MODEL, companions, external_data_locations

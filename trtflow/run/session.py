@@ -13,22 +13,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtflow.admission import default_budget
 from trtflow.backends.base import BACKENDS
 from trtflow.calibration import check_calibration_data
-from trtflow.dag import Dag, dag_from_project
 from trtflow.errors import EnvironmentProblem, ProjectError, required
 from trtflow.executors.local import LocalExecutor
-from trtflow.frozen import canonical_outputs
 from trtflow.hashing import FileDigests
 from trtflow.modelcheck import check_builder_options, check_recipe_model
-from trtflow.plan import Resolver, frozen_differences, kinds_to_run, plan
 from trtflow.recipe.load import load_project
 from trtflow.recipe.project import Project
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import RaySpec
-from trtflow.runmemo import signature
-from trtflow.runner import Listener, Runner, RunOptions
+from trtflow.run.admission import default_budget
+from trtflow.run.dag import Dag, dag_from_project
+from trtflow.run.frozen import canonical_outputs
+from trtflow.run.plan import Resolver, frozen_differences, kinds_to_run, plan
+from trtflow.run.runmemo import signature
+from trtflow.run.runner import Listener, Runner, RunOptions
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import NodeId, Placement
 from trtflow.states import PULLED, NodeState
@@ -236,7 +236,7 @@ class Session:
         self, store: Store, finished: dict[str, dict], options: RunOptions, listener: Listener | None
     ) -> list:
         """Rebuild every engine of the run `options.check_repro` times in hermetic workers (the release gate)."""
-        from trtflow.repro import check_builds
+        from trtflow.run.repro import check_builds
 
         progress = (lambda check: listener("repro", check)) if listener is not None else None
         return check_builds(self.dag, finished, store, self.resolver, options.check_repro, options.jobs, progress)

@@ -15,14 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtflow.dag import Dag, Node
 from trtflow.errors import required
 from trtflow.executors import StageTask
 from trtflow.executors.forking import FORKS, ForkServers
 from trtflow.executors.hermetic import run_hermetic
 from trtflow.hashing import sha256_file
-from trtflow.jobs import task_inputs
-from trtflow.plan import Resolver
+from trtflow.run.dag import Dag, Node
+from trtflow.run.jobs import task_inputs
+from trtflow.run.plan import Resolver
 from trtflow.store.objects import Store
 from trtflow.util.settings import Settings
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from trtflow.plan import Resolution
+from trtflow.run.plan import Resolution
 from trtflow.store.objects import Store
 from trtflow.util.memory import SHARE_OF_AVAILABLE, available_bytes, expected_peak, shown
 

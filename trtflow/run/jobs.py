@@ -7,10 +7,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtflow.dag import Node
 from trtflow.errors import EnvironmentProblem, required
 from trtflow.executors import StageResult
-from trtflow.plan import Resolution
+from trtflow.run.dag import Node
+from trtflow.run.plan import Resolution
 from trtflow.stages.base import Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side
 from trtflow.store.objects import Store

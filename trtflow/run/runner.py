@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtflow.admission import MemoryAdmission
-from trtflow.dag import Dag, Node
 from trtflow.errors import TrtflowError, required
 from trtflow.executors import Executor, StageResult, StageTask
-from trtflow.frozen import FrozenCheck
-from trtflow.jobs import Job, as_lack_of_memory, failure_record, task_inputs
-from trtflow.placing import Placements, run_here
-from trtflow.plan import Resolution, Resolver, failure_shown, upstream_outcome
+from trtflow.run.admission import MemoryAdmission
+from trtflow.run.dag import Dag, Node
+from trtflow.run.frozen import FrozenCheck
+from trtflow.run.jobs import Job, as_lack_of_memory, failure_record, task_inputs
+from trtflow.run.placing import Placements, run_here
+from trtflow.run.plan import Resolution, Resolver, failure_shown, upstream_outcome
 from trtflow.stages import stage
 from trtflow.stages.base import Placement
 from trtflow.states import (

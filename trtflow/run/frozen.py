@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from trtflow.dag import Node
-from trtflow.plan import Resolution, Resolver
+from trtflow.run.dag import Node
+from trtflow.run.plan import Resolution, Resolver
 from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.objects import Store
