@@ -181,3 +181,14 @@ def test_a_graph_without_the_location_key_is_not_parsed_for_external_data(tmp_pa
 
 
 LOCATION = b"location"
+
+
+def test_a_reduced_precision_reads_external_data_that_the_store_links(tmp_path: Path) -> None:
+    """onnx refuses external data from a file with more than one hard link ("potential hardlink attack"), and the
+    store links its objects into a stage's folder: precision copies a model's weights before ModelOpt loads them."""
+    root = write_project(tmp_path / "p", {"mlp": RECIPE.replace("targets:", "precisions: [fp32, fp16]\ntargets:")})
+    save_external(mlp(seed=0), root / "models" / "mlp.onnx")
+    result = trtflow(root, "run", "--json")
+    assert result.code == 0, result.err
+    lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
+    assert sorted(lock["precision:mlp/fp16"]["inputs"]) == ["model", "model.data"]

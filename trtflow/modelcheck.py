@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.backends.base import backend_version, get_backend
-from trtflow.backends.limits import describe, unsupported_nodes
+from trtflow.backends.limits import describe, unbuildable_nodes, unsupported_nodes, way_out
 from trtflow.errors import ProjectError, required
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.recipe.project import RecipeFile
 from trtflow.recipe.pymodule import top_level_names
 from trtflow.recipe.refusals import Refusal
-from trtflow.recipe.schema import Pipeline
+from trtflow.recipe.schema import Pipeline, TargetSpec
 from trtflow.stages.modelfile import external_locations
 from trtflow.util.onnxio import model_io
 
@@ -131,28 +131,33 @@ def _check_acyclic(item: RecipeFile, model: Any) -> None:
 
 
 def _backend_limit_refusals(item: RecipeFile, model: Any, pipeline: Pipeline) -> list[Refusal]:
-    """Each fp32 pair whose target cannot compile some node of the graph, naming the nodes."""
+    """Each pair whose target's backend cannot build an op of the graph at all (NMS on TensorRT-RTX), and each fp32
+    pair whose target cannot compile some node, naming the nodes."""
     refusals = []
     for precision, target in item.pairs(pipeline):
-        spec = pipeline.targets[target]
-        found = (
-            {cc: unsupported_nodes(spec.backend, cc, model) for cc in spec.compute_capabilities}
-            if precision == "fp32"
-            else {}
-        )
-        problem = next(
-            (
-                f"{precision} cannot build for target {target} ({cc}) with {spec.backend}: {describe(nodes)} "
-                "(build fp16 for it, or exclude the pair)"
-                for cc, nodes in found.items()
-                if nodes
-            ),
-            None,
-        )
+        problem = _pair_problem(precision, target, pipeline.targets[target], model)
         if problem:
             where = item.where("precisions", item.recipe.precisions.index(precision))
             refusals.append(Refusal(item.display, where, precision, target, problem))
     return refusals
+
+
+def _pair_problem(precision: str, target: str, spec: TargetSpec, model: Any) -> str | None:
+    """Why the graph cannot be built for this (precision, target), with the way out; None when nothing says so."""
+    never = unbuildable_nodes(spec.backend, model)
+    if never:
+        return (
+            f"{precision} cannot build for target {target} with {spec.backend}: {describe(never)} "
+            f"({way_out(spec.backend, never)}; or exclude the pair)"
+        )
+    for cc in spec.compute_capabilities if precision == "fp32" else []:
+        nodes = unsupported_nodes(spec.backend, cc, model)
+        if nodes:
+            return (
+                f"{precision} cannot build for target {target} ({cc}) with {spec.backend}: {describe(nodes)} "
+                "(build fp16 for it, or exclude the pair)"
+            )
+    return None
 
 
 def _quantizable_refusals(item: RecipeFile, model: Any, pipeline: Pipeline) -> list[Refusal]:

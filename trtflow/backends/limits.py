@@ -17,6 +17,15 @@ from typing import Any
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.onnxio import value_types
 
+# Ops a backend's builder implements for no architecture at all, each with the way out. Measured with TensorRT-RTX
+# 1.7.1 on a detector ending in NonMaxSuppression: `nms_20 has no runners that implement it`, for every target (full
+# TensorRT's parser maps the op to its INMSLayer).
+UNBUILDABLE_OPS = {
+    "tensorrt-rtx": {
+        "NonMaxSuppression": "export the model up to its boxes and scores and run NMS after the engine, or build "
+        "this recipe with full TensorRT (its NMS layer)",
+    },
+}
 GEMM_OPS = ("Gemm", "MatMul", "LSTM", "GRU", "RNN", "Attention")
 CONV_OPS = ("Conv", "ConvTranspose")
 TURING = ComputeCapability("sm_75")
@@ -44,6 +53,22 @@ def unsupported_nodes(backend: str, cc: str, model: Any) -> dict[str, list[str]]
         ],
     }
     return {limit: nodes for limit, nodes in found.items() if nodes}
+
+
+def unbuildable_nodes(backend: str, model: Any) -> dict[str, list[str]]:
+    """{"<op> has no <backend> implementation": [node names]} for the ops `backend` builds for no architecture."""
+    limits = UNBUILDABLE_OPS.get(backend, {})
+    found: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.op_type in limits:
+            found.setdefault(f"{node.op_type} has no {backend} implementation", []).append(_name(node))
+    return found
+
+
+def way_out(backend: str, found: dict[str, list[str]]) -> str:
+    """What to do about the first op of `unbuildable_nodes`' answer."""
+    op = next(iter(found)).split(" ", 1)[0]
+    return UNBUILDABLE_OPS[backend][op]
 
 
 def describe(found: dict[str, list[str]], most: int = 3) -> str:

@@ -23,6 +23,7 @@ def validate(ctx: Context) -> None:
     session = ctx.session(keep_refusals=True)
     project = session.project
     project.refuse([refusal for item in project.recipes for refusal in item.refusals] + session.check_models())
+    output.print_warnings(session.idle_recipes())
     click.echo(
         f"ok: {len(project.recipes)} recipe(s), {len(project.pipeline.targets)} target(s), {len(session.dag)} stage(s)"
     )

@@ -214,6 +214,22 @@ class Profile(StrictModel):
     inputs: dict[str, InputShape] = Field(min_length=1)
 
 
+class InputValues(StrictModel):
+    """The values trtflow draws for one integer input, where the graph does not say (or says wrong):
+
+    inputs: {token_type_ids: {values: [0, 1]}}    # integers from 0 to 1, both included
+    """
+
+    values: tuple[int, int]
+
+    @field_validator("values")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if value[0] > value[1]:
+            raise ValueError(f"values: [{value[0]}, {value[1]}]: the first is the lowest value, the second the highest")
+        return value
+
+
 class VerifyOptions(StrictModel):
     """How the ONNX the engine is built from is compared with the source model (and the engine, on a GPU)."""
 
@@ -283,6 +299,7 @@ class Recipe(StrictModel):
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
     targets: list[str] | None = Field(default=None, min_length=1)
     profiles: list[Profile] = Field(default_factory=list)
+    inputs: dict[str, InputValues] = Field(default_factory=dict)  # integer inputs' values, where inference fails
     build: BuildSettings = Field(default_factory=BuildSettings)
     package: PackageOptions = Field(default_factory=PackageOptions)
     verify: VerifyOptions = Field(default_factory=VerifyOptions)

@@ -83,6 +83,8 @@ def recipe_nodes(ctx: RecipeContext) -> list[Node]:
     cleaned = cleanup.node(ctx, exported)
     models = precision.nodes(ctx, cleaned)
     builds = build.nodes(ctx, models)
+    if not builds:  # every pair excluded: no engine, so nothing to clean, convert or package (validate says so)
+        return []
     verifies = verify.nodes(ctx, builds, cleaned)
     packaged = package.node(ctx, builds, verifies, cleaned)
     pairs = [n for pair in zip(builds, verifies, strict=True) for n in pair]

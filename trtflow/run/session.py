@@ -349,6 +349,15 @@ class Session:
             and all(s.settled and s.reason != PULLED for s in states)
         )
 
+    def idle_recipes(self) -> list[str]:
+        """One line per recipe whose `exclude:` drops every (precision, target) pair: it has no stage at all."""
+        built = {node.recipe for node in self.dag}
+        return [
+            f"{item.display}: exclude: drops every (precision, target) pair: it builds no engine and writes no package"
+            for item in self.project.recipes
+            if item.recipe.name not in built
+        ]
+
     def store_notes(self) -> list[str]:
         """What the store did on its own while planning (a cache started anew, a malformed record set aside)."""
         return self.store.take_notes() if self.store is not None else []

@@ -194,10 +194,34 @@ def ort_runnable(model: Any) -> tuple[Any, list[str]]:
     held = [(elem, name) for elem, name in reduced if _holds(model, elem)]
     if not held:
         return model, []
-    emulated = infer_shapes(onnx, model)
+    emulated = true_shapes(onnx, model)
     for elem, _ in held:
         _emulate(onnx, emulated, elem)
     return emulated, [name for _, name in held]
+
+
+def true_shapes(onnx: Any, model: Any) -> Any:
+    """`model` with its shapes inferred again from its inputs alone: value_info and output dimensions are set aside
+    while shape inference runs (and put back into `model`), so the copy it returns holds only shapes that are true.
+
+    AutoCast writes every dimension it does not know as one symbol `unk`, so unrelated tensors appear to share a
+    size (and hundreds of value_info entries name tensors that no longer exist); ONNX Runtime's memory planner trusts
+    that and reuses one buffer for both ("Shape mismatch attempting to re-use buffer {4,1,768} != {4,197,768}" on
+    ViT-B/16, GPT-2 and a UNet).
+    """
+    graph = model.graph
+    value_info = list(graph.value_info)
+    outputs = [onnx.ValueInfoProto() for _ in graph.output]
+    for saved, output in zip(outputs, graph.output, strict=True):
+        saved.CopyFrom(output)
+        output.type.tensor_type.ClearField("shape")
+    del graph.value_info[:]
+    try:
+        return infer_shapes(onnx, model)
+    finally:
+        graph.value_info.extend(value_info)
+        for saved, output in zip(outputs, graph.output, strict=True):
+            output.CopyFrom(saved)
 
 
 def _emulate(onnx: Any, model: Any, elem: int) -> None:

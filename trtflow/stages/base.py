@@ -94,6 +94,7 @@ class ProofSettings(BaseModel):
     rtol: float
     atol: float
     seed: int
+    values: dict[str, tuple[int, int]] = {}  # the recipe's integer input values (RecipeContext.input_values)
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,12 @@ class RecipeContext:
             }
             for profile in self.recipe.profiles
         ]
+
+    @property
+    def input_values(self) -> dict[str, tuple[int, int]]:
+        """The recipe's `inputs: {NAME: {values: [LO, HI]}}` as {NAME: (LO, HI)}: the stages that draw inputs hold it
+        in their params (empty by default, so out of their keys)."""
+        return {name: spec.values for name, spec in sorted(self.recipe.inputs.items())}
 
     @functools.cached_property
     def plugin_sources(self) -> tuple[tuple[str, Path], ...]:

@@ -103,7 +103,7 @@ def node(ctx: RecipeContext, export: Node | None) -> Node:
     """
     verify = ctx.recipe.verify
     samples = verify.rewrite_samples_for(ctx.profiles)
-    proof = Proof(rtol=verify.rtol, atol=verify.atol, samples=samples, seed=verify.seed)
+    proof = Proof(rtol=verify.rtol, atol=verify.atol, samples=samples, seed=verify.seed, values=ctx.input_values)
     params = Params(
         profiles=ctx.profiles,
         proof=proof,

@@ -8,7 +8,7 @@ Inputs are drawn at each profile's opt, min and max shapes in turn, so dynamic d
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,8 @@ import numpy as np
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import EnvironmentProblem, StageError
-from trtflow.util.onnxio import model_io_of_file
+from trtflow.util.inputvalues import UNKNOWN, Values, values_for
+from trtflow.util.onnxio import load_graph_only, model_io_of_file
 from trtflow.util.versions import tool_version
 
 ORT_DTYPES = {
@@ -130,18 +131,28 @@ def run_all(sess: Any, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.
     ]
 
 
-def sample_feeds(sess: Any, profiles: list[dict], samples: int, seed: int) -> list[dict[str, np.ndarray]]:
-    """Seeded inputs: sample i uses profile i % P at its opt, min or max shape in turn (static shapes if no profile)."""
+def input_values(model: Path, overrides: Mapping[str, tuple[int, int]]) -> dict[str, Values]:
+    """What each integer input of a model file accepts: the recipe's `inputs:` values, else read from its graph."""
+    return values_for(load_graph_only(model), overrides)
+
+
+def sample_feeds(
+    sess: Any, profiles: list[dict], samples: int, seed: int, values: Mapping[str, Values] | None = None
+) -> list[dict[str, np.ndarray]]:
+    """Seeded inputs: sample i uses profile i % P at its opt, min or max shape in turn (static shapes if no profile).
+    Integer inputs take `values` (input_values: token ids within their table, masks of ones with a padded tail)."""
     rng = np.random.default_rng(seed)
     feeds = []
     for index in range(samples):
         profile = profiles[index % len(profiles)] if profiles else {}
         which = ("opt", "min", "max")[(index // max(len(profiles), 1)) % 3]
-        feeds.append({i.name: _random(rng, i, profile.get(i.name, {}).get(which)) for i in sess.get_inputs()})
+        feeds.append(
+            {i.name: _random(rng, i, profile.get(i.name, {}).get(which), values or {}) for i in sess.get_inputs()}
+        )
     return feeds
 
 
-def _random(rng: np.random.Generator, meta: Any, shape: list[int] | None) -> np.ndarray:
+def _random(rng: np.random.Generator, meta: Any, shape: list[int] | None, values: Mapping[str, Values]) -> np.ndarray:
     shape = shape or [d if isinstance(d, int) else 1 for d in meta.shape]
     dtype = ORT_DTYPES.get(meta.type)
     if dtype is None or dtype == "bfloat16":
@@ -150,13 +161,18 @@ def _random(rng: np.random.Generator, meta: Any, shape: list[int] | None) -> np.
         return rng.standard_normal(shape).astype(dtype)
     if dtype == "bool":
         return rng.integers(0, 2, shape).astype(bool)
-    return rng.integers(0, 8, shape).astype(dtype)
+    return values.get(meta.name, UNKNOWN).draw(rng, shape, dtype)
 
 
 def compare_outputs(
-    actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rtol: float, atol: float
+    actual: dict[str, np.ndarray],
+    expected: dict[str, np.ndarray],
+    rtol: float,
+    atol: float,
+    of_magnitude: bool = False,
 ) -> list[dict]:
-    """Per output: max abs error, max rel error, and whether |a-e| <= atol + rtol*|e| everywhere."""
+    """Per output: max abs error, max rel error, and whether |a-e| <= atol + rtol*|e| everywhere (`of_magnitude`:
+    atol + rtol*max|e|, the output's largest magnitude, where elements are all computed alike)."""
     results: list[dict] = []
     for name, want in expected.items():
         got = np.asarray(actual[name], dtype=np.float64)
@@ -178,7 +194,9 @@ def compare_outputs(
                 "name": name,
                 "max_abs_error": float(error.max(initial=0.0)),
                 "max_rel_error": float((error / np.maximum(np.abs(want), 1e-12)).max(initial=0.0)),
-                "passed": bool(np.all(error <= atol + rtol * np.abs(want))),
+                "passed": bool(
+                    np.all(error <= atol + rtol * (np.abs(want).max(initial=0.0) if of_magnitude else np.abs(want)))
+                ),
             }
         )
     return results
@@ -225,11 +243,13 @@ def both(first: Callable[[], T], second: Callable[[], U], together: bool) -> tup
 def prove_equal(candidate: Path, reference: Path, profiles: list[dict], tolerance: dict) -> dict:
     """Run both models on the same seeded inputs; the record says per output how far apart they are.
 
-    `tolerance` holds rtol, atol, samples and seed (the recipe's `verify:` block). Small models run side by side;
+    `tolerance` holds rtol, atol, samples and seed (the recipe's `verify:` block) and the recipe's integer input
+    `values`; other integer inputs take the values the reference's graph accepts. Small models run side by side;
     larger ones one session at a time: each holds the model's weights, so a multi-GB model is in memory once.
     """
     ref = session(reference)
-    feeds = sample_feeds(ref, profiles, tolerance["samples"], tolerance["seed"])
+    values = input_values(reference, tolerance.get("values", {}))
+    feeds = sample_feeds(ref, profiles, tolerance["samples"], tolerance["seed"], values)
     if side_by_side(model_bytes(reference), model_bytes(candidate)):
         expected, actual = both(lambda: run_all(ref, feeds), lambda: run_all(session(candidate), feeds), True)
     else:

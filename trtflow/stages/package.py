@@ -89,6 +89,12 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     recipe = params.recipe
     present = [spec for spec in params.engines if _missing(spec, inputs) is None]
     missing = [gone for spec in params.engines if (gone := _missing(spec, inputs)) is not None]
+    if not present:
+        first = missing[0]
+        raise StageError(
+            f"no engine of {recipe} was built ({first.precision} for {first.target}: {first.stage} failed, and "
+            f"{len(missing) - 1} more): no package written"
+        )
     plugins = _plugins(inputs, carry=params.plugins == "carry")
     engines = [
         _describe_engine(

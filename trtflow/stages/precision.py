@@ -15,67 +15,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError, required
-from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS, AutocastOptions, QuantizeOptions
+from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS
 from trtflow.stages import convert
-from trtflow.stages.base import Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, StageParams, Upstream
+from trtflow.stages.base import Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, Upstream
 from trtflow.stages.composition import composition
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
+from trtflow.stages.precision_params import Accuracy, Params, Quantize, TaskCheck
+from trtflow.util.inputvalues import mask_carrying_nodes
 from trtflow.util.memory import released_after
+from trtflow.util.onnxio import load_graph_only
 from trtflow.util.versions import ort_version, tool_version
 
 # versions: 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions; 5:
 # value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis
 KIND, VERSION = "precision", 6
-
-
-class Accuracy(BaseModel):
-    """How the reduced-precision model is compared with fp32: samples, seed and the limits for this precision."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    samples: int
-    seed: int
-    tolerance: dict[str, float | None]
-
-
-class Quantize(QuantizeOptions):
-    """The recipe's quantize options plus the calibration method, seed, percentile and random sample count."""
-
-    method: str
-    seed: int
-    percentile: float | None
-    samples: int | None
-
-
-class TaskCheck(BaseModel):
-    """Task accuracy on the recipe's labelled data: the metric and the largest drop from fp32 allowed (None: recorded
-    only)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    metric: str
-    max_drop: float | None = None
-
-
-class Params(StageParams):
-    """fp32 sets `precision` alone; fp16/bf16 add autocast, int8/fp8 quantize; both add the accuracy check."""
-
-    FINGERPRINT = ("modelopt", "onnx", "onnxruntime", "numpy", "pillow")
-    precision: str
-    profiles: list[dict[str, dict[str, list[int]]]] | None = None
-    on_fail: str | None = None
-    accuracy: Accuracy | None = None
-    task: TaskCheck | None = None  # absent without accuracy.data: keys of recipes without labels stay as they were
-    data: dict[str, Any] | None = None  # how calibration files are read (calibration.reading_params)
-    autocast: AutocastOptions | None = None
-    quantize: Quantize | None = None
-    modelopt: str | None = None
-    onnx: str | None = None
-    onnxruntime: str | None = None
-    numpy: str | None = None  # calibration histograms and the accuracy numbers
-    pillow: str | None = None  # image calibration sets only
 
 
 def nodes(ctx: RecipeContext, cleanup: Node) -> dict[str, Node]:
@@ -123,6 +78,7 @@ def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
     params = Params(
         precision=precision,
         profiles=ctx.profiles,
+        values=ctx.input_values,
         on_fail=recipe.verify.on_fail,
         data=data,
         **settings,
@@ -164,9 +120,11 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
     from trtflow.stages import compare
 
-    # a copy: ModelOpt's PTQ rewrites its input in place (onnx.shape_inference.infer_shapes_path(onnx_path)), which
-    # through a hard link rewrote the store's object while the recipe's other precisions read it ("Unable to parse")
-    source = place_side_by_side(inputs["model"].files, MODEL, workdir / "source", copy=(MODEL,))["model"]
+    # copies: ModelOpt's PTQ rewrites its input in place (onnx.shape_inference.infer_shapes_path(onnx_path)), which
+    # through a hard link rewrote the store's object while the recipe's other precisions read it ("Unable to parse");
+    # and onnx (1.21) refuses to load external data from a file with more than one link ("potential hardlink attack")
+    placed = place_side_by_side(inputs["model"].files, MODEL, workdir / "source", copy=tuple(inputs["model"].files))
+    source = placed["model"]
     model_inputs = calibration.model_input_types(source)
     held_out, calibrating = _declared_samples(params, inputs, model_inputs)
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
@@ -252,8 +210,10 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
                 model, reasons = convert.autocast(source, precision, autocast, data)
                 return model, details, reasons
             samples = calibrating if calibrating is not None else _random_samples(source, params)
-            options = {
-                **required(params.quantize, "quantize").model_dump(),
+            options = required(params.quantize, "quantize").model_dump()
+            masked = mask_carrying_nodes(load_graph_only(source))
+            options |= {
+                "exclude_nodes": sorted({*options["exclude_nodes"], *masked}),
                 "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists(),
             }
             model = convert.quantize(
@@ -273,11 +233,17 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
         model,
         {
             "quantize": required(params.quantize, "quantize").model_dump(),
+            **({"kept_for_masks": {"nodes": masked, "why": MASK_REASON}} if masked else {}),
             "qdq": summary,
             "calibration": _calibration_record(params, samples, calibrating is None),
         },
         {},
     )
+
+
+MASK_REASON = (
+    "they carry an additive attention mask (finfo(float32).min where masked) to a Softmax: no 8-bit scale holds it"
+)
 
 
 def _autocast_data(samples: list | None, folder: Path) -> Path | None:
@@ -350,7 +316,8 @@ def _random_samples(source: Path, params: Params) -> list:
 
     quantize = required(params.quantize, "quantize")
     count, seed = quantize.samples or calibration.RANDOM_CALIBRATION_SAMPLES, quantize.seed
-    feeds = compare.sample_feeds(compare.session(source), required(params.profiles, "profiles"), count, seed)
+    values = compare.input_values(source, params.values)
+    feeds = compare.sample_feeds(compare.session(source), required(params.profiles, "profiles"), count, seed, values)
     return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
 
 
@@ -365,7 +332,8 @@ def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrat
         samples, data = calibrating[: options.samples], "the calibration samples (too few files to hold any out)"
     else:
         profiles = required(params.profiles, "profiles")
-        feeds = compare.sample_feeds(compare.session(source), profiles, options.samples, options.seed)
+        values = compare.input_values(source, params.values)
+        feeds = compare.sample_feeds(compare.session(source), profiles, options.samples, options.seed, values)
         samples, data = (
             [calibration.Sample("random", f) for f in feeds],
             f"seeded random inputs within the profiles (seed {options.seed})",

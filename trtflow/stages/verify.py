@@ -50,6 +50,7 @@ class Params(StageParams):
         "hardware_compatibility",
     )
     profiles: list[dict[str, dict[str, list[int]]]]
+    values: dict[str, tuple[int, int]] = {}  # the recipe's integer input values (RecipeContext.input_values)
     samples: int
     # the report carries cleanup's proof (its record, not a file): its sample count keys it here
     cleanup_samples: int
@@ -77,6 +78,7 @@ def node(ctx: RecipeContext, build: Node, cleanup: Node) -> Node:
     precision = required(build.info.precision, f"{build.id}: the precision")  # every build node names it
     params = Params(
         profiles=ctx.profiles,
+        values=ctx.input_values,
         samples=verify.samples_for(len(ctx.profiles)),
         cleanup_samples=cleanup.params_as(cleanup_stage.Params).proof.samples,
         seed=verify.seed,
@@ -171,7 +173,8 @@ def _engine_run(params: Params, engine: Upstream, reference: Path, plugins: dict
     if not set(gpus) & set(params.compute_capabilities) and params.hardware_compatibility == "none":
         return {"status": f"not run (local GPU {', '.join(gpus)} is not a target of this engine)"}
     ref = compare.session(reference)
-    feeds = compare.sample_feeds(ref, params.profiles[:1], params.samples, params.seed)
+    values = compare.input_values(reference, params.values)
+    feeds = compare.sample_feeds(ref, params.profiles[:1], params.samples, params.seed, values)
     backend = get_backend(params.backend)
     try:
         actual = [backend.outputs_from_engine(engine.files["engine"], feed, plugins) for feed in feeds]

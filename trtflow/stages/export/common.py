@@ -47,7 +47,7 @@ def check_against_reference(
 
     session = compare.session(path)
     names = compare.output_names(session)
-    feeds = compare.sample_feeds(session, profiles, samples, check.seed)
+    feeds = compare.sample_feeds(session, profiles, samples, check.seed, compare.input_values(path, check.values))
     per_sample = []
     for feed, got in zip(feeds, compare.run_all(session, feeds), strict=True):
         expected = reference(feed)

@@ -91,7 +91,7 @@ def node(ctx: RecipeContext) -> Node | None:
     common: dict[str, Any] = dict(
         profiles=ctx.profiles,
         dynamic=dynamic_axes(ctx.profiles),
-        check=ProofSettings(rtol=verify.rtol, atol=verify.atol, seed=verify.seed),
+        check=ProofSettings(rtol=verify.rtol, atol=verify.atol, seed=verify.seed, values=ctx.input_values),
         samples=verify.samples_for(len(ctx.profiles)),
         on_fail=verify.on_fail,
         tensorflow=tensorflow_version(),

@@ -1,0 +1,187 @@
+"""The models teams ship today, for the tests: transformers architectures at their real sizes with seeded random
+weights, exported to ONNX on demand into a cache folder (nothing is downloaded: each is built from its config).
+
+    model = family_model("bert", cache_dir)     # ZooModel: path, inputs, profile
+
+    bert    BERT-base (12 layers, hidden 768, vocabulary 30522): input_ids, attention_mask, token_type_ids (int64),
+            batch 1-8 x sequence 16-128; sequence-classification head (2 labels)
+    gpt2    GPT-2 small (12 layers, hidden 768, vocabulary 50257), no cache: input_ids, attention_mask, batch 1-4 x
+            sequence 8-64; the LM head's logits
+    detector  an SSD-lite-style detector (conv backbone, 3 anchors per cell of a 20x20 grid, 4 classes) at 320x320
+            whose graph ends in NonMaxSuppression: boxes, scores and the selected indices
+
+Weights are drawn with the model's own initializer from a fixed seed, with `initializer_range` raised so that outputs
+depend on the inputs (at the default 0.02 a random BERT's logits barely move with its tokens). Exports use
+torch.onnx.export(dynamo=True) at opset 18 with batch and sequence dynamic, as a user exporting by hand would.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+from zoo import SEED, Shapes, ZooModel, _quiet
+
+FAMILIES_VERSION = 1
+OPSET = 18
+
+
+@dataclass(frozen=True)
+class _Family:
+    make: Callable[[], torch.nn.Module]
+    profile: dict[str, Shapes]  # in the order of forward's keyword arguments
+    outputs: tuple[str, ...]
+    summary: str
+
+
+def _text(batch: tuple[int, int, int], sequence: tuple[int, int, int], *names: str) -> dict[str, Shapes]:
+    shapes = Shapes(min=(batch[0], sequence[0]), opt=(batch[1], sequence[1]), max=(batch[2], sequence[2]))
+    return dict.fromkeys(names, shapes)
+
+
+class _Logits(torch.nn.Module):
+    """forward(*inputs) -> the model's logits only: an ONNX graph with one named output, as a serving export has."""
+
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(**dict(zip(self.names, inputs, strict=True))).logits
+
+
+def bert() -> torch.nn.Module:
+    """BERT-base for sequence classification, random weights (seeded)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(SEED)
+    config = BertConfig(initializer_range=0.1, num_labels=2, attn_implementation="eager")
+    return BertForSequenceClassification(config).eval()
+
+
+def gpt2() -> torch.nn.Module:
+    """GPT-2 small language model without a key/value cache, random weights (seeded)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(SEED)
+    config = GPT2Config(initializer_range=0.1, use_cache=False, attn_implementation="eager")
+    return GPT2LMHeadModel(config).eval()
+
+
+class Detector(torch.nn.Module):
+    """image [1, 3, 320, 320] -> boxes [1, 1200, 4] (sigmoid-decoded corners), scores [1, 4, 1200]."""
+
+    def __init__(self, classes: int = 4, anchors: int = 3):
+        from zoo import ConvBNAct
+
+        super().__init__()
+        widths = (3, 16, 32, 64, 128)
+        self.backbone = torch.nn.Sequential(*(ConvBNAct(a, b, 3, 2) for a, b in zip(widths, widths[1:], strict=False)))
+        self.boxes = torch.nn.Conv2d(128, anchors * 4, 3, padding=1)
+        self.scores = torch.nn.Conv2d(128, anchors * classes, 3, padding=1)
+        self.classes = classes
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.backbone(image)
+        boxes = torch.sigmoid(self.boxes(features)).permute(0, 2, 3, 1).reshape(1, -1, 4)
+        low, high = boxes[..., :2], boxes[..., :2] + 0.25 * boxes[..., 2:]
+        scores = torch.sigmoid(self.scores(features)).permute(0, 2, 3, 1).reshape(1, -1, self.classes)
+        return torch.cat([low, high], dim=-1), scores.transpose(1, 2)
+
+
+def detector() -> torch.nn.Module:
+    """The detector with seeded weights and settled BatchNorm statistics."""
+    from zoo import _settled
+
+    torch.manual_seed(SEED)
+    return _settled(Detector(), 3, 320, 320)
+
+
+_SPECS: dict[str, _Family] = {
+    "bert": _Family(
+        bert,
+        _text((1, 4, 8), (16, 64, 128), "input_ids", "attention_mask", "token_type_ids"),
+        ("logits",),
+        "BERT-base, 3 int64 inputs sharing batch and sequence",
+    ),
+    "gpt2": _Family(
+        gpt2, _text((1, 2, 4), (8, 32, 64), "input_ids", "attention_mask"), ("logits",), "GPT-2 small, no cache"
+    ),
+    "detector": _Family(
+        detector,
+        {"image": Shapes.static(1, 3, 320, 320)},
+        ("boxes", "scores"),
+        "SSD-lite-style detector ending in NonMaxSuppression",
+    ),
+}
+FAMILIES: tuple[str, ...] = tuple(_SPECS)
+
+
+def family_model(name: str, cache_dir: Path) -> ZooModel:
+    """The named model as ONNX (external data beside it when past 2 GB), generated into `cache_dir` once."""
+    spec = _SPECS[name]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"family-{name}-v{FAMILIES_VERSION}.onnx"
+    if not path.is_file():
+        with FileLock(str(cache_dir / ".zoo.lock")):
+            if not path.is_file():
+                partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+                _export(spec, partial)
+                os.replace(partial, path)
+    return ZooModel(name=name, path=path, profile=spec.profile, summary=spec.summary)
+
+
+def _export(spec: _Family, path: Path) -> None:
+    """torch.onnx.export(dynamo=True) at the opt shapes; a text model's batch and sequence dynamic and shared by every
+    input; the detector gets its NonMaxSuppression appended (torch has no ONNX NMS without torchvision)."""
+    names = tuple(spec.profile)
+    model = spec.make()
+    first = next(iter(spec.profile.values()))
+    text = len(first.opt) == 2
+    if text:
+        model = _Logits(model, names)
+        examples: tuple = tuple(torch.ones(shapes.opt, dtype=torch.int64) for shapes in spec.profile.values())
+        batch = torch.export.Dim("batch", min=first.min[0], max=first.max[0])
+        sequence = torch.export.Dim("sequence", min=first.min[1], max=first.max[1])
+        dynamic: tuple | None = (tuple({0: batch, 1: sequence} for _ in names),)  # forward(*inputs): one argument
+    else:
+        examples, dynamic = tuple(torch.randn(s.opt) for s in spec.profile.values()), None
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            model,
+            examples,
+            dynamo=True,
+            opset_version=OPSET,
+            input_names=list(names),
+            output_names=list(spec.outputs),
+            dynamic_shapes=dynamic,
+        )
+    for graph in [program.model.graph, *program.model.functions.values()]:
+        for node in graph.all_nodes():
+            node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
+    program.save(str(path), external_data=False)
+    if not text:
+        _append_nms(path)
+
+
+def _append_nms(path: Path) -> None:
+    """boxes, scores -> NonMaxSuppression (100 per class, IoU 0.5, score 0.3) -> selected_indices [K, 3]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(path)
+    constants = {"max_per_class": np.array([100], np.int64), "iou": np.array([0.5], np.float32)}
+    constants["score"] = np.array([0.3], np.float32)
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in constants.items())
+    model.graph.node.append(
+        helper.make_node(
+            "NonMaxSuppression", ["boxes", "scores", *constants], ["selected_indices"], name="nms", center_point_box=0
+        )
+    )
+    model.graph.output.append(helper.make_tensor_value_info("selected_indices", TensorProto.INT64, ["selected", 3]))
+    onnx.save(model, path)

@@ -1,0 +1,102 @@
+"""Integer inputs take values the model accepts, read from the graph (trtflow/util/inputvalues.py): token ids within
+their embedding table, masks of ones with a padded tail; the recipe's `inputs:` overrides; unknown ones are named."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtflow.util.inputvalues import inferred_values, mask_carrying_nodes, padded_mask, values_for
+
+
+def attention_like() -> onnx.ModelProto:
+    """ids -> Gather(words [100, 8]); types -> Unsqueeze -> Gather(type_table [2, 8]); mask -> Cast -> Sub -> Mul ->
+    Add(scores) -> Softmax -> MatMul; positions -> Gather(axis 1 of a [8, 16] table); steps -> Range (unknown)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((100, 8)).astype(np.float32), "words"),
+        numpy_helper.from_array(rng.standard_normal((2, 8)).astype(np.float32), "type_table"),
+        numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "positions_table"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "lowest"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["words", "ids"], ["w"], name="embed_words"),
+        helper.make_node("Unsqueeze", ["types", "axis1"], ["t_u"], name="unsqueeze_types"),
+        helper.make_node("Squeeze", ["t_u", "axis1"], ["t_s"], name="squeeze_types"),
+        helper.make_node("Gather", ["type_table", "t_s"], ["t"], name="embed_types"),
+        helper.make_node("Add", ["w", "t"], ["e"], name="sum"),
+        helper.make_node("MatMul", ["e", "e_t"], ["scores"], name="qk"),
+        helper.make_node("Transpose", ["e"], ["e_t"], perm=[0, 2, 1], name="kt"),
+        helper.make_node("Cast", ["mask"], ["m_f"], to=TensorProto.FLOAT, name="mask_cast"),
+        helper.make_node("Sub", ["one", "m_f"], ["m_inv"], name="mask_invert"),
+        helper.make_node("Mul", ["m_inv", "lowest"], ["m_add"], name="mask_scale"),
+        helper.make_node("Unsqueeze", ["m_add", "axis1"], ["m_b"], name="mask_broadcast"),
+        helper.make_node("Add", ["scores", "m_b"], ["masked"], name="mask_add"),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["probs", "e"], ["out"], name="pv"),
+        helper.make_node("Gather", ["positions_table", "pos"], ["p"], axis=1, name="embed_positions"),
+    ]
+    ints = TensorProto.INT64
+    graph = helper.make_graph(
+        nodes,
+        "attention_like",
+        [
+            helper.make_tensor_value_info("ids", ints, ["batch", "sequence"]),
+            helper.make_tensor_value_info("types", ints, ["batch", "sequence"]),
+            helper.make_tensor_value_info("mask", ints, ["batch", "sequence"]),
+            helper.make_tensor_value_info("pos", ints, ["batch", "sequence"]),
+            helper.make_tensor_value_info("steps", ints, []),
+            helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 8]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_token_ids_index_their_table_masks_are_masks_and_floats_are_left_alone() -> None:
+    found = inferred_values(attention_like())
+    assert set(found) == {"ids", "types", "mask", "pos", "steps"}
+    assert (found["ids"].kind, found["ids"].low, found["ids"].high) == ("range", 0, 99)
+    assert (found["types"].kind, found["types"].high) == ("range", 1)  # through Unsqueeze and Squeeze
+    assert "type_table (2 rows)" in found["types"].why
+    assert (found["mask"].kind, found["mask"].low, found["mask"].high) == ("mask", 0, 1)
+    assert found["pos"].high == 15  # axis 1 of an [8, 16] table
+    assert found["steps"] is None
+
+
+def test_the_recipe_overrides_what_the_graph_says_and_unknown_inputs_keep_the_old_range() -> None:
+    values = values_for(attention_like(), {"types": (0, 0), "features": (0, 3)})
+    assert (values["types"].low, values["types"].high, values["types"].why) == (0, 0, "the recipe")
+    assert (values["steps"].low, values["steps"].high, values["steps"].why) == (0, 7, "unknown")
+    assert values["ids"].high == 99
+
+
+@pytest.mark.parametrize("shape", [[4, 16], [2, 1], [3, 2, 5]])
+def test_a_drawn_mask_is_ones_then_zeros_with_at_least_one_one_per_row(shape: list[int]) -> None:
+    mask = padded_mask(np.random.default_rng(1), shape)
+    assert mask.shape == tuple(shape)
+    rows = mask.reshape(-1, shape[-1])
+    assert rows[:, 0].all()
+    assert (np.diff(rows, axis=1) <= 0).all()  # never a one after a zero
+
+
+def test_drawn_values_are_seeded_and_within_the_table() -> None:
+    values = inferred_values(attention_like())["ids"]
+    first = values.draw(np.random.default_rng(5), [8, 128], "int64")
+    again = values.draw(np.random.default_rng(5), [8, 128], "int64")
+    assert np.array_equal(first, again) and first.min() >= 0 and first.max() <= 99 and first.dtype == np.int64
+
+
+def test_the_nodes_an_additive_mask_reaches_stop_at_the_softmax() -> None:
+    assert mask_carrying_nodes(attention_like()) == [
+        "mask_add",
+        "mask_broadcast",
+        "mask_cast",
+        "mask_invert",
+        "mask_scale",
+    ]
