@@ -19,12 +19,13 @@ from pydantic import BaseModel
 
 from trtflow.errors import ProjectError
 from trtflow.recipe.base import FieldError
+from trtflow.recipe.hftasks import TASKS
 from trtflow.recipe.plugins import plugin_sources
 from trtflow.recipe.precision import PRECISION_MIN_COMPUTE_CAPABILITY, QUANTIZED_PRECISIONS
 from trtflow.recipe.project import PIPELINE_FILE, Project, RecipeFile, format_loc
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import InputShape, Pipeline, Recipe, TargetSpec
-from trtflow.recipe.source import TensorFlowSource, TorchInput, TorchSource
+from trtflow.recipe.source import HuggingFaceSource, TensorFlowSource, TorchInput, TorchSource
 from trtflow.recipe.yamlfile import YamlDocument, load_yaml
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.reads import note_glob
@@ -222,6 +223,9 @@ def _check_source_exists(item: RecipeFile, root: Path) -> None:
     if source.torch is not None:
         _check_torch_source(item, source.torch, root)
         return
+    if source.huggingface is not None:
+        _check_hf_folder(item, source.huggingface, root)
+        return
     if source.tensorflow is not None:
         _check_saved_model(item, source.tensorflow, root)
         return
@@ -231,6 +235,37 @@ def _check_source_exists(item: RecipeFile, root: Path) -> None:
     path = item.source_path(root)
     if not path.is_file():
         raise ProjectError(f"{item.where('source', 'onnx')}: model file not found: {item.recipe.source.onnx}")
+
+
+def _check_hf_folder(item: RecipeFile, source: HuggingFaceSource, root: Path) -> None:
+    """source.huggingface.path is a local save_pretrained folder, and the profiles name the task's inputs."""
+    folder, where = root / source.path, item.where("source", "huggingface", "path")
+    if not (folder / "config.json").is_file():
+        looks_like_hub_id = source.path.count("/") == 1 and not folder.exists()
+        problem = (
+            f"{source.path} is not a folder here; trtflow never downloads from a hub: save the model with "
+            f"save_pretrained into a folder of the project (or huggingface-cli download --local-dir) and name it"
+            if looks_like_hub_id or not folder.exists()
+            else f"{source.path} holds no config.json: not a save_pretrained folder"
+        )
+        raise ProjectError(f"{where}: {problem}")
+    task = TASKS[source.task]
+    for index, profile in enumerate(item.recipe.profiles):
+        known = [name for name, _ in task.inputs]
+        for name in profile.inputs:
+            if name not in known:
+                raise ProjectError(
+                    f"{item.where('profiles', index, 'inputs', name)}: task {source.task} has no input {name!r} "
+                    f"(its inputs: {', '.join(known)})"
+                )
+        for name in task.required:
+            if name not in profile.inputs:
+                raise ProjectError(
+                    f"{item.where('profiles', index, 'inputs')}: task {source.task} needs input {name!r}: give its "
+                    "min/opt/max"
+                )
+    if not item.recipe.profiles:
+        raise ProjectError(f"{item.where('profiles')}: a huggingface source needs a profile naming its inputs")
 
 
 def _check_saved_model(item: RecipeFile, tensorflow: TensorFlowSource, root: Path) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from trtflow.recipe.base import Dim, FieldError, StrictModel
+from trtflow.recipe.hftasks import TASKS
 
 TorchDtype = Literal["float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"]
 TORCH_DTYPES = get_args(TorchDtype)
@@ -91,22 +92,40 @@ class TensorFlowSource(StrictModel):
     opset: int = Field(default=TF_OPSET, ge=9, le=TF_MAX_OPSET)
 
 
+class HuggingFaceSource(StrictModel):
+    """A `save_pretrained` folder of transformers or diffusers (config.json and safetensors weights), exported for a
+    task: `huggingface: {path: models/bert-base, task: text-classification}`. Nothing is fetched from a hub."""
+
+    path: str = Field(min_length=1)
+    task: str  # what each task loads, takes and returns: recipe.hftasks.TASKS
+    opset: int = Field(default=18, ge=7)
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        if value not in TASKS:
+            raise ValueError(f"unknown task {value!r} (tasks: {', '.join(TASKS)})")
+        return value
+
+
 class Source(StrictModel):
-    """Exactly one of an ONNX file, a PyTorch model, a TensorFlow SavedModel, or a Keras model file."""
+    """Exactly one of an ONNX file, a PyTorch model, a Hugging Face folder, a TensorFlow SavedModel, or a Keras file."""
 
     onnx: str | None = None
     torch: TorchSource | None = None
+    huggingface: HuggingFaceSource | None = None
     tensorflow: TensorFlowSource | None = None
     keras: str | None = Field(default=None, min_length=1)  # a Keras 3 .keras file (or a legacy .h5)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:
-        given = [name for name in ("onnx", "torch", "tensorflow", "keras") if getattr(self, name) is not None]
+        names = ("onnx", "torch", "huggingface", "tensorflow", "keras")
+        given = [name for name in names if getattr(self, name) is not None]
         if not given:
             raise FieldError(
                 "onnx",
                 "required field is missing: give onnx: <file>, torch: {factory: ..., inputs: [...]}, "
-                "tensorflow: {saved_model: <dir>} or keras: <file>",
+                "huggingface: {path: <folder>, task: ...}, tensorflow: {saved_model: <dir>} or keras: <file>",
             )
         if len(given) > 1:
             raise FieldError(given[1], f"give one source, not {' and '.join(given)}")

@@ -1,5 +1,6 @@
 """Export: a framework's model to ONNX, proven equal to the framework on ONNX Runtime. One stage kind (`export`, one
-version) with one exporter per source: from_torch (torch.onnx.export, dynamo) and from_tensorflow (tf2onnx, for
+version) with one exporter per source: from_torch (torch.onnx.export, dynamo), from_huggingface (a save_pretrained
+folder, exported the same way) and from_tensorflow (tf2onnx, for
 SavedModel and Keras); common holds what they share. ONNX sources have no export node.
 """
 
@@ -8,19 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtflow.stages.base import Node, Placement, RecipeContext, Stage, StageOutput, StageParams, Upstream
-from trtflow.stages.export import from_tensorflow, from_torch
+from trtflow.stages.export import from_huggingface, from_tensorflow, from_torch
 from trtflow.stages.export.common import KIND, VERSION
 
 
 def node(ctx: RecipeContext) -> Node | None:
     """The export node of a torch, TensorFlow or Keras source; None for an ONNX source."""
-    return from_torch.node(ctx) or from_tensorflow.node(ctx)
+    return from_torch.node(ctx) or from_huggingface.node(ctx) or from_tensorflow.node(ctx)
 
 
 def run(params: StageParams, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
     """Export with the exporter the params belong to."""
     if isinstance(params, from_torch.Params):
         return from_torch.run(params, inputs, workdir)
+    if isinstance(params, from_huggingface.Params):
+        return from_huggingface.run(params, inputs, workdir)
     assert isinstance(params, from_tensorflow.Params)
     return from_tensorflow.run(params, inputs, workdir)
 
@@ -29,6 +32,8 @@ def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached export whose proof failed under on_fail: warn fails the run once on_fail is fail."""
     if isinstance(node.params, from_torch.Params):
         return from_torch.finish(node, record, place)
+    if isinstance(node.params, from_huggingface.Params):
+        return from_huggingface.finish(node, record, place)
     return from_tensorflow.finish(node, record, place)
 
 
