@@ -7,6 +7,7 @@ weights, exported to ONNX on demand into a cache folder (nothing is downloaded: 
             batch 1-8 x sequence 16-128; sequence-classification head (2 labels)
     gpt2    GPT-2 small (12 layers, hidden 768, vocabulary 50257), no cache: input_ids, attention_mask, batch 1-4 x
             sequence 8-64; the LM head's logits
+    vit     ViT-B/16 (12 layers, hidden 768, patch 16, 1000 labels) at 224x224, batch 1-4
     detector  an SSD-lite-style detector (conv backbone, 3 anchors per cell of a 20x20 grid, 4 classes) at 320x320
             whose graph ends in NonMaxSuppression: boxes, scores and the selected indices
 
@@ -26,7 +27,7 @@ import torch
 from filelock import FileLock
 from zoo import SEED, Shapes, ZooModel, _quiet
 
-FAMILIES_VERSION = 1
+FAMILIES_VERSION = 2
 OPSET = 18
 
 
@@ -72,6 +73,15 @@ def gpt2() -> torch.nn.Module:
     return GPT2LMHeadModel(config).eval()
 
 
+def vit() -> torch.nn.Module:
+    """ViT-B/16 for image classification at 224x224 (12 layers, hidden 768, 1000 labels), random weights (seeded)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(SEED)
+    config = ViTConfig(initializer_range=0.1, num_labels=1000, attn_implementation="eager")
+    return ViTForImageClassification(config).eval()
+
+
 class Detector(torch.nn.Module):
     """image [1, 3, 320, 320] -> boxes [1, 1200, 4] (sigmoid-decoded corners), scores [1, 4, 1200]."""
 
@@ -111,10 +121,11 @@ _SPECS: dict[str, _Family] = {
     "gpt2": _Family(
         gpt2, _text((1, 2, 4), (8, 32, 64), "input_ids", "attention_mask"), ("logits",), "GPT-2 small, no cache"
     ),
+    "vit": _Family(vit, {"pixel_values": Shapes.batched(3, 224, 224, opt=2, high=4)}, ("logits",), "ViT-B/16, 224x224"),
     "detector": _Family(
         detector,
         {"image": Shapes.static(1, 3, 320, 320)},
-        ("boxes", "scores"),
+        ("boxes", "scores", "selected_indices"),
         "SSD-lite-style detector ending in NonMaxSuppression",
     ),
 }
@@ -149,7 +160,8 @@ def _export(spec: _Family, path: Path) -> None:
         sequence = torch.export.Dim("sequence", min=first.min[1], max=first.max[1])
         dynamic: tuple | None = (tuple({0: batch, 1: sequence} for _ in names),)  # forward(*inputs): one argument
     else:
-        examples, dynamic = tuple(torch.randn(s.opt) for s in spec.profile.values()), None
+        examples = tuple(torch.randn(s.opt) for s in spec.profile.values())
+        dynamic = _batch_axis(spec.profile)
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
             model,
@@ -157,15 +169,24 @@ def _export(spec: _Family, path: Path) -> None:
             dynamo=True,
             opset_version=OPSET,
             input_names=list(names),
-            output_names=list(spec.outputs),
+            output_names=[name for name in spec.outputs if name != "selected_indices"],
             dynamic_shapes=dynamic,
         )
     for graph in [program.model.graph, *program.model.functions.values()]:
         for node in graph.all_nodes():
             node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
     program.save(str(path), external_data=False)
-    if not text:
+    if "selected_indices" in spec.outputs:
         _append_nms(path)
+
+
+def _batch_axis(profile: dict[str, Shapes]) -> tuple | None:
+    """The batch axis dynamic where the profile varies it (an image model's), else static."""
+    if all(s.min[0] == s.max[0] for s in profile.values()):
+        return None
+    first = next(iter(profile.values()))
+    batch = torch.export.Dim("batch", min=first.min[0], max=first.max[0])
+    return tuple({0: batch} for _ in profile)
 
 
 def _append_nms(path: Path) -> None:

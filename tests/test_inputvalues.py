@@ -3,9 +3,12 @@ their embedding table, masks of ones with a padded tail; the recipe's `inputs:` 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
+from conftest import stage_record, trtflow, write_project
 from onnx import TensorProto, helper, numpy_helper
 
 from trtflow.util.inputvalues import inferred_values, mask_carrying_nodes, padded_mask, values_for
@@ -100,3 +103,38 @@ def test_the_nodes_an_additive_mask_reaches_stop_at_the_softmax() -> None:
         "mask_invert",
         "mask_scale",
     ]
+
+
+def attention_project(root: Path, shapes: dict[str, str] | None = None) -> Path:
+    """A project whose model is attention_like() with `steps` and `features` dropped (fp32, one target)."""
+    model = attention_like()
+    keep = [i for i in model.graph.input if i.name not in ("steps", "features")]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    shapes = shapes or {}
+    lines = "".join(
+        f"      {name}: {shapes.get(name, '{min: [1, 4], opt: [2, 8], max: [4, 16]}')}\n"
+        for name in ("ids", "types", "mask", "pos")
+    )
+    root = write_project(
+        root, {"m": f"source: {{onnx: models/m.onnx}}\ntargets: [rtx-ada]\nprofiles:\n  - inputs:\n{lines}"}
+    )
+    onnx.save(model, root / "models" / "m.onnx")
+    return root
+
+
+def test_cleanups_proof_draws_token_types_within_their_two_rows(tmp_path: Path) -> None:
+    """Drawn in [0, 8), token type 7 indexed a 2-row table: ONNX Runtime refused the proof (`idx=7 must be within
+    [-2,1]`), and a model that was fine could not be built."""
+    root = attention_project(tmp_path / "p")
+    result = trtflow(root, "run")
+    assert result.code == 0, result.err
+    assert stage_record(root, "cleanup:m")["equality"]["passed"]
+
+
+def test_a_profile_must_agree_on_the_axes_its_inputs_share(tmp_path: Path) -> None:
+    root = attention_project(tmp_path / "p", {"mask": "{min: [1, 4], opt: [2, 8], max: [4, 12]}"})
+    result = trtflow(root, "validate")
+    assert result.code == 3
+    shared = "axis 1 is 'sequence' in the model, shared with ids, which is 16 there, not 12"
+    assert f"profiles[0].inputs.mask.max: {shared}" in result.err

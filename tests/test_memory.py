@@ -197,3 +197,12 @@ def _resident(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_an_fp32_precision_passes_its_model_through_and_is_expected_to_need_little(project: Path) -> None:
+    """fp32 links the cleaned model through: a 3.1 GB model's took 0.07 GB where 99.7 GB were expected of it."""
+    result = trtflow(project, "run", "--memory", "300M", "--json")
+    assert result.code == 0, result.err
+    warnings = json.loads(result.out)["warnings"]
+    assert not [w for w in warnings if w.startswith("precision:tiny/fp32")]
+    assert [w for w in warnings if w.startswith("cleanup:tiny expects")]  # the budget is tight for the others

@@ -47,7 +47,37 @@ def check_recipe_model(item: RecipeFile, root: Path, pipeline: Pipeline) -> list
     for index, profile in enumerate(item.recipe.profiles):
         for name, shape in profile.inputs.items():
             _check_shape(item, ("profiles", index, "inputs", name), inputs[name], shape.triple())
+    _check_shared_axes(item, {t.name: t.dims or [] for t in model_io(model).inputs})
     return refusals
+
+
+def _check_shared_axes(item: RecipeFile, dims: dict[str, list]) -> None:
+    """Axes the graph names alike (`batch`, `sequence` of input_ids and attention_mask) take one size in each of a
+    profile's min, opt and max: the runtime would refuse the pair of shapes the engine was built for."""
+    for index, profile in enumerate(item.recipe.profiles):
+        for which in ("min", "opt", "max"):
+            seen: dict[str, tuple[str, int]] = {}
+            for name, shape in profile.inputs.items():
+                triple = dict(zip(("min", "opt", "max"), shape.triple(), strict=True))
+                for axis, symbol in enumerate(dims.get(name, [])):
+                    if not isinstance(symbol, str) or axis >= len(triple[which]):
+                        continue
+                    size = triple[which][axis]
+                    first, first_size = seen.setdefault(symbol, (name, size))
+                    if size != first_size:
+                        raise ProjectError(
+                            f"{item.where('profiles', index, 'inputs', name, which)}: axis {axis} is {symbol!r} in "
+                            f"the model, shared with {first}, which is {first_size} there, not {size}"
+                        )
+
+
+def check_exported_model(item: RecipeFile, exported: Path, pipeline: Pipeline) -> list[Refusal]:
+    """The pairs a torch, Hugging Face or TensorFlow source cannot be built for, read from its cached export (the
+    source itself only its framework can read): the same refusals an ONNX source gets."""
+    from trtflow.util.onnxio import load_graph_only
+
+    model = load_graph_only(exported)
+    return _backend_limit_refusals(item, model, pipeline) + _quantizable_refusals(item, model, pipeline)
 
 
 def check_builder_options(item: RecipeFile, pipeline: Pipeline) -> None:

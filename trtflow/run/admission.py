@@ -34,7 +34,8 @@ class MemoryAdmission:
     def expected(self, resolution: Resolution) -> int:
         """The node's expected peak: its last measured one, else its kind's declaration for its largest input."""
         node = resolution.node
-        return expected_peak(node.kind, self._largest_input(resolution), self.store.remembered_peak(node.id))
+        kind = "precision-fp32" if node.kind == "precision" and node.info.precision == "fp32" else node.kind
+        return expected_peak(kind, self._largest_input(resolution), self.store.remembered_peak(node.id))
 
     def admits(self, expected: int, running: list[int]) -> bool:
         """Whether a stage expected to peak at `expected` may start beside stages expected to peak at `running`."""

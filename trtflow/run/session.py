@@ -18,7 +18,7 @@ from trtflow.calibration import check_calibration_data
 from trtflow.errors import EnvironmentProblem, ProjectError, required
 from trtflow.executors.local import LocalExecutor
 from trtflow.hashing import FileDigests
-from trtflow.modelcheck import check_builder_options, check_recipe_model
+from trtflow.modelcheck import check_builder_options, check_exported_model, check_recipe_model
 from trtflow.recipe.load import load_project
 from trtflow.recipe.project import Project
 from trtflow.recipe.refusals import Refusal
@@ -97,6 +97,8 @@ class Session:
             node = self.dag.nodes.get(NodeId.of("cleanup", item.recipe.name))
             if node is not None and (states is None or not states[node.id].settled):
                 refusals += check_recipe_model(item, self.project.root, self.project.pipeline)
+                exported = self._cached_export(item.recipe.name)
+                refusals += check_exported_model(item, exported, self.project.pipeline) if exported else []
             if any(states is None or not states[n].settled for n in builds.get(item.recipe.name, [])):
                 check_builder_options(item, self.project.pipeline)
             reduced = [NodeId.of("precision", item.recipe.name, p) for p in item.recipe.precisions if p != "fp32"]
@@ -105,6 +107,12 @@ class Session:
             if item.recipe.accuracy.data is not None and any(self._will_run(n, states) for n in reduced):
                 check_task_data(item, self.project.root)
         return refusals
+
+    def _cached_export(self, recipe: str) -> Path | None:
+        """The ONNX a recipe's export stage made for its current key, if the store has it."""
+        node = self.dag.nodes.get(NodeId.of("export", recipe))
+        output = self.resolver.resolve(node, {}).output if node is not None and self.store is not None else None
+        return self.store.object_path(output["outputs"]["model"]) if output and self.store is not None else None
 
     def _will_run(self, node_id: str, states: dict[str, NodeState] | None) -> bool:
         return node_id in self.dag.nodes and (states is None or not states[node_id].settled)

@@ -57,8 +57,8 @@ from trtflow.util.versions import ort_version, tool_version
 
 PROOF_FAILED = "the cleaned model differs from the source: onnx_compare"
 # versions: 4: IR 3 models upgraded, folding bounded by size, CastLike resolved, initializer_bytes; 5: CPU-independent
-# sessions; 6: no fold larger than its seeds (stages.folding)
-KIND, VERSION = "cleanup", 6
+# sessions; 6: no fold larger than its seeds (stages.folding); 7: integer inputs drawn as the graph accepts them
+KIND, VERSION = "cleanup", 7
 # IR 3 lists every initializer as a graph input too; from IR 4 on initializers are constants of their own.
 MIN_IR_VERSION = 4
 # The newest IR version ONNX Runtime and the TensorRT parsers read; a model needing more keeps its own.

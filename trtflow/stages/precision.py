@@ -29,8 +29,9 @@ from trtflow.util.onnxio import load_graph_only
 from trtflow.util.versions import ort_version, tool_version
 
 # versions: 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions; 5:
-# value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis
-KIND, VERSION = "precision", 6
+# value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis; 7:
+# integer inputs drawn as the graph accepts them, additive attention masks kept out of int8/fp8
+KIND, VERSION = "precision", 7
 
 
 def nodes(ctx: RecipeContext, cleanup: Node) -> dict[str, Node]:

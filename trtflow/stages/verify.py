@@ -26,7 +26,8 @@ from trtflow.stages.base import Dep, Node, RecipeContext, Stage, StageOutput, St
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.versions import ort_version
 
-KIND, VERSION = "verify", 4  # 3: carries the precision model's composition; 4: CPU-independent sessions
+# 3: carries the precision model's composition; 4: CPU-independent sessions; 5: integer inputs as the graph accepts
+KIND, VERSION = "verify", 5
 
 # Elementwise engine-vs-fp32 tolerances for reduced precision; the ONNX-level accuracy report is the real gate.
 REDUCED_PRECISION_ENGINE_TOLERANCE = {

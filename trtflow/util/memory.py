@@ -22,6 +22,8 @@ DECLARED: dict[str, tuple[int, float]] = {
     "export": (1 * GIB, 4.0),
     "cleanup": (400 * MIB, 4.0),
     "precision": (600 * MIB, 32.0),
+    # fp32 precision links its model through: 0.07 GB measured for a 3.1 GB model it was expected to need 99.7 GB for
+    "precision-fp32": (200 * MIB, 0.0),
     "build": (500 * MIB, 3.0),
     "verify": (300 * MIB, 2.0),
     "package": (200 * MIB, 1.0),
