@@ -25,10 +25,9 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
-from zoo import SEED, Shapes, ZooModel, _quiet
+from zoo import SEED, Shapes, ZooModel, export_onnx
 
 FAMILIES_VERSION = 2
-OPSET = 18
 
 
 @dataclass(frozen=True)
@@ -162,20 +161,8 @@ def _export(spec: _Family, path: Path) -> None:
     else:
         examples = tuple(torch.randn(s.opt) for s in spec.profile.values())
         dynamic = _batch_axis(spec.profile)
-    with _quiet(), torch.no_grad():
-        program = torch.onnx.export(
-            model,
-            examples,
-            dynamo=True,
-            opset_version=OPSET,
-            input_names=list(names),
-            output_names=[name for name in spec.outputs if name != "selected_indices"],
-            dynamic_shapes=dynamic,
-        )
-    for graph in [program.model.graph, *program.model.functions.values()]:
-        for node in graph.all_nodes():
-            node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
-    program.save(str(path), external_data=False)
+    outputs = [name for name in spec.outputs if name != "selected_indices"]
+    export_onnx(model, examples, list(names), outputs, dynamic, path)
     if "selected_indices" in spec.outputs:
         _append_nms(path)
 

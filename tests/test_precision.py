@@ -515,3 +515,21 @@ def test_frozen_rebuild_accepts_int8_engines_that_differ_only_in_kernel_names(tm
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
     # the quantized ONNX itself is reproducible: it matched the lock
     assert lock["precision:tiny/int8"]["outputs"]["model"]
+
+
+def test_held_out_images_are_counted_as_images_with_their_batches(tmp_path: Path) -> None:
+    """Held-out batches of images were reported as files: "4 file(s) held out" for 16 images."""
+    from PIL import Image
+
+    images = (
+        "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n"
+        + PROFILE_YAML
+        + "calibration:\n  images: {path: pictures, resize: 32, crop: 32, batch: 2}\naccuracy: {samples: 2}\n"
+    )
+    root = _project(tmp_path, "tiny_cnn", images)
+    rng = np.random.default_rng(3)
+    (root / "pictures").mkdir()
+    for index in range(8):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(root / "pictures" / f"{index}.png")
+    _, record = _run_node(root, "int8", tmp_path)
+    assert record["accuracy"]["data"] == "4 images held out from the calibration set (2 batches of 2)"

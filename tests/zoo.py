@@ -565,21 +565,27 @@ def _export(model: nn.Module, profile: dict[str, Shapes], path: Path) -> None:
         "batch", min=min(s.min[0] for s in profile.values()), max=max(s.max[0] for s in profile.values())
     )
     dynamic = tuple({0: batch} if shapes.min[0] != shapes.max[0] else None for shapes in profile.values())
-    with _quiet():
+    export_onnx(model, examples, list(profile), ["logits"], dynamic, path)
+
+
+def export_onnx(model: nn.Module, examples: tuple, inputs: list[str], outputs: list[str], dynamic, path: Path) -> None:
+    """torch.onnx.export(dynamo=True) at OPSET, quietly, without gradients; node stack traces dropped; saved whole
+    (weights inside the file below protobuf's 2 GB)."""
+    with _quiet(), torch.no_grad():
         program = torch.onnx.export(
             model,
             examples,
             dynamo=True,
             opset_version=OPSET,
-            input_names=list(profile),
-            output_names=["logits"],
+            input_names=inputs,
+            output_names=outputs,
             dynamic_shapes=dynamic,
             verbose=False,
         )
     for graph in [program.model.graph, *program.model.functions.values()]:
         for node in graph.all_nodes():
             node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
-    program.save(str(path))
+    program.save(str(path), external_data=False)
 
 
 @contextlib.contextmanager

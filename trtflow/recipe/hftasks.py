@@ -22,6 +22,7 @@ class Task:
     inputs: tuple[tuple[str, str], ...]  # (name, dtype)
     required: tuple[str, ...]
     output: str
+    output_name: str | None = None  # the ONNX output's name when `output` is also an input's (a UNet's sample)
     encoder_only: bool = False  # call model.get_encoder() (a speech model's encoder)
     config: dict[str, object] = field(default_factory=dict)  # set on the loaded config (no key/value cache)
 
@@ -54,8 +55,14 @@ TASKS: dict[str, Task] = {
         (("sample", "float32"), ("timestep", "float32"), ("encoder_hidden_states", "float32")),
         ("sample", "timestep", "encoder_hidden_states"),
         "sample",
+        output_name="out_sample",
     ),
 }
+
+
+def graph_output(task: str) -> str:
+    """The name of the exported graph's output."""
+    return TASKS[task].output_name or TASKS[task].output
 
 
 def task_inputs(task: str, named: set[str] | list[str]) -> list[tuple[str, str]]:

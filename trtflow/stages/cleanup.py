@@ -175,6 +175,8 @@ def _clean(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list[st
     if options.simplify:
         resolved = _castlike_to_cast(onnx, model) if options.fold_constants else 0
         passes += [f"castlike_to_cast {resolved}"] if resolved else []
+        typed = _typed_constants(onnx, model)
+        passes += [f"typed_constants {typed}"] if typed else []
         model, ran = _simplify(onnx, model, options)
         passes += ran
     if options.opset is not None:
@@ -237,6 +239,31 @@ def _castlike_to_cast(onnx: Any, model: Any) -> int:
         node.op_type = "Cast"
         del node.input[1:]
     return len(resolved)
+
+
+# A Constant's list and scalar attributes and the element type the ONNX spec gives them.
+CONSTANT_LISTS = {"value_float": "float32", "value_floats": "float32", "value_int": "int64", "value_ints": "int64"}
+
+
+def _typed_constants(onnx: Any, model: Any) -> int:
+    """Constant(value_floats=[...]) -> Constant(value=<float32 tensor>), and likewise for value_float(s)/value_int(s):
+    the same values. onnxslim lowers the list forms with numpy's default type when the graph does not say it, so a
+    diffusers UNet's Resize scales came out float64 and ONNX Runtime refused the model. Returns how many."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    count = 0
+    for node in model.graph.node:
+        attribute = node.attribute[0] if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        if attribute is None or attribute.name not in CONSTANT_LISTS:
+            continue
+        dtype = CONSTANT_LISTS[attribute.name]
+        values = onnx.helper.get_attribute_value(attribute)
+        array = np.array(values, dtype=dtype)
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(array)))
+        count += 1
+    return count
 
 
 def _element_types(onnx: Any, model: Any) -> dict[str, int]:

@@ -224,10 +224,11 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
         raise
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
+        said = [line for line in printed if "%|" not in line and "\r" not in line][-3:]  # no progress bars
         raise StageError(
-            f"ModelOpt failed to make {precision}: {type(exc).__name__}: {first} [it printed: "
-            f"{' | '.join(printed[-3:])}]"
-        ) from None
+            f"ModelOpt failed to make {precision}: {type(exc).__name__}: {first}"
+            + (f" [it printed: {' | '.join(said)}]" if said else "")
+        ) from exc
     summary = convert.qdq_summary(model)
     convert.check_quantized(summary, precision)
     return (
@@ -328,7 +329,7 @@ def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrat
 
     options = required(params.accuracy, "accuracy")
     if held_out:
-        samples, data = held_out, f"{len(held_out)} file(s) held out from the calibration set"
+        samples, data = held_out, _held_out_said(params, len(held_out))
     elif calibrating:
         samples, data = calibrating[: options.samples], "the calibration samples (too few files to hold any out)"
     else:
@@ -341,6 +342,15 @@ def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrat
         )
     result = accuracy.report(model, source, [s.feed for s in samples], options.tolerance, data)
     return {**result, "held_out": bool(held_out)}
+
+
+def _held_out_said(params: Params, count: int) -> str:
+    """`16 images held out from the calibration set (4 batch(es) of 4)`, or `3 file(s) held out ...`."""
+    reading = params.data or {}
+    if reading.get("kind") == "images" and reading.get("batch", 1) > 1:
+        batch = reading["batch"]
+        return f"{count * batch} images held out from the calibration set ({count} batch(es) of {batch})"
+    return f"{count} file(s) held out from the calibration set"
 
 
 def _failure_message(precision: str, result: dict) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtflow.stages.base import Node, Placement, RecipeContext, Stage, StageOutput, StageParams, Upstream
-from trtflow.stages.export import from_huggingface, from_tensorflow, from_torch
+from trtflow.stages.export import from_huggingface, from_tensorflow, from_torch, torch_module
 from trtflow.stages.export.common import KIND, VERSION
 
 
@@ -30,10 +30,8 @@ def run(params: StageParams, inputs: dict[str, Upstream], workdir: Path) -> Stag
 
 def finish(node: Node, record: dict, place: Placement) -> str | None:
     """A cached export whose proof failed under on_fail: warn fails the run once on_fail is fail."""
-    if isinstance(node.params, from_torch.Params):
-        return from_torch.finish(node, record, place)
-    if isinstance(node.params, from_huggingface.Params):
-        return from_huggingface.finish(node, record, place)
+    if isinstance(node.params, torch_module.ModuleExport):  # torch and Hugging Face sources
+        return torch_module.finish(node, record, place)
     return from_tensorflow.finish(node, record, place)
 
 

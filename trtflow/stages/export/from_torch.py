@@ -31,15 +31,12 @@ from typing import Any
 from trtflow.errors import StageError, required
 from trtflow.recipe.pymodule import import_root
 from trtflow.stages.base import (
-    CACHED_UNDER_WARN,
     Node,
     NodeId,
-    Placement,
     ProofSettings,
     RecipeContext,
     StageOutput,
     Upstream,
-    enforce_proof,
 )
 from trtflow.stages.export.common import KIND, VERSION, dynamic_axes, one_line
 from trtflow.stages.export.torch_module import ExampleInput, ModuleExport, export_checked
@@ -108,13 +105,6 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     """Import and call the factory, export with the dynamo exporter, check the ONNX against torch on ONNX Runtime."""
     with _user_code(params.factory, inputs["factory"].files["factory"]):
         return export_checked(lambda torch: _model(torch, params, inputs), params, workdir)
-
-
-def finish(node: Node, record: dict, place: Placement) -> str | None:
-    """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
-    params = node.params_as(Params)
-    enforce_proof(params.on_fail, record["record"]["torch_equality"], params.proof_failed, CACHED_UNDER_WARN)
-    return None
 
 
 @contextlib.contextmanager

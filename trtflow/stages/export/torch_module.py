@@ -19,7 +19,15 @@ from pydantic import BaseModel, ConfigDict
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
-from trtflow.stages.base import ProofSettings, StageOutput, StageParams, enforce_proof
+from trtflow.stages.base import (
+    CACHED_UNDER_WARN,
+    Node,
+    Placement,
+    ProofSettings,
+    StageOutput,
+    StageParams,
+    enforce_proof,
+)
 from trtflow.stages.capture import ANSI_ESCAPES, captured_output
 from trtflow.stages.export.common import one_line
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
@@ -57,6 +65,13 @@ class ModuleExport(StageParams):
     def proof_failed(self) -> str:
         """The check's failure, naming the source field."""
         return f"{self.FIELD}: the exported ONNX differs from torch"
+
+
+def finish(node: Node, record: dict, place: Placement) -> str | None:
+    """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
+    params = node.params_as(ModuleExport)
+    enforce_proof(params.on_fail, record["record"]["torch_equality"], params.proof_failed, CACHED_UNDER_WARN)
+    return None
 
 
 def export_checked(make: Callable[[Any], Any], params: ModuleExport, workdir: Path) -> StageOutput:

@@ -1,0 +1,189 @@
+"""The models teams ship today: each precision stage against the bare ModelOpt call on the same model and data, and
+each stage's peak memory, for BERT-base, GPT-2 small and ViT-B/16 at their real sizes (random weights, seeded).
+
+    python benchmarks/model_families.py [--models bert gpt2 vit] [--precisions fp16 int8] [--files 5] [--workdir DIR]
+
+What is measured, in one run:
+  1. a project with one recipe per model (its ONNX from tests/families.py, fp32 and the precisions, one target:
+     rtx-ampere, `--files` calibration files of batch 4 (text: token ids within the vocabulary, padded masks; images:
+     normal values), accuracy limits at their defaults with `verify: {on_fail: warn}` so a miss is recorded, not
+     fatal); a cold `trtflow run -j 1`; seconds and peak RSS per stage from artifacts/run.json;
+  2. the baseline, per (model, precision), in a fresh subprocess: the ModelOpt call the precision stage makes
+     (trtflow.stages.convert.autocast or .quantize: ModelOpt AutoCast / PTQ with the options trtflow passes) on the
+     very cleaned model the stage read (from the store) and the very calibration files it calibrated on, timed
+     after the imports, with its peak RSS;
+  3. a table: stage seconds, bare seconds, their ratio; stage peak and bare peak (GiB); the accuracy it reached.
+The ratio is the precision stage's own cost around ModelOpt: copying the model in, the accuracy check on the held-out
+file, the fp16 emulation, writing the model and its record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from conftest import write_project  # noqa: E402
+from families import family_model  # noqa: E402
+
+from trtflow.util.inputvalues import padded_mask  # noqa: E402
+
+TEXT = ("input_ids", "attention_mask", "token_type_ids")
+PROFILES = {
+    "bert": ({n: "{min: [1, 16], opt: [4, 64], max: [8, 128]}" for n in TEXT}, (4, 64), 30522),
+    "gpt2": ({n: "{min: [1, 8], opt: [2, 32], max: [4, 64]}" for n in TEXT[:2]}, (4, 32), 50257),
+    "vit": ({"pixel_values": "{min: [1, 3, 224, 224], opt: [2, 3, 224, 224], max: [4, 3, 224, 224]}"}, None, None),
+}
+
+
+def recipe(name: str, precisions: list[str]) -> str:
+    """The recipe of one model: fp32 and `precisions` for rtx-ampere, calibrated on its files, misses recorded."""
+    inputs = "".join(f"      {input_name}: {shape}\n" for input_name, shape in PROFILES[name][0].items())
+    return (
+        f"source: {{onnx: models/{name}.onnx}}\nprecisions: [fp32, {', '.join(precisions)}]\ntargets: [rtx-ampere]\n"
+        f"calibration: {{data: calib/{name}/*.npz}}\nverify: {{on_fail: warn}}\nprofiles:\n  - inputs:\n{inputs}"
+    )
+
+
+def write_calibration(folder: Path, name: str, files: int) -> None:
+    """`files` seeded batches of 4 at the profile's opt shape."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    _, shape, vocabulary = PROFILES[name]
+    for index in range(files):
+        if shape is None:
+            arrays = {"pixel_values": rng.standard_normal((4, 3, 224, 224)).astype(np.float32)}
+        else:
+            arrays = {"input_ids": rng.integers(0, vocabulary, shape), "attention_mask": padded_mask(rng, list(shape))}
+            if "token_type_ids" in PROFILES[name][0]:
+                arrays["token_type_ids"] = rng.integers(0, 2, shape)
+        np.savez(folder / f"{index}.npz", **arrays)
+
+
+def bare_call(model: str, precision: str, files: list[str], options: str, out: str) -> None:
+    """The child: the ModelOpt call of the precision stage, timed after the imports; prints seconds and peak RSS."""
+    from trtflow.stages import convert
+
+    convert.modelopt_onnx()
+    feeds = [dict(np.load(path)) for path in files]
+    started = time.perf_counter()
+    if precision in ("fp16", "bf16"):
+        folder = Path(out) / "autocast-data"
+        folder.mkdir(parents=True)
+        for index, feed in enumerate(feeds):
+            np.savez(folder / f"{index:06d}.npz", **feed)
+        with convert.quiet():
+            convert.autocast(Path(model), precision, json.loads(options), folder)
+    else:
+        with convert.quiet():
+            convert.quantize(Path(model), Path(out) / "q" / "model.onnx", precision, feeds, json.loads(options))
+    seconds = time.perf_counter() - started
+    print(json.dumps({"seconds": seconds, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def stage_inputs(root: Path, node_id: str) -> tuple[str, list[str], str]:
+    """The cleaned model the stage read (a store object), the calibration files it calibrated on, and the options
+    trtflow passed to ModelOpt (the mask nodes it kept out included)."""
+    from trtflow.calibration import CALIBRATION_ROLE
+    from trtflow.stages.precision_params import Params
+    from trtflow.store import Store
+
+    store = Store(root / "artifacts" / "store")
+    try:
+        run = store.last_run(node_id)
+        record = store.stage_record(run["key"])["record"]
+        components = run["components"]
+    finally:
+        store.close()
+    model = str(store.object_path(components["inputs"]["model"]))
+    roles = components["inputs"]
+    files = sorted(
+        str(root / name.removeprefix(CALIBRATION_ROLE)) for name in roles if name.startswith(CALIBRATION_ROLE)
+    )
+    params = Params(**components["params"])
+    if params.autocast is not None:
+        return model, files, json.dumps(params.autocast.model_dump())
+    options = params.quantize.model_dump() if params.quantize else {}
+    kept = record.get("kept_for_masks", {}).get("nodes", [])
+    options |= {"exclude_nodes": sorted({*options["exclude_nodes"], *kept}), "external_data": False}
+    return model, files, json.dumps(options)
+
+
+def measure_bare(root: Path, node_id: str, precision: str) -> dict:
+    """The bare call in its own process (its peak is its own)."""
+    model, files, options = stage_inputs(root, node_id)
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", model, precision, json.dumps(files), options, out],
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    """Build the project, run it cold, measure the bare calls, print the table."""
+    if sys.argv[1:2] == ["--child"]:
+        model, precision, files, options, out = sys.argv[2:7]
+        bare_call(model, precision, json.loads(files), options, out)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "vit"], choices=list(PROFILES))
+    parser.add_argument("--precisions", nargs="+", default=["fp16", "int8"])
+    parser.add_argument("--files", type=int, default=5, help="calibration files per model (one is held out)")
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-families-"))
+    root = write_project(work / "p", {name: recipe(name, args.precisions) for name in args.models})
+    for name in args.models:
+        model = family_model(name, work / "models-cache")
+        target = root / "models" / f"{name}.onnx"
+        if not target.exists():
+            os.link(model.path, target)
+        write_calibration(root / "calib" / name, name, args.files)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], text=True)
+    print(f"cold run: exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")
+    nodes = {n["id"]: n for n in json.loads((root / "artifacts" / "run.json").read_text())["nodes"]}
+    print(f"{'stage':<28} {'seconds':>8} {'bare':>7} {'ratio':>6} {'peak GiB':>9} {'bare GiB':>9}  accuracy")
+    for name in args.models:
+        for node_id in sorted(n for n in nodes if n.split(":", 1)[1].startswith(f"{name}/") or n.endswith(f":{name}")):
+            node = nodes[node_id]
+            line = f"{node_id:<28} {node.get('seconds') or 0:8.1f}"
+            precision = node_id.rsplit("/", 1)[-1]
+            if node["kind"] == "precision" and precision != "fp32" and node["status"] != "skipped":
+                bare = measure_bare(root, node_id, precision)
+                if "error" in bare:
+                    line += f"  bare call failed: {bare['error']}"
+                else:
+                    ratio = (node.get("seconds") or 0) / bare["seconds"]
+                    line += f" {bare['seconds']:7.1f} {ratio:6.2f} {(node.get('peak_rss') or 0) / 2**30:9.2f}"
+                    line += f" {bare['peak'] / 2**30:9.2f}  {_accuracy(root, node_id)}"
+            else:
+                line += f" {'':7} {'':6} {(node.get('peak_rss') or 0) / 2**30:9.2f}"
+            print(line)
+    return 0
+
+
+def _accuracy(root: Path, node_id: str) -> str:
+    from conftest import stage_record
+
+    outputs = (stage_record(root, node_id).get("accuracy") or {}).get("outputs") or [{}]
+    cosine = outputs[0].get("cosine_similarity")
+    return f"cosine {cosine:.4f}" if cosine is not None else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
