@@ -138,3 +138,22 @@ def test_a_profile_must_agree_on_the_axes_its_inputs_share(tmp_path: Path) -> No
     assert result.code == 3
     shared = "axis 1 is 'sequence' in the model, shared with ids, which is 16 there, not 12"
     assert f"profiles[0].inputs.mask.max: {shared}" in result.err
+
+
+def test_validate_names_an_integer_input_it_cannot_tell_and_refuses_values_for_a_float_one(tmp_path: Path) -> None:
+    model = attention_like()
+    del model.graph.input[4:]  # keep ids, types, mask, pos
+    model.graph.input.append(helper.make_tensor_value_info("steps", TensorProto.INT64, ["batch", "sequence"]))
+    model.graph.node.append(helper.make_node("Shape", ["steps"], ["steps_shape"]))
+    root = attention_project(tmp_path / "p")
+    onnx.save(model, root / "models" / "m.onnx")
+    recipe = root / "recipes" / "m.yaml"
+    recipe.write_text(recipe.read_text() + "      steps: {min: [1, 4], opt: [2, 8], max: [4, 16]}\n")
+    result = trtflow(root, "validate")
+    assert result.code == 0, result.err
+    assert "integer input 'steps' indexes no table and is used as no mask: trtflow draws 0-7 for it" in result.err
+    recipe.write_text(recipe.read_text() + "inputs:\n  steps: {values: [0, 3]}\n")
+    assert "steps" not in trtflow(root, "validate").err
+    recipe.write_text(recipe.read_text() + "  stpes: {values: [0, 3]}\n")
+    refused = trtflow(root, "validate")
+    assert refused.code == 3 and "inputs.stpes: 'stpes' is no input of the model" in refused.err

@@ -48,7 +48,38 @@ def check_recipe_model(item: RecipeFile, root: Path, pipeline: Pipeline) -> list
         for name, shape in profile.inputs.items():
             _check_shape(item, ("profiles", index, "inputs", name), inputs[name], shape.triple())
     _check_shared_axes(item, {t.name: t.dims or [] for t in model_io(model).inputs})
+    _check_input_values(item, model)
     return refusals
+
+
+def _check_input_values(item: RecipeFile, model: Any) -> None:
+    """`inputs:` names integer inputs of the model: values for a float input or a typo are refused by name."""
+    from trtflow.util.inputvalues import inferred_values
+
+    integers = set(inferred_values(model))
+    names = [t.name for t in model_io(model).inputs]
+    for name in item.recipe.inputs:
+        if name not in integers:
+            problem = "is not an integer input: values apply to integer inputs" if name in names else "is no input"
+            raise ProjectError(
+                f"{item.where('inputs', name)}: {name!r} {problem} of the model (its inputs: {', '.join(names)})"
+            )
+
+
+def unknown_integer_inputs(item: RecipeFile, root: Path) -> list[str]:
+    """One line per integer input of an ONNX source whose values neither its graph nor the recipe tells: trtflow
+    draws 0-7 for it, which may be wrong."""
+    from trtflow.util.inputvalues import inferred_values
+
+    if item.recipe.source.onnx is None:
+        return []
+    found = inferred_values(_load(item, item.source_path(root)))
+    return [
+        f"{item.display}: integer input {name!r} indexes no table and is used as no mask: trtflow draws 0-7 for it; "
+        f"set inputs: {{{name}: {{values: [LOWEST, HIGHEST]}}}} if the model takes other values"
+        for name, values in found.items()
+        if values is None and name not in item.recipe.inputs
+    ]
 
 
 def _check_shared_axes(item: RecipeFile, dims: dict[str, list]) -> None:

@@ -20,10 +20,13 @@ from trtflow.util.reads import recording as reads_recording
 @pass_context
 def validate(ctx: Context) -> None:
     """Check pipeline.yaml, every recipe, and that each model parses and fits its profiles."""
+    from trtflow.modelcheck import unknown_integer_inputs
+
     session = ctx.session(keep_refusals=True)
     project = session.project
     project.refuse([refusal for item in project.recipes for refusal in item.refusals] + session.check_models())
     output.print_warnings(session.idle_recipes())
+    output.print_warnings([line for item in project.recipes for line in unknown_integer_inputs(item, project.root)])
     click.echo(
         f"ok: {len(project.recipes)} recipe(s), {len(project.pipeline.targets)} target(s), {len(session.dag)} stage(s)"
     )
