@@ -532,4 +532,4 @@ def test_held_out_images_are_counted_as_images_with_their_batches(tmp_path: Path
     for index in range(8):
         Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(root / "pictures" / f"{index}.png")
     _, record = _run_node(root, "int8", tmp_path)
-    assert record["accuracy"]["data"] == "4 images held out from the calibration set (2 batches of 2)"
+    assert record["accuracy"]["data"] == "2 images held out from the calibration set (1 batch(es) of 2)"

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # Ops that move an integer tensor's values without computing new ones: its indices reach past them unchanged.
 CARRIERS = frozenset(
@@ -94,6 +95,8 @@ UNKNOWN = Values("range", 0, 7, "unknown")  # what trtflow drew for every intege
 
 def padded_mask(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
     """Ones, with each row (the last axis) zero after a seeded length of at least one: a batch of padded texts."""
+    import numpy as np
+
     if not shape or shape[-1] == 0:
         return np.ones(shape, dtype=np.int64)
     lengths = rng.integers(1, shape[-1], size=shape[:-1], endpoint=True)
@@ -156,6 +159,7 @@ def _constant_rows(graph: Any) -> dict[str, list[int]]:
 
 
 def _dtype(value: Any) -> str | None:
+    import numpy as np
     from onnx import helper
 
     elem = value.type.tensor_type.elem_type
