@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError, required
 from trtflow.recipe.hftasks import TASKS, Task, graph_output, task_inputs
 from trtflow.stages.base import (
@@ -139,12 +140,7 @@ def _task_module(torch: Any, task: Task, folder: Path, params: Params) -> Any:
 
 def _loaded(task: Task, folder: Path) -> Any:
     """`from_pretrained(folder)` of the task's class, offline, in fp32 and eval mode (an encoder alone if asked)."""
-    import importlib
-
-    try:
-        library = importlib.import_module(task.library)
-    except ImportError:
-        raise StageError(f"source.huggingface: the task needs {task.library}: pip install {task.library}") from None
+    library = import_or_explain(task.library, "huggingface", f"{task.library} loads the folder")
     loader = getattr(library, task.loader)
     try:
         model = loader.from_pretrained(str(folder), local_files_only=True, **task.config)
