@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import stage_record, trtflow, write_project
 from families import FAMILIES, bert, family_model
 
@@ -161,3 +162,73 @@ def test_bert_base_from_a_huggingface_folder(tmp_path: Path, families_dir: Path)
 
 def test_the_corpus_lists_every_family() -> None:
     assert set(FAMILIES) >= {"bert", "gpt2", "vit", "detector"}
+
+
+def _small(task: str) -> tuple[torch.nn.Module, str]:
+    """A small model of each transformers task, and its profile's inputs (YAML)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    text = "{min: [1, 8], opt: [2, 16], max: [4, 32]}"
+    bert = tf.BertConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    made = {
+        "token-classification": (
+            tf.BertForTokenClassification(bert),
+            f"input_ids: {text}\n      attention_mask: {text}",
+        ),
+        "feature-extraction": (tf.BertModel(bert), f"input_ids: {text}"),
+        "text-generation": (
+            tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=64, n_head=2)),
+            f"input_ids: {text}\n      attention_mask: {text}",
+        ),
+        "image-classification": (
+            tf.ViTForImageClassification(
+                tf.ViTConfig(
+                    num_hidden_layers=1,
+                    hidden_size=64,
+                    num_attention_heads=2,
+                    intermediate_size=128,
+                    image_size=32,
+                    patch_size=8,
+                )  # fmt: skip
+            ),
+            "pixel_values: {min: [1, 3, 32, 32], opt: [2, 3, 32, 32], max: [4, 3, 32, 32]}",
+        ),
+        "speech-encoder": (
+            tf.WhisperForConditionalGeneration(
+                tf.WhisperConfig(
+                    d_model=64,
+                    encoder_layers=1,
+                    decoder_layers=1,
+                    encoder_attention_heads=2,
+                    decoder_attention_heads=2,
+                    encoder_ffn_dim=128,
+                    decoder_ffn_dim=128,
+                )  # fmt: skip
+            ),
+            "input_features: {shape: [1, 80, 3000]}",
+        ),
+    }
+    return made[task]
+
+
+@pytest.mark.parametrize(
+    ("task", "output"),
+    [
+        ("token-classification", "logits"),
+        ("feature-extraction", "last_hidden_state"),
+        ("text-generation", "logits"),
+        ("image-classification", "logits"),
+        ("speech-encoder", "last_hidden_state"),
+    ],
+)
+def test_every_transformers_task_exports_checks_and_builds(tmp_path: Path, task: str, output: str) -> None:
+    """Each task of recipe.hftasks from a save_pretrained folder (small configs: the real sizes are above)."""
+    model, inputs = _small(task)
+    recipe = f"source:\n  huggingface: {{path: models/m, task: {task}}}\ntargets: [rtx-ada]\nprofiles:\n  - inputs:\n"
+    root = write_project(tmp_path / "p", {"m": recipe + f"      {inputs}\n"})
+    model.save_pretrained(root / "models" / "m")
+    result = trtflow(root, "run")
+    assert result.code == 0, result.err
+    export = stage_record(root, "export:m")
+    assert export["outputs"] == [output] and export["torch_equality"]["passed"]
