@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,9 @@ def bare_call(model: str, precision: str, files: list[str], options: str, out: s
 
     convert.modelopt_onnx()
     feeds = [dict(np.load(path)) for path in files]
+    source = Path(out) / "source" / "model.onnx"  # ModelOpt takes only a path ending in .onnx, and writes into it
+    source.parent.mkdir()
+    shutil.copyfile(model, source)
     started = time.perf_counter()
     if precision in ("fp16", "bf16"):
         folder = Path(out) / "autocast-data"
@@ -83,10 +87,10 @@ def bare_call(model: str, precision: str, files: list[str], options: str, out: s
         for index, feed in enumerate(feeds):
             np.savez(folder / f"{index:06d}.npz", **feed)
         with convert.quiet():
-            convert.autocast(Path(model), precision, json.loads(options), folder)
+            convert.autocast(source, precision, json.loads(options), folder)
     else:
         with convert.quiet():
-            convert.quantize(Path(model), Path(out) / "q" / "model.onnx", precision, feeds, json.loads(options))
+            convert.quantize(source, Path(out) / "q" / "model.onnx", precision, feeds, json.loads(options))
     seconds = time.perf_counter() - started
     print(json.dumps({"seconds": seconds, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
@@ -155,7 +159,7 @@ def main() -> int:
         write_calibration(root / "calib" / name, name, args.files)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], text=True)
-    print(f"cold run: exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")
+    print(f"run: exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root}; its cold run's stages below)")
     nodes = {n["id"]: n for n in json.loads((root / "artifacts" / "run.json").read_text())["nodes"]}
     print(f"{'stage':<28} {'seconds':>8} {'bare':>7} {'ratio':>6} {'peak GiB':>9} {'bare GiB':>9}  accuracy")
     for name in args.models:
@@ -182,7 +186,7 @@ def _accuracy(root: Path, node_id: str) -> str:
 
     outputs = (stage_record(root, node_id).get("accuracy") or {}).get("outputs") or [{}]
     cosine = outputs[0].get("cosine_similarity")
-    return f"cosine {cosine:.4f}" if cosine is not None else "-"
+    return f"cosine {cosine:.6f}" if cosine is not None else "-"
 
 
 if __name__ == "__main__":
