@@ -66,6 +66,8 @@ def test_a_detectors_nms_is_refused_by_validate_with_the_way_out(tmp_path: Path,
     assert result.code == 3
     assert result.err.count("NonMaxSuppression has no tensorrt-rtx implementation: nms") == 4
     assert "run NMS after the engine" in result.err
+    # the block to paste comes out as YAML, not prefixed with error:
+    assert "\n  exclude:\n    - {precision: fp32}\n    - {precision: fp16}\n" in result.err
     with (root / "recipes" / "m.yaml").open("a") as recipe:
         recipe.write("exclude:\n  - {precision: fp32}\n  - {precision: fp16}\n")
     result = trtflow(root, "validate")

@@ -118,3 +118,12 @@ def test_an_updated_package_is_not_reported_as_restored(project: Path) -> None:
     (project / "artifacts" / "packages" / "tiny" / "manifest.json").write_text("{}")
     tampered = trtflow(project, "run")
     assert tampered.code == 0 and "manifest.json changed; restored it from the store" in tampered.err
+
+
+def test_a_local_version_label_is_not_pinned() -> None:
+    """`torch==2.13.0+cpu` fails `pip install -r` on a machine that reaches only PyPI; `torch==2.13.0` takes the
+    build pip finds (the CPU one where it is installed, PyPI's elsewhere)."""
+    from trtflow.toolchain import Tool, requirements
+
+    text = requirements([Tool(("torch",), "2.13.0+cpu", ("export:m",)), Tool(("onnx",), "1.21.0", ("cleanup:m",))])
+    assert text.splitlines()[1:] == ["torch==2.13.0", "onnx==1.21.0"]

@@ -100,7 +100,8 @@ def read_tools(root: Path) -> list[Tool]:
 def requirements(tools: list[Tool]) -> str:
     """A pip requirements file pinning each tool to its locked version (`pip install -r` installs exactly those)."""
     lines = [f"# the tools {LOCK_FILE}'s stage keys name, at the versions it was made with: pip install -r <this file>"]
-    return "\n".join(lines + [f"{tool.name}=={tool.version}" for tool in tools]) + "\n"
+    # without a local label: torch 2.13.0+cpu is pinned as ==2.13.0, which the CPU build and PyPI's build both meet
+    return "\n".join(lines + [f"{tool.name}=={tool.version.split('+')[0]}" for tool in tools]) + "\n"
 
 
 def differences(tools: list[Tool]) -> list[str]:

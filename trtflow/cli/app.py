@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> Any:
     except TrtflowError as exc:
         if verbose:
             traceback.print_exc()
-        click.echo("\n".join(f"error: {line}" for line in str(exc).splitlines()), err=True)
+        click.echo(error_lines(str(exc)), err=True)
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: show everything needed to report it (unless a write found no room)
         _exit_if_write_failed(exc)
@@ -98,3 +98,9 @@ def _exit_if_write_failed(exc: Exception) -> None:
             err=True,
         )
         sys.exit(EnvironmentProblem.exit_code)
+
+
+def error_lines(text: str) -> str:
+    """Each line of an error as `error: <line>`; an indented line continues the one before it and stays as it is,
+    so a block to paste (validate's `exclude:`) comes out pasteable."""
+    return "\n".join(line if line[:1].isspace() else f"error: {line}" for line in text.splitlines())
