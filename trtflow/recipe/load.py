@@ -241,11 +241,10 @@ def _check_hf_folder(item: RecipeFile, source: HuggingFaceSource, root: Path) ->
     """source.huggingface.path is a local save_pretrained folder, and the profiles name the task's inputs."""
     folder, where = root / source.path, item.where("source", "huggingface", "path")
     if not (folder / "config.json").is_file():
-        looks_like_hub_id = source.path.count("/") == 1 and not folder.exists()
-        problem = (
+        problem = (  # a hub id (org/name) is no folder here either
             f"{source.path} is not a folder here; trtflow never downloads from a hub: save the model with "
             f"save_pretrained into a folder of the project (or huggingface-cli download --local-dir) and name it"
-            if looks_like_hub_id or not folder.exists()
+            if not folder.is_dir()
             else f"{source.path} holds no config.json: not a save_pretrained folder"
         )
         raise ProjectError(f"{where}: {problem}")
