@@ -167,51 +167,34 @@ def test_the_corpus_lists_every_family() -> None:
 
 
 def _small(task: str) -> tuple[torch.nn.Module, str]:
-    """A small model of each transformers task, and its profile's inputs (YAML)."""
+    """A small model of the transformers task (only that one is built), and its profile's inputs (YAML)."""
     import transformers as tf
 
     torch.manual_seed(0)
     text = "{min: [1, 8], opt: [2, 16], max: [4, 32]}"
-    bert = tf.BertConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    tokens_and_mask = f"input_ids: {text}\n      attention_mask: {text}"
+    layer = {"hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128}
+    bert = tf.BertConfig(num_hidden_layers=1, **layer)
+    vit = tf.ViTConfig(num_hidden_layers=1, image_size=32, patch_size=8, **layer)
+    whisper = tf.WhisperConfig(
+        d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=128, decoder_ffn_dim=128,
+    )  # fmt: skip
     made = {
-        "token-classification": (
-            tf.BertForTokenClassification(bert),
-            f"input_ids: {text}\n      attention_mask: {text}",
-        ),
-        "feature-extraction": (tf.BertModel(bert), f"input_ids: {text}"),
-        "text-generation": (
-            tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=64, n_head=2)),
-            f"input_ids: {text}\n      attention_mask: {text}",
-        ),
+        "token-classification": (lambda: tf.BertForTokenClassification(bert), tokens_and_mask),
+        "feature-extraction": (lambda: tf.BertModel(bert), f"input_ids: {text}"),
+        "text-generation": (lambda: tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=64, n_head=2)), tokens_and_mask),
         "image-classification": (
-            tf.ViTForImageClassification(
-                tf.ViTConfig(
-                    num_hidden_layers=1,
-                    hidden_size=64,
-                    num_attention_heads=2,
-                    intermediate_size=128,
-                    image_size=32,
-                    patch_size=8,
-                )  # fmt: skip
-            ),
+            lambda: tf.ViTForImageClassification(vit),
             "pixel_values: {min: [1, 3, 32, 32], opt: [2, 3, 32, 32], max: [4, 3, 32, 32]}",
         ),
         "speech-encoder": (
-            tf.WhisperForConditionalGeneration(
-                tf.WhisperConfig(
-                    d_model=64,
-                    encoder_layers=1,
-                    decoder_layers=1,
-                    encoder_attention_heads=2,
-                    decoder_attention_heads=2,
-                    encoder_ffn_dim=128,
-                    decoder_ffn_dim=128,
-                )  # fmt: skip
-            ),
+            lambda: tf.WhisperForConditionalGeneration(whisper),
             "input_features: {shape: [1, 80, 3000]}",
         ),
     }
-    return made[task]
+    make, inputs = made[task]
+    return make(), inputs
 
 
 @pytest.mark.parametrize(

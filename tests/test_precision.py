@@ -183,6 +183,7 @@ def _ops(path: Path) -> dict[str, int]:
 
 TINY_PROFILE = {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])}
 PROFILE_YAML = "profiles:\n  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
+INT8_FOR_ADA = "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n" + PROFILE_YAML
 
 
 def test_autocast_keeps_in_fp32_what_the_recipes_data_drives_out_of_fp16_range(tmp_path: Path) -> None:
@@ -335,9 +336,7 @@ def test_fp8_on_a_model_too_small_to_quantize_says_so(tmp_path: Path) -> None:
 
 def test_accuracy_out_of_tolerance_fails_with_the_numbers_unless_warn(tmp_path: Path) -> None:
     strict = (
-        "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n"
-        + PROFILE_YAML
-        + "calibration: {random: true, samples: 4}\naccuracy:\n  samples: 3\n  int8: {min_cosine: 1.0}\n"
+        INT8_FOR_ADA + "calibration: {random: true, samples: 4}\naccuracy:\n  samples: 3\n  int8: {min_cosine: 1.0}\n"
     )
     root = _project(tmp_path, "tiny_cnn", strict)
     with pytest.raises(
@@ -361,14 +360,10 @@ def test_accuracy_out_of_tolerance_fails_with_the_numbers_unless_warn(tmp_path: 
 def test_an_image_folder_calibrates_and_its_pixels_are_the_digest(tmp_path: Path) -> None:
     from PIL import Image
 
-    images = (
-        "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n"
-        + PROFILE_YAML
-        + (
-            "calibration:\n  images: "
-            "{path: pictures, resize: 40, crop: 32, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\naccuracy: "
-            "{samples: 2}\n"
-        )
+    images = INT8_FOR_ADA + (
+        "calibration:\n  images: "
+        "{path: pictures, resize: 40, crop: 32, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\naccuracy: "
+        "{samples: 2}\n"
     )
     root = _project(tmp_path, "tiny_cnn", images)
     rng = np.random.default_rng(3)
@@ -522,8 +517,7 @@ def test_held_out_images_are_counted_as_images_with_their_batches(tmp_path: Path
     from PIL import Image
 
     images = (
-        "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n"
-        + PROFILE_YAML
+        INT8_FOR_ADA
         + "calibration:\n  images: {path: pictures, resize: 32, crop: 32, batch: 2}\naccuracy: {samples: 2}\n"
     )
     root = _project(tmp_path, "tiny_cnn", images)

@@ -13,12 +13,13 @@ no graph pass at all, only by the runtimes that execute it.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
+
+from trtflow.util.fs import link_or_copy
 
 MODEL, MODEL_DATA = "model", "model.data"
 FILE_NAMES = {MODEL: "model.onnx", MODEL_DATA: "model.onnx.data"}
@@ -286,12 +287,7 @@ def place_side_by_side(
     placed = {}
     for name in (output, *companions(files, output)):
         placed[name] = folder / FILE_NAMES.get(name, name)
-        try:
-            if name in copy:
-                raise OSError("copied on purpose")
-            os.link(files[name], placed[name])
-        except OSError:  # another filesystem: slower but correct
-            shutil.copyfile(files[name], placed[name])
+        (shutil.copyfile if name in copy else link_or_copy)(files[name], placed[name])
     return placed
 
 

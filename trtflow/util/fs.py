@@ -208,6 +208,14 @@ def read_private(path: Path, limit: int) -> bytes:
     return read_regular(path, limit)
 
 
+def link_or_copy(source: Path, target: Path) -> None:
+    """Hard-link `source` as `target` (free for a multi-GB file on one filesystem), else copy it."""
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem: slower but correct
+        shutil.copyfile(source, target)
+
+
 def first_link(paths: list[Path]) -> Path | None:
     """The first of `paths` that is a symlink (None if none is): a destination's outputs are never written through
     one, and a link where an output goes is refused rather than silently replaced."""

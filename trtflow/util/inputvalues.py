@@ -169,8 +169,7 @@ def _dtype(value: Any) -> str | None:
 def values_for(model: Any, overrides: Mapping[str, tuple[int, int]]) -> dict[str, Values]:
     """The values of every integer input: the recipe's where it sets them, else inferred; unknown ones take the
     range [0, 8) that an index into any table of 8 rows accepts (validate has already named them)."""
-    found = {name: overrides[name] for name in overrides}
-    values = {name: recipe_values(*pair) for name, pair in found.items()}
+    values = {name: recipe_values(*pair) for name, pair in overrides.items()}
     for name, inferred in inferred_values(model).items():
         values.setdefault(name, inferred or UNKNOWN)
     return values

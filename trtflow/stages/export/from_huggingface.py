@@ -11,13 +11,11 @@ that input_ids and attention_mask share batch and sequence). The export and its 
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from trtflow.backends.base import import_or_explain
-from trtflow.errors import StageError, required
+from trtflow.errors import StageError
 from trtflow.recipe.hftasks import TASKS, Task, graph_output, task_inputs
 from trtflow.stages.base import (
     Node,
@@ -29,6 +27,7 @@ from trtflow.stages.base import (
 )
 from trtflow.stages.export.common import KIND, VERSION, dynamic_axes, one_line
 from trtflow.stages.export.torch_module import ExampleInput, ModuleExport, export_checked
+from trtflow.util.fs import link_or_copy
 from trtflow.util.reads import note_glob
 from trtflow.util.versions import tool_version
 
@@ -101,11 +100,7 @@ def _placed_folder(params: Params, inputs: dict[str, Upstream], folder: Path) ->
     for name in params.files:
         target = folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        source = inputs[f"{FOLDER}/{name}"].files[f"{FOLDER}/{name}"]
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copyfile(source, target)
+        link_or_copy(inputs[f"{FOLDER}/{name}"].files[f"{FOLDER}/{name}"], target)
     return folder
 
 
@@ -147,4 +142,4 @@ def _loaded(task: Task, folder: Path) -> Any:
     except Exception as exc:
         raise StageError(f"source.huggingface.path: {task.loader} cannot load the folder: {one_line(exc)}") from None
     model = model.get_encoder() if task.encoder_only else model
-    return required(model, "the loaded model").float().eval()
+    return model.float().eval()
