@@ -105,6 +105,12 @@ class AutocastOptions(StrictModel):
     keep_io_types: bool = True  # inputs and outputs stay fp32, so callers feed the engine as before
     keep_op_types: list[str] = Field(default_factory=list)  # op types kept in fp32, e.g. [Resize, Softmax]
     keep_nodes: list[str] = Field(default_factory=list)  # node name regexes kept in fp32
+    # a node reading or writing a larger magnitude (float tensors, over the calibration or random samples) stays
+    # fp32; null: AutoCast's 512
+    data_max: float | None = Field(default=None, gt=0)
+    init_max: float | None = Field(default=None, gt=0)  # a node with a larger weight stays fp32; null: fp16 max
+    include_op_types: list[str] = Field(default_factory=list)  # op types made fp16/bf16 whatever the ranges say
+    include_nodes: list[str] = Field(default_factory=list)  # node name regexes made fp16/bf16 whatever the ranges say
 
 
 class QuantizeOptions(StrictModel):

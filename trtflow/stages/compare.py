@@ -104,8 +104,8 @@ def signature(path: Path) -> Signature:
     """I/O of a model without an ONNX Runtime session: also for what its CPU provider cannot run (bf16 kernels)."""
     io = model_io_of_file(path)
     return Signature(
-        [SimpleNamespace(name=t.name, type=t.ort_type) for t in io.inputs],
-        [SimpleNamespace(name=t.name, type=t.ort_type) for t in io.outputs],
+        [SimpleNamespace(name=t.name, type=t.ort_type, shape=t.dims or []) for t in io.inputs],
+        [SimpleNamespace(name=t.name, type=t.ort_type, shape=t.dims or []) for t in io.outputs],
     )
 
 

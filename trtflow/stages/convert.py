@@ -66,12 +66,22 @@ def modelopt_onnx() -> Any:
     return import_or_explain("modelopt.onnx", "quant")
 
 
-def autocast(model_path: Path, precision: str, options: dict, data: Path | None = None) -> tuple[Any, dict[str, str]]:
-    """fp16/bf16 by AutoCast: nodes whose values exceed fp16's safe range on `data` (a folder of .npz feeds; without
-    one, polygraphy's seeded random inputs) stay fp32. Returns the model and why each node it kept stayed fp32."""
+def autocast(model_path: Path, precision: str, options: dict, ranges: dict) -> tuple[Any, dict[str, str]]:
+    """fp16/bf16 by AutoCast. A node that reads or writes a value past `data_max` in `ranges` (stages.ranges, measured
+    by trtflow in bounded memory, handed to AutoCast's own range rule) stays fp32. Returns the model and why each
+    node it kept stayed fp32."""
     modelopt_onnx()
+    import numpy as np
     from modelopt.onnx.autocast import convert_to_mixed_precision
+    from modelopt.onnx.autocast.convert import DEFAULT_DATA_MAX, DEFAULT_INIT_MAX
+    from modelopt.onnx.autocast.nodeclassifier import IORangeRule
+    from modelopt.onnx.autocast.referencerunner import TensorStats
 
+    data_max = DEFAULT_DATA_MAX if options.get("data_max") is None else options["data_max"]
+    measured = {
+        name: TensorStats(absmax=r.absmax, min_val=r.low, max_val=r.high, shape=(r.elements,))
+        for name, r in ranges.items()
+    }
     with _autocast_decisions() as reasons:
         model = convert_to_mixed_precision(
             onnx_path=str(model_path),
@@ -79,7 +89,11 @@ def autocast(model_path: Path, precision: str, options: dict, data: Path | None 
             keep_io_types=options["keep_io_types"],
             op_types_to_exclude=list(options["keep_op_types"]),
             nodes_to_exclude=list(options["keep_nodes"]),
-            calibration_data=str(data) if data is not None else None,
+            op_types_to_include=list(options.get("include_op_types", ())),
+            nodes_to_include=list(options.get("include_nodes", ())),
+            init_max=DEFAULT_INIT_MAX if options.get("init_max") is None else options["init_max"],
+            data_max=np.inf,  # AutoCast's own reference run (every activation of every sample kept) is skipped
+            custom_rule=IORangeRule(data_max, measured, {}) if measured else None,
             providers=["cpu"],
         )
     return model, reasons

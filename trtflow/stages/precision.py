@@ -31,7 +31,7 @@ from trtflow.util.versions import ort_version, tool_version
 # versions: 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions; 5:
 # value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis; 7:
 # integer inputs drawn as the graph accepts them, additive attention masks kept out of int8/fp8
-KIND, VERSION = "precision", 7
+KIND, VERSION = "precision", 8
 
 
 def nodes(ctx: RecipeContext, cleanup: Node) -> dict[str, Node]:
@@ -197,18 +197,21 @@ def _report(record: dict, workdir: Path) -> Path:
 
 def _convert(params: Params, source: Path, calibrating: list | None, workdir: Path) -> tuple[Any, dict, dict]:
     """The reduced-precision model, what to record about how it was made, and why the tool kept nodes higher."""
+    from trtflow.stages.ranges import float_ranges
+
     precision, printed = params.precision, []
     try:
         with convert.quiet() as printed:
             if precision in AUTOCAST_PRECISIONS:
                 autocast = required(params.autocast, "autocast").model_dump()
-                data = _autocast_data(calibrating, workdir / "autocast-data")
+                samples = calibrating or _range_samples(source, params)
                 details = {
                     "autocast": autocast,
-                    "autocast_data": _autocast_data_record(calibrating),
+                    "autocast_data": _autocast_data_record(params, samples, bool(calibrating)),
                     "calibration": None,
                 }
-                model, reasons = convert.autocast(source, precision, autocast, data)
+                ranges = float_ranges(source, [s.feed for s in samples])  # bounded memory, unlike AutoCast's own
+                model, reasons = convert.autocast(source, precision, autocast, ranges)
                 return model, details, reasons
             samples = calibrating if calibrating is not None else _random_samples(source, params)
             options = required(params.quantize, "quantize").model_dump()
@@ -248,23 +251,23 @@ MASK_REASON = (
 )
 
 
-def _autocast_data(samples: list | None, folder: Path) -> Path | None:
-    """The recipe's calibration samples as the folder of .npz files AutoCast reads (one per sample); None without
-    any."""
-    if not samples:
-        return None
-    import numpy as np
+def _range_samples(source: Path, params: Params) -> list:
+    """Without calibration files, AutoCast's ranges come from seeded random inputs at every profile's opt, min and
+    max shapes (valid integer values included: polygraphy's own random ids overran BERT's 2-row type table)."""
+    from trtflow.stages import compare
 
-    folder.mkdir(parents=True)
-    for index, sample in enumerate(samples):
-        np.savez(folder / f"{index:06d}.npz", **sample.feed)
-    return folder
+    profiles = required(params.profiles, "profiles")
+    seed = required(params.accuracy, "accuracy").seed
+    values = compare.input_values(source, params.values)
+    feeds = compare.sample_feeds(compare.signature(source), profiles, 3 * max(len(profiles), 1), seed, values)
+    return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
 
 
-def _autocast_data_record(samples: list | None) -> dict:
-    """Which inputs AutoCast measured value ranges on to decide what stays fp32."""
-    if not samples:
-        return {"source": "seeded random inputs (polygraphy's, ModelOpt's default)", "samples": 0}
+def _autocast_data_record(params: Params, samples: list, declared: bool) -> dict:
+    """Which inputs AutoCast's value ranges were measured on, to decide what stays fp32."""
+    if not declared:
+        seed = required(params.accuracy, "accuracy").seed
+        return {"source": f"seeded random inputs within the profiles (seed {seed})", "samples": len(samples)}
     return {
         "source": "the recipe's calibration samples",
         "samples": len(samples),
@@ -319,7 +322,7 @@ def _random_samples(source: Path, params: Params) -> list:
     quantize = required(params.quantize, "quantize")
     count, seed = quantize.samples or calibration.RANDOM_CALIBRATION_SAMPLES, quantize.seed
     values = compare.input_values(source, params.values)
-    feeds = compare.sample_feeds(compare.session(source), required(params.profiles, "profiles"), count, seed, values)
+    feeds = compare.sample_feeds(compare.signature(source), required(params.profiles, "profiles"), count, seed, values)
     return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
 
 
@@ -335,7 +338,7 @@ def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrat
     else:
         profiles = required(params.profiles, "profiles")
         values = compare.input_values(source, params.values)
-        feeds = compare.sample_feeds(compare.session(source), profiles, options.samples, options.seed, values)
+        feeds = compare.sample_feeds(compare.signature(source), profiles, options.samples, options.seed, values)
         samples, data = (
             [calibration.Sample("random", f) for f in feeds],
             f"seeded random inputs within the profiles (seed {options.seed})",
