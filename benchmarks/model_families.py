@@ -1,17 +1,20 @@
 """The models teams ship today: each precision stage against the bare ModelOpt call on the same model and data, and
-each stage's peak memory, for BERT-base, GPT-2 small and ViT-B/16 at their real sizes (random weights, seeded).
+each stage's peak memory, for BERT-base, GPT-2 small, ViT-B/16, the Whisper-tiny encoder and a Stable-Diffusion-like
+UNet at their real sizes (random weights, seeded).
 
-    python benchmarks/model_families.py [--models bert gpt2 vit] [--precisions fp16 int8] [--files 5] [--workdir DIR]
+    python benchmarks/model_families.py [--models bert gpt2 vit whisper unet] [--precisions fp16 int8] [--files 5]
+        [--workdir DIR]
 
 What is measured, in one run:
   1. a project with one recipe per model (its ONNX from tests/families.py, fp32 and the precisions, one target:
-     rtx-ampere, `--files` calibration files of batch 4 (text: token ids within the vocabulary, padded masks; images:
-     normal values), accuracy limits at their defaults with `verify: {on_fail: warn}` so a miss is recorded, not
-     fatal); a cold `trtflow run -j 1`; seconds and peak RSS per stage from artifacts/run.json;
-  2. the baseline, per (model, precision), in a fresh subprocess: the ModelOpt call the precision stage makes
-     (trtflow.stages.convert.autocast or .quantize: ModelOpt AutoCast / PTQ with the options trtflow passes) on the
-     very cleaned model the stage read (from the store) and the very calibration files it calibrated on, timed
-     after the imports, with its peak RSS;
+     rtx-ampere, `--files` calibration files (text: batch 4 of token ids within the vocabulary, padded masks; images:
+     batch 4 of normal values; Whisper and the UNet: their static shapes), accuracy limits at their defaults with
+     `verify: {on_fail: warn}` so a miss is recorded, not fatal); a cold `trtflow run -j 1`; seconds and peak RSS per
+     stage from artifacts/run.json;
+  2. the baseline, per (model, precision), in a fresh subprocess, timed after the imports, with its peak RSS, on the
+     very cleaned model the stage read (from the store) and the very calibration files it calibrated on: for
+     fp16/bf16 ModelOpt AutoCast as a user calls it, its own reference run over those files included (trtflow
+     measures the value ranges itself, stages.ranges); for int8/fp8 the PTQ call the stage makes;
   3. a table: stage seconds, bare seconds, their ratio; stage peak and bare peak (GiB); the accuracy it reached.
 The ratio is the precision stage's own cost around ModelOpt: copying the model in, the accuracy check on the held-out
 file, the fp16 emulation, writing the model and its record.
@@ -44,6 +47,22 @@ PROFILES = {
     "bert": ({n: "{min: [1, 16], opt: [4, 64], max: [8, 128]}" for n in TEXT}, (4, 64), 30522),
     "gpt2": ({n: "{min: [1, 8], opt: [2, 32], max: [4, 64]}" for n in TEXT[:2]}, (4, 32), 50257),
     "vit": ({"pixel_values": "{min: [1, 3, 224, 224], opt: [2, 3, 224, 224], max: [4, 3, 224, 224]}"}, None, None),
+    "whisper": ({"input_features": "{shape: [1, 80, 3000]}"}, None, None),
+    "unet": (
+        {
+            "sample": "{shape: [2, 4, 64, 64]}",
+            "timestep": "{shape: [2]}",
+            "encoder_hidden_states": "{shape: [2, 77, 768]}",
+        },
+        None,
+        None,
+    ),
+}
+# float inputs of each file: [4, 3, 224, 224] for ViT (4 images), the static shape for the others
+FLOAT_SHAPES = {
+    "vit": {"pixel_values": (4, 3, 224, 224)},
+    "whisper": {"input_features": (1, 80, 3000)},
+    "unet": {"sample": (2, 4, 64, 64), "timestep": (2,), "encoder_hidden_states": (2, 77, 768)},
 }
 
 
@@ -63,7 +82,7 @@ def write_calibration(folder: Path, name: str, files: int) -> None:
     _, shape, vocabulary = PROFILES[name]
     for index in range(files):
         if shape is None:
-            arrays = {"pixel_values": rng.standard_normal((4, 3, 224, 224)).astype(np.float32)}
+            arrays = {k: rng.standard_normal(size).astype(np.float32) for k, size in FLOAT_SHAPES[name].items()}
         else:
             arrays = {"input_ids": rng.integers(0, vocabulary, shape), "attention_mask": padded_mask(rng, list(shape))}
             if "token_type_ids" in PROFILES[name][0]:
@@ -82,12 +101,23 @@ def bare_call(model: str, precision: str, files: list[str], options: str, out: s
     shutil.copyfile(model, source)
     started = time.perf_counter()
     if precision in ("fp16", "bf16"):
+        from modelopt.onnx.autocast import convert_to_mixed_precision
+
         folder = Path(out) / "autocast-data"
         folder.mkdir(parents=True)
         for index, feed in enumerate(feeds):
             np.savez(folder / f"{index:06d}.npz", **feed)
-        with convert.quiet():
-            convert.autocast(source, precision, json.loads(options), folder)
+        given = json.loads(options)
+        with convert.quiet():  # AutoCast with its own reference run over the same files
+            convert_to_mixed_precision(
+                onnx_path=str(source),
+                low_precision_type=precision,
+                keep_io_types=given["keep_io_types"],
+                op_types_to_exclude=given["keep_op_types"],
+                nodes_to_exclude=given["keep_nodes"],
+                calibration_data=str(folder),
+                providers=["cpu"],
+            )
     else:
         with convert.quiet():
             convert.quantize(source, Path(out) / "q" / "model.onnx", precision, feeds, json.loads(options))
@@ -144,7 +174,7 @@ def main() -> int:
         bare_call(model, precision, json.loads(files), options, out)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "vit"], choices=list(PROFILES))
+    parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "vit", "whisper"], choices=list(PROFILES))
     parser.add_argument("--precisions", nargs="+", default=["fp16", "int8"])
     parser.add_argument("--files", type=int, default=5, help="calibration files per model (one is held out)")
     parser.add_argument("--workdir", type=Path, default=None)

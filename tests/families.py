@@ -8,6 +8,9 @@ weights, exported to ONNX on demand into a cache folder (nothing is downloaded: 
     gpt2    GPT-2 small (12 layers, hidden 768, vocabulary 50257), no cache: input_ids, attention_mask, batch 1-4 x
             sequence 8-64; the LM head's logits
     vit     ViT-B/16 (12 layers, hidden 768, patch 16, 1000 labels) at 224x224, batch 1-4
+    whisper Whisper-tiny's audio encoder (4 layers, d_model 384): input_features [1, 80, 3000]
+    unet    a Stable-Diffusion-like UNet (diffusers, 142M parameters): sample [2, 4, 64, 64], timestep [2],
+            encoder_hidden_states [2, 77, 768]
     detector  an SSD-lite-style detector (conv backbone, 3 anchors per cell of a 20x20 grid, 4 classes) at 320x320
             whose graph ends in NonMaxSuppression: boxes, scores and the selected indices
 
@@ -81,6 +84,29 @@ def vit() -> torch.nn.Module:
     return ViTForImageClassification(config).eval()
 
 
+def whisper() -> torch.nn.Module:
+    """Whisper-tiny's audio encoder (4 layers, d_model 384, 6 heads, 80 mel bins x 3000 frames), random weights."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(SEED)
+    config = WhisperConfig(
+        d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
+        encoder_ffn_dim=1536, decoder_ffn_dim=1536, init_std=0.1, attn_implementation="eager",
+    )  # fmt: skip
+    return WhisperForConditionalGeneration(config).model.encoder.eval()
+
+
+def unet() -> torch.nn.Module:
+    """A Stable-Diffusion-like UNet (diffusers UNet2DConditionModel: channels 128-256-512-512, cross-attention over 77
+    tokens of 768, 142M parameters) on 64x64 latents, random weights (seeded)."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(SEED)
+    return UNet2DConditionModel(
+        sample_size=64, block_out_channels=(128, 256, 512, 512), cross_attention_dim=768, attention_head_dim=8
+    ).eval()
+
+
 class Detector(torch.nn.Module):
     """image [1, 3, 320, 320] -> boxes [1, 1200, 4] (sigmoid-decoded corners), scores [1, 4, 1200]."""
 
@@ -121,6 +147,19 @@ _SPECS: dict[str, _Family] = {
         gpt2, _text((1, 2, 4), (8, 32, 64), "input_ids", "attention_mask"), ("logits",), "GPT-2 small, no cache"
     ),
     "vit": _Family(vit, {"pixel_values": Shapes.batched(3, 224, 224, opt=2, high=4)}, ("logits",), "ViT-B/16, 224x224"),
+    "whisper": _Family(
+        whisper, {"input_features": Shapes.static(1, 80, 3000)}, ("last_hidden_state",), "Whisper-tiny encoder"
+    ),
+    "unet": _Family(
+        unet,
+        {
+            "sample": Shapes.static(2, 4, 64, 64),
+            "timestep": Shapes.static(2),
+            "encoder_hidden_states": Shapes.static(2, 77, 768),
+        },
+        ("out_sample",),
+        "Stable-Diffusion-like UNet, 142M parameters, 64x64 latents",
+    ),
     "detector": _Family(
         detector,
         {"image": Shapes.static(1, 3, 320, 320)},

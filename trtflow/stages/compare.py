@@ -54,14 +54,16 @@ def onnxruntime() -> Any:
     return import_or_explain("onnxruntime", "verify")
 
 
-def session(model: Path | bytes, threads: int = 1) -> Any:
+def session(model: Path | bytes, threads: int = 1, in_node_order: bool = False) -> Any:
     """A CPU session (on one core by default: comparisons run beside parallel builds), from a file or a serialized
-    model."""
+    model. `in_node_order`: nodes run in the graph's order (ONNX Runtime's priority-based order; its default order,
+    a reverse depth-first walk from the outputs, can run a node far from its inputs' producers and keep them alive)."""
     ort = onnxruntime()
+    options = _cpu_options(ort, threads)
+    if in_node_order:
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     return ort.InferenceSession(
-        model if isinstance(model, bytes) else str(model),
-        _cpu_options(ort, threads),
-        providers=["CPUExecutionProvider"],
+        model if isinstance(model, bytes) else str(model), options, providers=["CPUExecutionProvider"]
     )
 
 
