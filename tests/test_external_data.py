@@ -192,3 +192,5 @@ def test_a_reduced_precision_reads_external_data_that_the_store_links(tmp_path: 
     assert result.code == 0, result.err
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
     assert sorted(lock["precision:mlp/fp16"]["inputs"]) == ["model", "model.data"]
+    # the fp16 model keeps its weights outside the graph too, and was checked from those files
+    assert sorted(lock["build:mlp/fp16/rtx-ada"]["inputs"]) == ["model", "model.data"]

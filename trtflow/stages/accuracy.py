@@ -31,9 +31,9 @@ def emulation_note(types: list[str]) -> str:
     return "".join(f" ({name} emulated: {name} values after every op, fp32 arithmetic)" for name in types)
 
 
-def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, data: str) -> dict:
-    """Run both models over `feeds` and compare every output; `candidate` is an onnx ModelProto."""
-    together = compare.side_by_side(candidate.ByteSize(), compare.model_bytes(reference))
+def report(candidate: Path, reference: Path, feeds: list[dict], tolerance: dict, data: str) -> dict:
+    """Run both model files over `feeds` and compare every output."""
+    together = compare.side_by_side(compare.model_bytes(candidate), compare.model_bytes(reference))
     got, want = compare.both(
         lambda: _run_candidate(candidate, feeds), lambda: compare.run_all(compare.session(reference), feeds), together
     )
@@ -51,10 +51,20 @@ def report(candidate: Any, reference: Path, feeds: list[dict], tolerance: dict, 
     }
 
 
-def _run_candidate(candidate: Any, feeds: list[dict]) -> tuple[list[dict], list[str]]:
+def _run_candidate(candidate: Path, feeds: list[dict]) -> tuple[list[dict], list[str]]:
     """The candidate's outputs over `feeds` as ONNX Runtime runs it (emulating fp16/bf16), and what it emulated."""
-    runnable, emulated = ort_runnable(candidate)
-    return compare.run_all(compare.session(runnable.SerializeToString()), feeds), emulated
+    session, emulated = candidate_session(candidate)
+    return compare.run_all(session, feeds), emulated
+
+
+def candidate_session(path: Path) -> tuple[Any, list[str]]:
+    """A CPU session of a reduced-precision model file as the GPU would round it (ort_runnable), and the reduced
+    types it emulates. Only the graph is loaded here: the weights stay where the file keeps them (a model past 2 GB
+    in its external data) and ONNX Runtime reads them."""
+    from trtflow.util.onnxio import load_graph_only
+
+    runnable, emulated = ort_runnable(load_graph_only(path))
+    return compare.session_beside(path, runnable), emulated
 
 
 def failure_message(precision: str, accuracy: dict) -> str:
@@ -225,21 +235,42 @@ def true_shapes(onnx: Any, model: Any) -> Any:
 
 
 def _emulate(onnx: Any, model: Any, elem: int) -> None:
-    """Retype every `elem` tensor as fp32 and round it to `elem` where it is made: graph inputs and op outputs."""
+    """Retype every `elem` tensor as fp32 and round it to `elem` where it is made: graph inputs and op outputs.
+    Weights stay stored as `elem` (never read here) and are cast to fp32 right before their first use."""
     typed = _typed(model, elem)
     inputs = [v.name for v in model.graph.input if v.type.tensor_type.elem_type == elem]
+    stored = _stored_weights(model, elem)
     _to_fp32(model, elem)
     nodes = [n for name in inputs for n in _round(onnx, name, name + "__rounded", elem)]
     renamed = {name: name + "__rounded" for name in inputs}
     for node in model.graph.node:
         node.input[:] = [renamed.get(name, name) for name in node.input]
+        for name in node.input:
+            if name in stored:
+                nodes.append(_widen(onnx, stored.pop(name), name))
         nodes.append(node)
         for index, output in enumerate(node.output):
             if output in typed:
                 node.output[index] = output + "__fp32"
                 nodes += _round(onnx, output + "__fp32", output, elem)
+    nodes[:0] = [_widen(onnx, kept, name) for name, kept in stored.items()]  # read by subgraphs only
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+def _stored_weights(model: Any, elem: int) -> dict[str, str]:
+    """Renames each `elem` initializer to `<name>__stored`; returns name -> stored name."""
+    stored = {}
+    for init in model.graph.initializer:
+        if init.data_type == elem:
+            stored[init.name] = f"{init.name}__stored"
+            init.name = stored[init.name]
+    return stored
+
+
+def _widen(onnx: Any, source: str, target: str) -> Any:
+    """Cast a stored reduced-precision weight to fp32 (exact: fp16 and bf16 values are fp32 values)."""
+    return onnx.helper.make_node("Cast", [source], [target], to=onnx.TensorProto.FLOAT)
 
 
 def _holds(model: Any, elem_type: int) -> bool:
@@ -262,14 +293,12 @@ def _typed(model: Any, elem_type: int) -> set[str]:
 
 
 def _to_fp32(model: Any, elem: int) -> None:
-    """Every `elem` (bf16 or fp16) type becomes fp32, exactly: both are subsets of fp32."""
+    """Every `elem` (bf16 or fp16) type of a Constant or a Cast, and of value types, becomes fp32, exactly: both are
+    subsets of fp32."""
     import onnx
     from onnx import numpy_helper
 
     fp32 = onnx.TensorProto.FLOAT
-    for init in model.graph.initializer:
-        if init.data_type == elem:
-            init.CopyFrom(numpy_helper.from_array(_fp32_values(init, elem), init.name))
     for node in model.graph.node:
         for attribute in node.attribute:
             if attribute.name == "to" and attribute.i == elem:

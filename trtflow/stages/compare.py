@@ -8,6 +8,7 @@ Inputs are drawn at each profile's opt, min and max shapes in turn, so dynamic d
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,6 +66,18 @@ def session(model: Path | bytes, threads: int = 1, in_node_order: bool = False) 
     return ort.InferenceSession(
         model if isinstance(model, bytes) else str(model), options, providers=["CPUExecutionProvider"]
     )
+
+
+def session_beside(model_path: Path, graph: Any, threads: int = 1) -> Any:
+    """A session, in node order, of `graph`: a variant of the model at `model_path` whose weights may stay in the
+    external file beside it (read through a temporary model file written there, removed once loaded)."""
+    handle, name = tempfile.mkstemp(suffix=".onnx", prefix=".variant-", dir=model_path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(graph.SerializeToString())
+        return session(Path(name), threads=threads, in_node_order=True)
+    finally:
+        os.unlink(name)
 
 
 def _cpu_options(ort: Any, threads: int) -> Any:

@@ -131,11 +131,14 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
     with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
         model, details, reasons = _convert(params, source, calibrating, workdir)
-    files = save_model(onnx, canonical_order(model), workdir)
+    # a model that came with external data keeps it (so one past 2 GB stays loadable), and is checked from its files
+    files = save_model(onnx, canonical_order(model), workdir, external=MODEL_DATA in inputs["model"].files)
     excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
     made_of = composition(model, precision, reasons, excluded)
+    del model  # its weights: the checks below read the saved files
+    saved = files[MODEL]
     accuracy = _task_checked(
-        _share_checked(_accuracy(params, model, source, held_out, calibrating), made_of), params, model, source, inputs
+        _share_checked(_accuracy(params, saved, source, held_out, calibrating), made_of), params, saved, source, inputs
     )
     if not accuracy["passed"] and params.on_fail == "fail":
         raise StageError(_failure_message(precision, accuracy))
@@ -163,7 +166,7 @@ def _share_checked(accuracy: dict, made_of: dict) -> dict:
     return {**accuracy, "problems": [problem], "passed": False}
 
 
-def _task_checked(accuracy: dict, params: Params, model: Any, source: Path, inputs: dict[str, Upstream]) -> dict:
+def _task_checked(accuracy: dict, params: Params, model: Path, source: Path, inputs: dict[str, Upstream]) -> dict:
     """With labelled data: `task` (the metric for fp32 and this model, the drop) added, failed past max_drop."""
     if params.task is None:
         return accuracy
@@ -197,8 +200,6 @@ def _report(record: dict, workdir: Path) -> Path:
 
 def _convert(params: Params, source: Path, calibrating: list | None, workdir: Path) -> tuple[Any, dict, dict]:
     """The reduced-precision model, what to record about how it was made, and why the tool kept nodes higher."""
-    from trtflow.stages.ranges import float_ranges
-
     precision, printed = params.precision, []
     try:
         with convert.quiet() as printed:
@@ -210,7 +211,7 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
                     "autocast_data": _autocast_data_record(params, samples, bool(calibrating)),
                     "calibration": None,
                 }
-                ranges = float_ranges(source, [s.feed for s in samples])  # bounded memory, unlike AutoCast's own
+                ranges = _measured_ranges(source, samples)
                 model, reasons = convert.autocast(source, precision, autocast, ranges)
                 return model, details, reasons
             samples = calibrating if calibrating is not None else _random_samples(source, params)
@@ -244,6 +245,20 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
         },
         {},
     )
+
+
+def _measured_ranges(source: Path, samples: list) -> dict:
+    """The value ranges AutoCast judges fp16 safety by (stages.ranges: one inference's memory, unlike AutoCast's own
+    run); a model ONNX Runtime cannot run is said so, not blamed on ModelOpt."""
+    from trtflow.stages.ranges import float_ranges
+
+    try:
+        return float_ranges(source, [s.feed for s in samples])
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise StageError(
+            f"ONNX Runtime failed to run the fp32 model to measure its value ranges for AutoCast: {first}"
+        ) from exc
 
 
 MASK_REASON = (
@@ -326,7 +341,7 @@ def _random_samples(source: Path, params: Params) -> list:
     return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
 
 
-def _accuracy(params: Params, model: Any, source: Path, held_out: list, calibrating: list | None) -> dict:
+def _accuracy(params: Params, model: Path, source: Path, held_out: list, calibrating: list | None) -> dict:
     """Held-out files when there are any; else the calibration files (said so); else seeded random inputs."""
     from trtflow.stages import accuracy, compare
 

@@ -42,13 +42,12 @@ def first_output(session: Any, feeds: list[dict]) -> np.ndarray:
 
 
 def report(
-    candidate: Any, reference: Path, feeds: list[dict], labels: np.ndarray, metric: str, max_drop: float | None
+    candidate: Path, reference: Path, feeds: list[dict], labels: np.ndarray, metric: str, max_drop: float | None
 ) -> dict:
     """`{metric, fp32, value, drop, rows, max_drop, passed}`: fp32 is the reference model's own score, the baseline."""
-    runnable, _ = accuracy.ort_runnable(candidate)
     try:
         fp32 = score(first_output(compare.session(reference), feeds), labels, metric)
-        value = score(first_output(compare.session(runnable.SerializeToString()), feeds), labels, metric)
+        value = score(first_output(accuracy.candidate_session(candidate)[0], feeds), labels, metric)
     except ValueError as exc:
         raise StageError(f"accuracy.metric: {exc}") from None
     drop = fp32 - value if HIGHER_IS_BETTER[metric] else value - fp32
