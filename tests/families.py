@@ -7,6 +7,8 @@ weights, exported to ONNX on demand into a cache folder (nothing is downloaded: 
             batch 1-8 x sequence 16-128; sequence-classification head (2 labels)
     gpt2    GPT-2 small (12 layers, hidden 768, vocabulary 50257), no cache: input_ids, attention_mask, batch 1-4 x
             sequence 8-64; the LM head's logits
+    gpt2_large  GPT-2-large size (36 layers, hidden 1280: 774M parameters, 3.1 GB of external data), no cache,
+            batch 1-2 x sequence 8-32
     vit     ViT-B/16 (12 layers, hidden 768, patch 16, 1000 labels) at 224x224, batch 1-4
     whisper Whisper-tiny's audio encoder (4 layers, d_model 384): input_features [1, 80, 3000]
     unet    a Stable-Diffusion-like UNet (diffusers, 142M parameters): sample [2, 4, 64, 64], timestep [2],
@@ -22,6 +24,7 @@ torch.onnx.export(dynamo=True) at opset 18 with batch and sequence dynamic, as a
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +75,18 @@ def gpt2() -> torch.nn.Module:
 
     torch.manual_seed(SEED)
     config = GPT2Config(initializer_range=0.1, use_cache=False, attn_implementation="eager")
+    return GPT2LMHeadModel(config).eval()
+
+
+def gpt2_large() -> torch.nn.Module:
+    """GPT-2-large size (36 layers, hidden 1280, 20 heads: 774M parameters, 3.1 GB in fp32) without a cache: a
+    model past protobuf's 2 GB, exported with external data."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(SEED)
+    config = GPT2Config(
+        n_embd=1280, n_layer=36, n_head=20, initializer_range=0.1, use_cache=False, attn_implementation="eager"
+    )
     return GPT2LMHeadModel(config).eval()
 
 
@@ -146,6 +161,12 @@ _SPECS: dict[str, _Family] = {
     "gpt2": _Family(
         gpt2, _text((1, 2, 4), (8, 32, 64), "input_ids", "attention_mask"), ("logits",), "GPT-2 small, no cache"
     ),
+    "gpt2_large": _Family(
+        gpt2_large,
+        _text((1, 1, 2), (8, 16, 32), "input_ids", "attention_mask"),
+        ("logits",),
+        "GPT-2-large size (774M parameters, 3.1 GB), external data",
+    ),
     "vit": _Family(vit, {"pixel_values": Shapes.batched(3, 224, 224, opt=2, high=4)}, ("logits",), "ViT-B/16, 224x224"),
     "whisper": _Family(
         whisper, {"input_features": Shapes.static(1, 80, 3000)}, ("last_hidden_state",), "Whisper-tiny encoder"
@@ -174,13 +195,16 @@ def family_model(name: str, cache_dir: Path) -> ZooModel:
     """The named model as ONNX (external data beside it when past 2 GB), generated into `cache_dir` once."""
     spec = _SPECS[name]
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"family-{name}-v{FAMILIES_VERSION}.onnx"
+    folder = cache_dir / f"family-{name}-v{FAMILIES_VERSION}"  # the model, and its external data when it has some
+    path = folder / f"{name}.onnx"
     if not path.is_file():
         with FileLock(str(cache_dir / ".zoo.lock")):
             if not path.is_file():
-                partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-                _export(spec, partial)
-                os.replace(partial, path)
+                partial = cache_dir / f".{folder.name}.{os.getpid()}.partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir()
+                _export(spec, partial / path.name)
+                os.replace(partial, folder)
     return ZooModel(name=name, path=path, profile=spec.profile, summary=spec.summary)
 
 
@@ -201,7 +225,8 @@ def _export(spec: _Family, path: Path) -> None:
         examples = tuple(torch.randn(s.opt) for s in spec.profile.values())
         dynamic = _batch_axis(spec.profile)
     outputs = [name for name in spec.outputs if name != "selected_indices"]
-    export_onnx(model, examples, list(names), outputs, dynamic, path)
+    large = sum(p.numel() * p.element_size() for p in model.parameters()) > 2**31 - 2**28
+    export_onnx(model, examples, list(names), outputs, dynamic, path, external=large)
     if "selected_indices" in spec.outputs:
         _append_nms(path)
 

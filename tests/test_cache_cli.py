@@ -99,14 +99,14 @@ def test_cache_commands_on_a_project_that_never_ran(tmp_path: Path) -> None:
     assert not (root / "artifacts").exists()
 
 
-def limited_run(root: Path, max_file_bytes: int) -> subprocess.CompletedProcess:
+def limited_run(root: Path, max_file_bytes: int, *args: str) -> subprocess.CompletedProcess:
     """`trtflow run` where no file may grow past `max_file_bytes` (Python ignores SIGXFSZ: writes get EFBIG)."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
 
     return subprocess.run(
-        [sys.executable, "-m", "trtflow", "-C", str(root), "run"],
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run", *args],
         capture_output=True,
         text=True,
         preexec_fn=limit,
@@ -121,6 +121,11 @@ def test_a_full_disk_is_one_clear_error_and_leaves_the_store_consistent(tmp_path
         errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
         assert failed.returncode == 4 and "Traceback" not in failed.stderr, failed.stderr
         assert len(errors) == 1 and errors[0].startswith("error: cannot write to the store"), failed.stderr
+    as_json = limited_run(root, 300_000, "--json")
+    assert as_json.returncode == 4 and json.loads(as_json.stdout) == {
+        "error": as_json.stderr.strip().removeprefix("error: "),
+        "exit_code": 4,
+    }, (as_json.stdout, as_json.stderr)
     result = trtflow(root, "run", "--json")
     assert result.code == 0 and json.loads(result.out)["failed"] == 0
     verified = cli_json(root, "cache", "verify")

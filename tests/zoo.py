@@ -568,9 +568,11 @@ def _export(model: nn.Module, profile: dict[str, Shapes], path: Path) -> None:
     export_onnx(model, examples, list(profile), ["logits"], dynamic, path)
 
 
-def export_onnx(model: nn.Module, examples: tuple, inputs: list[str], outputs: list[str], dynamic, path: Path) -> None:
+def export_onnx(
+    model: nn.Module, examples: tuple, inputs: list[str], outputs: list[str], dynamic, path: Path, external: bool = False
+) -> None:
     """torch.onnx.export(dynamo=True) at OPSET, quietly, without gradients; node stack traces dropped; saved whole
-    (weights inside the file below protobuf's 2 GB)."""
+    (weights inside the file, below protobuf's 2 GB) or, `external`, with the weights in `<name>.data` beside it."""
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
             model,
@@ -585,7 +587,7 @@ def export_onnx(model: nn.Module, examples: tuple, inputs: list[str], outputs: l
     for graph in [program.model.graph, *program.model.functions.values()]:
         for node in graph.all_nodes():
             node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
-    program.save(str(path), external_data=False)
+    program.save(str(path), external_data=external)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ Exit codes: docs/reference/exit-codes.md (generated from the error classes in tr
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -61,7 +62,9 @@ def cli(ctx: click.Context, project_dir: Path, verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> Any:
     """Entry point: run the CLI, turning expected errors into one line and an exit code."""
-    verbose = "-v" in (argv if argv is not None else sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    verbose = "-v" in given or "--verbose" in given
+    as_json = "--json" in given  # a failure is then also a JSON object on stdout, for the script reading it
     try:
         return cli.main(args=argv, prog_name="trtflow", standalone_mode=False)
     except click.exceptions.Abort:
@@ -78,26 +81,31 @@ def main(argv: list[str] | None = None) -> Any:
         if verbose:
             traceback.print_exc()
         click.echo(error_lines(str(exc)), err=True)
+        _json_failure(as_json, str(exc), exc.exit_code)
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: show everything needed to report it (unless a write found no room)
-        _exit_if_write_failed(exc)
+        _exit_if_write_failed(exc, as_json)
         traceback.print_exc()
         click.echo(f"trtflow: internal error: {type(exc).__name__}: {exc} (please report this)", err=True)
         sys.exit(InternalError.exit_code)
 
 
-def _exit_if_write_failed(exc: Exception) -> None:
+def _exit_if_write_failed(exc: Exception, as_json: bool) -> None:
     """A write the disk, a quota or permissions refused (packages, trtflow.lock) is one line, exit 4, not a bug."""
     from trtflow.store import WRITE_ERRNOS
 
     if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
         where = f" {exc.filename}" if exc.filename else ""
-        click.echo(
-            f"error: cannot write{where}: {exc.strerror} (disk full, file size limit or quota reached, or no "
-            "permission?)",
-            err=True,
-        )
+        said = f"cannot write{where}: {exc.strerror} (disk full, file size limit or quota reached, or no permission?)"
+        click.echo(f"error: {said}", err=True)
+        _json_failure(as_json, said, EnvironmentProblem.exit_code)
         sys.exit(EnvironmentProblem.exit_code)
+
+
+def _json_failure(as_json: bool, error: str, exit_code: int) -> None:
+    """With --json: `{"error": ..., "exit_code": ...}` on stdout, so a script parsing it is not left with nothing."""
+    if as_json:
+        click.echo(json.dumps({"error": error, "exit_code": exit_code}))
 
 
 def error_lines(text: str) -> str:
