@@ -38,7 +38,8 @@ def report(candidate: Path, reference: Path, feeds: list[dict], tolerance: dict,
         lambda: _run_candidate(candidate, feeds), lambda: compare.run_all(compare.session(reference), feeds), together
     )
     emulated = got[1]
-    rows = [_per_feed(g, w) for g, w in zip(got[0], want, strict=True)]
+    sets = set_outputs(reference)
+    rows = [_per_feed(g, w, sets) for g, w in zip(got[0], want, strict=True)]
     outputs = [_judge(_fold(name, [r[name] for r in rows]), tolerance) for name in rows[0]] if rows else []
     return {
         "runtime": compare.RUNTIME + emulation_note(emulated),
@@ -74,8 +75,8 @@ def failure_message(precision: str, accuracy: dict) -> str:
         return f"{precision} accuracy: no output was compared"
     numbers = ", ".join(
         f"{k.replace('_', ' ')} {_short(bad[k])}"
-        for k in ("max_abs_error", "mean_rel_error", "cosine_similarity", "top1_agreement")
-        if bad[k] is not None
+        for k in ("max_abs_error", "mean_rel_error", "cosine_similarity", "top1_agreement", "set_agreement")
+        if bad.get(k) is not None
     )
     return (
         f"{precision} accuracy out of tolerance: output {bad['name']} {'; '.join(bad['problems'])} ({numbers}) over "
@@ -109,10 +110,35 @@ def _short(value: float) -> str:
     return f"{value:.6g}"
 
 
-def _per_feed(got: dict, want: dict) -> dict:
-    """Raw sums per output for one feed, folded later (so no metric is an average of averages)."""
+# Ops whose output is a set whose size depends on the data, and the axis along which its elements lie: NMS's
+# selected [batch, class, box] rows, NonZero's index columns. Such an output is compared as a set, never elementwise.
+SET_OUTPUT_OPS = {"NonMaxSuppression": 0, "NonZero": 1}
+
+
+def set_outputs(model: Path) -> dict[str, int]:
+    """Graph output -> the axis its set elements lie along, for outputs made directly by a SET_OUTPUT_OPS op."""
+    from trtflow.util.onnxio import load_graph_only
+
+    graph = load_graph_only(model).graph
+    made_by = {out: node.op_type for node in graph.node for out in node.output}
+    return {o.name: SET_OUTPUT_OPS[made_by[o.name]] for o in graph.output if made_by.get(o.name) in SET_OUTPUT_OPS}
+
+
+def _set_rows(value: Any, axis: int) -> set[tuple]:
+    """The elements of a set output (rows along `axis`) as hashable tuples."""
+    elements = np.moveaxis(np.asarray(value), axis, 0)
+    return {tuple(row) for row in elements.reshape(elements.shape[0], -1).tolist()}
+
+
+def _per_feed(got: dict, want: dict, sets: dict[str, int]) -> dict:
+    """Raw sums per output for one feed, folded later (so no metric is an average of averages); a set output's shared
+    and total elements."""
     rows: dict[str, dict[str, Any]] = {}
     for name, expected in want.items():
+        if name in sets:
+            mine, theirs = _set_rows(got[name], sets[name]), _set_rows(expected, sets[name])
+            rows[name] = {"shared": len(mine & theirs), "union": len(mine | theirs)}
+            continue
         a = np.asarray(got[name], dtype=np.float64)
         e = np.asarray(expected, dtype=np.float64)
         if a.shape != e.shape:
@@ -147,6 +173,16 @@ def _top1(a: np.ndarray, e: np.ndarray) -> tuple[int, int] | None:
 
 
 def _fold(name: str, per_feed: list[dict]) -> dict:
+    if per_feed and "union" in per_feed[0]:  # a set output: the share of elements both models selected (Jaccard)
+        union = sum(r["union"] for r in per_feed)
+        return {
+            "name": name,
+            "compared_as": "set",
+            "set_agreement": _rounded(sum(r["shared"] for r in per_feed) / union if union else 1.0),
+            **dict.fromkeys(("max_abs_error", "mean_rel_error", "cosine_similarity", "top1_agreement")),
+            "non_finite": 0,
+            "problems": [],
+        }
     problems = [r["problem"] for r in per_feed if "problem" in r]
     if problems:
         return {
@@ -188,9 +224,10 @@ def _judge(row: dict, tolerance: dict) -> dict:
         ("top1_agreement", "min_top1", "<"),
         ("max_abs_error", "max_abs_error", ">"),
         ("mean_rel_error", "max_mean_rel_error", ">"),
+        ("set_agreement", "min_set_agreement", "<"),
     ]
     for metric, limit, worse in checks:
-        value, bound = row[metric], tolerance.get(limit)
+        value, bound = row.get(metric), tolerance.get(limit)
         if value is not None and bound is not None and (value < bound if worse == "<" else value > bound):
             problems.append(f"{metric.replace('_', ' ')} {_short(value)} {worse} {bound}")
     return {**row, "problems": problems, "passed": not problems}
