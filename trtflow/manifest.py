@@ -83,6 +83,7 @@ class Tolerance(_Model):
     max_abs_error: float | None = None
     max_mean_rel_error: float | None = None
     min_share: float | None = None  # of weights and of MACs in the precision (composition)
+    min_set_agreement: float | None = None  # outputs of data-dependent size (NMS), compared as sets
 
 
 class OutputAccuracy(_Model):
@@ -96,6 +97,8 @@ class OutputAccuracy(_Model):
     top1_agreement: float | None  # share of rows whose argmax agrees, for [rows, classes] outputs
     non_finite: int = 0
     reference_abs_max: float | None = None  # the fp32 output's largest |value| (range diagnosis)
+    compared_as: Literal["set"] | None = None  # "set": an output of data-dependent size (NMS), not elementwise
+    set_agreement: float | None = None  # |A & B| / |A | B| of a set output's elements
     problems: list[str] = []
     passed: bool
 
