@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import stage_record, trtflow, write_project
+from conftest import PIPELINE, stage_record, trtflow, write_project
 from families import FAMILIES, bert, family_model
 
 from trtflow.recipe.hftasks import TASKS
@@ -242,3 +242,18 @@ def test_a_detectors_selected_boxes_are_compared_as_a_set(tmp_path: Path, famili
     assert all(problem.startswith("set agreement") for problem in selected["problems"]), selected
     counts = [len(run["selected_indices"]) for run in compare.run_all(compare.session(model.path), feeds)]
     assert min(counts) >= 3, "the random detector must select boxes, else the test proves nothing"
+
+
+def test_validate_export_exports_a_folder_first_and_predicts_what_its_model_cannot_build(tmp_path: Path) -> None:
+    """Before any run, validate sees only a Hugging Face folder; with --export it exports it (as a run would, cached)
+    and refuses the pair the exported graph cannot build: fp32 GEMMs on Turing."""
+    model, inputs = _small("feature-extraction")
+    recipe = "source:\n  huggingface: {path: models/m, task: feature-extraction}\ntargets: [rtx-turing]\nprofiles:\n"
+    pipeline = PIPELINE + "  rtx-turing: {backend: tensorrt-rtx, compute_capabilities: [sm_75]}\n"
+    root = write_project(tmp_path / "p", {"m": recipe + f"  - inputs:\n      {inputs}\n"}, pipeline)
+    model.save_pretrained(root / "models" / "m")
+    assert trtflow(root, "validate").code == 0  # nothing shows the GEMMs yet
+    refused = trtflow(root, "validate", "--export")
+    assert refused.code == 3 and "FP32 GEMM is not supported on Turing" in refused.err, refused.err
+    assert "export:m" in json.loads((root / "trtflow.lock").read_text())["nodes"]
+    assert "1 cached" in trtflow(root, "plan").out  # the export is the run's own, not done again

@@ -569,7 +569,13 @@ def _export(model: nn.Module, profile: dict[str, Shapes], path: Path) -> None:
 
 
 def export_onnx(
-    model: nn.Module, examples: tuple, inputs: list[str], outputs: list[str], dynamic, path: Path, external: bool = False
+    model: nn.Module,
+    examples: tuple,
+    inputs: list[str],
+    outputs: list[str],
+    dynamic,
+    path: Path,
+    external: bool = False,
 ) -> None:
     """torch.onnx.export(dynamo=True) at OPSET, quietly, without gradients; node stack traces dropped; saved whole
     (weights inside the file, below protobuf's 2 GB) or, `external`, with the weights in `<name>.data` beside it."""

@@ -17,19 +17,38 @@ from trtflow.util.reads import recording as reads_recording
 
 
 @cli.command()
+@click.option(
+    "--export",
+    "export",
+    is_flag=True,
+    help="Export torch, Hugging Face and TensorFlow sources first (cached as a run caches them): their models are "
+    "checked too.",
+)
 @pass_context
-def validate(ctx: Context) -> None:
+def validate(ctx: Context, export: bool) -> None:
     """Check pipeline.yaml, every recipe, and that each model parses and fits its profiles."""
     from trtflow.modelcheck import unknown_integer_inputs
 
     session = ctx.session(keep_refusals=True)
     project = session.project
+    if export:
+        _export_sources(ctx, session)
     project.refuse([refusal for item in project.recipes for refusal in item.refusals] + session.check_models())
     output.print_warnings(session.idle_recipes())
     output.print_warnings([line for item in project.recipes for line in unknown_integer_inputs(item, project.root)])
     click.echo(
         f"ok: {len(project.recipes)} recipe(s), {len(project.pipeline.targets)} target(s), {len(session.dag)} stage(s)"
     )
+
+
+def _export_sources(ctx: Context, session: Any) -> None:
+    """validate --export: the export stages run (with progress), a failed one ends validation with its reason."""
+    view = progress.progress_view(ctx.verbose, 1)
+    try:
+        states = list(session.run_exports(view).values())
+    finally:
+        view.close()
+    _exit_if_failed(states)
 
 
 @cli.command()

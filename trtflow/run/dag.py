@@ -63,6 +63,10 @@ class Dag:
                 found.add(node.id)
         return [n for n in self.nodes if n in found and n != node_id]
 
+    def of_kind(self, kind: str) -> Dag:
+        """The nodes of one stage kind (export nodes have no upstream, so they stand alone)."""
+        return Dag(node for node in self if node.kind == kind)
+
     def for_recipes(self, names: Iterable[str]) -> Dag:
         """The nodes of the named recipes only (recipes never share nodes)."""
         wanted = set(names)

@@ -9,12 +9,15 @@ pass); anything else says what the lock has instead.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
-from trtflow.run.dag import Node
-from trtflow.run.plan import Resolution, Resolver
+from trtflow.errors import ProjectError
+from trtflow.run.dag import Dag, Node
+from trtflow.run.plan import Resolution, Resolver, frozen_differences
 from trtflow.states import FAILED, SKIPPED, NodeState
-from trtflow.store.lockfile import LockEntry
+from trtflow.store.lockfile import LOCK_FILE, LockEntry, read_lock
 from trtflow.store.objects import Store
+from trtflow.toolchain import check_installed
 
 EQUIVALENT = (
     "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering "
@@ -142,3 +145,17 @@ class FrozenCheck:
         if state.status == FAILED and "trtflow.lock" not in state.reason:
             return dataclasses.replace(state, reason=f"{state.reason} (trtflow.lock has it {entry.status})")
         return state
+
+
+def locked_entries(lock_path: Path, dag: Dag, resolver: Resolver, all_node_ids: set[str]) -> dict[str, LockEntry]:
+    """The lock's entry per node of `dag`, after checking the plan matches it (ProjectError naming each change)."""
+    lock = read_lock(lock_path)
+    if lock is None:
+        raise ProjectError(f"{LOCK_FILE}: not found; --frozen needs one: run `trtflow run` once and commit {LOCK_FILE}")
+    check_installed({node.id: lock[node.id] for node in dag if node.id in lock})  # each tool named, not each stage
+    changes = frozen_differences(dag, resolver, lock, all_node_ids)
+    if changes:
+        raise ProjectError(
+            f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n" + "\n".join(f"  {line}" for line in changes)
+        )
+    return {node.id: lock[node.id] for node in dag}

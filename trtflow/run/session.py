@@ -25,8 +25,8 @@ from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import RaySpec
 from trtflow.run.admission import default_budget
 from trtflow.run.dag import Dag, dag_from_project
-from trtflow.run.frozen import canonical_outputs
-from trtflow.run.plan import Resolver, frozen_differences, kinds_to_run, plan
+from trtflow.run.frozen import canonical_outputs, locked_entries
+from trtflow.run.plan import Resolver, kinds_to_run, plan
 from trtflow.run.runmemo import signature
 from trtflow.run.runner import Listener, Runner, RunOptions
 from trtflow.signing import Signer, signer_from_environment
@@ -37,7 +37,6 @@ from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, failure
 from trtflow.store.locks import LazyLease, holding
 from trtflow.store.objects import EXCHANGE_DIR
 from trtflow.taskdata import check_task_data
-from trtflow.toolchain import check_installed
 from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:
@@ -124,20 +123,7 @@ class Session:
 
     def frozen_keys(self) -> dict[str, LockEntry]:
         """The lock's entry per node, after checking the plan matches it (ProjectError naming each change)."""
-        lock = read_lock(self.lock_path)
-        if lock is None:
-            raise ProjectError(
-                f"{LOCK_FILE}: not found; --frozen needs one: run `trtflow run` once and commit {LOCK_FILE}"
-            )
-        # each tool named, not each stage
-        check_installed({node.id: lock[node.id] for node in self.dag if node.id in lock})
-        changes = frozen_differences(self.dag, self.resolver, lock, self.all_node_ids)
-        if changes:
-            raise ProjectError(
-                f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n"
-                + "\n".join(f"  {line}" for line in changes)
-            )
-        return {node.id: lock[node.id] for node in self.dag}
+        return locked_entries(self.lock_path, self.dag, self.resolver, self.all_node_ids)
 
     def run(
         self, options: RunOptions, listener: Listener | None = None, early: LocalExecutor | None = None
@@ -146,6 +132,15 @@ class Session:
         before the project was loaded, if the run is local); update the lock."""
         with self.resolver.digests.for_one_run():  # each source is read once however often the run plans
             return self._run(options, listener, early)
+
+    def run_exports(self, listener: Listener | None = None) -> dict[str, NodeState]:
+        """Only the export stages, run as `run` runs them (cached, in the lock): validate then reads their models."""
+        whole, self.dag = self.dag, self.dag.of_kind("export")
+        try:
+            return self.run(RunOptions(), listener)
+        finally:
+            self.dag = whole
+            self._new_resolver(False)  # one that finds the exports just made
 
     def _run(self, options: RunOptions, listener: Listener | None, early: LocalExecutor | None) -> dict[str, NodeState]:
         expected = self.frozen_keys() if options.frozen else None
@@ -390,7 +385,6 @@ def check_backends(states: dict[str, NodeState]) -> None:
         params = state.node.params
         if state.node.kind == "build" and not state.settled and params.backend_version is None:
             raise EnvironmentProblem(
-                f"target {state.node.info.target} of recipe {state.node.recipe}: its backend {params.backend} is "
-                "not "
+                f"target {state.node.info.target} of recipe {state.node.recipe}: its backend {params.backend} is not "
                 f"installed here: pip install 'trtflow[{BACKENDS[params.backend].extra}]'"
             )
