@@ -41,6 +41,7 @@ from conftest import write_project  # noqa: E402
 from families import family_model  # noqa: E402
 
 from trtflow.util.inputvalues import padded_mask  # noqa: E402
+from trtflow.util.memory import expected_peak  # noqa: E402
 
 TEXT = ("input_ids", "attention_mask", "token_type_ids")
 PROFILES = {
@@ -201,6 +202,7 @@ def main() -> int:
     print(f"run: exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root}; its cold run's stages below)")
     nodes = {n["id"]: n for n in json.loads((root / "artifacts" / "run.json").read_text())["nodes"]}
     print(f"{'stage':<28} {'seconds':>8} {'bare':>7} {'ratio':>6} {'peak GiB':>9} {'bare GiB':>9}  accuracy")
+    expectations = []
     for name in args.models:
         for node_id in sorted(n for n in nodes if n.split(":", 1)[1].startswith(f"{name}/") or n.endswith(f":{name}")):
             node = nodes[node_id]
@@ -221,6 +223,17 @@ def main() -> int:
             else:
                 line += f" {'':7} {'':6} {(node.get('peak_rss') or 0) / 2**30:9.2f}"
             print(line)
+            if node["kind"] == "precision" and precision != "fp32" and node.get("peak_rss"):
+                weights = max(f.stat().st_size for f in family_model(name, work / "models-cache").path.parent.iterdir())
+                kind = "precision-autocast" if precision in ("fp16", "bf16") else "precision"
+                expectations.append((node_id, expected_peak(kind, weights, None), node["peak_rss"]))
+    print("\nthe scheduler's expectation of a precision stage (before it has a measured peak) against its peak:")
+    for node_id, expected, peak in expectations:
+        ratio = max(expected / peak, peak / expected)
+        verdict = "met" if ratio <= 1.5 else "missed"
+        side = "over" if expected >= peak else "under"
+        print(f"  {node_id:<28} expected {expected / 2**30:6.2f} GiB, peak {peak / 2**30:6.2f} GiB: "
+              f"{ratio:.2f}x {side} ({verdict}: goal within 1.5x)")  # fmt: skip
     return 0
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from trtflow.recipe.precision import AUTOCAST_PRECISIONS
+from trtflow.run.dag import Node
 from trtflow.run.plan import Resolution
 from trtflow.store.objects import Store
 from trtflow.util.memory import SHARE_OF_AVAILABLE, available_bytes, expected_peak, shown
@@ -34,8 +36,7 @@ class MemoryAdmission:
     def expected(self, resolution: Resolution) -> int:
         """The node's expected peak: its last measured one, else its kind's declaration for its largest input."""
         node = resolution.node
-        kind = "precision-fp32" if node.kind == "precision" and node.info.precision == "fp32" else node.kind
-        return expected_peak(kind, self._largest_input(resolution), self.store.remembered_peak(node.id))
+        return expected_peak(_memory_kind(node), self._largest_input(resolution), self.store.remembered_peak(node.id))
 
     def admits(self, expected: int, running: list[int]) -> bool:
         """Whether a stage expected to peak at `expected` may start beside stages expected to peak at `running`."""
@@ -56,6 +57,15 @@ class MemoryAdmission:
             if isinstance(digest, str) and len(digest) == 64:
                 sizes.append(_size(self.store.object_path(digest)))
         return max(sizes, default=0)
+
+
+def _memory_kind(node: Node) -> str:
+    """The kind whose declared memory a node is expected to take: a precision stage's by what it does."""
+    if node.kind != "precision":
+        return node.kind
+    if node.info.precision == "fp32":
+        return "precision-fp32"
+    return "precision-autocast" if node.info.precision in AUTOCAST_PRECISIONS else "precision"
 
 
 def _size(path: os.PathLike[str]) -> int:
