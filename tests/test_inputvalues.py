@@ -157,3 +157,34 @@ def test_validate_names_an_integer_input_it_cannot_tell_and_refuses_values_for_a
     recipe.write_text(recipe.read_text() + "  stpes: {values: [0, 3]}\n")
     refused = trtflow(root, "validate")
     assert refused.code == 3 and "inputs.stpes: 'stpes' is no input of the model" in refused.err
+
+
+def test_calibration_files_are_held_to_the_values_their_model_accepts(tmp_path: Path) -> None:
+    """A token type of 5 for a 2-row table reached ONNX Runtime inside ModelOpt; now the file and input are named."""
+    root = attention_project(tmp_path / "p")
+    model = onnx.load(root / "models" / "m.onnx")  # without `pos`, which feeds nothing the output needs
+    kept = [i for i in model.graph.input if i.name != "pos"]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    kept_nodes = [n for n in model.graph.node if n.name != "embed_positions"]
+    del model.graph.node[:]
+    model.graph.node.extend(kept_nodes)
+    onnx.save(model, root / "models" / "m.onnx")
+    recipe = root / "recipes" / "m.yaml"
+    text = recipe.read_text().replace("      pos: {min: [1, 4], opt: [2, 8], max: [4, 16]}\n", "")
+    recipe.write_text(text + "precisions: [fp16]\ncalibration: {data: calib/*.npz}\n")
+    (root / "calib").mkdir()
+    rng = np.random.default_rng(0)
+    for index, types in enumerate((1, 1, 5)):
+        np.savez(
+            root / "calib" / f"b{index}.npz",
+            ids=rng.integers(0, 100, (2, 8)),
+            types=np.full((2, 8), types),
+            mask=np.ones((2, 8), np.int64),
+        )
+    result = trtflow(root, "run")
+    assert result.code == 1
+    assert (
+        "calibration.data: calib/b2.npz: input 'types' holds 5, outside [0, 1] (indexes type_table (2 rows)); fix the "
+        "file, or set inputs.types.values if the model does accept it"
+    ) in result.err, result.err

@@ -18,7 +18,7 @@ from typing import Any
 from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError, required
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS
-from trtflow.stages import convert
+from trtflow.stages import convert, precision_samples
 from trtflow.stages.base import Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, Upstream
 from trtflow.stages.composition import composition
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
@@ -127,7 +127,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     placed = place_side_by_side(inputs["model"].files, MODEL, workdir / "source", copy=tuple(inputs["model"].files))
     source = placed["model"]
     model_inputs = calibration.model_input_types(source)
-    held_out, calibrating = _declared_samples(params, inputs, model_inputs)
+    held_out, calibrating = precision_samples.declared_samples(params, inputs, model_inputs, source)
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
     with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
         model, details, reasons = _convert(params, source, calibrating, workdir)
@@ -205,7 +205,7 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
         with convert.quiet() as printed:
             if precision in AUTOCAST_PRECISIONS:
                 autocast = required(params.autocast, "autocast").model_dump()
-                samples = calibrating or _range_samples(source, params)
+                samples = calibrating or precision_samples.range_samples(source, params)
                 details = {
                     "autocast": autocast,
                     "autocast_data": _autocast_data_record(params, samples, bool(calibrating)),
@@ -214,7 +214,7 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
                 ranges = _measured_ranges(source, samples)
                 model, reasons = convert.autocast(source, precision, autocast, ranges)
                 return model, details, reasons
-            samples = calibrating if calibrating is not None else _random_samples(source, params)
+            samples = calibrating if calibrating is not None else precision_samples.random_samples(source, params)
             options = required(params.quantize, "quantize").model_dump()
             masked = mask_carrying_nodes(load_graph_only(source))
             options |= {
@@ -266,18 +266,6 @@ MASK_REASON = (
 )
 
 
-def _range_samples(source: Path, params: Params) -> list:
-    """Without calibration files, AutoCast's ranges come from seeded random inputs at every profile's opt, min and
-    max shapes (valid integer values included: polygraphy's own random ids overran BERT's 2-row type table)."""
-    from trtflow.stages import compare
-
-    profiles = required(params.profiles, "profiles")
-    seed = required(params.accuracy, "accuracy").seed
-    values = compare.input_values(source, params.values)
-    feeds = compare.sample_feeds(compare.signature(source), profiles, 3 * max(len(profiles), 1), seed, values)
-    return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
-
-
 def _autocast_data_record(params: Params, samples: list, declared: bool) -> dict:
     """Which inputs AutoCast's value ranges were measured on, to decide what stays fp32."""
     if not declared:
@@ -303,42 +291,6 @@ def _calibration_record(params: Params, samples: list, random: bool) -> dict:
         "rows": calibration.rows(samples),
         "data_digest": calibration.samples_digest(samples),
     }
-
-
-def _declared_samples(params: Params, inputs: dict[str, Upstream], model_inputs: dict) -> tuple[list, list | None]:
-    """(held-out samples, calibration samples) read from the node's source files; calibration None if it has none."""
-    reading = params.data
-    if reading is None:
-        return [], None
-    groups = []
-    for prefix in (calibration.HELD_OUT_ROLE, calibration.CALIBRATION_ROLE):
-        files = {
-            role[len(prefix) :]: upstream.files[role] for role, upstream in inputs.items() if role.startswith(prefix)
-        }
-        groups.append(
-            _checked(calibration.samples_from_inputs(files, reading, model_inputs), model_inputs, params, reading)
-        )
-    return groups[0], groups[1]
-
-
-def _checked(samples: list, model_inputs: dict, params: Params, reading: dict) -> list:
-    field = "calibration.data" if reading["kind"] == "arrays" else "calibration.images"
-    for sample in samples:
-        problem = calibration.check_sample(sample, model_inputs, required(params.profiles, "profiles"))
-        if problem:
-            raise StageError(f"{field}: {problem}")
-    return samples
-
-
-def _random_samples(source: Path, params: Params) -> list:
-    """`calibration: {random: true}`: seeded random batches at the profiles' opt/min/max shapes."""
-    from trtflow.stages import compare
-
-    quantize = required(params.quantize, "quantize")
-    count, seed = quantize.samples or calibration.RANDOM_CALIBRATION_SAMPLES, quantize.seed
-    values = compare.input_values(source, params.values)
-    feeds = compare.sample_feeds(compare.signature(source), required(params.profiles, "profiles"), count, seed, values)
-    return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
 
 
 def _accuracy(params: Params, model: Path, source: Path, held_out: list, calibrating: list | None) -> dict:

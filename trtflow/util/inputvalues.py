@@ -93,6 +93,22 @@ class Values:
 UNKNOWN = Values("range", 0, 7, "unknown")  # what trtflow drew for every integer input before it read graphs
 
 
+def out_of_range(feed: dict, values: dict[str, Values]) -> tuple[str, str] | None:
+    """(input, `holds 5, outside [0, 1] (indexes ... (2 rows))`) for the first integer input of `feed` with a value
+    its model does not accept (inputs whose values are unknown are not judged); None if all fit."""
+    import numpy as np
+
+    for name, allowed in values.items():
+        array = np.asarray(feed.get(name, ()))
+        if allowed is UNKNOWN or array.size == 0 or array.dtype.kind not in "iub":
+            continue
+        low, high = int(array.min()), int(array.max())
+        if low < allowed.low or high > allowed.high:
+            bad = low if low < allowed.low else high
+            return name, f"holds {bad}, outside [{allowed.low}, {allowed.high}] ({allowed.why})"
+    return None
+
+
 def padded_mask(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
     """Ones, with each row (the last axis) zero after a seeded length of at least one: a batch of padded texts."""
     import numpy as np
