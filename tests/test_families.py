@@ -115,7 +115,7 @@ def test_whisper_tiny_encoder_builds_at_fp32_and_fp16(tmp_path: Path, families_d
     result = trtflow(root, "run", "--json")
     assert result.code == 0, result.err
     fp16 = stage_record(root, "precision:m/fp16")
-    assert fp16["autocast_data"]["samples"] == 3 and fp16["accuracy"]["passed"], fp16["accuracy"]
+    assert fp16["autocast_data"]["samples"] == 1 and fp16["accuracy"]["passed"], fp16["accuracy"]  # one static shape
 
 
 @pytest.mark.slow

@@ -13,15 +13,23 @@ from trtflow.util.inputvalues import out_of_range
 
 
 def range_samples(source: Path, params: Params) -> list:
-    """Without calibration files, AutoCast's ranges come from seeded random inputs at every profile's opt, min and
-    max shapes (valid integer values included: polygraphy's own random ids overran BERT's 2-row type table)."""
+    """Without calibration files, AutoCast's ranges come from seeded random inputs, one at each distinct shape among
+    the profiles' opt, min and max (valid integer values included: polygraphy's own random ids overran BERT's 2-row
+    type table)."""
     from trtflow.stages import compare
 
     profiles = required(params.profiles, "profiles")
     seed = required(params.accuracy, "accuracy").seed
     values = compare.input_values(source, params.values)
     feeds = compare.sample_feeds(compare.signature(source), profiles, 3 * max(len(profiles), 1), seed, values)
-    return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
+    shapes: set[tuple] = set()
+    kept = []
+    for feed in feeds:
+        shape = tuple((name, array.shape) for name, array in sorted(feed.items()))
+        if shape not in shapes:
+            shapes.add(shape)
+            kept.append(feed)
+    return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(kept)]
 
 
 def declared_samples(
