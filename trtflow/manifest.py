@@ -190,6 +190,8 @@ class Verification(_Model):
     cleanup_equality: OnnxComparison
     precision_accuracy: PrecisionAccuracy | None = None  # None for fp32 (the cleaned model itself)
     precision_composition: Composition | None = None  # None for fp32
+    # accuracy.<precision>.fallback: auto ran: the nodes kept high with their sensitivity, accuracy before and after
+    precision_fallback: dict[str, object] | None = None
     engine_checks: dict[str, object]
     engine_run: EngineRun
 

@@ -142,6 +142,9 @@ class Tolerance(StrictModel):
     # models selected, |A & B| / |A | B|
     min_set_agreement: float | None = Field(default=None, ge=0, le=1)
     max_drop: dict[TaskMetric, Annotated[float, Field(ge=0)]] | None = None  # task metric vs fp32 on accuracy.data
+    # auto: when int8/fp8 misses these limits, keep the fewest compute nodes in high precision until they hold (never
+    # below min_share, 0.5 unless set), found by their measured sensitivity
+    fallback: Literal["none", "auto"] = "none"
 
     @field_validator("max_drop")
     @classmethod
@@ -190,15 +193,28 @@ class AccuracyOptions(StrictModel):
                 raise FieldError(precision, "max_drop needs labelled data: add accuracy.data and accuracy.labels")
             if limit is not None and self.metric is not None and self.metric not in limit:
                 raise FieldError(precision, f"max_drop names {next(iter(limit))} but accuracy.metric is {self.metric}")
+            if precision in AUTOCAST_PRECISIONS and getattr(self, precision).fallback == "auto":
+                raise FieldError(
+                    precision,
+                    "fallback: auto searches int8 and fp8 only; for fp16/bf16 keep nodes in fp32 with "
+                    "autocast.keep_nodes or keep_op_types",
+                )
         return self
 
-    def tolerance(self, precision: str) -> dict[str, float | None]:
-        """The default limits, with the ones the recipe names (null included) replacing them (max_drop: `max_drop`)."""
+    def tolerance(self, precision: str) -> dict[str, float]:
+        """The default limits, with the ones the recipe names replacing them; a limit set to null is not checked and
+        not listed (max_drop: `max_drop`, fallback: `fallback`)."""
         given = getattr(self, precision)
-        return {
-            **DEFAULT_TOLERANCES[precision].model_dump(exclude={"max_drop"}),
-            **given.model_dump(include=given.model_fields_set - {"max_drop"}),
+        policy = {"max_drop", "fallback"}
+        merged = {
+            **DEFAULT_TOLERANCES[precision].model_dump(exclude=policy),
+            **given.model_dump(include=given.model_fields_set - policy),
         }
+        return {name: limit for name, limit in merged.items() if limit is not None}
+
+    def fallback(self, precision: str) -> str:
+        """`auto` when the recipe asks for the sensitivity-guided fallback of `precision`, else `none`."""
+        return getattr(self, precision).fallback
 
     def max_drop(self, precision: str) -> tuple[str, float] | None:
         """(metric, largest allowed drop from fp32) the recipe sets for `precision`, or None."""

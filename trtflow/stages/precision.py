@@ -11,9 +11,11 @@ no files are declared; out of the precision's tolerance fails the stage unless `
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError, required
@@ -27,6 +29,9 @@ from trtflow.util.inputvalues import mask_carrying_nodes
 from trtflow.util.memory import released_after
 from trtflow.util.onnxio import load_graph_only
 from trtflow.util.versions import ort_version, tool_version
+
+if TYPE_CHECKING:
+    from trtflow.stages.fallback import Attempt
 
 # versions: 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions; 5:
 # value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis; 7:
@@ -85,7 +90,10 @@ def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
         **settings,
         **tools,
         accuracy=Accuracy(
-            samples=recipe.accuracy.samples, seed=recipe.accuracy.seed, tolerance=recipe.accuracy.tolerance(precision)
+            samples=recipe.accuracy.samples,
+            seed=recipe.accuracy.seed,
+            tolerance=recipe.accuracy.tolerance(precision),
+            fallback=recipe.accuracy.fallback(precision),
         ),
         task=_task_check(recipe.accuracy, precision),
     )
@@ -117,10 +125,6 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         )
     if precision not in AUTOCAST_PRECISIONS + QUANTIZED_PRECISIONS:
         raise StageError(f"unknown precision {precision}")
-    import onnx
-
-    from trtflow.stages import compare
-
     # copies: ModelOpt's PTQ rewrites its input in place (onnx.shape_inference.infer_shapes_path(onnx_path)), which
     # through a hard link rewrote the store's object while the recipe's other precisions read it ("Unable to parse");
     # and onnx (1.21) refuses to load external data from a file with more than one link ("potential hardlink attack")
@@ -128,28 +132,71 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     source = placed["model"]
     model_inputs = calibration.model_input_types(source)
     held_out, calibrating = precision_samples.declared_samples(params, inputs, model_inputs, source)
+    from trtflow.stages import accuracy, compare, fallback
+
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
-    with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
-        model, details, reasons = _convert(params, source, calibrating, workdir)
-    # a model that came with external data keeps it (so one past 2 GB stays loadable), and is checked from its files
-    files = save_model(onnx, canonical_order(model), workdir, external=MODEL_DATA in inputs["model"].files)
-    excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
-    made_of = composition(model, precision, reasons, excluded)
-    del model  # its weights: the checks below read the saved files
-    saved = files[MODEL]
-    accuracy = _task_checked(
-        _share_checked(_accuracy(params, saved, source, held_out, calibrating), made_of), params, saved, source, inputs
-    )
-    if not accuracy["passed"] and params.on_fail == "fail":
-        raise StageError(_failure_message(precision, accuracy))
+    attempt = functools.partial(_attempt, params, inputs, source, held_out, calibrating, workdir)
+    chosen, searched = attempt("", ()), None
+    if not chosen.accuracy["passed"] and params.accuracy is not None and params.accuracy.fallback == "auto":
+        samples, _ = precision_samples.accuracy_samples(params, source, held_out, calibrating)
+        feeds = [s.feed for s in samples]
+        trial = fallback.Trial(
+            chosen.files[MODEL],
+            feeds,
+            compare.run_all(compare.session(source), feeds),
+            accuracy.set_outputs(source),
+            chosen.accuracy["tolerance"],
+        )
+        chosen, searched = fallback.search(chosen, attempt, trial, chosen.accuracy["tolerance"].get("min_share"))
+        fallback.name_kept(chosen, searched)
+    if not chosen.accuracy["passed"] and params.on_fail == "fail":
+        raise StageError(_failure_message(precision, chosen.accuracy) + fallback.said(searched))
     record = {
         "precision": precision,
         "tool": f"nvidia-modelopt {tool_version('nvidia-modelopt')}",
-        **details,
-        "accuracy": accuracy,
-        "composition": made_of,
+        **chosen.details,
+        "accuracy": chosen.accuracy,
+        "composition": chosen.made_of,
+        **({"fallback": searched} if searched is not None else {}),
     }
-    return StageOutput(files={**files, "report": _report(record, workdir)}, record=record)
+    return StageOutput(files={**chosen.files, "report": _report(record, workdir)}, record=record)
+
+
+def _attempt(
+    params: Params,
+    inputs: dict[str, Upstream],
+    source: Path,
+    held_out: list,
+    calibrating: list | None,
+    workdir: Path,
+    folder: str,
+    kept: tuple[str, ...],
+) -> Attempt:
+    """Make the reduced-precision model (with `kept` nodes left in high precision: the fallback), save it into
+    `workdir/folder`, and check it."""
+    import onnx
+
+    from trtflow.stages import fallback
+
+    if kept:
+        quantize = required(params.quantize, "quantize")
+        exact = [f"^{re.escape(name)}$" for name in kept]
+        params = params.model_copy(
+            update={"quantize": quantize.model_copy(update={"exclude_nodes": [*quantize.exclude_nodes, *exact]})}
+        )
+    out = workdir / folder
+    with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
+        model, details, reasons = _convert(params, source, calibrating, out)
+    # a model that came with external data keeps it (so one past 2 GB stays loadable), and is checked from its files
+    files = save_model(onnx, canonical_order(model), out, external=MODEL_DATA in inputs["model"].files)
+    excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
+    made_of = composition(model, params.precision, reasons, excluded)
+    del model  # its weights: the checks below read the saved files
+    saved = files[MODEL]
+    checked = _task_checked(
+        _share_checked(_accuracy(params, saved, source, held_out, calibrating), made_of), params, saved, source, inputs
+    )
+    return fallback.Attempt(files, details, made_of, checked, kept)
 
 
 def _share_checked(accuracy: dict, made_of: dict) -> dict:
@@ -294,33 +341,14 @@ def _calibration_record(params: Params, samples: list, random: bool) -> dict:
 
 
 def _accuracy(params: Params, model: Path, source: Path, held_out: list, calibrating: list | None) -> dict:
-    """Held-out files when there are any; else the calibration files (said so); else seeded random inputs."""
-    from trtflow.stages import accuracy, compare
+    """The accuracy report of `model` against fp32 over _accuracy_samples."""
+    from trtflow.stages import accuracy
 
-    options = required(params.accuracy, "accuracy")
-    if held_out:
-        samples, data = held_out, _held_out_said(params, len(held_out))
-    elif calibrating:
-        samples, data = calibrating[: options.samples], "the calibration samples (too few files to hold any out)"
-    else:
-        profiles = required(params.profiles, "profiles")
-        values = compare.input_values(source, params.values)
-        feeds = compare.sample_feeds(compare.signature(source), profiles, options.samples, options.seed, values)
-        samples, data = (
-            [calibration.Sample("random", f) for f in feeds],
-            f"seeded random inputs within the profiles (seed {options.seed})",
-        )
-    result = accuracy.report(model, source, [s.feed for s in samples], options.tolerance, data)
+    samples, data = precision_samples.accuracy_samples(params, source, held_out, calibrating)
+    result = accuracy.report(
+        model, source, [s.feed for s in samples], required(params.accuracy, "accuracy").tolerance, data
+    )
     return {**result, "held_out": bool(held_out)}
-
-
-def _held_out_said(params: Params, count: int) -> str:
-    """`16 images held out from the calibration set (4 batch(es) of 4)`, or `3 file(s) held out ...`."""
-    reading = params.data or {}
-    if reading.get("kind") == "images" and reading.get("batch", 1) > 1:
-        batch = reading["batch"]
-        return f"{count * batch} images held out from the calibration set ({count} batch(es) of {batch})"
-    return f"{count} file(s) held out from the calibration set"
 
 
 def _failure_message(precision: str, result: dict) -> str:

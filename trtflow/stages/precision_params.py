@@ -19,7 +19,8 @@ class Accuracy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     samples: int
     seed: int
-    tolerance: dict[str, float | None]
+    tolerance: dict[str, float]
+    fallback: str = "none"  # auto: stages.fallback searches for the nodes to keep in high precision
 
 
 class Quantize(QuantizeOptions):

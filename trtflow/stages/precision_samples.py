@@ -81,3 +81,32 @@ def random_samples(source: Path, params: Params) -> list:
     values = compare.input_values(source, params.values)
     feeds = compare.sample_feeds(compare.signature(source), required(params.profiles, "profiles"), count, seed, values)
     return [calibration.Sample(f"random #{i}", feed) for i, feed in enumerate(feeds)]
+
+
+def accuracy_samples(params: Params, source: Path, held_out: list, calibrating: list | None) -> tuple[list, str]:
+    """Held-out files when there are any; else the calibration files (said so); else seeded random inputs."""
+    from trtflow.stages import compare
+
+    options = required(params.accuracy, "accuracy")
+    if held_out:
+        samples, data = held_out, held_out_said(params, len(held_out))
+    elif calibrating:
+        samples, data = calibrating[: options.samples], "the calibration samples (too few files to hold any out)"
+    else:
+        profiles = required(params.profiles, "profiles")
+        values = compare.input_values(source, params.values)
+        feeds = compare.sample_feeds(compare.signature(source), profiles, options.samples, options.seed, values)
+        samples, data = (
+            [calibration.Sample("random", f) for f in feeds],
+            f"seeded random inputs within the profiles (seed {options.seed})",
+        )
+    return samples, data
+
+
+def held_out_said(params: Params, count: int) -> str:
+    """`16 images held out from the calibration set (4 batch(es) of 4)`, or `3 file(s) held out ...`."""
+    reading = params.data or {}
+    if reading.get("kind") == "images" and reading.get("batch", 1) > 1:
+        batch = reading["batch"]
+        return f"{count * batch} images held out from the calibration set ({count} batch(es) of {batch})"
+    return f"{count} file(s) held out from the calibration set"

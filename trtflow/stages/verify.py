@@ -120,6 +120,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         "cleanup_equality": inputs["reference"].record.get("equality"),
         "precision_accuracy": inputs["model"].record.get("accuracy"),
         "precision_composition": inputs["model"].record.get("composition"),
+        **_fallback(inputs["model"].record.get("fallback")),
         "engine_checks": check_engine_io(inputs["engine"].record["tensors"], model, params.profiles),
         "engine_run": _engine_run(params, inputs["engine"], inputs["reference"].files["model"], plugin_files(inputs)),
     }
@@ -127,6 +128,14 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     report = workdir / "verify.json"
     report.write_text(json.dumps(record, indent=2, sort_keys=True))
     return StageOutput(files={"report": report}, record=record)
+
+
+def _fallback(search: dict | None) -> dict:
+    """The precision's fallback search for the manifest (absent when it did not run): what it kept, with what
+    sensitivity, accuracy before and after, and its cost; the full ranking stays in the precision record."""
+    if search is None:
+        return {}
+    return {"precision_fallback": {k: v for k, v in search.items() if k != "sensitivity"}}
 
 
 def check_engine_io(tensors: list[dict], candidate: Any, profiles: list[dict]) -> dict:

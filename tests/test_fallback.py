@@ -1,0 +1,128 @@
+"""accuracy.<precision>.fallback: auto on a model whose int8 error sits in one place: an MLP fed one unnormalized
+feature (1,000x the others, compensated in the first layer's weights: the same function), the outlier that makes a
+per-tensor int8 scale lose every other channel (real networks' unnormalized inputs, transformers' outlier features).
+Plain PTQ misses its limit; the search keeps the one layer that reads the outlier in high precision and meets it,
+with most MACs still in int8, reproducibly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import stage_record, trtflow, write_project
+from onnx import numpy_helper
+from zoo import zoo_model
+
+from trtflow.stages.fallback import shortest_passing_prefix
+
+OUTLIER, SCALE = 5, 1000.0
+RECIPE = """\
+source: {onnx: models/m.onnx}
+precisions: [int8]
+targets: [rtx-ada]
+calibration: {data: "calib/*.npy"}
+accuracy: {samples: 8, int8: {min_cosine: 0.999%s}}
+profiles:
+  - inputs:
+      features: {min: [1, 64], opt: [16, 64], max: [64, 64]}
+"""
+
+
+def _with_outlier(path: Path, out: Path) -> list[str]:
+    """The zoo MLP with its first layer's weights for feature OUTLIER SCALE times smaller (fed SCALE times larger,
+    it computes what it did); returns the Gemm names in order."""
+    model = onnx.load(path)
+    gemms = [n for n in model.graph.node if n.op_type == "Gemm"]
+    weights = next(i for i in model.graph.initializer if i.name == gemms[0].input[1])
+    array = numpy_helper.to_array(weights).copy()
+    array[:, OUTLIER] /= SCALE  # torch's Linear: weight [out, in] (transB)
+    weights.CopyFrom(numpy_helper.from_array(array, weights.name))
+    onnx.save(model, out)
+    return [n.name for n in gemms]
+
+
+def _project(root: Path, zoo_dir: Path, extra: str = "") -> tuple[Path, list[str]]:
+    root = write_project(root, {"m": RECIPE % extra})
+    gemms = _with_outlier(zoo_model("classifier", zoo_dir).path, root / "models" / "m.onnx")
+    (root / "calib").mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(24):
+        features = rng.standard_normal((16, 64)).astype(np.float32)
+        features[:, OUTLIER] *= SCALE
+        np.save(root / "calib" / f"{index:02d}.npy", features)
+    return root, gemms
+
+
+def test_plain_int8_misses_the_limit_of_a_model_with_an_outlier_channel(tmp_path: Path, zoo_dir: Path) -> None:
+    root, _ = _project(tmp_path / "p", zoo_dir)
+    result = trtflow(root, "run")
+    assert result.code == 1 and "int8 accuracy out of tolerance" in result.err, result.err
+    assert "fallback" not in result.err
+
+
+@pytest.mark.slow
+def test_fallback_keeps_the_layer_that_reads_the_outlier_and_meets_the_limit(tmp_path: Path, zoo_dir: Path) -> None:
+    root, gemms = _project(tmp_path / "p", zoo_dir, ", fallback: auto, min_share: 0.5")
+    result = trtflow(root, "run", "--json")
+    assert result.code == 0, result.err
+    record = stage_record(root, "precision:m/int8")
+    search = record["fallback"]
+    assert search["passed"] and record["accuracy"]["passed"]
+    assert [row["name"] for row in search["kept"]] == [gemms[0]]  # the layer reading the outlier feature, only
+    assert search["kept"][0]["sensitivity"] > 0 and search["sensitivity"][0]["name"] == gemms[0]
+    assert search["before"]["outputs"]["logits"]["cosine_similarity"] < 0.999
+    assert search["after"]["outputs"]["logits"]["cosine_similarity"] >= 0.999
+    assert record["composition"]["mac_share"] > 0.6  # the other layers are still int8
+    # the package's manifest and inspect say so
+    manifest = json.loads((root / "artifacts" / "packages" / "m" / "manifest.json").read_text())
+    (engine,) = manifest["engines"]
+    assert engine["verification"]["precision_fallback"]["kept"] == search["kept"]
+    shown = trtflow(root, "inspect", str(root / "artifacts" / "packages" / "m")).out
+    assert f"{gemms[0]} (Gemm" in shown and "kept by fallback: auto (sensitivity" in shown, shown
+    assert search["modelopt_runs"] == 1 and search["trial_models"] >= search["candidates"]
+    # cached: a repeat run is a no-op; reproducible: another folder builds the same bytes and passes --frozen
+    assert "0 built" in trtflow(root, "run").out
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(root, elsewhere, ignore=shutil.ignore_patterns("artifacts"))
+    frozen = trtflow(elsewhere, "run", "--frozen")
+    assert frozen.code == 0, frozen.err
+    locks = [json.loads((r / "trtflow.lock").read_text())["nodes"]["precision:m/int8"] for r in (root, elsewhere)]
+    assert locks[0]["outputs"] == locks[1]["outputs"]
+
+
+def test_a_limit_fallback_cannot_reach_within_min_share_fails_with_the_best_it_found(
+    tmp_path: Path, zoo_dir: Path
+) -> None:
+    """min_share 0.9: keeping the one layer would leave 65% of the MACs in int8; the stage fails, saying what the
+    search reached and within what."""
+    root, _ = _project(tmp_path / "p", zoo_dir, ", fallback: auto, min_share: 0.9")
+    result = trtflow(root, "run")
+    assert result.code == 1
+    assert "fallback: auto (" in result.err and "(min_share 0.9)" in result.err, result.err
+    assert "keeping the 1 most sensitive node(s) meets the limits but leaves 65% of the MACs" in result.err
+
+
+def test_the_shortest_passing_prefix_is_found_by_doubling_then_bisecting() -> None:
+    asked: list[int] = []
+
+    def passes(count: int) -> bool:
+        asked.append(count)
+        return count >= 11
+
+    assert shortest_passing_prefix(40, passes) == 11
+    assert asked == [1, 2, 4, 8, 16, 12, 10, 11]
+    assert shortest_passing_prefix(5, lambda count: False) is None
+    assert shortest_passing_prefix(0, lambda count: True) is None
+
+
+def test_fallback_is_refused_for_autocast_precisions(tmp_path: Path) -> None:
+    root = write_project(
+        tmp_path / "p",
+        {"m": RECIPE.replace("[int8]", "[fp16]").replace("int8: {min_cosine: 0.999%s}", "fp16: {fallback: auto}")},
+    )
+    result = trtflow(root, "validate")
+    assert result.code == 3 and "fallback: auto searches int8 and fp8 only" in result.err, result.err

@@ -1,0 +1,221 @@
+"""`accuracy.<precision>.fallback: auto`: when an int8/fp8 model misses its limits, keep the fewest compute nodes in
+high precision until they hold, chosen by measured sensitivity, never below `min_share` in the precision.
+
+1. Sensitivity. A candidate is a node that reads an input through Q/DQ (a Conv, MatMul or Gemm, or a residual Add or
+   Transpose ModelOpt quantized beside them). Each is
+   measured with the same emulation and samples as the accuracy check, against the fp32 outputs computed once: the
+   quantized model with that node alone taken off its Q/DQ (it reads its inputs as they were before quantization,
+   in the high precision). Its sensitivity is how much closer to fp32 that brings the model (accuracy.badness).
+2. Search. In order of sensitivity (ties by name), the shortest prefix whose bypassed model meets the limits, found
+   by doubling, then bisecting: a few trial models, each choice made by numbers alone.
+3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
+   are its own) and the result is checked like any other; while it misses, the next node joins, at most
+   CONFIRMATIONS times, and never past the point where less than `min_share` of the weights or MACs stays in the
+   precision. The best result found is kept either way, and the record says how it was reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtflow.stages import accuracy, compare
+from trtflow.stages.emulation import ort_runnable
+from trtflow.util.onnxio import load_graph_only
+
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
+DEFAULT_MIN_SHARE = 0.5
+SUMMARY = ("cosine_similarity", "top1_agreement", "set_agreement")  # per output, before and after
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One reduced-precision model made and checked: its saved files, how it was made, what it is made of, and its
+    accuracy report."""
+
+    files: dict[str, Path]
+    details: dict
+    made_of: dict
+    accuracy: dict
+    kept: tuple[str, ...] = ()  # the nodes the fallback kept in high precision
+
+    @property
+    def share(self) -> float:
+        """The smaller of the weight and MAC shares that run in the precision."""
+        return min(self.made_of["weight_share"], self.made_of["mac_share"])
+
+
+@dataclass(frozen=True)
+class Trial:
+    """How the search judges a bypassed model: the same samples, fp32 outputs and limits as the accuracy check."""
+
+    saved: Path  # the first quantized model, beside whose files the trial models are written
+    feeds: list[dict]
+    want: list[dict]
+    sets: dict[str, int]
+    tolerance: dict
+
+    def outputs(self, graph: Any) -> list[dict]:
+        """Per output numbers of a variant of the saved model (weights read from the saved files)."""
+        session = compare.session_beside(self.saved, ort_runnable(graph)[0])
+        return accuracy.judged(compare.run_all(session, self.feeds), self.want, self.sets, self.tolerance)
+
+
+def search(
+    first: Attempt, attempt: Callable[[str, tuple[str, ...]], Attempt], trial: Trial, min_share: float | None
+) -> tuple[Attempt, dict]:
+    """The attempt to keep (the first passing one, else the closest to fp32 within min_share) and what the search
+    did; `attempt(folder_name, kept)` quantizes again with `kept` left in high precision."""
+    floor = DEFAULT_MIN_SHARE if min_share is None else min_share
+    graph = load_graph_only(trial.saved)
+    before = accuracy.badness(first.accuracy["outputs"])
+    ranked = sorted(
+        (
+            {
+                "name": name,
+                "op": op,
+                "sensitivity": _rounded(before - accuracy.badness(trial.outputs(bypass(graph, [name])))),
+            }
+            for name, op in candidates(graph)
+        ),
+        key=lambda row: (-row["sensitivity"], row["name"]),
+    )
+    names = [row["name"] for row in ranked]
+    trials = len(ranked)
+
+    def passes(count: int) -> bool:
+        nonlocal trials
+        trials += 1
+        return all(o["passed"] for o in trial.outputs(bypass(graph, names[:count])))
+
+    count = shortest_passing_prefix(len(names), passes)
+    best, confirmed, too_few = first, 0, None
+    while count is not None and count <= len(names) and confirmed < CONFIRMATIONS:
+        result = attempt(f"fallback-{count}", tuple(names[:count]))
+        confirmed += 1
+        if result.share < floor:
+            limits_met = all(o["passed"] for o in result.accuracy["outputs"])  # passed also weighs the share
+            too_few = {"kept": count, **_summary(result), "passed": limits_met}
+            break
+        if accuracy.badness(result.accuracy["outputs"]) < accuracy.badness(best.accuracy["outputs"]):
+            best = result
+        if result.accuracy["passed"]:
+            break
+        count += 1
+    return best, {
+        "candidates": len(ranked),
+        "trial_models": trials,
+        "modelopt_runs": confirmed,
+        "min_share": floor,
+        "kept": [row for row in ranked if row["name"] in best.kept],
+        "sensitivity": ranked,
+        "before": _summary(first),
+        "after": _summary(best),
+        "passed": best.accuracy["passed"],
+        **({"below_min_share": too_few} if too_few else {}),
+    }
+
+
+def name_kept(chosen: Attempt, searched: dict) -> None:
+    """The composition's reason for each node the search kept high: its sensitivity (what inspect and the report
+    show)."""
+    sensitivity = {row["name"]: row["sensitivity"] for row in searched["kept"]}
+    for row in chosen.made_of["kept"]:
+        if row["name"] in sensitivity:
+            row["reason"] = f"kept by fallback: auto (sensitivity {sensitivity[row['name']]:.6g})"
+
+
+def candidates(graph: Any) -> list[tuple[str, str]]:
+    """(name, op) of every node reading an input through a DequantizeLinear (the compute nodes, and the residual Adds
+    and moves ModelOpt quantizes beside them), in graph order."""
+    dequantized = {o for n in graph.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return [
+        (n.name, n.op_type) for n in graph.graph.node if n.op_type not in QDQ and any(i in dequantized for i in n.input)
+    ]
+
+
+def bypass(graph: Any, names: list[str]) -> Any:
+    """A copy of the graph where the named nodes read, for each input that comes through Quantize->Dequantize, the
+    tensor before the QuantizeLinear (high precision): what keeping them out of quantization computes."""
+    import onnx
+
+    made_by = {o: n for n in graph.graph.node for o in n.output}
+    variant = onnx.ModelProto()
+    variant.CopyFrom(graph)
+    wanted = set(names)
+    for node in variant.graph.node:
+        if node.name not in wanted:
+            continue
+        for index, name in enumerate(node.input):
+            dequantize = made_by.get(name)
+            if dequantize is None or dequantize.op_type != "DequantizeLinear":
+                continue
+            quantize = made_by.get(dequantize.input[0])
+            if quantize is not None and quantize.op_type == "QuantizeLinear":
+                node.input[index] = quantize.input[0]
+    return variant
+
+
+def shortest_passing_prefix(total: int, passes: Callable[[int], bool]) -> int | None:
+    """The smallest count in 1..total for which `passes` holds, assuming that more never hurts: doubling to a passing
+    count, then bisecting below it; None if even all of them do not pass."""
+    if total == 0:
+        return None
+    low, high = 0, 1
+    while not passes(high):
+        if high == total:
+            return None
+        low, high = high, min(high * 2, total)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if passes(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _summary(attempt: Attempt) -> dict:
+    """The numbers a reader compares before and after: per output cosine and top-1, and the shares."""
+    return {
+        "outputs": {
+            o["name"]: {
+                k: o.get(k) for k in ("cosine_similarity", "top1_agreement", "set_agreement") if o.get(k) is not None
+            }
+            for o in attempt.accuracy["outputs"]
+        },
+        "weight_share": attempt.made_of["weight_share"],
+        "mac_share": attempt.made_of["mac_share"],
+    }
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.6g}")
+
+
+def said(searched: dict | None) -> str:
+    """What a failure line adds about the search: the closest result it found, and within what."""
+    if searched is None:
+        return ""
+    after = searched["after"]
+    numbers = ", ".join(
+        f"{name} {metric.replace('_', ' ')} {value:.6g}"
+        for name, metrics in after["outputs"].items()
+        for metric, value in metrics.items()
+    )
+    said = (
+        f"; fallback: auto ({searched['trial_models']} trial models, {searched['modelopt_runs']} ModelOpt runs) "
+        f"reached {numbers} with {len(searched['kept'])} node(s) kept in high precision, {after['mac_share']:.0%} of "
+        f"the MACs and {after['weight_share']:.0%} of the weights in the precision (min_share {searched['min_share']})"
+    )
+    rejected = searched.get("below_min_share")
+    if rejected:
+        outcome = "meets the limits" if rejected["passed"] else "does not meet them either"
+        said += (
+            f"; keeping the {rejected['kept']} most sensitive node(s) {outcome} but leaves {rejected['mac_share']:.0%} "
+            "of the MACs in the precision: lower min_share to accept that"
+        )
+    return said
