@@ -73,3 +73,10 @@ def test_schemas_are_json_and_the_recipe_name_is_optional() -> None:
         schema = json.loads(result.out)
         assert schema["type"] == "object" and schema["properties"]
     assert "name" not in json.loads(trtflow(REPO, "schema", "recipe").out)["required"]
+
+
+def test_the_committed_lock_holds_no_unset_field() -> None:
+    """A default is never in a key: the precision keys held `"max_abs_error": null` and every other unset limit."""
+    lock = json.loads((REPO / "trtflow.lock").read_text())
+    unset = [node for node, entry in lock["nodes"].items() if "null" in json.dumps(entry["params"])]
+    assert unset == []
