@@ -1,0 +1,117 @@
+"""`fallback: auto` on real-size models: what plain int8 reaches, what the search reaches within min_share, and what the
+search costs against the stage without it, measured in one run.
+
+    python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder] [--files 12] [--workdir DIR]
+
+Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
+BatchNorm statistics, a 4-layer transformer encoder; seeded random weights), one project with two recipes of the same
+ONNX, int8 for rtx-ada, `--files` seeded calibration batches at the opt shape (half held out), limits cosine 0.995 and
+top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss is recorded:
+  - plain: `fallback: none`, today's stage;
+  - fallback: `fallback: auto, min_share: 0.5`.
+Printed: accuracy of each, the nodes kept with their sensitivity, the trial models and ModelOpt runs, the shares, and
+the fallback stage's seconds against the plain one's (goal: at most 3x, nothing extra when the first try passes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from torchvision_like import MODELS  # noqa: E402
+from zoo import SEED, _export  # noqa: E402
+
+LIMITS = {"min_cosine": 0.995, "min_top1": 0.9}
+
+
+def write_project(root: Path, name: str, files: int) -> None:
+    """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files."""
+    make, profile = MODELS[name]
+    (root / "recipes").mkdir(parents=True)
+    (root / "models").mkdir()
+    targets = {"rtx-ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}
+    (root / "pipeline.yaml").write_text(yaml.safe_dump({"targets": targets}))
+    with torch.no_grad():
+        _export(make(), profile, root / "models" / "m.onnx")
+    folder = root / "calib"
+    folder.mkdir()
+    rng = np.random.default_rng(SEED)
+    for index in range(files):
+        arrays = {k: rng.standard_normal(s.opt).astype(np.float32) for k, s in profile.items()}
+        np.savez(folder / f"{index:02d}.npz", **arrays)
+    for recipe, extra in (("plain", {}), ("fallback", {"fallback": "auto", "min_share": 0.5})):
+        text = {
+            "source": {"onnx": "models/m.onnx"},
+            "precisions": ["int8"],
+            "targets": ["rtx-ada"],
+            "calibration": {"data": "calib/*.npz"},
+            "accuracy": {"samples": files // 2, "int8": {**LIMITS, **extra}},
+            "verify": {"on_fail": "warn"},
+            "profiles": [{"inputs": {k: s.as_recipe() for k, s in profile.items()}}],
+        }
+        (root / "recipes" / f"{recipe}.yaml").write_text(yaml.safe_dump(text, sort_keys=False))
+
+
+def summary(record: dict) -> str:
+    """`cosine 0.99, top-1 0.9, MACs in int8 97%, passed True` of a precision record."""
+    outputs = record["accuracy"]["outputs"][0]
+    made = record["composition"]
+    return (
+        f"cosine {outputs['cosine_similarity']:.6f}, top-1 {outputs.get('top1_agreement')}, "
+        f"MACs in int8 {made['mac_share']:.1%}, passed {record['accuracy']['passed']}"
+    )
+
+
+def main() -> int:
+    """Per model: write the project, run it cold, print both results and the search's cost."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v3_small", "encoder"])
+    parser.add_argument("--files", type=int, default=12)
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-fallback-"))
+    from conftest import stage_record
+
+    for name in args.models:
+        root = work / name
+        write_project(root, name, args.files)
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], capture_output=True)
+        print(f"\n{name}: run exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")
+        nodes = {n["id"]: n for n in json.loads((root / "artifacts" / "run.json").read_text())["nodes"]}
+        seconds = {r: nodes[f"precision:{r}/int8"].get("seconds") or 0.0 for r in ("plain", "fallback")}
+        plain, searched = stage_record(root, "precision:plain/int8"), stage_record(root, "precision:fallback/int8")
+        print(f"  plain    {seconds['plain']:7.1f} s  {summary(plain)}")
+        print(f"  fallback {seconds['fallback']:7.1f} s  {summary(searched)}")
+        search = searched.get("fallback")
+        if search is None:
+            print("  the first try passed: no search (cost 1.00x)")
+            continue
+        ratio = seconds["fallback"] / seconds["plain"] if seconds["plain"] else 0.0
+        verdict = "met" if ratio <= 3.0 else "missed"
+        print(
+            f"  search: {search['candidates']} candidates, {search['trial_models']} trial models, "
+            f"{search['modelopt_runs']} ModelOpt runs; {ratio:.2f}x the plain stage ({verdict}: goal <= 3x)"
+        )
+        kept = ", ".join(f"{k['name']} ({k['op']}, {k['sensitivity']:.3g})" for k in search["kept"]) or "none"
+        print(f"  kept in fp16: {kept}")
+        if "below_min_share" in search:
+            rejected = search["below_min_share"]
+            share = rejected["mac_share"]
+            print(f"  rejected: the {rejected['kept']} most sensitive leave {share:.1%} of MACs in int8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
