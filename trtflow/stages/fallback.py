@@ -2,10 +2,10 @@
 high precision until they hold, chosen by measured sensitivity, never below `min_share` in the precision.
 
 1. Sensitivity. A candidate is a node that reads an input through Q/DQ (a Conv, MatMul or Gemm, or a residual Add or
-   Transpose ModelOpt quantized beside them). Each is
-   measured with the same emulation and samples as the accuracy check, against the fp32 outputs computed once: the
-   quantized model with that node alone taken off its Q/DQ (it reads its inputs as they were before quantization,
-   in the high precision). Its sensitivity is how much closer to fp32 that brings the model (accuracy.badness).
+   Transpose ModelOpt quantized beside them). Each is measured with the same emulation as the accuracy check, on its
+   first RANKING_SAMPLES samples, against the fp32 outputs computed once: the quantized model with that node alone
+   taken off its Q/DQ (it reads its inputs as they were before quantization, in the high precision). Its
+   sensitivity is how much closer to fp32 that brings the model (accuracy.badness).
 2. Search. In order of sensitivity (ties by name), the shortest prefix whose bypassed model meets the limits, found
    by doubling, then bisecting: a few trial models, each choice made by numbers alone.
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
@@ -16,7 +16,9 @@ high precision until they hold, chosen by measured sensitivity, never below `min
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from trtflow.util.onnxio import load_graph_only
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
+# Sensitivities are ranked on the first samples only (each node costs a trial); prefixes are judged on all of them
+RANKING_SAMPLES = 2
 DEFAULT_MIN_SHARE = 0.5
 SUMMARY = ("cosine_similarity", "top1_agreement", "set_agreement")  # per output, before and after
 
@@ -58,10 +62,13 @@ class Trial:
     sets: dict[str, int]
     tolerance: dict
 
-    def outputs(self, graph: Any) -> list[dict]:
-        """Per output numbers of a variant of the saved model (weights read from the saved files)."""
+    def outputs(self, graph: Any, samples: int | None = None) -> list[dict]:
+        """Per output numbers of a variant of the saved model (weights read from the saved files), over the first
+        `samples` feeds (all by default). One thread, as every comparison trtflow makes: the numbers, and so the
+        nodes chosen, are the same on every machine."""
         session = compare.session_beside(self.saved, ort_runnable(graph)[0])
-        return accuracy.judged(compare.run_all(session, self.feeds), self.want, self.sets, self.tolerance)
+        feeds, want = self.feeds[:samples], self.want[:samples]
+        return accuracy.judged(compare.run_all(session, feeds), want, self.sets, self.tolerance)
 
 
 def search(
@@ -71,18 +78,15 @@ def search(
     did; `attempt(folder_name, kept)` quantizes again with `kept` left in high precision."""
     floor = DEFAULT_MIN_SHARE if min_share is None else min_share
     graph = load_graph_only(trial.saved)
-    before = accuracy.badness(first.accuracy["outputs"])
-    ranked = sorted(
-        (
-            {
-                "name": name,
-                "op": op,
-                "sensitivity": _rounded(before - accuracy.badness(trial.outputs(bypass(graph, [name])))),
-            }
-            for name, op in candidates(graph)
-        ),
-        key=lambda row: (-row["sensitivity"], row["name"]),
-    )
+    before = _badness(trial, graph)
+    found = candidates(graph)
+    with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:  # ORT frees the GIL
+        after = list(pool.map(lambda name: _badness(trial, bypass(graph, [name])), [name for name, _ in found]))
+    measured = [
+        {"name": name, "op": op, "sensitivity": _rounded(before - badness)}
+        for (name, op), badness in zip(found, after, strict=True)
+    ]
+    ranked = sorted(measured, key=lambda row: (-row["sensitivity"], row["name"]))
     names = [row["name"] for row in ranked]
     trials = len(ranked)
 
@@ -117,6 +121,11 @@ def search(
         "passed": best.accuracy["passed"],
         **({"below_min_share": too_few} if too_few else {}),
     }
+
+
+def _badness(trial: Trial, graph: Any) -> float:
+    """accuracy.badness of a variant over the ranking samples."""
+    return accuracy.badness(trial.outputs(graph, RANKING_SAMPLES))
 
 
 def name_kept(chosen: Attempt, searched: dict) -> None:
