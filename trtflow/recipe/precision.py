@@ -214,7 +214,8 @@ class AccuracyOptions(StrictModel):
 
     def fallback(self, precision: str) -> str:
         """`auto` when the recipe asks for the sensitivity-guided fallback of `precision`, else `none`."""
-        return getattr(self, precision).fallback
+        limits: Tolerance = getattr(self, precision)
+        return limits.fallback
 
     def max_drop(self, precision: str) -> tuple[str, float] | None:
         """(metric, largest allowed drop from fp32) the recipe sets for `precision`, or None."""

@@ -33,15 +33,15 @@ def report(
     """Run both model files over `feeds` and compare every output (`want`: the reference's outputs, if known)."""
     if want is None:
         together = compare.side_by_side(compare.model_bytes(candidate), compare.model_bytes(reference))
-        got, want = compare.both(
+        got, expected = compare.both(
             lambda: _run_candidate(candidate, feeds),
             lambda: compare.run_all(compare.session(reference), feeds),
             together,
         )
     else:
-        got = _run_candidate(candidate, feeds)
+        got, expected = _run_candidate(candidate, feeds), want
     emulated = got[1]
-    outputs = judged(got[0], want, set_outputs(reference), tolerance)
+    outputs = judged(got[0], expected, set_outputs(reference), tolerance)
     return {
         "runtime": compare.RUNTIME + emulation_note(emulated),
         "reference": "fp32 model (cleanup output)",
@@ -64,10 +64,8 @@ def badness(outputs: list[dict]) -> float:
     rows or set elements that disagree. What the fallback search ranks by."""
     worst = 0.0
     for output in outputs:
-        value = 1.0 - (output["cosine_similarity"] if output["cosine_similarity"] is not None else 1.0)
-        for share in ("top1_agreement", "set_agreement"):
-            value += 1.0 - (output.get(share) if output.get(share) is not None else 1.0)
-        worst = max(worst, value)
+        agreements = [output.get(name) for name in ("cosine_similarity", "top1_agreement", "set_agreement")]
+        worst = max(worst, sum(1.0 - float(value) for value in agreements if value is not None))
     return worst
 
 

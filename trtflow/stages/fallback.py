@@ -49,7 +49,7 @@ class Attempt:
     @property
     def share(self) -> float:
         """The smaller of the weight and MAC shares that run in the precision."""
-        return min(self.made_of["weight_share"], self.made_of["mac_share"])
+        return float(min(self.made_of["weight_share"], self.made_of["mac_share"]))
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,12 @@ def search(
     found = candidates(graph)
     with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:  # ORT frees the GIL
         after = list(pool.map(lambda name: _badness(trial, bypass(graph, [name])), [name for name, _ in found]))
-    measured = [
-        {"name": name, "op": op, "sensitivity": _rounded(before - badness)}
-        for (name, op), badness in zip(found, after, strict=True)
-    ]
-    ranked = sorted(measured, key=lambda row: (-row["sensitivity"], row["name"]))
-    names = [row["name"] for row in ranked]
+    order = sorted(
+        ((_rounded(before - badness), name, op) for (name, op), badness in zip(found, after, strict=True)),
+        key=lambda row: (-row[0], row[1]),
+    )
+    ranked = [{"name": name, "op": op, "sensitivity": sensitivity} for sensitivity, name, op in order]
+    names = [name for _, name, _ in order]
     trials = len(ranked)
 
     def passes(count: int) -> bool:

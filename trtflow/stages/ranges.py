@@ -87,7 +87,8 @@ def _reducing(model: Any) -> tuple[Any, list[str]]:
     floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
     reducing = onnx.ModelProto()
     reducing.CopyFrom(model)
-    nodes, tensors = [], []
+    nodes: list[Any] = []
+    tensors: list[str] = []
     for node in model.graph.node:
         nodes.append(node)
         for name in node.output:
