@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import onnx
+import pytest
 from conftest import TINY_RECIPE, settle, trtflow, trtflow_process, write_project
 from onnx import TensorProto, helper
 
@@ -303,3 +304,16 @@ def test_servers_started_early_never_fail_a_run_that_builds_nothing(built_projec
         assert building.code == 4 and str(slots) in building.err, building.err
     finally:
         slots.chmod(0o700)
+
+
+def test_a_piped_run_says_which_stages_are_still_running(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In CI a 150 s precision stage printed nothing between its `run` and `built` lines; now a long stage is named
+    every TRTFLOW_HEARTBEAT_SECONDS (30 by default; a fraction of the cleanup's second here)."""
+    monkeypatch.setenv("TRTFLOW_HEARTBEAT_SECONDS", "0.1")
+    result = trtflow(project, "run", "-j", "1")
+    assert result.code == 0, result.err
+    still = [line for line in result.err.splitlines() if line.startswith("still    ")]
+    assert any(line.startswith("still    cleanup:tiny  (running for ") for line in still), result.err
+    lines = result.err.splitlines()
+    finished = lines.index(next(line for line in lines if line.startswith("built    cleanup:tiny")))
+    assert not any(line.startswith("still    cleanup:tiny") for line in lines[finished:])

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 from typing import Any
 
 import click
@@ -21,11 +24,28 @@ def outcome(state: NodeState) -> str:
 
 
 class PlainView:
-    """One line per finished stage: for logs and CI, where a live display would be noise."""
+    """One line per started and finished stage: for logs and CI, where a live display would be noise. A stage that
+    runs long says so every TRTFLOW_HEARTBEAT_SECONDS (30 by default), so a log never goes quiet for minutes."""
 
     def __init__(self, verbose: bool):
         self.verbose = verbose
         self.done = 0
+        self.running: dict[str, float] = {}  # node id -> when it started (monotonic seconds)
+        self.every = float(os.environ.get("TRTFLOW_HEARTBEAT_SECONDS", "30"))
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        self.heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self.heartbeat.start()
+
+    def _beat(self) -> None:
+        """Every `every` seconds: `still    <stage>  (running for 95 s)` for each stage running that long."""
+        while not self.stopped.wait(self.every):
+            now = time.monotonic()
+            with self.lock:
+                long_running = sorted((node, now - began) for node, began in self.running.items())
+            for node, seconds in long_running:
+                if seconds >= self.every:
+                    click.echo(f"{'still':<8} {node}  (running for {seconds:.0f} s)", err=True)
 
     def __call__(self, event: str, state: Any) -> None:
         """Show one runner event (a stage started or finished)."""
@@ -39,7 +59,12 @@ class PlainView:
             return
         if event in ("start", "wait"):
             click.echo(f"{'run' if event == 'start' else 'wait':<8} {state.node.id}  ({state.label})", err=True)
+            if event == "start":
+                with self.lock:
+                    self.running[state.node.id] = time.monotonic()
             return
+        with self.lock:
+            self.running.pop(state.node.id, None)
         self.done += 1
         if state.status == CACHED and not (self.verbose or state.reason):
             return
@@ -49,8 +74,8 @@ class PlainView:
             click.echo(state.detail, err=True)
 
     def close(self) -> None:
-        """Nothing to stop: plain output has no live display."""
-        pass
+        """Stop the heartbeat."""
+        self.stopped.set()
 
 
 class Eta:
@@ -136,7 +161,9 @@ class RichView(PlainView):
         self.progress.update(self.task, completed=self.eta.done, counts=self.eta.line())
 
     def close(self) -> None:
-        """Stop the live progress display."""
+        """Stop the live progress display (its elapsed time shows a long stage; the plain heartbeat has nothing to
+        say)."""
+        self.stopped.set()
         self.progress.stop()
 
 
