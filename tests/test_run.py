@@ -317,3 +317,25 @@ def test_a_piped_run_says_which_stages_are_still_running(project: Path, monkeypa
     lines = result.err.splitlines()
     finished = lines.index(next(line for line in lines if line.startswith("built    cleanup:tiny")))
     assert not any(line.startswith("still    cleanup:tiny") for line in lines[finished:])
+
+
+def test_a_fix_found_whole_in_the_cache_rewrites_the_report(tmp_path: Path) -> None:
+    """fp16 against an impossible limit fails; putting the recipe back finds every stage cached. The report must then
+    show the project as it is, not the failure of the run before."""
+    recipe = TINY_RECIPE.replace("[fp32]", "[fp32, fp16]").replace("[rtx-ampere, rtx-ada]", "[rtx-ada]")
+    root = write_project(tmp_path / "p", {"tiny": recipe})
+    assert trtflow(root, "run").code == 0
+    strict = recipe + "accuracy: {fp16: {min_cosine: 1.0, max_abs_error: 0.0}}\n"
+    (root / "recipes" / "tiny.yaml").write_text(strict)
+    assert trtflow(root, "run").code == 1
+
+    def failed() -> list[str]:
+        nodes = json.loads((root / "artifacts" / "run.json").read_text())["nodes"]
+        return [n["id"] for n in nodes if n["status"] == "failed"]
+
+    assert failed() == ["precision:tiny/fp16"]
+    (root / "recipes" / "tiny.yaml").write_text(recipe)
+    fixed = trtflow(root, "run")
+    assert fixed.code == 0 and "0 built" in fixed.out
+    assert failed() == []
+    assert ", 0 failed" in trtflow(root, "report", "--format", "md").out

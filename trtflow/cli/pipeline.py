@@ -12,7 +12,7 @@ import click
 
 from trtflow.cli import output, progress
 from trtflow.cli.app import Context, cli, pass_context
-from trtflow.states import CACHED, FAILED, NodeState
+from trtflow.states import CACHED, FAILED, SKIPPED, NodeState
 from trtflow.util.reads import recording as reads_recording
 
 
@@ -186,7 +186,8 @@ def run(
         )
     elif any(s.status != CACHED for s in states):
         runmemo.forget(session.project.root)
-    if not no_report and any(not s.settled for s in states):  # a run that did nothing writes nothing (runmemo)
+    # a run that did nothing writes nothing (runmemo), unless the last report shows other failures than this run
+    if not no_report and (any(not s.settled for s in states) or _report_outdated(session, states)):
         _write_report(session, states, time.perf_counter() - started, jobs)
     output.print_summary(
         states,
@@ -200,6 +201,19 @@ def run(
     _exit_if_failed(states)
     if any(check.verdict == "different" for check in session.repro):
         sys.exit(1)
+
+
+def _report_outdated(session: Any, states: list) -> bool:
+    """Whether the last run.json shows other stages, or other failed and skipped ones, than these states: after a
+    failure, a fix found whole in the cache must not leave the old failures on the report as current."""
+    from trtflow.report import RUN_FILE
+
+    try:
+        shown = json.loads((session.project.packages_dir.parent / RUN_FILE).read_text())["nodes"]
+        before = {(n["id"], n["status"] in (FAILED, SKIPPED)) for n in shown}
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return before != {(s.node.id, s.status in (FAILED, SKIPPED)) for s in states}
 
 
 def _write_report(session: Any, states: list, seconds: float, jobs: int) -> None:
