@@ -35,7 +35,25 @@ def test_diff_of_equal_components_is_empty() -> None:
 
 def test_unresolved_inputs_are_not_reported_as_removed() -> None:
     old = {"version": 1, "params": {}, "inputs": {"model": "a"}}
-    assert diff_components(old, {"version": 1, "params": {}}) == []
+    assert diff_components(old, {"version": 1, "params": {}}, frozenset({"model"})) == []
+
+
+def test_calibration_files_left_out_of_the_selection_are_named(tmp_path) -> None:
+    """calibration.samples reaches the key as fewer files: `plan --explain` said `output missing from the store`."""
+    import numpy as np
+    from conftest import TINY_RECIPE, trtflow, write_project
+
+    recipe = TINY_RECIPE.replace("[fp32]", "[int8]").replace("[rtx-ampere, rtx-ada]", "[rtx-ada]")
+    root = write_project(tmp_path / "p", {"tiny": recipe + "calibration: {data: calib/*.npy}\n"})
+    (root / "calib").mkdir()
+    for index in range(6):
+        batch = np.random.default_rng(index).standard_normal((4, 3, 32, 32)).astype(np.float32)
+        np.save(root / "calib" / f"b{index}.npy", batch)
+    assert trtflow(root, "run").code == 0
+    (root / "recipes" / "tiny.yaml").write_text(recipe + "calibration: {data: calib/*.npy, samples: 1}\n")
+    explained = trtflow(root, "plan", "--explain").out
+    assert "output missing from the store" not in explained, explained
+    assert "input calib:calib/" in explained and " removed" in explained, explained
 
 
 def test_a_node_waiting_on_one_upstream_through_two_roles_names_it_once(tmp_path) -> None:

@@ -76,7 +76,9 @@ class Resolution:
         """How this resolution differs from a lock entry, one line each; empty when the keys agree."""
         if self.key == locked_key:
             return []
-        return diff_components(locked_components, self.components or self.node.known_parts) or ["key differs"]
+        pending = frozenset() if self.components else frozenset(dep.role for dep in self.node.deps)
+        changes = diff_components(locked_components, self.components or self.node.known_parts, pending)
+        return changes or ["key differs"]
 
 
 class Resolver:
@@ -171,7 +173,8 @@ class Resolver:
             return NodeState(node, NEW, key=key, components=components)
         if resolution.force:
             return NodeState(node, STALE, "forced", key=key, components=components)
-        changes = diff_components(last["components"], components or node.known_parts)
+        pending = frozenset() if components else frozenset(dep.role for dep in node.deps)
+        changes = diff_components(last["components"], components or node.known_parts, pending)
         if not changes:
             waiting_on = resolution.waiting_on
             changes = (
@@ -245,13 +248,14 @@ def kinds_to_run(planned: dict[str, NodeState]) -> set[str]:
     return {state.node.kind for state in planned.values() if not state.settled}
 
 
-def diff_components(old: dict, new: dict) -> list[str]:
-    """Human lines naming each leaf that differs, e.g. `fingerprint.backend_version: 1.7.1 -> 1.8.0`."""
+def diff_components(old: dict, new: dict, pending: frozenset[str] = frozenset()) -> list[str]:
+    """Human lines naming each leaf that differs, e.g. `fingerprint.backend_version: 1.7.1 -> 1.8.0`; `pending`: the
+    input roles not resolved yet (upstream nodes that will run: said separately), not reported as removed."""
     before, after = _flatten(old), _flatten(new)
     lines = []
     for path in sorted(set(before) | set(after), key=_component_order):
-        if path.startswith("inputs.") and path not in after:
-            continue  # not resolved yet: said separately
+        if path.startswith("inputs.") and path not in after and path.removeprefix("inputs.") in pending:
+            continue
         if before.get(path, ABSENT) != after.get(path, ABSENT):
             lines.append(_describe(path, before.get(path, ABSENT), after.get(path, ABSENT)))
     return lines
@@ -270,6 +274,8 @@ def _describe(path: str, old: Any, new: Any) -> str:
         return f"stage code version {old} -> {new}"
     if path.startswith("inputs."):
         role = path.removeprefix("inputs.")
+        if old is ABSENT or new is ABSENT:
+            return f"input {role} {'added' if old is ABSENT else 'removed'}"
         return f"input {role} changed ({_short(old)} -> {_short(new)})"
     return f"{path.split('.', 1)[-1]}: {_show(old)} -> {_show(new)}"
 
