@@ -105,7 +105,7 @@ RECIPE_CASES = [
     pytest.param(
         recipe(build="workspce_mib: 5"),
         "recipes/tiny.yaml:6: build.workspce_mib",
-        "unknown key 'workspce_mib'",
+        "unknown key 'workspce_mib'; did you mean 'workspace_mib'?",
         id="unknown-nested-key",
     ),
     pytest.param(

@@ -115,7 +115,7 @@ AMPERE_PLUS_PIPELINE = (
             recipe(precisions="[fp16]", extra="autocast: {keep_io_type: true}\n"),
             PIPELINE,
             "recipes/tiny.yaml:13: autocast.keep_io_type",
-            "unknown key 'keep_io_type'",
+            "unknown key 'keep_io_type'; did you mean 'keep_io_types'?",
             id="autocast-typo",
         ),
     ],

@@ -8,8 +8,10 @@ Paths in recipes are relative to the project root (the folder holding pipeline.y
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import glob
 import os
+import typing
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +38,31 @@ if TYPE_CHECKING:
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 
-def _error_lines(document: YamlDocument, display: str, exc: pydantic.ValidationError) -> list[str]:
+def _models_in(annotation: Any) -> set[type[BaseModel]]:
+    """The pydantic models an annotation holds (through Optional, lists, dicts and unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {annotation}
+    return set().union(*(_models_in(arg) for arg in typing.get_args(annotation)))
+
+
+def _keys_at(model: type[BaseModel], path: tuple) -> set[str]:
+    """The keys allowed where `path` points: the fields of the models found by following it (list indexes and dict
+    keys along it are stepped over)."""
+    current = {model}
+    for part in path:
+        fields = [m.model_fields[part] for m in current if isinstance(part, str) and part in m.model_fields]
+        current = set().union(*(_models_in(field.annotation) for field in fields)) or current
+    return set().union(*(set(m.model_fields) for m in current))
+
+
+def _unknown_key(loc: tuple, model: Any) -> str:
+    """`unknown key 'precison'; did you mean 'precisions'?` when a key allowed there is near."""
+    keys = sorted(_keys_at(model, loc[:-1])) if isinstance(model, type) and issubclass(model, BaseModel) else []
+    near = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
+    return f"unknown key {loc[-1]!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+
+
+def _error_lines(document: YamlDocument, display: str, exc: pydantic.ValidationError, model: Any = None) -> list[str]:
     """One `file:line: field: message` per problem, in file order."""
     lines = []
     for error in exc.errors():
@@ -46,7 +72,7 @@ def _error_lines(document: YamlDocument, display: str, exc: pydantic.ValidationE
         if isinstance(cause, FieldError):
             loc = loc + (cause.field,)
         elif error["type"] == "extra_forbidden":
-            message = f"unknown key {loc[-1]!r}"
+            message = _unknown_key(loc, model)
         elif error["type"] == "missing":
             message = "required field is missing"
         elif error["type"] == "literal_error":
@@ -68,7 +94,7 @@ def _validate(model: type[BaseModel], document: YamlDocument, display: str, extr
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise ProjectError("\n".join(_error_lines(document, display, exc))) from None
+        raise ProjectError("\n".join(_error_lines(document, display, exc, model))) from None
 
 
 def load_project(root: Path, keep_refusals: bool = False) -> Project:
