@@ -70,6 +70,34 @@ def test_a_package_folder_is_never_absent_while_it_is_replaced(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
 
 
+def test_ctrl_c_stops_a_run_with_one_line(tmp_path: Path) -> None:
+    """A terminal sends Ctrl-C to every process of the run: each worker printed its own KeyboardInterrupt traceback
+    (20 lines). Now the workers leave it to the run, which says one line and exits 130."""
+    from conftest import TINY_RECIPE
+
+    root = write_project(tmp_path / "p", {"tiny": TINY_RECIPE.replace("[fp32]", "[fp32, fp16, bf16]")})
+    run = subprocess.Popen(
+        [sys.executable, "-m", "trtflow", "-C", str(root), "run"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert run.stderr is not None
+    said = []
+    for line in run.stderr:  # interrupt while a reduced precision is being made
+        said.append(line)
+        if line.startswith("run      precision:tiny/fp16"):
+            break
+    os.killpg(run.pid, signal.SIGINT)
+    said.append(run.stderr.read())
+    run.stderr.close()
+    assert run.wait(timeout=60) == 130
+    err = "".join(said)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.rstrip().endswith("interrupted: what finished is kept in the store; run again to go on from there")
+
+
 def test_workers_die_with_a_killed_run(tmp_path: Path) -> None:
     """SIGKILL the run while its worker builds: the worker must not outlive it (it would hold `| tee` open)."""
     root = write_project(tmp_path / "p")

@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> Any:
     as_json = "--json" in given  # a failure is then also a JSON object on stdout, for the script reading it
     try:
         return cli.main(args=argv, prog_name="trtflow", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort): one line
+        click.echo("interrupted: what finished is kept in the store; run again to go on from there", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()

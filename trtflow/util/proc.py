@@ -18,7 +18,10 @@ AT_FDCWD = -100
 
 def die_with_parent() -> None:
     """In a worker (or a child before exec): be killed when the process that started it dies, so a killed run
-    leaves no worker behind holding its output pipes (`trtflow run | tee` would hang)."""
+    leaves no worker behind holding its output pipes (`trtflow run | tee` would hang). Ctrl-C, which a terminal sends
+    to every process of the run, is the run's to handle: a worker ignores it (each printed a KeyboardInterrupt
+    traceback) and ends with the run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
