@@ -59,9 +59,9 @@ def test_frozen_refuses_an_engine_whose_canonical_digest_differs(tmp_path: Path)
     assert result.code == 1
     nodes = {n["id"]: n for n in json.loads(result.out)["nodes"]}
     assert nodes[BUILD]["status"] == "failed"
-    assert (
-        nodes[BUILD]["reason"]
-        == "engine differs from trtflow.lock and its canonical digest differs too: not reproducible"
+    assert nodes[BUILD]["reason"] == (
+        "engine differs from trtflow.lock and its canonical digest differs too: not reproducible; `trtflow run "
+        "--check-repro 2` shows whether this machine rebuilds it the same (docs/reproducibility.md)"
     )
     assert nodes[VERIFY]["status"] == nodes[PACKAGE]["status"] == "skipped"
 

@@ -243,6 +243,10 @@ def test_frozen_fails_before_building_and_names_the_change(project: Path) -> Non
     assert result.code == 3 and not (project / "artifacts").exists()
     assert "build:tiny/fp32/rtx-ada: profiles[0].input.opt: [4,3,32,32] -> [2,3,32,32]" in result.err
     assert result.err.startswith("error: trtflow.lock: the plan differs from the lock")
+    assert result.err.rstrip().endswith(
+        "error: undo the change, or run `trtflow run` without --frozen to rebuild and rewrite trtflow.lock, then "
+        "commit it"
+    )
 
 
 def test_frozen_without_a_lock_says_how_to_make_one(project: Path) -> None:

@@ -96,7 +96,8 @@ class FrozenCheck:
                 state.node,
                 FAILED,
                 f"output differs from trtflow.lock ({_first_difference(record['outputs'], entry.outputs)}): "
-                "refused under --frozen",
+                "refused under --frozen; compare the toolchain with `trtflow toolchain`, or rebuild without --frozen "
+                "and commit the new lock if the change is wanted",
                 key=state.key,
                 exit_code=1,
             )
@@ -114,7 +115,8 @@ class FrozenCheck:
         return NodeState(
             state.node,
             FAILED,
-            f"engine differs from trtflow.lock and {why}: not reproducible",
+            f"engine differs from trtflow.lock and {why}: not reproducible; `trtflow run --check-repro 2` shows "
+            "whether this machine rebuilds it the same (docs/reproducibility.md)",
             key=state.key,
             exit_code=1,
         )
@@ -156,6 +158,9 @@ def locked_entries(lock_path: Path, dag: Dag, resolver: Resolver, all_node_ids: 
     changes = frozen_differences(dag, resolver, lock, all_node_ids)
     if changes:
         raise ProjectError(
-            f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n" + "\n".join(f"  {line}" for line in changes)
+            f"{LOCK_FILE}: the plan differs from the lock (--frozen):\n"
+            + "\n".join(f"  {line}" for line in changes)
+            + f"\nundo the change, or run `trtflow run` without --frozen to rebuild and rewrite {LOCK_FILE}, then "
+            "commit it"
         )
     return {node.id: lock[node.id] for node in dag}
