@@ -22,7 +22,8 @@ def render(record: dict) -> str:
         f"({t['failed_cached']} recorded before), "
         f"{t['skipped']} skipped; {record['seconds']:.1f} s at -j {record['jobs']}; the cache saved "
         f"{t['cache_saved_seconds']:.1f} s "
-        f"of {t['cold_seconds']:.1f} s cold.",
+        f"of {t['cold_seconds']:.1f} s cold."
+        + (f" Finished {_cell(record['finished_at'])}." if record.get("finished_at") else ""),
         "",
     ]
     lines += _failures(record) + _engines(record) + _fleet(record)
