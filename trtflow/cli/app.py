@@ -5,6 +5,7 @@ Exit codes: docs/reference/exit-codes.md (generated from the error classes in tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -64,7 +65,14 @@ def main(argv: list[str] | None = None) -> Any:
     """Entry point: run the CLI, turning expected errors into one line and an exit code."""
     given = argv if argv is not None else sys.argv[1:]
     verbose = "-v" in given or "--verbose" in given
-    as_json = "--json" in given  # a failure is then also a JSON object on stdout, for the script reading it
+    # --json: a failure before the command printed its own JSON is also a JSON object on stdout
+    printed = _Printed(sys.stdout) if "--json" in given else None
+    with contextlib.redirect_stdout(printed) if printed is not None else contextlib.nullcontext():
+        return _run(argv, verbose, printed)
+
+
+def _run(argv: list[str] | None, verbose: bool, printed: _Printed | None) -> Any:
+    """The CLI, its expected errors turned into one line and an exit code."""
     try:
         return cli.main(args=argv, prog_name="trtflow", standalone_mode=False)
     except click.exceptions.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort): one line
@@ -81,16 +89,16 @@ def main(argv: list[str] | None = None) -> Any:
         if verbose:
             traceback.print_exc()
         click.echo(error_lines(str(exc)), err=True)
-        _json_failure(as_json, str(exc), exc.exit_code)
+        _json_failure(printed, str(exc), exc.exit_code)
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: show everything needed to report it (unless a write found no room)
-        _exit_if_write_failed(exc, as_json)
+        _exit_if_write_failed(exc, printed)
         traceback.print_exc()
         click.echo(f"trtflow: internal error: {type(exc).__name__}: {exc} (please report this)", err=True)
         sys.exit(InternalError.exit_code)
 
 
-def _exit_if_write_failed(exc: Exception, as_json: bool) -> None:
+def _exit_if_write_failed(exc: Exception, printed: _Printed | None) -> None:
     """A write the disk, a quota or permissions refused (packages, trtflow.lock) is one line, exit 4, not a bug."""
     from trtflow.store import WRITE_ERRNOS
 
@@ -98,14 +106,30 @@ def _exit_if_write_failed(exc: Exception, as_json: bool) -> None:
         where = f" {exc.filename}" if exc.filename else ""
         said = f"cannot write{where}: {exc.strerror} (disk full, file size limit or quota reached, or no permission?)"
         click.echo(f"error: {said}", err=True)
-        _json_failure(as_json, said, EnvironmentProblem.exit_code)
+        _json_failure(printed, said, EnvironmentProblem.exit_code)
         sys.exit(EnvironmentProblem.exit_code)
 
 
-def _json_failure(as_json: bool, error: str, exit_code: int) -> None:
-    """With --json: `{"error": ..., "exit_code": ...}` on stdout, so a script parsing it is not left with nothing."""
-    if as_json:
+def _json_failure(printed: _Printed | None, error: str, exit_code: int) -> None:
+    """With --json, unless the command printed its own JSON already: `{"error": ..., "exit_code": ...}` on stdout, so
+    a script parsing it is not left with nothing."""
+    if printed is not None and not printed.written:
         click.echo(json.dumps({"error": error, "exit_code": exit_code}))
+
+
+class _Printed:
+    """stdout, remembering whether anything was written to it."""
+
+    def __init__(self, stream: Any):
+        self.stream, self.written = stream, False
+
+    def write(self, text: str) -> int:
+        """Write through, and remember it."""
+        self.written = self.written or bool(text)
+        return int(self.stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def error_lines(text: str) -> str:
