@@ -8,11 +8,12 @@ weights, exported to ONNX on demand into a cache folder (nothing is downloaded: 
     gpt2    GPT-2 small (12 layers, hidden 768, vocabulary 50257), no cache: input_ids, attention_mask, batch 1-4 x
             sequence 8-64; the LM head's logits
     gpt2_large  GPT-2-large size (36 layers, hidden 1280: 774M parameters, 3.1 GB of external data), no cache,
-            batch 1-2 x sequence 8-32
+            batch 1-2 x sequence 8-32; measured by benchmarks/model_families.py
     vit     ViT-B/16 (12 layers, hidden 768, patch 16, 1000 labels) at 224x224, batch 1-4
     whisper Whisper-tiny's audio encoder (4 layers, d_model 384): input_features [1, 80, 3000]
     unet    a Stable-Diffusion-like UNet (diffusers, 142M parameters): sample [2, 4, 64, 64], timestep [2],
-            encoder_hidden_states [2, 77, 768]
+            encoder_hidden_states [2, 77, 768]; measured by benchmarks/model_families.py (its fp16 run, 200 s on two
+            cores, does not fit the CI run beside the rest)
     detector  an SSD-lite-style detector (conv backbone, 3 anchors per cell of a 20x20 grid, 4 classes) at 320x320
             whose graph ends in NonMaxSuppression: boxes, scores and the selected indices
 
