@@ -476,7 +476,7 @@ def test_acceptance_three_precisions_two_targets_and_incremental_calibration(tmp
     # ranks into the held-out files: fp16 evaluates on it
     np.savez(root / early, input=np.zeros((4, 3, 32, 32), np.float32))
     plan = trtflow(root, "plan", "--explain").out
-    assert "precision:tiny/fp16" in plan and f"input holdout:{early} changed" in plan
+    assert "precision:tiny/fp16" in plan and f"input holdout:{early} added" in plan
     (root / "calib" / Path(early).name).unlink()
 
     # a new accuracy report reaches the manifest though the model is unchanged: AutoCast reads no data, so the fp16
