@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,18 +136,17 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     from trtflow.stages import accuracy, compare, fallback
 
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
-    attempt = functools.partial(_attempt, params, inputs, source, held_out, calibrating, workdir)
+    samples, data = precision_samples.accuracy_samples(params, source, held_out, calibrating)
+    feeds = [s.feed for s in samples]
+    searching = params.accuracy is not None and params.accuracy.fallback == "auto"
+    # the fp32 outputs once, for every check and trial of a search (else the check runs fp32 beside the candidate)
+    want = compare.run_all(compare.session(source), feeds) if searching else None
+    checking = _Checking(feeds, data, bool(held_out), want)
+    attempt = functools.partial(_attempt, params, inputs, source, calibrating, checking, workdir)
     chosen, searched = attempt("", ()), None
-    if not chosen.accuracy["passed"] and params.accuracy is not None and params.accuracy.fallback == "auto":
-        samples, _ = precision_samples.accuracy_samples(params, source, held_out, calibrating)
-        feeds = [s.feed for s in samples]
-        trial = fallback.Trial(
-            chosen.files[MODEL],
-            feeds,
-            compare.run_all(compare.session(source), feeds),
-            accuracy.set_outputs(source),
-            chosen.accuracy["tolerance"],
-        )
+    if not chosen.accuracy["passed"] and searching and want is not None:
+        tolerance = chosen.accuracy["tolerance"]
+        trial = fallback.Trial(chosen.files[MODEL], feeds, want, accuracy.set_outputs(source), tolerance)
         chosen, searched = fallback.search(chosen, attempt, trial, chosen.accuracy["tolerance"].get("min_share"))
         fallback.name_kept(chosen, searched)
     if not chosen.accuracy["passed"] and params.on_fail == "fail":
@@ -162,12 +162,22 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     return StageOutput(files={**chosen.files, "report": _report(record, workdir)}, record=record)
 
 
+@dataclass(frozen=True)
+class _Checking:
+    """What every accuracy check of one stage compares over: the feeds, what they are, and fp32's outputs if known."""
+
+    feeds: list[dict]
+    data: str
+    held_out: bool
+    want: list[dict] | None
+
+
 def _attempt(
     params: Params,
     inputs: dict[str, Upstream],
     source: Path,
-    held_out: list,
     calibrating: list | None,
+    checking: _Checking,
     workdir: Path,
     folder: str,
     kept: tuple[str, ...],
@@ -194,7 +204,7 @@ def _attempt(
     del model  # its weights: the checks below read the saved files
     saved = files[MODEL]
     checked = _task_checked(
-        _share_checked(_accuracy(params, saved, source, held_out, calibrating), made_of), params, saved, source, inputs
+        _share_checked(_accuracy(params, saved, source, checking), made_of), params, saved, source, inputs
     )
     return fallback.Attempt(files, details, made_of, checked, kept)
 
@@ -340,15 +350,13 @@ def _calibration_record(params: Params, samples: list, random: bool) -> dict:
     }
 
 
-def _accuracy(params: Params, model: Path, source: Path, held_out: list, calibrating: list | None) -> dict:
-    """The accuracy report of `model` against fp32 over _accuracy_samples."""
+def _accuracy(params: Params, model: Path, source: Path, checking: _Checking) -> dict:
+    """The accuracy report of `model` against fp32 over the stage's check feeds."""
     from trtflow.stages import accuracy
 
-    samples, data = precision_samples.accuracy_samples(params, source, held_out, calibrating)
-    result = accuracy.report(
-        model, source, [s.feed for s in samples], required(params.accuracy, "accuracy").tolerance, data
-    )
-    return {**result, "held_out": bool(held_out)}
+    tolerance = required(params.accuracy, "accuracy").tolerance
+    result = accuracy.report(model, source, checking.feeds, tolerance, checking.data, checking.want)
+    return {**result, "held_out": checking.held_out}
 
 
 def _failure_message(precision: str, result: dict) -> str:
