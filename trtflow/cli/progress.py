@@ -27,15 +27,15 @@ class PlainView:
     """One line per started and finished stage: for logs and CI, where a live display would be noise. A stage that
     runs long says so every TRTFLOW_HEARTBEAT_SECONDS (30 by default), so a log never goes quiet for minutes."""
 
-    def __init__(self, verbose: bool):
+    def __init__(self, verbose: bool, heartbeat: bool = True):
         self.verbose = verbose
         self.done = 0
         self.running: dict[str, float] = {}  # node id -> when it started (monotonic seconds)
         self.every = float(os.environ.get("TRTFLOW_HEARTBEAT_SECONDS", "30"))
         self.stopped = threading.Event()
         self.lock = threading.Lock()
-        self.heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
-        self.heartbeat.start()
+        if heartbeat:
+            threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
         """Every `every` seconds: `still    <stage>  (running for 95 s)` for each stage running that long."""
@@ -122,7 +122,7 @@ class RichView(PlainView):
     above it."""
 
     def __init__(self, verbose: bool, jobs: int = 1):
-        super().__init__(verbose)
+        super().__init__(verbose, heartbeat=False)  # the live bar's elapsed time shows a long stage
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -161,9 +161,7 @@ class RichView(PlainView):
         self.progress.update(self.task, completed=self.eta.done, counts=self.eta.line())
 
     def close(self) -> None:
-        """Stop the live progress display (its elapsed time shows a long stage; the plain heartbeat has nothing to
-        say)."""
-        self.stopped.set()
+        """Stop the live progress display."""
         self.progress.stop()
 
 
