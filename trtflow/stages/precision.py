@@ -147,7 +147,13 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     if not chosen.accuracy["passed"] and searching and want is not None:
         tolerance = chosen.accuracy["tolerance"]
         trial = fallback.Trial(chosen.files[MODEL], feeds, want, accuracy.set_outputs(source), tolerance)
-        chosen, searched = fallback.search(chosen, attempt, trial, chosen.accuracy["tolerance"].get("min_share"))
+        try:
+            chosen, searched = fallback.search(chosen, attempt, trial, tolerance.get("min_share"))
+        except TrtflowError:
+            raise
+        except Exception as exc:  # a trial model ONNX Runtime refused: one line, the cause kept for -v
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise StageError(f"fallback: auto could not run a trial model: {type(exc).__name__}: {first}") from exc
         fallback.name_kept(chosen, searched)
     if not chosen.accuracy["passed"] and params.on_fail == "fail":
         raise StageError(_failure_message(precision, chosen.accuracy) + fallback.said(searched))
