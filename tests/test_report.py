@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -328,3 +329,97 @@ def _accuracy_row(name: str, failed: bool) -> dict:
         },
         "accuracy": {"outputs": [output], "tolerance": {"min_cosine": 0.9999, "min_top1": 0.99, "max_abs_error": None}},
     }
+
+
+HOSTILE_TEXTS = (
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    "[click](javascript:alert(1))",
+    "![x](https://evil.example/t.png)",
+    "a | forged | row\n| b | c |",
+    "\x1b]0;pwned\x07 &lt;entity&gt; `code`",
+)
+
+
+def test_the_markdown_summary_renders_what_a_record_says_as_text(tmp_path: Path) -> None:
+    """Every string of a record (a model's output name in a failure reason, the project folder's name, recipes,
+    targets, provision's choices) reaches a CommonMark renderer as text: no element, link, image or extra row."""
+    from markdown_it import MarkdownIt
+
+    record = synthetic_record(4)
+    hostile = " ".join(HOSTILE_TEXTS)
+    record["project"] = hostile
+    for node in record["nodes"]:
+        node["reason"] = hostile
+    for gpu in record["fleet"]:
+        for choice in gpu["recipes"].values():
+            choice.update(chosen=hostile, reason=hostile)
+    source = tmp_path / "run.json"
+    source.write_text(json.dumps(record))
+    result = trtflow(tmp_path, "report", "--from", str(source), "--format", "md")
+    assert result.code == 0, result.err
+    html = MarkdownIt("commonmark").enable("table").render(result.out)
+    for element in ("<script", "<img", "<a "):
+        assert element not in html
+    assert set(re.findall(r"<code>(.*?)</code>", html)) == {"trtflow provision", "report.html"}  # the summary's own
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "\x1b" not in result.out
+    for table in html.split("<table>")[1:]:  # a pipe or a newline in a field forges no cell and no row
+        head = len(re.findall(r"<th[ >]", table.split("</thead>")[0]))
+        body = table.split("<tbody>")[1].split("</tbody>")[0]
+        assert {len(re.findall(r"<td[ >]", row)) for row in body.split("</tr>")[:-1]} == {head}
+    assert html.count("<tr>") == len([line for line in result.out.splitlines() if line.startswith("| ")])
+
+
+WRONG_VALUES = ("x", 7, 1.5, None, [], {}, True)
+
+
+def _leaves(value: object, path: tuple = ()) -> list[tuple]:
+    """The path of every value in a JSON document."""
+    found = [path] if path else []
+    if isinstance(value, dict):
+        found += [p for k, v in value.items() for p in _leaves(v, (*path, k))]
+    elif isinstance(value, list):
+        found += [p for i, v in enumerate(value[:2]) for p in _leaves(v, (*path, i))]
+    return found
+
+
+def test_a_record_of_any_other_shape_is_refused_or_drawn_never_a_crash(tmp_path: Path) -> None:
+    """`report --from` reads any file: every field of a record set to each wrong type is either refused in one line
+    (the shape check) or drawn by both renderers; none raises."""
+    from trtflow.report import html, markdown
+    from trtflow.report.shape import first_problem
+
+    base = synthetic_record(4)
+    refused = drawn = 0
+    for path in _leaves(base):
+        for wrong in WRONG_VALUES:
+            record = json.loads(json.dumps(base))
+            parent = record
+            for part in path[:-1]:
+                parent = parent[part]
+            parent[path[-1]] = wrong
+            if first_problem(record) is not None:
+                refused += 1
+                continue
+            markdown.render(record), html.render(record)
+            drawn += 1
+    assert refused > 1000 and drawn > 100, (refused, drawn)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("jobs", "2", "jobs: Input should be a valid integer"),
+        ("nodes", "all of them", "nodes: Input should be a valid list"),
+        ("packages", [], "packages: Input should be a valid dictionary"),
+        ("fleet", [{"compute_capability": "sm_89", "recipes": "x"}], "fleet.0.recipes"),
+    ],
+)
+def test_report_from_refuses_a_record_of_another_shape_in_one_line(
+    tmp_path: Path, field: str, value: object, said: str
+) -> None:
+    source = tmp_path / "run.json"
+    source.write_text(json.dumps({**synthetic_record(1), field: value}))
+    for fmt in ("md", "html"):
+        result = trtflow(tmp_path, "report", "--from", str(source), "--format", fmt)
+        assert result.code == 3 and result.err.count("error: ") == 1 and said in result.err, result.err

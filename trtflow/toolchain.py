@@ -13,6 +13,7 @@ pin. `trtflow toolchain` prints it as a requirements file, `trtflow doctor` hold
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ TOOL_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "keras": ("keras",),
     "tf2onnx": ("tf2onnx",),
 }
+PLAIN_VERSION = re.compile(r"[A-Za-z0-9.+!_-]{1,64}")
 INSTALL_HINT = "trtflow toolchain > toolchain.txt && pip install -r toolchain.txt"
 
 
@@ -61,7 +63,7 @@ def locked_tools(lock: dict[str, LockEntry]) -> list[Tool]:
     """Every tool the lock's fingerprints name, with its one version (ProjectError when stages disagree)."""
     found: dict[tuple[str, ...], dict[str, list[str]]] = {}
     for node_id, entry in sorted(lock.items()):
-        for distributions, version in _entry_tools(entry):
+        for distributions, version in _entry_tools(node_id, entry):
             found.setdefault(distributions, {}).setdefault(version, []).append(node_id)
     tools = []
     for distributions, versions in sorted(found.items()):
@@ -75,18 +77,40 @@ def locked_tools(lock: dict[str, LockEntry]) -> list[Tool]:
     return tools
 
 
-def _entry_tools(entry: LockEntry) -> list[tuple[tuple[str, ...], str]]:
-    """(distributions, version) of each tool one lock entry's fingerprint names."""
+def _entry_tools(node_id: str, entry: LockEntry) -> list[tuple[tuple[str, ...], str]]:
+    """(distributions, version) of each tool one lock entry's fingerprint names; ProjectError for a version that is
+    not a plain PEP 440 version or a backend this trtflow does not know (`pip install -r` must read nothing else)."""
     fingerprint = entry.components.get("fingerprint") or {}
     tools = [
-        (TOOL_DISTRIBUTIONS[field], version)
+        (TOOL_DISTRIBUTIONS[field], _version(node_id, field, version))
         for field, version in fingerprint.items()
-        if field in TOOL_DISTRIBUTIONS and isinstance(version, str)
+        if field in TOOL_DISTRIBUTIONS and version is not None
     ]
     backend, version = fingerprint.get("backend"), fingerprint.get("backend_version")
-    if backend in BACKENDS and isinstance(version, str):
-        tools.append(((BACKENDS[backend].distribution,), version))
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ProjectError(
+                f"{LOCK_FILE}: {node_id}: fingerprint.backend {str(backend)[:80]!r} is not a backend of this trtflow "
+                f"({', '.join(sorted(BACKENDS))}); restore the lock from version control"
+            )
+        tools.append(((BACKENDS[backend].distribution,), _version(node_id, "backend_version", version)))
     return tools
+
+
+def _version(node_id: str, field: str, value: object) -> str:
+    """`value` if it is a plain PEP 440 version (digits, letters, `.+!-_` only: no space, marker, option or line)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        if isinstance(value, str) and PLAIN_VERSION.fullmatch(value):
+            Version(value)
+            return value
+    except InvalidVersion:
+        pass
+    raise ProjectError(
+        f"{LOCK_FILE}: {node_id}: fingerprint.{field} {str(value)[:80]!r} is not a version (PEP 440); restore the lock "
+        "from version control"
+    )
 
 
 def read_tools(root: Path) -> list[Tool]:

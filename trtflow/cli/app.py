@@ -16,6 +16,7 @@ import click
 
 from trtflow import __version__
 from trtflow.errors import EnvironmentProblem, InternalError, TrtflowError
+from trtflow.util.text import printable
 
 
 class Context:
@@ -66,8 +67,13 @@ def main(argv: list[str] | None = None) -> Any:
     given = argv if argv is not None else sys.argv[1:]
     verbose = "-v" in given or "--verbose" in given
     # --json: a failure before the command printed its own JSON is also a JSON object on stdout
-    printed = _Printed(sys.stdout) if "--json" in given else None
-    with contextlib.redirect_stdout(printed) if printed is not None else contextlib.nullcontext():
+    printed = _Printed(Printable(sys.stdout)) if "--json" in given else None
+    # what trtflow prints may quote a file it read (a lock, a run.json, a remote's report): no control character of
+    # one reaches the terminal
+    with (
+        contextlib.redirect_stdout(printed or Printable(sys.stdout)),
+        contextlib.redirect_stderr(Printable(sys.stderr)),
+    ):
         return _run(argv, verbose, printed)
 
 
@@ -117,6 +123,22 @@ def _json_failure(printed: _Printed | None, error: str, exit_code: int) -> None:
         click.echo(json.dumps({"error": error, "exit_code": exit_code}))
 
 
+class Printable:
+    """A text stream that shows control characters as `\\xNN` (util.text.printable); `raw` is the stream beneath,
+    for the live progress bar's own escape sequences."""
+
+    def __init__(self, stream: Any):
+        self.raw = stream.raw if isinstance(stream, Printable) else stream
+
+    def write(self, text: str) -> int:
+        """Write `text` with its control characters shown, not obeyed."""
+        self.raw.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
 class _Printed:
     """stdout, remembering whether anything was written to it."""
 
@@ -135,4 +157,4 @@ class _Printed:
 def error_lines(text: str) -> str:
     """Each line of an error as `error: <line>`; an indented line continues the one before it and stays as it is,
     so a block to paste (validate's `exclude:`) comes out pasteable."""
-    return "\n".join(line if line[:1].isspace() else f"error: {line}" for line in text.splitlines())
+    return "\n".join(line if line[:1].isspace() else f"error: {line}" for line in text.split("\n"))

@@ -132,7 +132,7 @@ class RichView(PlainView):
             BarColumn(),
             TextColumn("{task.fields[counts]}"),
             TimeElapsedColumn(),
-            console=Console(stderr=True),
+            console=Console(file=getattr(sys.stderr, "raw", sys.stderr)),  # its own escapes pass (cli.app.Printable)
         )
         self.task = self.progress.add_task("running", total=None, counts="")
         self.progress.start()

@@ -80,7 +80,7 @@ def _summary(record: dict) -> str:
     ]
     return (
         f'<section id="summary"><p>trtflow {escape(record["trtflow_version"])}, finished '
-        f"{escape(record['finished_at'])}</p>"
+        f"{escape(record.get('finished_at') or '(time not recorded)')}</p>"
         f"{''.join(stats)}</section>"
     )
 
@@ -183,7 +183,7 @@ def _one_minus(value: float | None) -> float | None:
 
 def _accuracy_row(row: dict) -> list[str]:
     verdict = '<span class="pass">passed</span>' if row["passed"] else '<span class="fail">failed</span>'
-    if "failure" in row:
+    if row.get("failure") is not None:
         return [
             escape(row["recipe"]),
             escape(row["precision"]),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from trtflow.report.record import totals
 from trtflow.stages.base import NodeId
+from trtflow.util.text import markdown_text
 
 MAX_ROWS = 25
 
@@ -31,9 +32,10 @@ def render(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cell(text: str) -> str:
-    """Text safe inside a table cell (one line, no pipe)."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+def _cell(text: object, limit: int = 300) -> str:
+    """Text from a model, a recipe, a path or a run.json as literal Markdown: one line, at most `limit` characters,
+    Markdown and HTML escaped (a cell never holds a link, an element or a pipe)."""
+    return markdown_text(" ".join(str(text).split())[:limit])
 
 
 def _cut(rows: list[str], what: str) -> list[str]:
@@ -47,7 +49,7 @@ def _failures(record: dict) -> list[str]:
     if not failed:
         return []
     rows = [
-        f"| `{_cell(n['id'])}` | {'recorded before' if n['failure_cached'] else 'now'} | {_cell(n['reason'])[:300]} |"
+        f"| {_cell(n['id'])} | {'recorded before' if n['failure_cached'] else 'now'} | {_cell(n['reason'])} |"
         for n in failed
     ]
     return ["### Failures", "", "| stage | failed | reason |", "|---|---|---|", *_cut(rows, "failures"), ""]
@@ -61,8 +63,8 @@ def _engines(record: dict) -> list[str]:
         for e in manifest.get("engines", []):
             built = seconds.get(NodeId.of("build", recipe, e["precision"], e["target"]))
             rows.append(
-                f"| {_cell(recipe)} | {e['precision']} | {_cell(e['target'])} "
-                f"({', '.join(e['compute_capabilities'])}) | "
+                f"| {_cell(recipe)} | {_cell(e['precision'])} | {_cell(e['target'])} "
+                f"({_cell(', '.join(e['compute_capabilities']))}) | "
                 f"{e['size'] / 2**10:.1f} KiB | {'n/a' if built is None else f'{built:.2f}'} | "
                 f"{cosine.get((recipe, e['precision']), 'fp32')} |"
             )
@@ -84,12 +86,12 @@ def _min_cosine(row: dict) -> str:
         for o in (row.get("accuracy") or {}).get("outputs", [])
         if o.get("cosine_similarity") is not None
     ]
-    return "failed" if "failure" in row else (f"{min(values):.8f}" if values else "n/a")
+    return "failed" if row.get("failure") is not None else (f"{min(values):.8f}" if values else "n/a")
 
 
 def _fleet(record: dict) -> list[str]:
     rows = [
-        f"| {gpu['compute_capability']} | {_cell(recipe)} | {_choice(choice)} |"
+        f"| {_cell(gpu['compute_capability'])} | {_cell(recipe)} | {_choice(choice)} |"
         for gpu in record.get("fleet", [])
         for recipe, choice in gpu["recipes"].items()
     ]
@@ -108,5 +110,5 @@ def _fleet(record: dict) -> list[str]:
 def _choice(choice: dict) -> str:
     extra: str | None = f"; {len(choice['failed'])} failed to build" if choice.get("failed") else ""
     if "error" in choice:
-        return f"none: {_cell(choice['error'])[:200]}{extra}"
-    return f"`{_cell(choice['chosen'])}` ({_cell(choice['reason'])}){extra}"
+        return f"none: {_cell(choice['error'], 200)}{extra}"
+    return f"{_cell(choice['chosen'])} ({_cell(choice['reason'])}){extra}"

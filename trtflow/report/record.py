@@ -18,6 +18,7 @@ from trtflow import __version__
 from trtflow.errors import NoRunRecord
 from trtflow.report import FORMAT, RUN_FILE
 from trtflow.states import CACHED, FAILED, NodeState
+from trtflow.util.text import printable
 
 MAX_RECORD_BYTES = 256 << 20
 
@@ -194,4 +195,9 @@ def read_record(path: Path) -> dict:
         raise NoRunRecord(f"{path}: not a run record ({exc})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("nodes"), list):
         raise NoRunRecord(f"{path}: not a run record of format {FORMAT}: run `trtflow run` again to write one")
+    from trtflow.report.shape import first_problem
+
+    problem = first_problem(record)
+    if problem is not None:
+        raise NoRunRecord(f"{path}: not a run record: {printable(problem)}; run `trtflow run` again to write one")
     return record

@@ -95,7 +95,7 @@ def critical_path(nodes: list[dict]) -> list[str]:
         return []
     chain = [max(timed.values(), key=lambda n: n["end"])]
     while True:
-        inputs = [timed[d] for d in chain[-1].get("deps", []) if d in timed]
+        inputs = [timed[d] for d in chain[-1].get("deps", []) if d in timed and timed[d] not in chain]
         if not inputs:
             return [n["id"] for n in reversed(chain)]
         chain.append(max(inputs, key=lambda n: n["end"]))

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from trtflow.errors import ProjectError
+from trtflow.hashing import stage_key
 from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.util.fs import atomic_write
+from trtflow.util.text import printable
 
+NODE_ID = re.compile(r"[a-z]+:[A-Za-z0-9._/:+-]{1,400}")
+DIGEST = re.compile(r"[0-9a-f]{64}")
+FINGERPRINT_TEXT = re.compile(r"[A-Za-z0-9._+!:/ -]{0,200}")
 LOCK_FILE = "trtflow.lock"
 LOCK_VERSION = 1
 MAX_LOCK_BYTES = 64 << 20  # a lock of thousands of stages is a few MB
@@ -70,17 +76,22 @@ class LockEntry:
 
     @classmethod
     def from_json(cls, data: dict) -> LockEntry:
-        """Read an entry written by to_json (KeyError if a component is missing, TypeError if a reason is not text)."""
+        """Read an entry written by to_json, checked as untrusted data: digests are sha256 digests, the key is the
+        hash of the components beside it, fingerprints hold plain values (KeyError if a component is missing,
+        ValueError or TypeError for the rest)."""
         if "skipped" in data:
             return cls(key=None, components={}, outputs={}, skipped=_text(data["skipped"]))
         components = {k: data[k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
-        failed = _text(data["failed"]) if "failed" in data else None
+        key = _digest(data["key"], "key")
+        if stage_key(components) != key:
+            raise ValueError("its key is not the hash of its components (edited by hand?)")
+        _plain_fingerprint(components["fingerprint"])
         return cls(
-            key=data["key"],
+            key=key,
             components=components,
-            outputs=data["outputs"],
-            canonical=data.get("canonical"),
-            failed=failed,
+            outputs=_digests(data["outputs"], "outputs"),
+            canonical=_digests(data["canonical"], "canonical") if data.get("canonical") is not None else None,
+            failed=_text(data["failed"]) if "failed" in data else None,
         )
 
 
@@ -88,6 +99,29 @@ def _text(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError(f"a failure or skip reason must be text, not {type(value).__name__}")
     return value
+
+
+def _digest(value: object, field: str) -> str:
+    if not isinstance(value, str) or not DIGEST.fullmatch(value):
+        raise ValueError(f"{field} {str(value)[:80]!r} is not a sha256 digest")
+    return value
+
+
+def _digests(value: object, field: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
+        raise TypeError(f"{field} must map names to sha256 digests")
+    return {name: _digest(digest, f"{field}.{name}") for name, digest in value.items()}
+
+
+def _plain_fingerprint(fingerprint: object) -> None:
+    """A fingerprint names tools and versions: short texts of letters, digits and `._+-!:/ ` (a GPU name has
+    spaces), numbers, booleans, and lists of those; nothing a terminal or pip would read as more than a value."""
+    if not isinstance(fingerprint, dict):
+        raise TypeError("fingerprint must be an object")
+    for field, value in fingerprint.items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and not FINGERPRINT_TEXT.fullmatch(item):
+                raise ValueError(f"fingerprint.{str(field)[:40]} {item[:80]!r} is not a plain name or version")
 
 
 def read_lock(path: Path) -> dict[str, LockEntry] | None:
@@ -101,11 +135,25 @@ def read_lock(path: Path) -> dict[str, LockEntry] | None:
                 f"{path.name}: lock version {data.get('version')!r} is not {LOCK_VERSION}; run without --frozen to "
                 "rewrite it"
             )
-        return {node: LockEntry.from_json(entry) for node, entry in (data.get("nodes") or {}).items()}
-    except (ValueError, AttributeError, KeyError, TypeError, RecursionError) as exc:
+        nodes = data.get("nodes") or {}
+    except (ValueError, AttributeError, RecursionError) as exc:
         raise ProjectError(
             f"{path.name}: unreadable lock file ({type(exc).__name__}: {exc}); delete it and run again"
         ) from None
+    if not isinstance(nodes, dict):
+        raise ProjectError(f"{path.name}: unreadable lock file (nodes is not an object); delete it and run again")
+    entries = {}
+    for node, entry in nodes.items():
+        try:
+            if not NODE_ID.fullmatch(node):
+                raise ValueError("not a stage id")
+            entries[node] = LockEntry.from_json(entry)
+        except (ValueError, AttributeError, KeyError, TypeError, RecursionError) as exc:
+            raise ProjectError(
+                f"{path.name}: entry {printable(node[:120])!r} refused: {printable(str(exc))[:200]}; restore it from "
+                "version control, or delete the lock and run again"
+            ) from None
+    return entries
 
 
 def write_lock(path: Path, entries: dict[str, LockEntry]) -> None:
