@@ -1368,6 +1368,74 @@ for name, edit, args, code, fragment in [
     add(name, "built", args, code, fragment, edit)
 
 
+# issue 42: what a remote holds is untrusted; a FIFO never hangs a reader, a leftover temporary file never stops gc
+
+
+def _fifo(relative: str) -> Callable[[Path], None]:
+    """Replace one file of the published remote by a FIFO nobody writes to (an open of it for reading blocks)."""
+
+    def edit(published: Path) -> None:
+        for path in published.glob(relative) if "*" in relative else [published / relative]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            os.mkfifo(path)
+
+    return edit
+
+
+GC = ("remote", "gc", "file://{root}/published", "--keep", "2", "--grace", "0", "--yes")
+STATUS = ("fleet", "status", "file://{root}/published")
+for name, edit, args, code, fragment in [
+    ("channel-is-a-fifo", _published(_fifo("channels/stable.json")), REMOTE_PROVISION, 3, "not a regular file"),
+    ("channel-is-a-fifo-under-agent", _published(_fifo("channels/stable.json")), AGENT, 3, "not a regular file"),
+    ("version-manifest-is-a-fifo", _published(_fifo("versions/*/manifest.json")), REMOTE_PROVISION, 3, "not a regular"),
+    ("engine-is-a-fifo", _published(_fifo("engines/*.engine")), REMOTE_PROVISION, 3, "not a regular file"),
+    ("fleet-report-is-a-fifo", _published(_fifo("devices/cam-1.json")), STATUS, 0, "cam-1.json: "),
+    (
+        "remote-gc-with-a-leftover-channel-temp",
+        _published(_replaced("channels/.stable.json.0123abcd.tmp", b"{half a chan")),
+        GC,
+        0,
+        "channels/.stable.json.0123abcd.tmp",
+    ),
+    (
+        "remote-gc-with-a-leftover-report-temp",
+        _published(_replaced("devices/.cam-1.json.0123abcd.tmp", b"{")),
+        GC,
+        0,
+        "devices/.cam-1.json.0123abcd.tmp",
+    ),
+    (
+        "fleet-report-temp-is-not-a-report",
+        _published(_replaced("devices/.cam-1.json.0123abcd.tmp", b"{")),
+        STATUS,
+        0,
+        "channel",
+    ),
+]:
+    add(name, "built", args, code, fragment, edit)
+
+add(
+    "export-ort-context-recipe-name-of-300-characters",
+    "built",
+    ORT,
+    3,
+    NOT_MANIFEST,
+    _manifest(lambda m: m.update(recipe="r" * 300)),
+)
+add(
+    "recipe-profile-of-absurd-volume",
+    "fresh",
+    VALIDATE,
+    3,
+    "more than 2147483647",
+    write(
+        RECIPE,
+        TINY_RECIPE.replace("max: [8, 3, 32, 32]", "max: [2147483647, 3, 32, 32]"),
+    ),
+)
+
+
 def _triton_link(relative: str) -> Callable[[Path], None]:
     def apply(root: Path) -> None:
         _manifest(lambda m: [e.update(backend="tensorrt") for e in m["engines"]])(root)

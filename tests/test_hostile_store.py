@@ -173,3 +173,38 @@ def test_provision_removes_what_a_killed_provision_left(built_once: Path, tmp_pa
     result = trtflow(built_once, "provision", str(package), "--gpu", "sm_86", "--dest", str(dest))
     assert result.code == 0, result.err
     assert not incoming.exists() and not list((dest / "tiny").glob(".incoming-*"))
+
+
+def test_a_writer_planting_files_in_every_run_folder_never_fails_the_run(built_once: Path, tmp_path: Path) -> None:
+    """A store writer keeps planting files in every folder under tmp/run-* while a run works: the run still exits 0
+    (before: exit 70, `Directory not empty`, when it removed its own folder), and a later run sweeps what was left."""
+    import threading
+
+    root = Path(shutil.copytree(built_once, tmp_path / "proj", symlinks=True))
+    store_tmp = root / "artifacts" / "store" / "tmp"
+    done = threading.Event()
+
+    def plant() -> None:
+        count = 0
+        while not done.is_set():
+            try:
+                folders = [p for p in store_tmp.rglob("*") if p.is_dir() and not p.is_symlink()]
+            except OSError:  # a folder went while it was listed
+                continue
+            for folder in folders:
+                try:
+                    (folder / f"planted-{count}").write_bytes(b"x")
+                    count += 1
+                except OSError:
+                    pass
+
+    planter = threading.Thread(target=plant)
+    planter.start()
+    try:
+        results = [trtflow(root, "run", "--force", "--no-report") for _ in range(3)]
+    finally:
+        done.set()
+        planter.join()
+    assert [r.code for r in results] == [0, 0, 0], [r.err[-800:] for r in results]
+    assert trtflow(root, "run").code == 0
+    assert trtflow(root, "cache", "gc", "--yes").code == 0 and not list(store_tmp.glob("run-*"))

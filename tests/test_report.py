@@ -410,7 +410,7 @@ def test_a_record_of_any_other_shape_is_refused_or_drawn_never_a_crash(tmp_path:
     ("field", "value", "said"),
     [
         ("jobs", "2", "jobs: Input should be a valid integer"),
-        ("nodes", "all of them", "nodes: Input should be a valid list"),
+        ("nodes", "all of them", "not a run record"),
         ("packages", [], "packages: Input should be a valid dictionary"),
         ("fleet", [{"compute_capability": "sm_89", "recipes": "x"}], "fleet.0.recipes"),
     ],

@@ -450,3 +450,88 @@ def test_fleet_status_sets_aside_hostile_reports(tmp_path: Path) -> None:
     table = json.loads(result.stdout)
     assert table["devices"] == 2 and len(table["refused"]) == 2 and any("nested deeper" in r for r in table["refused"])
     assert {(r["channel"], r["gpu"]) for r in table["rows"]} == {("stable", "sm_86"), ("stable", "{'nested': [1, 2]}")}
+
+
+def test_remote_gc_removes_deleted_versions_from_histories_and_rollback_refuses_a_gone_one(
+    versions: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """gc --keep 2 deletes v1 and takes it out of the channel's history in the same step: two rollbacks never point a
+    channel at a version that is gone (before: both exited 0 and every agent then exited 3)."""
+    v1, v2 = versions
+    v3 = variant(v1, tmp_path / "v3" / "tiny", b"v3")
+    remote = tmp_path / "remote"
+    for package in (v1, v2, v3):
+        assert cli("publish", str(package), remote.as_uri()).returncode == 0
+    assert cli("remote", "gc", remote.as_uri(), "--keep", "2", "--grace", "0", "--yes").returncode == 0
+    channel = json.loads((remote / "channels" / "stable.json").read_text())
+    assert channel["history"] == [version_of(v3), version_of(v2)]
+    assert cli("rollback", remote.as_uri()).returncode == 0
+    second = cli("rollback", remote.as_uri())
+    assert second.returncode == 2 and "no previous version" in second.stderr, second.stderr
+    assert json.loads((remote / "channels" / "stable.json").read_text())["history"] == [version_of(v2)]
+    # a history naming a version someone deleted by hand: rollback refuses it, gc takes it out
+    (remote / "channels" / "stable.json").write_text(
+        Channel("stable", (version_of(v2), version_of(v1))).to_json().decode()
+    )
+    gone = cli("rollback", remote.as_uri())
+    assert gone.returncode == 2 and "gone from the remote" in gone.stderr, gone.stderr
+    assert cli("remote", "gc", remote.as_uri(), "--keep", "2", "--grace", "0", "--yes").returncode == 0
+    assert json.loads((remote / "channels" / "stable.json").read_text())["history"] == [version_of(v2)]
+
+
+def test_a_refused_write_leaves_no_temporary_file_at_the_remote(versions: tuple[Path, Path], tmp_path: Path) -> None:
+    """publish refusing a symlinked version manifest, and an agent refusing a symlinked device report round after
+    round, leave no `.tmp` at the remote (before: one per refusal)."""
+    v1, v2 = versions
+    remote = tmp_path / "remote"
+    assert cli("publish", str(v1), remote.as_uri()).returncode == 0
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    (remote / "versions" / version_of(v2)).mkdir(parents=True)
+    (remote / "versions" / version_of(v2) / "manifest.json").symlink_to(outside)
+    refused = cli("publish", str(v2), remote.as_uri())
+    assert refused.returncode == 3 and "symlink" in refused.stderr, refused.stderr
+    (remote / "devices").mkdir()
+    (remote / "devices" / "cam-1.json").symlink_to(outside)
+    for _ in range(2):
+        cli(
+            "agent", remote.as_uri(), "--once", "--report", "--gpu", "sm_89", "--dest", str(tmp_path / "d"),
+            "--device-id", "cam-1",
+        )  # fmt: skip
+    assert outside.read_text() == "{}"
+    assert not [p for p in remote.rglob("*.tmp")], sorted(remote.rglob("*.tmp"))
+
+
+def test_provisioning_the_same_url_twice_is_a_no_op(versions: tuple[Path, Path], tmp_path: Path) -> None:
+    """The second `provision URL` (and one after a rollback) switches nothing new and exits 0 (before: exit 70,
+    KeyError 'device', after `current` had switched)."""
+    v1, v2 = versions
+    remote = tmp_path / "remote"
+    for package in (v1, v2):
+        assert cli("publish", str(package), remote.as_uri()).returncode == 0
+    provision = ("provision", remote.as_uri(), "--gpu", "sm_89", "--dest", str(tmp_path / "d"))
+    assert cli(*provision).returncode == 0
+    again = cli(*provision)
+    assert again.returncode == 0 and "unchanged" in again.stdout, again.stderr
+    assert cli("rollback", remote.as_uri()).returncode == 0
+    back = cli(*provision)
+    assert back.returncode == 0 and current_sha(tmp_path / "d") == ada(v1)["sha256"], back.stderr
+    assert cli(*provision).returncode == 0
+
+
+def test_fleet_status_shows_a_reports_control_characters_and_keeps_one_row_per_group(tmp_path: Path) -> None:
+    """A report's escape sequences reach the terminal as text, and a newline in a field forges no row."""
+    devices = tmp_path / "remote" / "devices"
+    devices.mkdir(parents=True)
+    report = {
+        "device_id": "a",
+        "channel": "stable\x1b[2J\x1b]0;pwned\x07",
+        "version": "a" * 64,
+        "gpu": "sm_86\nforged      bbbbbbbbbbbb   sm_90     999999",
+        "last_check": "2026-11-25T10:00:00+00:00",
+    }
+    (devices / "a.json").write_text(json.dumps(report))
+    result = cli("fleet", "status", devices.parent.as_uri())
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\\x1b" in result.stdout
+    assert len(result.stdout.splitlines()) == 2 and "999999" not in result.stdout, result.stdout

@@ -284,7 +284,7 @@ class Manifest(_Model):
     package."""
 
     schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
-    recipe: str
+    recipe: TargetName  # a recipe's name, bounded like a target's: it names files and folders on a device
     trtflow_version: str
     source: Source
     engines: list[Engine]

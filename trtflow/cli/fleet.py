@@ -258,10 +258,12 @@ def remote_gc(url: str, keep: int, grace: float, yes: bool, as_json: bool) -> No
 
     done = gc_remote(url, keep, grace, yes)
     verb = "deleted" if yes else "to delete"
+    field = verb.replace(" ", "_")
+    leftovers = done[f"temporary_files_{field}"]
+    swept = f"; temporary file(s) a writer left {verb}: {', '.join(leftovers)}" if leftovers else ""
     _say(
         done,
         as_json,
-        f"{done['url']}: {len(done[f'versions_{verb}'.replace(' ', '_')])} version(s) and "
-        f"{len(done[f'engines_{verb}'.replace(' ', '_')])} engine(s) {verb}; kept {len(done['kept_versions'])} "
-        "version(s)",
+        f"{done['url']}: {len(done[f'versions_{field}'])} version(s) and {len(done[f'engines_{field}'])} engine(s) "
+        f"{verb}; kept {len(done['kept_versions'])} version(s){swept}",
     )

@@ -295,10 +295,13 @@ def size(count: float) -> str:
 
 def print_provision(record: dict) -> None:
     """Print which engine `trtflow provision` chose for the device and why, and the files it wrote."""
-    click.echo(f"chose {record['chosen']['file']} for {record['device']['gpu']}: {record['chosen']['reason']}")
-    for line in missing_lines({"missing": record["package_missing"]}):
+    # an engine installed before and switched back to (a second provision, a rollback) has no device or runtime facts:
+    # nothing was chosen anew
+    device = (record.get("device") or {}).get("gpu") or record.get("device_id") or "this device"
+    click.echo(f"chose {record['chosen']['file']} for {device}: {record['chosen']['reason']}")
+    for line in missing_lines({"missing": record.get("package_missing", [])}):
         click.echo(f"  {line}")
-    if record["runtime"]["version"] is None:
+    if "runtime" in record and record["runtime"]["version"] is None:
         click.echo("  runtime version not checked (pass --runtime-version to apply the version rules)")
     written = record["written"]
     if record["action"] == "unchanged":

@@ -282,6 +282,11 @@ def rollback(url: str, channel: str, options: dict | None = None) -> dict:
     if before is None or before.previous is None:
         raise BadRollout(f"{remote.where(channel_file(channel))}: no previous version to roll back to")
     after = Channel(channel, before.history[1:])
+    if remote.size(version_file(after.history[0])) is None:
+        raise BadRollout(
+            f"{remote.where(version_file(after.history[0]))}: the previous version is gone from the remote (remote gc "
+            "deleted it); nothing rolled back: promote a version the remote holds"
+        )
     write_channel(remote, after)
     return {
         "url": remote.shown,

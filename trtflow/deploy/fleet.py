@@ -1,10 +1,12 @@
 """The fleet seen from the remote: device reports (`devices/<id>.json`), `fleet status`, and `remote gc`.
 
 A report is an agent's status.json, sent as is; read back it is untrusted like everything at the remote: at most
-64 KiB, bounded JSON, string fields, the file named by a valid device id. `remote gc --keep N` keeps the N newest
+64 KiB, bounded JSON, string fields on one line with control characters shown (a field never forges a row of
+`fleet status`), the file named by a valid device id. `remote gc --keep N` keeps the N newest
 versions of every channel (at least 2: the previous one is what a rollback needs) and the engines they name, and
 deletes other versions and engines older than the grace period (a publish in progress has sent engines its
-channel does not name yet).
+channel does not name yet). Channel histories lose the versions gc deletes in the same step, before they are deleted,
+so a rollback never lands on a version that is gone; temporary files a killed writer left are swept.
 """
 
 from __future__ import annotations
@@ -14,11 +16,21 @@ import time
 from collections import Counter
 from datetime import datetime
 
-from trtflow.deploy.channels import DIGEST, BadChannel, channel_file, parse_channel, version_file
-from trtflow.deploy.remote import RemoteFolder
-from trtflow.errors import TrtflowError
+from trtflow.deploy.channels import (
+    DIGEST,
+    FULL_SHARE,
+    BadChannel,
+    Channel,
+    channel_file,
+    parse_channel,
+    version_file,
+    write_channel,
+)
+from trtflow.deploy.remote import RemoteFolder, is_temporary
+from trtflow.errors import BadRollout, TrtflowError
 from trtflow.manifest import Manifest
 from trtflow.util.jsondata import loads_bounded
+from trtflow.util.text import single_line
 
 DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_REPORT_BYTES = 64 << 10
@@ -45,6 +57,8 @@ def read_reports(remote: RemoteFolder) -> tuple[list[dict], list[str]]:
     reports, refused = [], []
     for info in remote.listing("devices")[:MAX_REPORTS]:
         name = remote.name_of(info)
+        if is_temporary(name):  # an agent's report on its way
+            continue
         if not name.endswith(".json") or not DEVICE_ID.fullmatch(name[:-5]):
             refused.append(f"{name[:80]}: not a device report name")
             continue
@@ -56,13 +70,8 @@ def read_reports(remote: RemoteFolder) -> tuple[list[dict], list[str]]:
         if not isinstance(value, dict):
             refused.append(f"{name}: not a JSON object")
             continue
-        reports.append(
-            {
-                k: (value.get(k) if isinstance(value.get(k), (str, type(None))) else str(value.get(k))[:100])
-                for k in FIELDS
-            }
-        )
-    return reports, refused
+        reports.append({k: None if value.get(k) is None else single_line(str(value.get(k)))[:200] for k in FIELDS})
+    return reports, [single_line(line) for line in refused]
 
 
 def fleet_table(reports: list[dict], stale_after: float, now: float | None = None) -> list[dict]:
@@ -94,36 +103,55 @@ def gc_remote(
 ) -> dict:
     """Versions and engines no channel keeps (older than `grace` seconds): listed, and deleted when `delete`."""
     remote = RemoteFolder(url, options)
-    kept: set[str] = set()
-    for info in remote.listing("channels"):
-        name = remote.name_of(info).removesuffix(".json")
-        try:
-            channel = parse_channel(
-                remote.read(channel_file(name), 16 << 10) or b"", remote.where(channel_file(name)), name
-            )
-        except (BadChannel, FileNotFoundError, ValueError) as exc:
-            raise BadChannel(
-                f"{remote.where('channels/' + remote.name_of(info))}: {exc}; fix or remove it before gc (nothing "
-                "deleted)"
-            ) from None
-        kept.update(channel.history[: max(keep, 2)])
+    channels = _channels(remote)
+    kept = {v for channel in channels for v in channel.history[: max(keep, 2)]}
     now = time.time() if now is None else now
-    old = [remote.name_of(i) for i in remote.listing("versions") if _folder_modified(remote, i) < now - grace]
+    listed = remote.listing("versions")
+    present = {remote.name_of(i) for i in listed}
+    old = [remote.name_of(i) for i in listed if _folder_modified(remote, i) < now - grace]
     versions = [v for v in old if DIGEST.fullmatch(v) and v not in kept]
     engines = _referenced_engines(remote, kept)
     unused = [remote.name_of(i) for i in remote.listing("engines") if _modified(i) < now - grace]
     unused = [e for e in unused if e.endswith(".engine") and DIGEST.fullmatch(e[:-7]) and e[:-7] not in engines]
+    leftovers = [t for t in remote.temporaries() if t[1] < now - grace]
     if delete:
+        gone = set(versions) | {v for channel in channels for v in channel.history if v not in present}
+        for channel in channels:  # first: no channel names a version once it is deleted (a rollback never finds one)
+            history = tuple(v for v in channel.history if v not in gone)
+            if history != channel.history and history:
+                write_channel(remote, Channel(channel.name, history, channel.share_bp if len(history) > 1 else FULL_SHARE))
         for version in versions:
             remote.remove(f"versions/{version}")
         for engine in unused:
             remote.remove(f"engines/{engine}")
+        for relative, _ in leftovers:
+            remote.remove(relative)
     return {
         "url": remote.shown,
         "kept_versions": sorted(kept),
         "versions_deleted" if delete else "versions_to_delete": versions,
         "engines_deleted" if delete else "engines_to_delete": unused,
+        "temporary_files_deleted" if delete else "temporary_files_to_delete": sorted(r for r, _ in leftovers),
     }
+
+
+def _channels(remote: RemoteFolder) -> list[Channel]:
+    """Every channel at the remote (writes in progress skipped); BadChannel for one that does not read."""
+    channels = []
+    for info in remote.listing("channels"):
+        listed = remote.name_of(info)
+        if is_temporary(listed):
+            continue
+        name = listed.removesuffix(".json")
+        try:
+            channels.append(
+                parse_channel(remote.read(channel_file(name), 16 << 10) or b"", remote.where(channel_file(name)), name)
+            )
+        except (BadChannel, BadRollout, FileNotFoundError, ValueError) as exc:
+            raise BadChannel(
+                f"{remote.where('channels/' + listed)}: {exc}; fix or remove it before gc (nothing deleted)"
+            ) from None
+    return channels
 
 
 def _referenced_engines(remote: RemoteFolder, versions: set[str]) -> set[str]:

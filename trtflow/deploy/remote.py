@@ -19,16 +19,19 @@ manifest, then streams only the chosen engine; `Transfer` counts every byte read
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
-from trtflow.errors import NotPublishable, RemoteUnreachable
+from trtflow.errors import BadChannel, NotPublishable, RemoteUnreachable
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 
 CHUNK = 1 << 20
+TEMP_SUFFIX = ".tmp"  # `.<name>.<hex>.tmp`: a write in progress (or one a crash left); readers skip it, gc sweeps it
 PROVENANCE_FILE = "provenance.intoto.jsonl"
 
 
@@ -74,8 +77,14 @@ class RemoteFolder:
     def open(self, relative: str) -> Iterator[ReadStream]:
         """A counted read stream of the file; FileNotFoundError if it is not there, RemoteUnreachable for the rest."""
         try:
-            handle = self._fs.open(f"{self._base}/{relative}", "rb", block_size=CHUNK, cache_type="none")
+            handle = (
+                _open_regular(f"{self._base}/{relative}")
+                if "file" in protocols(self._fs)
+                else self._fs.open(f"{self._base}/{relative}", "rb", block_size=CHUNK, cache_type="none")
+            )
         except FileNotFoundError:
+            raise
+        except (RemoteUnreachable, BadChannel):
             raise
         except Exception as exc:
             raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from None
@@ -198,16 +207,29 @@ class RemoteFolder:
         if "file" not in protocols(self._fs):
             return self.put(data, relative)
         folder, _, name = relative.rpartition("/")
-        temporary = f"{folder + '/' if folder else ''}.{name}.{uuid.uuid4().hex}.tmp"
-        self.put(data, temporary)
+        temporary = f"{folder + '/' if folder else ''}.{name}.{uuid.uuid4().hex}{TEMP_SUFFIX}"
         try:
+            self.put(data, temporary)
             self.refuse_links(relative)
             # rename(2): replaces a link, never follows it
             Path(f"{self._base}/{temporary}").replace(f"{self._base}/{relative}")
         except OSError as exc:
-            Path(f"{self._base}/{temporary}").unlink(missing_ok=True)
             raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None
+        finally:  # a refused or failed write leaves nothing behind (after the rename, there is nothing to remove)
+            Path(f"{self._base}/{temporary}").unlink(missing_ok=True)
         return len(data)
+
+    def temporaries(self) -> list[tuple[str, float]]:
+        """(relative path, modified time) of every temporary file a writer left in a local remote's channels,
+        devices and version folders (on an object store a write is one PUT: there are none)."""
+        if "file" not in protocols(self._fs):
+            return []
+        base = Path(self._base)
+        found = [*base.glob(f"channels/.*{TEMP_SUFFIX}"), *base.glob(f"devices/.*{TEMP_SUFFIX}")]
+        found += base.glob(f"versions/*/.*{TEMP_SUFFIX}")
+        return sorted(
+            (p.relative_to(base).as_posix(), p.lstat().st_mtime) for p in found if is_temporary(p.name) and not p.is_symlink()
+        )
 
     def refuse_links(self, relative: str) -> None:
         """In a local folder, a symlink on the way to a file to write (`engines` -> elsewhere, a link named like an
@@ -221,6 +243,25 @@ class RemoteFolder:
                 raise NotPublishable(
                     f"{self.where(relative)}: {path} is a symlink; refusing to write through it (remove it)"
                 )
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a listed name is a write in progress (put_atomic's `.<name>.<hex>.tmp`), not a file to read."""
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def _open_regular(path: str) -> BinaryIO:
+    """A local file opened for reading only if it is a regular file: a FIFO, a socket or a device planted at the
+    remote is refused at once (opened non-blocking, so a FIFO without a writer cannot hang the open)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise BadChannel(f"{path}: not a regular file; a remote holds regular files only (remove it)")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb", buffering=CHUNK)
+    except BaseException:
+        os.close(descriptor)
+        raise
 
 
 class ReadStream(Protocol):

@@ -5,6 +5,7 @@ Loading and cross-checking them (with file and line in every error) is trtflow.r
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -174,6 +175,19 @@ class Pipeline(StrictModel):
         return value
 
 
+MAX_VOLUME = 2**31 - 1  # elements of one input: TensorRT's int32 volume, and 8 GiB of fp32 for a single sample
+
+
+def _bounded_volume(field: str, shape: list[int]) -> None:
+    volume = math.prod(shape)
+    if volume > MAX_VOLUME:
+        raise FieldError(
+            field,
+            f"{shape} holds {volume:.3g} elements, more than {MAX_VOLUME} ({MAX_VOLUME * 4 / 2**30:.0f} GiB of fp32 for "
+            "one sample): trtflow refuses an input that size; lower it",
+        )
+
+
 class InputShape(StrictModel):
     """The min/opt/max shape of one input in one profile; `shape:` is shorthand for a static input."""
 
@@ -187,6 +201,7 @@ class InputShape(StrictModel):
         if self.shape is not None:
             if any(v is not None for v in (self.min, self.opt, self.max)):
                 raise FieldError("shape", "give either shape or min/opt/max, not both")
+            _bounded_volume("shape", self.shape)
             return self
         for name in ("min", "opt", "max"):
             if getattr(self, name) is None:
@@ -198,6 +213,7 @@ class InputShape(StrictModel):
             raise FieldError("min", "min must be <= opt in every dimension")
         if any(a > b for a, b in zip(self.opt, self.max, strict=True)):
             raise FieldError("max", "opt must be <= max in every dimension")
+        _bounded_volume("max", self.max)
         return self
 
     def triple(self) -> tuple[list[int], list[int], list[int]]:

@@ -113,7 +113,7 @@ class RunLease:
 
     def close(self) -> None:
         """Remove the work dirs, then the lock file."""
-        remove_under(self.root, f"tmp/{self.tmp.name}")
+        _remove_work(self.root, self.tmp.name)
         _unlink_and_release(self._lock)
 
 
@@ -159,10 +159,21 @@ def sweep_dead_runs(root: Path) -> list[Path]:
     for work in sorted(tmp.glob("run-*")) if real_folder(root, "tmp") else []:
         lock = _dead(root / "locks" / f"{work.name}.lock")
         if lock is not None:
-            remove_under(root, f"tmp/{work.name}")  # a dirfd walk: a link in tmp/ is unlinked, never followed
+            if _remove_work(root, work.name):
+                removed.append(work)
             _unlink_and_release(lock)
-            removed.append(work)
     return removed
+
+
+def _remove_work(root: Path, name: str) -> bool:
+    """Remove tmp/<name>/ by a dirfd walk (a link in it is unlinked, never followed); False when it could not be
+    (someone else writing into it meanwhile): its lock goes anyway, so a later sweep or `cache gc` takes it, and no run
+    fails over a folder it no longer needs."""
+    try:
+        remove_under(root, f"tmp/{name}")
+    except OSError:
+        return False
+    return True
 
 
 def sweep_dead_runs_locked(root: Path) -> list[Path]:

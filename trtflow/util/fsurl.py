@@ -1,6 +1,6 @@
 """fsspec URLs (s3://, gs://, file://, ...) for everything trtflow reads or writes remotely: one way to open them.
 
-S3 gets short timeouts and one quick retry (botocore's own retries off): a remote that does not answer must
+S3 and HTTP get short timeouts (S3 one quick retry, botocore's own retries off): a remote that does not answer must
 not hold up a build or a provision for minutes. Credentials come from the environment or the filesystem's own
 configuration; messages show URLs without user info or query strings. fsspec is imported only when used.
 """
@@ -34,6 +34,8 @@ def filesystem(url: str, options: dict, purpose: str = "a remote cache") -> tupl
     protocol = url.split("://", 1)[0]
     if protocol in ("s3", "s3a"):
         options = {**copy.deepcopy(S3_DEFAULTS), **options}  # s3fs edits the dicts it is given
+    elif protocol in ("http", "https"):
+        options = {**_http_defaults(), **options}
     try:
         fs, base = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
@@ -45,6 +47,16 @@ def filesystem(url: str, options: dict, purpose: str = "a remote cache") -> tupl
     if protocol in ("s3", "s3a"):
         fs.retries = S3_RETRIES
     return fs, base.rstrip("/")
+
+
+def _http_defaults() -> dict[str, Any]:
+    """A server that accepts and then says nothing fails in seconds, not aiohttp's five minutes; a large engine
+    still streams as long as bytes keep coming."""
+    try:
+        import aiohttp
+    except ImportError:  # fsspec says what is missing when it opens the URL
+        return {}
+    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=3, sock_read=30)}}
 
 
 def redacted(url: str) -> str:
