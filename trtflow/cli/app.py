@@ -128,7 +128,7 @@ class Printable:
     for the live progress bar's own escape sequences."""
 
     def __init__(self, stream: Any):
-        self.raw = stream.raw if isinstance(stream, Printable) else stream
+        self.raw: Any = stream.raw if isinstance(stream, Printable) else stream
 
     def write(self, text: str) -> int:
         """Write `text` with its control characters shown, not obeyed."""

@@ -119,7 +119,9 @@ def gc_remote(
         for channel in channels:  # first: no channel names a version once it is deleted (a rollback never finds one)
             history = tuple(v for v in channel.history if v not in gone)
             if history != channel.history and history:
-                write_channel(remote, Channel(channel.name, history, channel.share_bp if len(history) > 1 else FULL_SHARE))
+                write_channel(
+                    remote, Channel(channel.name, history, channel.share_bp if len(history) > 1 else FULL_SHARE)
+                )
         for version in versions:
             remote.remove(f"versions/{version}")
         for engine in unused:

@@ -228,7 +228,9 @@ class RemoteFolder:
         found = [*base.glob(f"channels/.*{TEMP_SUFFIX}"), *base.glob(f"devices/.*{TEMP_SUFFIX}")]
         found += base.glob(f"versions/*/.*{TEMP_SUFFIX}")
         return sorted(
-            (p.relative_to(base).as_posix(), p.lstat().st_mtime) for p in found if is_temporary(p.name) and not p.is_symlink()
+            (p.relative_to(base).as_posix(), p.lstat().st_mtime)
+            for p in found
+            if is_temporary(p.name) and not p.is_symlink()
         )
 
     def refuse_links(self, relative: str) -> None:

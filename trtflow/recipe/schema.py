@@ -183,8 +183,8 @@ def _bounded_volume(field: str, shape: list[int]) -> None:
     if volume > MAX_VOLUME:
         raise FieldError(
             field,
-            f"{shape} holds {volume:.3g} elements, more than {MAX_VOLUME} ({MAX_VOLUME * 4 / 2**30:.0f} GiB of fp32 for "
-            "one sample): trtflow refuses an input that size; lower it",
+            f"{shape} holds {volume:.3g} elements, more than {MAX_VOLUME} ({MAX_VOLUME * 4 / 2**30:.0f} GiB of fp32 "
+            "for one sample): trtflow refuses an input that size; lower it",
         )
 
 

@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trtflow.report import FORMAT
 
-
 MAX_JOBS = 4096  # a slot is a row of the timeline: bounded, so a record cannot ask for a billion rows
 Seconds = Annotated[float, Field(ge=0)]
 Count = Annotated[int, Field(ge=0)]
