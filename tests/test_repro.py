@@ -23,17 +23,21 @@ def _locked_project(tmp_path: Path) -> Path:
 
 def _as_if_the_locked_engine_had_other_bytes(root: Path, canonical: str | None = None) -> None:
     """Rewrite the lock as a run whose engine differed in its bytes (and, if given, in its canonical digest) would have
-    written it: the build's output digest, and the keys of what consumed that engine, computed by trtflow's own hash."""
+    written it: the build's output digest; with another canonical digest, also the keys of what consumed that engine
+    (they take it by its canonical digest), computed by trtflow's own hash."""
     lock = json.loads((root / "trtflow.lock").read_text())
-    nodes, other = lock["nodes"], "e" * 64
-    nodes[BUILD]["outputs"]["engine"] = other
-    if canonical is not None:
+    nodes = lock["nodes"]
+    nodes[BUILD]["outputs"]["engine"] = "e" * 64
+    if canonical is None:  # an equivalent engine: what consumed it has the same key; the package carried its bytes
+        assert nodes[VERIFY]["inputs"]["engine"] == "canonical:" + nodes[BUILD]["canonical"]["engine"]
+        nodes[PACKAGE]["outputs"]["package"] = "f" * 64
+    else:
         nodes[BUILD]["canonical"]["engine"] = canonical
-    for node_id, role in ((VERIFY, "engine"), (PACKAGE, "engine:fp32/rtx-ada")):
-        nodes[node_id]["inputs"][role] = other
-        nodes[node_id]["key"] = stage_key(
-            {k: nodes[node_id][k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
-        )
+        for node_id, role in ((VERIFY, "engine"), (PACKAGE, "engine:fp32/rtx-ada")):
+            nodes[node_id]["inputs"][role] = "canonical:" + canonical
+            nodes[node_id]["key"] = stage_key(
+                {k: nodes[node_id][k] for k in ("kind", "version", "params", "fingerprint", "inputs")}
+            )
     (root / "trtflow.lock").write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
 
 
@@ -47,6 +51,8 @@ def test_frozen_accepts_an_engine_equivalent_to_the_lock_and_says_so(tmp_path: P
         "equivalent to trtflow.lock: the engine differs only in the backend's generated numbering"
     )
     assert {n["status"] for n in nodes.values()} == {"built"}
+    # equivalence never cascades: verify keeps its key and its bytes, the package its key (issue 39: it was refused)
+    assert json.loads(result.out)["frozen"]["equivalent"] == [BUILD]
     manifest = json.loads((root / "artifacts" / "packages" / "tiny" / "manifest.json").read_text())
     [engine] = manifest["engines"]
     assert engine["reproducible"] == "equivalent" and len(engine["canonical_sha256"]) == 64

@@ -71,10 +71,11 @@ def print_summary(
             click.echo(f"{state.label.split(':')[0]:<8} {state.node.id}: {state.reason}", err=True)
     click.echo(_totals(states, seconds))
     if frozen is not None:
+        equivalent = frozen["equivalent"]
+        named = f": {', '.join(equivalent[:10])}{' ...' if len(equivalent) > 10 else ''}" if equivalent else ""
         click.echo(
-            f"frozen: {frozen['identical']} stage(s) identical to trtflow.lock, {len(frozen['equivalent'])} engine(s) "
-            "equivalent "
-            "(only the backend's generated numbering differs: same canonical digest)"
+            f"frozen: {frozen['identical']} stage(s) identical to trtflow.lock, {len(equivalent)} engine(s) equivalent, "
+            f"not identical (only the backend's generated numbering differs: same canonical digest){named}"
         )
     _print_repro(repro, repro_skipped or {})
 

@@ -1,9 +1,10 @@
 """`run --frozen`: every node held to what trtflow.lock records, as the run settles it.
 
 A node must resolve to the lock's key; its outputs must be the lock's bytes, or, for an engine, bytes with the lock's
-canonical digest (only the backend's generated numbering differs: `equivalent`), and what is made from such an engine
-is held to the lock through its key. A failure or skip exactly as the lock records it is expected (the run may still
-pass); anything else says what the lock has instead.
+canonical digest (only the backend's generated numbering differs: `equivalent`). What is made from an engine is keyed by
+its canonical digest (plan.keyed_digest), so it keeps the lock's key; a package, which carries the engine's bytes, may
+then differ from the lock's through that engine alone. A failure or skip exactly as the lock records it is expected
+(the run may still pass); anything else says what the lock has instead.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from trtflow.errors import ProjectError
-from trtflow.run.dag import Dag, Node
+from trtflow.run.dag import Dag
 from trtflow.run.plan import Resolution, Resolver, frozen_differences
 from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, read_lock
@@ -41,17 +42,17 @@ def _first_difference(outputs: dict[str, str], locked: dict[str, str]) -> str:
 class FrozenCheck:
     """The lock's entry per node (None: not a frozen run, every check passes) and what the run found against it."""
 
-    def __init__(self, expected: dict[str, LockEntry] | None, resolver: Resolver, store: Store):
-        self.expected, self.resolver, self.store = expected, resolver, store
+    def __init__(self, expected: dict[str, LockEntry] | None, store: Store):
+        self.expected, self.store = expected, store
         self.equivalent: dict[str, dict] = {}  # nodes whose engine is equivalent to the lock's, not identical
         self.identical: set[str] = set()  # nodes whose outputs are the lock's, byte for byte
 
-    def off_lock(self, resolution: Resolution, finished: dict[str, dict]) -> NodeState | None:
+    def off_lock(self, resolution: Resolution) -> NodeState | None:
         """The failed state of a node whose key left the lock (an upstream made different bytes), else None."""
         if self.expected is None:
             return None
         entry = self.expected[resolution.node.id]
-        if resolution.key == entry.key or self._key_through_equivalent(resolution.node, finished) == entry.key:
+        if resolution.key == entry.key:  # an equivalent upstream engine keys its consumers by its canonical digest
             return None
         why = (
             f"trtflow.lock has it {entry.status}, but its upstreams built now"
@@ -59,19 +60,6 @@ class FrozenCheck:
             else "key differs from trtflow.lock: an upstream stage produced different bytes"
         )
         return NodeState(resolution.node, FAILED, why + ": refused under --frozen", key=resolution.key, exit_code=1)
-
-    def _key_through_equivalent(self, node: Node, finished: dict[str, dict]) -> str | None:
-        """The node's key with the lock's outputs standing in for upstream engines that are equivalent to the lock's.
-
-        An engine rebuilt from identical inputs may differ from the locked one in the backend's generated numbering
-        alone (its canonical digest matches: backends.engine_identity); what consumes it then differs from the lock
-        through that engine alone, and is held to the lock as if it were the locked engine.
-        """
-        equivalent = [d.node for d in node.deps if d.node in self.equivalent]
-        if not equivalent or self.expected is None:
-            return None
-        standing_in: dict[str, dict] = {**finished, **{n: {"outputs": self.expected[n].outputs} for n in equivalent}}
-        return self.resolver.resolve(node, standing_in).key
 
     def verdict(self, state: NodeState, record: dict) -> NodeState:
         """A finished node against the lock: as it was, equivalent (said in its state), held through its key, or

@@ -32,6 +32,8 @@ from trtflow.states import CACHED, FAILED, NEW, SKIPPED, STALE, NodeState, recor
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.objects import Store
 
+CANONICAL_PREFIX = "canonical:"
+
 
 @dataclass
 class Resolution:
@@ -141,7 +143,7 @@ class Resolver:
             if dep.node not in finished:
                 return None
             outputs = finished[dep.node]["outputs"]
-            inputs[dep.role] = outputs[dep.output]
+            inputs[dep.role] = keyed_digest(finished[dep.node], dep.output)
             for name, digest in companions(outputs, dep.output).items():  # a model's external data is part of it
                 inputs[dep.role + name[len(dep.output) :]] = digest
         return inputs
@@ -261,6 +263,15 @@ def diff_components(old: dict, new: dict, pending: frozenset[str] = frozenset())
     return lines
 
 
+def keyed_digest(record: dict, output: str) -> str:
+    """What an upstream output contributes to a key: its sha256, or for an engine with a canonical digest
+    (backends.engine_identity) `canonical:<digest>`, so an engine rebuilt equivalent (only the backend's generated
+    numbering differs) re-keys nothing made from it: verify and package keep their keys, and `--frozen` holds them to
+    the lock through it."""
+    canonical = ((record.get("record") or {}).get("canonical_sha256") or {}).get(output)
+    return f"{CANONICAL_PREFIX}{canonical}" if canonical else record["outputs"][output]
+
+
 ABSENT = "default"  # a setting at its default is not in a key (StageParams.key_parts): shown as `default -> 5`
 
 
@@ -281,9 +292,12 @@ def _describe(path: str, old: Any, new: Any) -> str:
 
 
 def _short(digest: Any) -> str:
-    """A digest's first 12 digits; a missing input's reason (`missing: <failed node>: <why>`) up to 100 characters."""
+    """A digest's first 12 digits (`canonical:` kept); a missing input's reason (`missing: <failed node>: <why>`) up to
+    100 characters."""
     if isinstance(digest, str) and digest.startswith("missing: "):
         return digest[:100] + ("..." if len(digest) > 100 else "")
+    if isinstance(digest, str) and digest.startswith(CANONICAL_PREFIX):
+        return CANONICAL_PREFIX + digest[len(CANONICAL_PREFIX) :][:12]
     return digest[:12] if isinstance(digest, str) else str(digest)
 
 
@@ -313,7 +327,7 @@ def frozen_differences(dag: Dag, resolver: Resolver, lock: dict[str, LockEntry],
     records as failed must still have its key (it is expected to fail again, the same way); one it records as skipped
     must still be below a failure of the lock.
     """
-    locked = {node_id: {"outputs": entry.outputs} for node_id, entry in lock.items() if entry.built}
+    locked = {node_id: entry.as_record() for node_id, entry in lock.items() if entry.built}
     ended = {node_id: f"{node_id}: {entry.failed}" for node_id, entry in lock.items() if entry.failed is not None}
     lines = []
     for node in dag:

@@ -93,7 +93,7 @@ class Runner:
         workroot: Callable[[], Path] | None = None,
     ):
         self.dag, self.store, self.resolver, self.placement = dag, store, resolver, placement
-        self.frozen = FrozenCheck(expected_keys, resolver, store)  # --frozen: every node held to trtflow.lock
+        self.frozen = FrozenCheck(expected_keys, store)  # --frozen: every node held to trtflow.lock
         self.options, self.executor = options, executor
         self.listener = listener or (lambda event, state: None)
         self.finished: dict[str, dict] = {}
@@ -175,7 +175,7 @@ class Runner:
         """Key the node now that its upstreams are done: fail it off the lock, use a cached record (a recorded failure
         included), or claim and start it; False: wait (key busy, input corrupt)."""
         resolution = self.resolver.resolve(node, self.finished, self.options.force, missing)
-        off_lock = self.frozen.off_lock(resolution, self.finished)
+        off_lock = self.frozen.off_lock(resolution)
         if off_lock is not None:
             self._settle(off_lock)
             return True

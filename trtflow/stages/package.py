@@ -25,8 +25,9 @@ from trtflow.util.reads import note_path
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Calibration, Engine, MissingEngine, Plugin, Tensor
 
-KIND, VERSION = "package", 8  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
-# 7: a missing engine names its target's compute capabilities; 8: each engine's network facts (layers)
+KIND, VERSION = "package", 9  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
+# 7: a missing engine names its target's compute capabilities; 8: each engine's network facts (layers); 9: engines
+# enter the key by their canonical digest (an equivalent rebuild re-keys nothing)
 
 
 class PackagedEngine(build_stage.Params):

@@ -26,8 +26,9 @@ from trtflow.stages.base import Dep, Node, RecipeContext, Stage, StageOutput, St
 from trtflow.util.cc import ComputeCapability
 from trtflow.util.versions import ort_version
 
-# 3: carries the precision model's composition; 4: CPU-independent sessions; 5: integer inputs as the graph accepts
-KIND, VERSION = "verify", 5
+# 3: carries the precision model's composition; 4: CPU-independent sessions; 5: integer inputs as the graph accepts;
+# 6: the engine enters the key by its canonical digest
+KIND, VERSION = "verify", 6
 
 # Elementwise engine-vs-fp32 tolerances for reduced precision; the ONNX-level accuracy report is the real gate.
 REDUCED_PRECISION_ENGINE_TOLERANCE = {

@@ -66,6 +66,10 @@ class LockEntry:
             else "built"
         )
 
+    def as_record(self) -> dict:
+        """The outputs (and canonical digests) as a stage record holds them: what a key made from them reads."""
+        return {"outputs": self.outputs, "record": {"canonical_sha256": self.canonical} if self.canonical else {}}
+
     def to_json(self) -> dict:
         """The node's entry in the lock file: the key, the components beside it, the outputs (and canonical digests)."""
         if self.skipped is not None:
