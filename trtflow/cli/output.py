@@ -74,8 +74,8 @@ def print_summary(
         equivalent = frozen["equivalent"]
         named = f": {', '.join(equivalent[:10])}{' ...' if len(equivalent) > 10 else ''}" if equivalent else ""
         click.echo(
-            f"frozen: {frozen['identical']} stage(s) identical to trtflow.lock, {len(equivalent)} engine(s) equivalent, "
-            f"not identical (only the backend's generated numbering differs: same canonical digest){named}"
+            f"frozen: {frozen['identical']} stage(s) identical to trtflow.lock, {len(equivalent)} engine(s) "
+            f"equivalent, not identical (only the backend's generated numbering differs: same canonical digest){named}"
         )
     _print_repro(repro, repro_skipped or {})
 
