@@ -506,3 +506,22 @@ def test_precision_stages_of_real_models_at_j2_never_read_a_half_written_model(t
         failed = {node["id"]: node["reason"] for node in run["nodes"] if node["status"] == "failed"}
         assert not any("parse proto" in reason for reason in failed.values()), failed
         assert code == 0, failed
+
+
+def test_a_failed_recipe_says_its_package_folder_is_an_earlier_runs(tmp_path: Path) -> None:
+    """The package of an earlier run stays in artifacts/packages/ (provisioning may rely on it), but a run whose
+    package stage failed or was skipped says the folder is not this run's (before: not a word)."""
+    from conftest import TINY_RECIPE
+
+    fp16 = TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp16]")
+    root = write_project(tmp_path / "p", {"tiny": fp16})
+    assert trtflow(root, "run").code == 0 and (root / "artifacts" / "packages" / "tiny").is_dir()
+    (root / "recipes" / "tiny.yaml").write_text(fp16 + "accuracy: {fp16: {max_abs_error: 0.0}}\n")
+    result = trtflow(root, "run")
+    assert result.code == 1
+    warned = [line for line in result.err.splitlines() if "is the package of an earlier run" in line]
+    assert warned == [
+        f"warning: {root / 'artifacts' / 'packages' / 'tiny'}/ is the package of an earlier run: package:tiny was "
+        "skipped in this one; fix that (or remove the folder) before shipping it"
+    ], result.err
+    assert (root / "artifacts" / "packages" / "tiny").is_dir()

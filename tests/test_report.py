@@ -281,6 +281,7 @@ def _manifest(name: str, targets: dict, failed: bool) -> dict:
             "backend_version": "1.7.1.116",
             "hardware_compatibility": "none",
             "version_compatible": False,
+            "verification": {"engine_run": {"status": "not run (no GPU: nvidia-smi not found)"}},
         }
         for p in ("fp32", "fp16")
         for t, ccs in targets.items()
@@ -423,3 +424,18 @@ def test_report_from_refuses_a_record_of_another_shape_in_one_line(
     for fmt in ("md", "html"):
         result = trtflow(tmp_path, "report", "--from", str(source), "--format", fmt)
         assert result.code == 3 and result.err.count("error: ") == 1 and said in result.err, result.err
+
+
+def test_the_report_says_engines_were_not_executed_and_what_an_int8_model_covers() -> None:
+    """An int8 model keeps its weights in float with Q/DQ around them: its row says the share int8 covers first
+    (before: a bare "float16 100%" bar), and the summary says the engines were checked, not executed."""
+    from trtflow.report import html
+
+    record = synthetic_record(1)
+    row = _accuracy_row("model000", failed=False)
+    row.update(precision="int8")
+    row["composition"].update(mac_share=0.97, weight_share=0.984, initializer_bytes_by_dtype={"float16": 460000})
+    record["accuracy"] = [row]
+    page = html.render(record)
+    assert "int8: 97% of MACs, 98% of weights<br>stored as: <svg" in page
+    assert "<b>8</b>of 8 engines not executed: not run (no GPU: nvidia-smi not found)" in page

@@ -23,6 +23,7 @@ from typing import Any
 from trtflow.errors import EnvironmentProblem, ProjectError, SignatureRejected, TrtflowError
 from trtflow.util.fs import atomic_write
 from trtflow.util.reads import note_path
+from trtflow.util.text import clipped
 
 KEY_FILE_ENV = "TRTFLOW_SIGNING_KEY_FILE"
 KEY_TEXT_ENV = "TRTFLOW_SIGNING_KEY"
@@ -203,4 +204,4 @@ def _raw_public(key: Any) -> bytes:
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    return clipped((str(exc).splitlines() or [type(exc).__name__])[0], 200)

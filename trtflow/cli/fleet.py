@@ -10,6 +10,7 @@ import click
 
 from trtflow.cli.app import cli
 from trtflow.cli.provisioning import ProvisionOptions, device_id_of, provision_once
+from trtflow.util.text import clipped
 
 
 @cli.command()
@@ -173,7 +174,7 @@ def agent(
             try:
                 send_report(RemoteFolder(url), status)
             except Exception as exc:  # a report that cannot be sent is no reason to stop keeping the engine
-                click.echo(f"note: status not reported: {str(exc).splitlines()[0][:200]}", err=True)
+                click.echo(f"note: status not reported: {clipped(str(exc).splitlines()[0], 200)}", err=True)
         return status, error
 
     with agents.agent_lock(dest):

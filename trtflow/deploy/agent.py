@@ -29,6 +29,7 @@ from trtflow.errors import AgentBusy, HealthCheckFailed, TrtflowError
 from trtflow.manifest import Engine
 from trtflow.util.fs import read_regular, real_dir, write_nofollow
 from trtflow.util.jsondata import loads_bounded
+from trtflow.util.text import clipped
 
 STATUS_FILE = "status.json"
 MAX_STATUS_BYTES = 64 << 10
@@ -67,7 +68,9 @@ def health_check(command: str, timeout: float) -> Callable[[Engine, Path], dict]
         except OSError as exc:
             raise HealthCheckFailed(f"--health-cmd {command!r}: cannot run it: {exc.strerror or exc}") from None
         if done.returncode != 0:
-            said = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1][:300]
+            said = clipped(
+                (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1], 300
+            )
             raise HealthCheckFailed(
                 f"--health-cmd {command!r} on {path}: exit {done.returncode}: {said}; `current` left as it was"
             )
@@ -134,7 +137,7 @@ def one_round(
             **kept,
             "action": "failed",
             "last_check": stamp,
-            "last_error": str(exc).splitlines()[0][:500],
+            "last_error": clipped(str(exc).splitlines()[0], 500),
             "consecutive_failures": int(before.get("consecutive_failures") or 0) + 1,
         }
     if real_dir(dest):

@@ -30,7 +30,7 @@ from trtflow.deploy.remote import RemoteFolder, is_temporary
 from trtflow.errors import BadRollout, TrtflowError
 from trtflow.manifest import Manifest
 from trtflow.util.jsondata import loads_bounded
-from trtflow.util.text import single_line
+from trtflow.util.text import clipped, single_line
 
 DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_REPORT_BYTES = 64 << 10
@@ -65,7 +65,7 @@ def read_reports(remote: RemoteFolder) -> tuple[list[dict], list[str]]:
         try:
             value = loads_bounded(remote.read(f"devices/{name}", MAX_REPORT_BYTES) or b"", MAX_REPORT_BYTES)
         except (ValueError, FileNotFoundError, OSError, TrtflowError) as exc:
-            refused.append(f"{name}: {str(exc)[:200]}")
+            refused.append(f"{name}: {clipped(str(exc), 200)}")
             continue
         if not isinstance(value, dict):
             refused.append(f"{name}: not a JSON object")

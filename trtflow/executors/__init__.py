@@ -21,6 +21,7 @@ from trtflow.errors import EnvironmentProblem, StageError, TrtflowError
 from trtflow.stages import stage
 from trtflow.stages.base import StageParams, Upstream
 from trtflow.util.memory import peak_rss, released_after, reset_peak, shown
+from trtflow.util.text import clipped
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def library_failure(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     shortened = _ORT_LOAD.sub("", text)
     if shortened != text:
-        return "ONNX Runtime cannot load the model: " + _CXX_LOCATION.sub("", shortened)[:400]
+        return "ONNX Runtime cannot load the model: " + clipped(_CXX_LOCATION.sub("", shortened), 400)
     return f"{type(exc).__name__}: {text}"[:600]
 
 

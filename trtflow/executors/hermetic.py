@@ -36,6 +36,7 @@ from trtflow.stages.modelfile import FILE_NAMES
 from trtflow.util.fs import NotRegular, check_private, private_dir, read_private
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
+from trtflow.util.text import clipped
 
 ADDR_NO_RANDOMIZE = 0x0040000
 RESULT_MAX_BYTES = 64 << 20
@@ -233,4 +234,4 @@ def _exit_description(code: int) -> str:
 
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
+    return clipped(lines[-1], 300) if lines else "no output"

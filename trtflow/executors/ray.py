@@ -30,6 +30,7 @@ from trtflow.executors import StageResult, StageTask, run_task
 from trtflow.executors.exchange import Exchange
 from trtflow.stages.base import Upstream
 from trtflow.util.settings import Settings
+from trtflow.util.text import clipped
 
 MAX_RETRIES = 3  # re-runs of a task whose worker or node died (Ray's own retry; stage failures are results)
 CONNECT_TIMEOUT_S = 5
@@ -113,7 +114,9 @@ class RayExecutor:
         except EnvironmentProblem as exc:
             return StageResult.failure(str(exc), exc.exit_code)
         except Exception as exc:  # Ray gave up (retries spent, the cluster gone) or the exchange failed
-            return StageResult.failure(f"Ray task failed: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
+            return StageResult.failure(
+                f"Ray task failed: {type(exc).__name__}: {clipped(' '.join(str(exc).split()), 400)}"
+            )
         result: StageResult = answer["result"]
         if result.error is not None:
             return replace(result, node=answer["node"])
@@ -211,7 +214,7 @@ def _connect(address: str | None, jobs: int) -> Any:
     except Exception as exc:  # ConnectionError, RuntimeError: no cluster there
         raise EnvironmentProblem(
             f"cannot connect to the Ray cluster at {address or 'a new local instance'}: "
-            f"{' '.join(str(exc).split())[:300]}"
+            f"{clipped(' '.join(str(exc).split()), 300)}"
         ) from None
     return ray
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from html import escape
 
 from trtflow.report import svg
-from trtflow.report.record import totals
+from trtflow.report.record import composition_line, engines_not_run, totals
 from trtflow.stages.base import NodeId
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -63,6 +63,12 @@ def _stat(label: str, value: str) -> str:
     return f'<div class="stat"><b>{value}</b>{escape(label)}</div>'
 
 
+def _not_run_stat(record: dict) -> list[str]:
+    """`12 of 12 engines not executed (no GPU: ...)`, when some were not."""
+    engines, not_run, reason = engines_not_run(record)
+    return [_stat(f"of {engines} engines not executed: {reason}", str(not_run))] if not_run else []
+
+
 def _summary(record: dict) -> str:
     """Counts, wall time, stage time, and what the cache saved (cold = this run's stage time + the cached stages'
     own)."""
@@ -74,6 +80,7 @@ def _summary(record: dict) -> str:
         _stat(f"failed ({t['failed_cached']} recorded before)", str(t["failed"])),
         _stat("skipped", str(t["skipped"])),
         _stat(f"wall seconds at -j {record['jobs']}", f"{record['seconds']:.1f}"),
+        *_not_run_stat(record),
         _stat("stage seconds this run", f"{t['stage_seconds']:.1f}"),
         _stat("stage seconds cold (nothing cached)", f"{t['cold_seconds']:.1f}"),
         _stat("seconds the cache saved", f"{t['cache_saved_seconds']:.1f}"),
@@ -203,7 +210,10 @@ def _accuracy_row(row: dict) -> list[str]:
     shown = ", ".join(f"{k} {v:g}" for k, v in limits.items() if v is not None) or "none"
     parts = row.get("composition") or {}
     nodes = ", ".join(f"{k} {v}" for k, v in sorted((parts.get("nodes_by_dtype") or {}).items()))
-    share = svg.share_bar_svg(parts["initializer_bytes_by_dtype"]) if parts.get("initializer_bytes_by_dtype") else ""
+    stored = svg.share_bar_svg(parts["initializer_bytes_by_dtype"]) if parts.get("initializer_bytes_by_dtype") else ""
+    # an int8 model stores its weights in float (Q/DQ quantizes them at build time): the share it covers comes first
+    covered = composition_line(parts, row["precision"])
+    share = f"{escape(covered)}<br>stored as: {stored}" if covered and stored else escape(covered) or stored
     return [
         escape(row["recipe"]),
         escape(row["precision"]),

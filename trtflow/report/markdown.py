@@ -6,9 +6,9 @@ has them all), so a project of any size stays a few KiB.
 
 from __future__ import annotations
 
-from trtflow.report.record import totals
+from trtflow.report.record import engines_not_run, totals
 from trtflow.stages.base import NodeId
-from trtflow.util.text import markdown_text
+from trtflow.util.text import clipped, markdown_text
 
 MAX_ROWS = 25
 
@@ -26,16 +26,25 @@ def render(record: dict) -> str:
         f"of {t['cold_seconds']:.1f} s cold."
         + (f" Finished {_cell(record['finished_at'])}." if record.get("finished_at") else ""),
         "",
+        *_not_run(record),
     ]
     lines += _failures(record) + _engines(record) + _fleet(record)
     lines += ["The full report (DAG, timeline, accuracy charts) is `report.html` in the run's artifacts."]
     return "\n".join(lines) + "\n"
 
 
+def _not_run(record: dict) -> list[str]:
+    """A line saying how many engines were not executed and why (verification then checked models and engine I/O)."""
+    engines, not_run, reason = engines_not_run(record)
+    if not not_run:
+        return []
+    return [f"**{not_run} of {engines} engines were not executed**: {_cell(reason)}.", ""]
+
+
 def _cell(text: object, limit: int = 300) -> str:
     """Text from a model, a recipe, a path or a run.json as literal Markdown: one line, at most `limit` characters,
     Markdown and HTML escaped (a cell never holds a link, an element or a pipe)."""
-    return markdown_text(" ".join(str(text).split())[:limit])
+    return markdown_text(clipped(" ".join(str(text).split()), limit))
 
 
 def _cut(rows: list[str], what: str) -> list[str]:

@@ -201,3 +201,29 @@ def read_record(path: Path) -> dict:
     if problem is not None:
         raise NoRunRecord(f"{path}: not a run record: {printable(problem)}; run `trtflow run` again to write one")
     return record
+
+
+def engines_not_run(record: dict) -> tuple[int, int, str | None]:
+    """(engines in the packages, how many were not executed, the first reason given): a report says so, never lets a
+    checked engine pass for a run one. Read defensively: a record from `--from` may hold anything there."""
+    engines = [e for m in (record.get("packages") or {}).values() for e in (m.get("engines") or [])]
+    statuses = [_engine_run_status(e) for e in engines]
+    not_run = [s for s in statuses if s.startswith("not run")]
+    return len(engines), len(not_run), (not_run[0] if not_run else None)
+
+
+def _engine_run_status(engine: object) -> str:
+    """The engine's `verification.engine_run.status` ("" where the record has none)."""
+    verification = engine.get("verification") if isinstance(engine, dict) else None
+    run = verification.get("engine_run") if isinstance(verification, dict) else None
+    status = run.get("status") if isinstance(run, dict) else None
+    return status if isinstance(status, str) else ""
+
+
+def composition_line(composition: dict, precision: str) -> str:
+    """`int8: 97% of MACs, 98% of weights` (the share the precision covers; for int8/fp8 through Q/DQ), or "" when
+    the record predates these shares."""
+    mac, weight = composition.get("mac_share"), composition.get("weight_share")
+    if not isinstance(mac, (int, float)) or not isinstance(weight, (int, float)):
+        return ""
+    return f"{precision}: {mac:.0%} of MACs, {weight:.0%} of weights"

@@ -31,6 +31,7 @@ from trtflow.run.runmemo import signature
 from trtflow.run.runner import Listener, Runner, RunOptions
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import NodeId, Placement
+from trtflow.stages.package import earlier_packages
 from trtflow.states import PULLED, NodeState
 from trtflow.store import Store
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, failure_entries, read_lock, write_lock
@@ -199,6 +200,10 @@ class Session:
                 listener("plan", self.estimates(planned))
             states = runner.run()
             self.warnings, self.timeline, self.finished = runner.warnings, runner.timeline, runner.finished
+            for message in earlier_packages(states.values(), self.project.packages_dir):
+                self.warnings.append(message)
+                if listener is not None:
+                    listener("warning", message)
             if options.frozen:
                 self.frozen = {
                     "identical": len(runner.frozen.identical),

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, Stage, StageOutput, StageParams, Upstream
+from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
@@ -355,3 +357,15 @@ STAGE = Stage(
     places_files=True,  # extracting the package into its folder overlaps the stages after it
     required_roles=("model",),  # engines whose build or verify failed are left out and listed as missing
 )
+
+
+def earlier_packages(states: Iterable[NodeState], packages_dir: Path) -> list[str]:
+    """A warning for each recipe whose package stage failed or was skipped this run while a package of an earlier run
+    is still in the packages folder: what is there is not this run's (it is kept: provisioning may rely on it)."""
+    return [
+        f"{packages_dir / state.node.recipe}/ is the package of an earlier run: {state.node.id} "
+        f"{'failed' if state.status == FAILED else 'was skipped'} in this one; fix that (or remove the folder) before "
+        "shipping it"
+        for state in states
+        if state.node.kind == KIND and state.status in (FAILED, SKIPPED) and (packages_dir / state.node.recipe).is_dir()
+    ]

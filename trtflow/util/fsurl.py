@@ -11,6 +11,7 @@ import copy
 from typing import Any
 
 from trtflow.errors import EnvironmentProblem
+from trtflow.util.text import clipped
 
 S3_DEFAULTS: dict[str, Any] = {
     "config_kwargs": {"connect_timeout": 3, "read_timeout": 30, "retries": {"max_attempts": 1, "mode": "standard"}},
@@ -77,4 +78,4 @@ def protocols(fs: Any) -> tuple[str, ...]:
 def one_line(exc: BaseException) -> str:
     """`Type: message` on one line, at most 300 characters: what a remote's failure looks like in a message."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:300]
+    return clipped(f"{type(exc).__name__}: {text}", 300)

@@ -35,3 +35,13 @@ def markdown_text(text: object) -> str:
     code, a link, an image, an element, an entity or a table cell backslash-escaped (CommonMark lets any ASCII
     punctuation be), so `<script>`, `[x](javascript:...)` and `|` render as the text they are."""
     return _MARKDOWN.sub(r"\\\1", single_line(str(text)))
+
+
+def clipped(text: str, limit: int) -> str:
+    """`text` if it fits in `limit` characters, else cut at a word boundary and ended with ` ...` (a reason is never
+    cut mid-word); a single word longer than the limit is cut where the limit falls."""
+    if len(text) <= limit:
+        return text
+    head = text[: max(limit - 4, 1)]
+    cut = head.rsplit(" ", 1)[0] if " " in head[limit // 2 :] else head
+    return cut.rstrip(" ,;:") + " ..."

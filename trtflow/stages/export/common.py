@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from trtflow.errors import StageError
 from trtflow.stages.base import ProofSettings
+from trtflow.util.text import clipped
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,4 +73,4 @@ def check_against_reference(
 def one_line(exc: BaseException) -> str:
     """An exception as one line of at most 300 characters of text, for a stage's failure."""
     text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+    return f"{type(exc).__name__}: {clipped(text, 300)}" if text else type(exc).__name__

@@ -31,6 +31,7 @@ from trtflow.stages.base import (
 from trtflow.stages.capture import ANSI_ESCAPES, captured_output
 from trtflow.stages.export.common import one_line
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
+from trtflow.util.text import clipped
 
 if TYPE_CHECKING:
     import numpy as np
@@ -170,7 +171,7 @@ def export_failure(exc: BaseException, field: str = "source.torch") -> str:
     summary = text.split("## Exception summary", 1)[-1]
     causes = re.findall(r"<class '([\w.]+)'>: (.*?)(?=\n⬆️|\n\n|\n\(Refer|$)", summary, flags=re.S)
     name, message = (causes[0][0].rsplit(".", 1)[-1], causes[0][1]) if causes else (type(exc).__name__, text)
-    detail = f"{name}: {' '.join(message.split())}"[:400]
+    detail = clipped(f"{name}: {' '.join(message.split())}", 400)
     if "dim hint" in detail or "Constraints violated" in detail:
         return f"profiles: the model fixes an axis the profiles make dynamic: {detail}"
     step = (
