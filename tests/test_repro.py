@@ -53,6 +53,7 @@ def test_frozen_accepts_an_engine_equivalent_to_the_lock_and_says_so(tmp_path: P
     assert {n["status"] for n in nodes.values()} == {"built"}
     # equivalence never cascades: verify keeps its key and its bytes, the package its key (issue 39: it was refused)
     assert json.loads(result.out)["frozen"]["equivalent"] == [BUILD]
+    assert json.loads(result.out)["frozen"]["engines"] == {BUILD: "equivalent"}
     manifest = json.loads((root / "artifacts" / "packages" / "tiny" / "manifest.json").read_text())
     [engine] = manifest["engines"]
     assert engine["reproducible"] == "equivalent" and len(engine["canonical_sha256"]) == 64
@@ -70,6 +71,7 @@ def test_frozen_refuses_an_engine_whose_canonical_digest_differs(tmp_path: Path)
         "--check-repro 2` shows whether this machine rebuilds it the same (docs/reproducibility.md)"
     )
     assert nodes[VERIFY]["status"] == nodes[PACKAGE]["status"] == "skipped"
+    assert json.loads(result.out)["frozen"]["engines"] == {BUILD: "different"}
 
 
 def test_check_repro_rebuilds_every_engine_in_hermetic_workers_and_reports_each(tmp_path: Path) -> None:

@@ -26,6 +26,9 @@ EQUIVALENT = (
 )
 
 
+IDENTICAL, EQUIVALENT_VERDICT, DIFFERENT = "identical", "equivalent", "different"  # as `--check-repro` says them
+
+
 def canonical_outputs(record: dict) -> dict[str, str] | None:
     """The canonical digests a stage recorded for its outputs (an engine's), or None."""
     return record["record"].get("canonical_sha256")
@@ -46,6 +49,7 @@ class FrozenCheck:
         self.expected, self.store = expected, store
         self.equivalent: dict[str, dict] = {}  # nodes whose engine is equivalent to the lock's, not identical
         self.identical: set[str] = set()  # nodes whose outputs are the lock's, byte for byte
+        self.different: set[str] = set()  # engines whose canonical digest differs from the lock's (or have none)
 
     def off_lock(self, resolution: Resolution) -> NodeState | None:
         """The failed state of a node whose key left the lock (an upstream made different bytes), else None."""
@@ -95,6 +99,7 @@ class FrozenCheck:
             return NodeState(
                 state.node, state.status, EQUIVALENT, key=state.key, components=state.components, seconds=state.seconds
             )
+        self.different.add(state.node.id)
         why = (
             "its canonical digest differs too"
             if canonical and entry.canonical
@@ -121,6 +126,12 @@ class FrozenCheck:
         }
         found = {role: digest for role, digest in digests.items() if digest}
         return found if digests and len(found) == len(digests) else None
+
+    def engines(self, build_nodes: list[str]) -> dict[str, str]:
+        """Each engine checked against the lock: `identical` (its bytes), `equivalent` (its canonical digest) or
+        `different`; engines not built this run (a failure upstream) are left out."""
+        verdicts = {IDENTICAL: self.identical, EQUIVALENT_VERDICT: set(self.equivalent), DIFFERENT: self.different}
+        return {node: verdict for node in sorted(build_nodes) for verdict, nodes in verdicts.items() if node in nodes}
 
     def as_locked(self, state: NodeState) -> NodeState:
         """A failure or skip as trtflow.lock records it is expected (the run may still pass); a failure the lock does

@@ -208,6 +208,7 @@ class Session:
                 self.frozen = {
                     "identical": len(runner.frozen.identical),
                     "equivalent": sorted(runner.frozen.equivalent),
+                    "engines": runner.frozen.engines([node.id for node in self.dag.of_kind("build")]),
                 }
             if not options.frozen:
                 self._update_lock(store, runner.finished, states)
