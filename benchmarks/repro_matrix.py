@@ -17,7 +17,8 @@ What is done:
 
 What it prints:
   - per engine (model, precision, target): `identical` (same bytes), `equivalent` (other bytes, same
-    `canonical_sha256` in artifacts/packages/<recipe>/manifest.json) or `different`, with both sha256 prefixes;
+    `canonical_sha256` in artifacts/packages/<recipe>/manifest.json) or `different`, with both sha256 prefixes
+    (`not built (skipped)` where a stage above the build failed in both runs);
   - per package whether artifacts/packages/<recipe>.tar.gz is byte-identical (and, if not, the members that differ);
   - the frozen run's exit code and its `frozen:` summary line (the line `trtflow run --frozen` prints, formatted from
     the `"frozen"` object of its --json output), and any stage that failed in either build with its reason;
@@ -148,8 +149,11 @@ def members(archive: Path) -> dict[str, str]:
     return digests
 
 
-def verdict(a: dict | None, b: dict | None) -> str:
-    """identical / equivalent / different, or which build lacks the engine."""
+def verdict(a: dict | None, b: dict | None, status: tuple[str | None, str | None]) -> str:
+    """identical / equivalent / different; `not built (skipped)` (or failed) when neither build has the engine and
+    both runs say why (`status`: the build stage's status in A and in B), else which build lacks it."""
+    if a is None and b is None and status[0] == status[1] and status[0] in ("failed", "skipped"):
+        return f"not built ({status[0]})"
     if a is None or b is None:
         return "missing in " + ("A and B" if a is None and b is None else "A" if a is None else "B")
     if a["sha256"] == b["sha256"]:
@@ -162,11 +166,23 @@ def failures(summary: dict | None) -> list[str]:
     return [f"{n['id']}: {n['reason']}" for n in (summary or {}).get("nodes", []) if n["status"] == "failed"]
 
 
+def statuses(summary: dict | None) -> dict[str, str]:
+    """Each stage's status in a run's --json summary, by id."""
+    return {n["id"]: n["status"] for n in (summary or {}).get("nodes", [])}
+
+
 def report(
-    a: Path, b: Path, models: tuple[str, ...], precisions: tuple[str, ...], targets: tuple[str, ...], excludes: dict
+    a: Path,
+    b: Path,
+    models: tuple[str, ...],
+    precisions: tuple[str, ...],
+    targets: tuple[str, ...],
+    excludes: dict,
+    runs: tuple[dict | None, dict | None],
 ) -> set[str]:
     """Print the engine table and the package table; returns the ids of the engines found only equivalent."""
-    print(f"{'model':<20} {'precision':<9} {'target':<14} {'verdict':<12} {'sha256 A':<12} {'sha256 B':<12}")
+    status_a, status_b = statuses(runs[0]), statuses(runs[1])
+    print(f"{'model':<20} {'precision':<9} {'target':<14} {'verdict':<19} {'sha256 A':<12} {'sha256 B':<12}")
     counts: dict[str, int] = {}
     equivalent = set()
     for name in models:
@@ -176,12 +192,13 @@ def report(
                 if any(r["precision"] == precision and r.get("target") in (None, target) for r in excludes[name]):
                     continue
                 x, y = before.get((precision, target)), after.get((precision, target))
-                said = verdict(x, y)
+                node = f"build:{name}/{precision}/{target}"
+                said = verdict(x, y, (status_a.get(node), status_b.get(node)))
                 counts[said] = counts.get(said, 0) + 1
                 if said == "equivalent":
-                    equivalent.add(f"build:{name}/{precision}/{target}")
+                    equivalent.add(node)
                 print(
-                    f"{name:<20} {precision:<9} {target:<14} {said:<12} {(x or {}).get('sha256', '-')[:12]:<12} "
+                    f"{name:<20} {precision:<9} {target:<14} {said:<19} {(x or {}).get('sha256', '-')[:12]:<12} "
                     f"{(y or {}).get('sha256', '-')[:12]:<12}"
                 )
     print("engines: " + ", ".join(f"{n} {said}" for said, n in counts.items()))
@@ -229,11 +246,12 @@ def main() -> None:
         )
         code_a, seconds_a, summary_a, err_a = run_trtflow(a, 1, "-j", "2")
         if not (a / "trtflow.lock").is_file():
-            sys.exit(f"build A (exit {code_a}) wrote no trtflow.lock: {err_a[-2000:]}")
+            print(f"build A (exit {code_a}) wrote no trtflow.lock: {err_a[-2000:]}", file=sys.stderr)
+            sys.exit(2)
         shutil.copytree(a, b, ignore=shutil.ignore_patterns("artifacts"))
         code_b, seconds_b, summary_b, err_b = run_trtflow(b, 4242, "-j", "1", "--frozen")
         print(f"build A: {a} ({len(str(a))} chars); build B: {b} ({len(str(b))} chars)\n")
-        equivalent = report(a, b, models, precisions, targets, excludes)
+        equivalent = report(a, b, models, precisions, targets, excludes, (summary_a, summary_b))
         print(f"\nfrozen run (B): exit {code_b}")
         frozen = (summary_b or {}).get("frozen")
         if frozen is not None:

@@ -126,3 +126,33 @@ def test_fallback_is_refused_for_autocast_precisions(tmp_path: Path) -> None:
     )
     result = trtflow(root, "validate")
     assert result.code == 3 and "fallback: auto searches int8 and fp8 only" in result.err, result.err
+
+
+@pytest.mark.slow
+def test_a_labelled_task_missing_max_drop_meets_it_with_fallback(tmp_path: Path, zoo_dir: Path) -> None:
+    """The same model scored on labelled rows (labels: what fp32 answers, so fp32's top-1 is 1.0): plain int8 drops
+    far past `max_drop: {top1: 0.05}`; with fallback the search holds its trial models to max_drop too (the
+    labelled rows, not only the outputs' limits) and the stage meets it."""
+    import onnxruntime
+
+    limits = "max_drop: {top1: 0.05}%s"
+    recipe = RECIPE.replace("accuracy: {samples: 8, int8: {min_cosine: 0.999%s}}", "accuracy:\n"
+        "  data: val/*.npz\n  labels: val/labels.npy\n  int8: {" + limits + "}")  # fmt: skip
+    results = {}
+    for name, extra in (("plain", ""), ("fallback", ", fallback: auto")):
+        root, _ = _project(tmp_path / name, zoo_dir)
+        (root / "recipes" / "m.yaml").write_text(recipe % extra)
+        rows = np.random.default_rng(11).standard_normal((128, 64)).astype(np.float32)
+        rows[:, OUTLIER] *= SCALE
+        (root / "val").mkdir()
+        np.savez(root / "val" / "rows.npz", features=rows)
+        session = onnxruntime.InferenceSession(str(root / "models" / "m.onnx"), providers=["CPUExecutionProvider"])
+        np.save(root / "val" / "labels.npy", session.run(None, {"features": rows})[0].argmax(axis=1).astype(np.int64))
+        results[name] = (trtflow(root, "run"), root)
+    plain, _ = results["plain"]
+    assert plain.code == 1 and "[task accuracy: int8 top1" in plain.err and "> 0.05)" in plain.err, plain.err
+    found, root = results["fallback"]
+    assert found.code == 0, found.err
+    record = stage_record(root, "precision:m/int8")
+    task = record["accuracy"]["task"]
+    assert task["fp32"] == 1.0 and task["drop"] <= 0.05 and task["passed"] and record["fallback"]["passed"]

@@ -61,6 +61,13 @@ class Trial:
     want: list[dict]
     sets: dict[str, int]
     tolerance: dict
+    task: Any = None  # task.Limit: with labelled rows and a max_drop, a trial must hold it too
+
+    def meets(self, graph: Any) -> bool:
+        """Whether a variant meets every limit: each output's, and max_drop on the labelled rows where given."""
+        if not all(o["passed"] for o in self.outputs(graph)):
+            return False
+        return self.task is None or self.task.holds(compare.session_beside(self.saved, ort_runnable(graph)[0]))
 
     def outputs(self, graph: Any, samples: int | None = None) -> list[dict]:
         """Per output numbers of a variant of the saved model (weights read from the saved files), over the first
@@ -93,7 +100,7 @@ def search(
     def passes(count: int) -> bool:
         nonlocal trials
         trials += 1
-        return all(o["passed"] for o in trial.outputs(bypass(graph, names[:count])))
+        return trial.meets(bypass(graph, names[:count]))
 
     count = shortest_passing_prefix(len(names), passes)
     best, confirmed, too_few = first, 0, None

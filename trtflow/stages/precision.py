@@ -133,7 +133,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     source = placed["model"]
     model_inputs = calibration.model_input_types(source)
     held_out, calibrating = precision_samples.declared_samples(params, inputs, model_inputs, source)
-    from trtflow.stages import accuracy, compare, fallback
+    from trtflow.stages import accuracy, compare, fallback, task
 
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
     samples, data = precision_samples.accuracy_samples(params, source, held_out, calibrating)
@@ -141,12 +141,13 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     searching = params.accuracy is not None and params.accuracy.fallback == "auto"
     # the fp32 outputs once, for every check and trial of a search (else the check runs fp32 beside the candidate)
     want = compare.run_all(compare.session(source), feeds) if searching else None
-    checking = _Checking(feeds, data, bool(held_out), want)
+    checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source))
     attempt = functools.partial(_attempt, params, inputs, source, calibrating, checking, workdir)
     chosen, searched = attempt("", ()), None
     if not chosen.accuracy["passed"] and searching and want is not None:
         tolerance = chosen.accuracy["tolerance"]
-        trial = fallback.Trial(chosen.files[MODEL], feeds, want, accuracy.set_outputs(source), tolerance)
+        limit = task.Limit.of(checking.labelled, source)  # max_drop: trials are held to it too
+        trial = fallback.Trial(chosen.files[MODEL], feeds, want, accuracy.set_outputs(source), tolerance, limit)
         try:
             chosen, searched = fallback.search(chosen, attempt, trial, tolerance.get("min_share"))
         except TrtflowError:
@@ -176,6 +177,7 @@ class _Checking:
     data: str
     held_out: bool
     want: list[dict] | None
+    labelled: Any = None  # task.Rows: the labelled rows of accuracy.data, when the recipe has them
 
 
 def _attempt(
@@ -192,7 +194,7 @@ def _attempt(
     `workdir/folder`, and check it."""
     import onnx
 
-    from trtflow.stages import fallback
+    from trtflow.stages import fallback, task
 
     if kept:
         quantize = required(params.quantize, "quantize")
@@ -209,8 +211,12 @@ def _attempt(
     made_of = composition(model, params.precision, reasons, excluded)
     del model  # its weights: the checks below read the saved files
     saved = files[MODEL]
-    checked = _task_checked(
-        _share_checked(_accuracy(params, saved, source, checking), made_of), params, saved, source, inputs
+    checked = task.checked(
+        _share_checked(_accuracy(params, saved, source, checking), made_of),
+        checking.labelled,
+        params.precision,
+        saved,
+        source,
     )
     return fallback.Attempt(files, details, made_of, checked, kept)
 
@@ -227,30 +233,6 @@ def _share_checked(accuracy: dict, made_of: dict) -> dict:
         f"{made_of['precision']} (min_share {limit}); {made_of['kept_nodes']} node(s) kept higher, the largest: {top}"
     )
     return {**accuracy, "problems": [problem], "passed": False}
-
-
-def _task_checked(accuracy: dict, params: Params, model: Path, source: Path, inputs: dict[str, Upstream]) -> dict:
-    """With labelled data: `task` (the metric for fp32 and this model, the drop) added, failed past max_drop."""
-    if params.task is None:
-        return accuracy
-    from trtflow.stages import task
-
-    data = {
-        role[len(taskdata.DATA_ROLE) :]: up.files[role]
-        for role, up in inputs.items()
-        if role.startswith(taskdata.DATA_ROLE)
-    }
-    feeds, labels = taskdata.load(
-        data, inputs[taskdata.LABELS_ROLE].files[taskdata.LABELS_ROLE], calibration.model_input_types(source)
-    )
-    problem = taskdata.metric_problem(labels, params.task.metric)
-    if problem:  # validate refuses it first; a labels file edited since must not be scored as something else
-        raise StageError(f"accuracy.metric: {problem}")
-    result = task.report(model, source, feeds, labels, params.task.metric, params.task.max_drop)
-    if result["passed"]:
-        return {**accuracy, "task": result}
-    problem = f"task accuracy: {taskdata.summary_line(params.precision, result)}"
-    return {**accuracy, "task": result, "problems": [*accuracy["problems"], problem], "passed": False}
 
 
 def _report(record: dict, workdir: Path) -> Path:
@@ -380,7 +362,8 @@ def _failure_message(precision: str, result: dict) -> str:
             f"{precision}: {result['problems'][0]}; lower accuracy.{precision}.min_share or keep fewer nodes (verify: "
             f"{{on_fail: warn}} records it)"
         )
-    return accuracy.failure_message(precision, result)
+    missed = task is not None and not task["passed"]  # both missed: the task's miss is said too, not lost
+    return accuracy.failure_message(precision, result) + (f" [{result['problems'][-1]}]" if missed else "")
 
 
 def _pass_through(model: Upstream, workdir: Path) -> dict[str, Path]:

@@ -11,14 +11,80 @@ So a positive drop is always worse, and `accuracy.int8: {max_drop: {top1: 0.01}}
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trtflow import calibration, taskdata
 from trtflow.errors import StageError
 from trtflow.stages import accuracy, compare
+from trtflow.stages.base import Upstream
+from trtflow.stages.precision_params import Params
 from trtflow.taskdata import HIGHER_IS_BETTER
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The labelled rows of `accuracy.data`, the metric they are scored by and this precision's max_drop."""
+
+    feeds: list[dict]
+    labels: np.ndarray
+    metric: str
+    max_drop: float | None
+
+
+def rows(params: Params, inputs: dict[str, Upstream], source: Path) -> Rows | None:
+    """The labelled rows a precision stage scores (None without labelled data)."""
+    if params.task is None:
+        return None
+    data = {
+        role[len(taskdata.DATA_ROLE) :]: up.files[role]
+        for role, up in inputs.items()
+        if role.startswith(taskdata.DATA_ROLE)
+    }
+    feeds, labels = taskdata.load(
+        data, inputs[taskdata.LABELS_ROLE].files[taskdata.LABELS_ROLE], calibration.model_input_types(source)
+    )
+    problem = taskdata.metric_problem(labels, params.task.metric)
+    if problem:  # validate refuses it first; a labels file edited since must not be scored as something else
+        raise StageError(f"accuracy.metric: {problem}")
+    return Rows(feeds, labels, params.task.metric, params.task.max_drop)
+
+
+def checked(accuracy_report: dict, labelled: Rows | None, precision: str, model: Path, source: Path) -> dict:
+    """With labelled rows: `task` (the metric for fp32 and this model, the drop) added, failed past max_drop."""
+    if labelled is None:
+        return accuracy_report
+    result = report(model, source, labelled.feeds, labelled.labels, labelled.metric, labelled.max_drop)
+    if result["passed"]:
+        return {**accuracy_report, "task": result}
+    problem = f"task accuracy: {taskdata.summary_line(precision, result)}"
+    return {**accuracy_report, "task": result, "problems": [*accuracy_report["problems"], problem], "passed": False}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """max_drop as a fallback search judges a trial model: the fp32 score computed once."""
+
+    rows: Rows
+    fp32: float
+
+    @classmethod
+    def of(cls, labelled: Rows | None, source: Path) -> Limit | None:
+        """The limit to search by, None without labelled rows or a max_drop."""
+        if labelled is None or labelled.max_drop is None:
+            return None
+        return cls(
+            labelled, score(first_output(compare.session(source), labelled.feeds), labelled.labels, labelled.metric)
+        )
+
+    def holds(self, session: Any) -> bool:
+        """Whether a trial model's drop from fp32 is within max_drop."""
+        value = score(first_output(session, self.rows.feeds), self.rows.labels, self.rows.metric)
+        drop = self.fp32 - value if HIGHER_IS_BETTER[self.rows.metric] else value - self.fp32
+        return drop <= (self.rows.max_drop or 0.0) + 1e-12
 
 
 def score(outputs: np.ndarray, labels: np.ndarray, metric: str) -> float:
