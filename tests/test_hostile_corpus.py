@@ -444,7 +444,7 @@ for name, edit, code, fragment in [
     ("package-engine-missing", _manifest(_engine_field("file", "engines/none.engine")), 3, "engines/none.engine"),
     ("package-engine-wrong-digest", _manifest(_engine_field("sha256", "0" * 64)), 3, "sha256"),
     ("package-engine-size-negative", _manifest(_engine_field("size", -1)), 3, "not a trtflow manifest: engines.0.size"),
-    ("package-recipe-traversal", _manifest(_recipe_field("../../evil")), 3, "not a plain file name"),
+    ("package-recipe-traversal", _manifest(_recipe_field("../../evil")), 3, "not a trtflow manifest: recipe"),
     ("package-precision-traversal", _manifest(_engine_field("precision", "../x")), 3, "not a plain file name"),
     ("package-manifest-not-json", write(PACKAGE + "/manifest.json", "{"), 3, "not a trtflow manifest"),
     ("package-manifest-list", write(PACKAGE + "/manifest.json", "[]"), 3, "not a trtflow manifest"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from conftest import TINY_RECIPE, trtflow, write_project
 
-from trtflow.run.runner import RunOptions
+from trtflow.run.options import RunOptions
 from trtflow.run.session import Session
 from trtflow.store import Store
 

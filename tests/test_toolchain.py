@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, trtflow
 
+from trtflow.hashing import stage_key
+
 OLDER_ONNXSLIM = "0.1.90"
 
 
@@ -72,7 +74,9 @@ def test_toolchain_prints_every_tool_the_lock_names_at_its_version() -> None:
 def test_toolchain_refuses_a_lock_whose_stages_disagree(tmp_path: Path) -> None:
     root = example_copy(tmp_path / "p")
     lock = json.loads((root / "trtflow.lock").read_text())
-    lock["nodes"]["cleanup:seq_lstm"]["fingerprint"]["onnxslim"] = "0.0.1"
+    entry = lock["nodes"]["cleanup:seq_lstm"]
+    entry["fingerprint"]["onnxslim"] = "0.0.1"
+    entry["key"] = stage_key({k: entry[k] for k in ("kind", "version", "params", "fingerprint", "inputs")})
     (root / "trtflow.lock").write_text(json.dumps(lock))
     result = trtflow(root, "toolchain")
     assert result.code == 3 and "stages name several versions of onnxslim: 0.0.1 (cleanup:seq_lstm)" in result.err

@@ -130,6 +130,12 @@ def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -
     is_flag=True,
     help="Do not write run.json and report.html beside the packages (written after a run that did something).",
 )
+@click.option(
+    "--parallel-builds",
+    is_flag=True,
+    help="Let builds run beside other stages (default: each build alone, so TensorRT-RTX engines come out "
+    "byte-identical; beside others they may differ in the backend's numbering, equivalent by canonical digest).",
+)
 @pass_context
 def run(
     ctx: Context,
@@ -146,6 +152,7 @@ def run(
     ray_address: str | None,
     memory: int | None,
     no_report: bool,
+    parallel_builds: bool,
 ) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
     from trtflow.run import runmemo
@@ -172,6 +179,7 @@ def run(
             executor="ray" if ray_address and executor is None else executor,
             ray_address=ray_address,
             memory=memory,
+            builds_alone=not parallel_builds,
         )
         try:
             states, session = _run_session(ctx, recipes, options, dry_run, as_json, early)

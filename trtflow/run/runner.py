@@ -21,16 +21,16 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import TrtflowError, required
 from trtflow.executors import Executor, StageResult, StageTask
-from trtflow.run.admission import MemoryAdmission
+from trtflow.run.admission import MemoryAdmission, beside_builds
 from trtflow.run.dag import Dag, Node
 from trtflow.run.frozen import FrozenCheck
 from trtflow.run.jobs import Job, as_lack_of_memory, failure_record, task_inputs
+from trtflow.run.options import RunOptions
 from trtflow.run.placing import Placements, run_here
 from trtflow.run.plan import Resolution, Resolver, failure_shown, upstream_outcome
 from trtflow.stages import stage
@@ -59,21 +59,6 @@ Listener = Callable[[str, Any], None]
 LOCK_POLL_SECONDS = 0.05  # how often a key another run is building is looked at again
 # A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
 STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What `trtflow run` was asked for: parallel stages, rebuild everything, hold to the lock, need the remote."""
-
-    jobs: int = 1
-    force: bool = False
-    retry_failed: bool = False  # run again the stages whose own failure is recorded under their key
-    memory: int | None = None  # bytes the stages running at once may take together (None: no limit)
-    frozen: bool = False
-    remote_required: bool = False
-    check_repro: int = 0  # after the run, rebuild every selected engine this many times in hermetic workers (repro.py)
-    executor: str | None = None  # "local" or "ray"; None: what pipeline.yaml says (local if nothing)
-    ray_address: str | None = None  # overrides executor.ray.address of pipeline.yaml
 
 
 class Runner:
@@ -202,9 +187,11 @@ class Runner:
             self.keys.release(key)
             self._finish(NodeState(node, CACHED, reason, key=key, components=resolution.components), record)
             return True
-        expected = self.memory.expected(resolution)
-        if not self.memory.admits(expected, [job.expected for job in self._running_jobs]):
-            self.keys.release(key)  # another stage finishing makes room: the dispatcher comes back to it then
+        expected, kinds = self.memory.expected(resolution), [job.node.kind for job in self._running_jobs]
+        if not self.memory.admits(expected, [job.expected for job in self._running_jobs]) or (
+            self.options.builds_alone and not beside_builds(node.kind, kinds, bool(self.placements.pending))
+        ):
+            self.keys.release(key)  # a stage finishing makes room (or leaves a build alone): the dispatcher comes back
             return False
         self._note_alone(node, expected)
         future, job = self._start(resolution, expected)

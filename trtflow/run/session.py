@@ -26,9 +26,10 @@ from trtflow.recipe.schema import RaySpec
 from trtflow.run.admission import default_budget
 from trtflow.run.dag import Dag, dag_from_project
 from trtflow.run.frozen import canonical_outputs, locked_entries
+from trtflow.run.options import RunOptions
 from trtflow.run.plan import Resolver, kinds_to_run, plan
 from trtflow.run.runmemo import signature
-from trtflow.run.runner import Listener, Runner, RunOptions
+from trtflow.run.runner import Listener, Runner
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import NodeId, Placement
 from trtflow.stages.package import earlier_packages
