@@ -3,6 +3,7 @@ with `--frozen`, in another checkout, and each engine and package compared byte 
 
     python benchmarks/repro_matrix.py [--models resnet18 mobilenet_v3_small efficientnet lstm encoder]
         [--precisions fp32 fp16 int8] [--targets rtx-ampere rtx-ada rtx-blackwell] [--keep] [--workdir DIR]
+        [--builds-alone]
 
 The project: targets rtx-ampere (sm_86), rtx-ada (sm_89) and rtx-blackwell (sm_120), backend tensorrt-rtx; one
 recipe per model: torchvision's ResNet-18 and MobileNetV3-small at their real sizes (benchmarks/torchvision_like.py,
@@ -222,6 +223,7 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     parser.add_argument("--keep", action="store_true", help="keep the two project folders")
+    parser.add_argument("--builds-alone", action="store_true", help="both builds with `run --builds-alone`")
     parser.add_argument("--workdir", type=Path, help="where to make them (default: a new temporary folder)")
     args = parser.parse_args()
     models = tuple(m for m in MODELS if m in args.models)
@@ -244,12 +246,13 @@ def main() -> None:
             + ")"
             + (f", excluded: {', '.join(dropped)}" if dropped else "")
         )
-        code_a, seconds_a, summary_a, err_a = run_trtflow(a, 1, "-j", "2")
+        alone = ("--builds-alone",) if args.builds_alone else ()
+        code_a, seconds_a, summary_a, err_a = run_trtflow(a, 1, "-j", "2", *alone)
         if not (a / "trtflow.lock").is_file():
             print(f"build A (exit {code_a}) wrote no trtflow.lock: {err_a[-2000:]}", file=sys.stderr)
             sys.exit(2)
         shutil.copytree(a, b, ignore=shutil.ignore_patterns("artifacts"))
-        code_b, seconds_b, summary_b, err_b = run_trtflow(b, 4242, "-j", "1", "--frozen")
+        code_b, seconds_b, summary_b, err_b = run_trtflow(b, 4242, "-j", "1", "--frozen", *alone)
         print(f"build A: {a} ({len(str(a))} chars); build B: {b} ({len(str(b))} chars)\n")
         equivalent = report(a, b, models, precisions, targets, excludes, (summary_a, summary_b))
         print(f"\nfrozen run (B): exit {code_b}")

@@ -343,3 +343,27 @@ def test_a_fix_found_whole_in_the_cache_rewrites_the_report(tmp_path: Path) -> N
     assert fixed.code == 0 and "0 built" in fixed.out
     assert failed() == []
     assert ", 0 failed" in trtflow(root, "report", "--format", "md").out
+
+
+def test_builds_alone_runs_no_stage_beside_a_build(tmp_path: Path) -> None:
+    """`--builds-alone` at -j 2: the run's own timeline (run.json) shows no stage overlapping a build, while the run
+    still uses both slots for the other stages; without it, builds of two targets run side by side."""
+    two = TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp32, fp16]")
+    timelines = {}
+    for mode in ("--builds-alone", None):
+        root = write_project(tmp_path / str(mode), {"a": two, "b": two})
+        assert trtflow(root, "run", "-j", "2", *([mode] if mode else [])).code == 0
+        nodes = json.loads((root / "artifacts" / "run.json").read_text())["nodes"]
+        timelines[mode] = [n for n in nodes if n["start"] is not None]
+
+    def overlaps(nodes: list[dict]) -> list[tuple[str, str]]:
+        return [
+            (a["id"], b["id"])
+            for a in nodes
+            for b in nodes
+            if a["id"] < b["id"] and a["start"] < b["end"] and b["start"] < a["end"]
+        ]
+
+    alone = overlaps(timelines["--builds-alone"])
+    assert alone and not [pair for pair in alone if any(p.startswith("build:") for p in pair)], alone
+    assert [pair for pair in overlaps(timelines[None]) if all(p.startswith("build:") for p in pair)]

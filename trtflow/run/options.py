@@ -18,4 +18,4 @@ class RunOptions:
     check_repro: int = 0  # after the run, rebuild every selected engine this many times in hermetic workers (repro.py)
     executor: str | None = None  # "local" or "ray"; None: what pipeline.yaml says (local if nothing)
     ray_address: str | None = None  # overrides executor.ray.address of pipeline.yaml
-    builds_alone: bool = True  # a build runs with no other stage beside it (admission.beside_builds): same bytes
+    builds_alone: bool = False  # a build runs with no other stage beside it (admission.beside_builds): same bytes
