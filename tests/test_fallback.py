@@ -83,6 +83,9 @@ def test_fallback_keeps_the_layer_that_reads_the_outlier_and_meets_the_limit(tmp
     assert engine["verification"]["precision_fallback"]["kept"] == search["kept"]
     shown = trtflow(root, "inspect", str(root / "artifacts" / "packages" / "m")).out
     assert f"{gemms[0]} (Gemm" in shown and "kept by fallback: auto (sensitivity" in shown, shown
+    provisioned = trtflow(root, "provision", str(root / "artifacts" / "packages" / "m"), "--gpu", "sm_89", "--dest",
+        str(tmp_path / "dest"))  # fmt: skip
+    assert "int8 with 1 node(s) kept higher by fallback: auto (65% of MACs in int8)" in provisioned.out, provisioned
     assert search["modelopt_runs"] == 1 and search["trial_models"] >= search["candidates"]
     # cached: a repeat run is a no-op; reproducible: another folder builds the same bytes and passes --frozen
     assert "0 built" in trtflow(root, "run").out

@@ -435,7 +435,11 @@ def test_the_report_says_engines_were_not_executed_and_what_an_int8_model_covers
     row = _accuracy_row("model000", failed=False)
     row.update(precision="int8")
     row["composition"].update(mac_share=0.97, weight_share=0.984, initializer_bytes_by_dtype={"float16": 460000})
+    row["fallback"] = {"kept": [{"name": "/fc1/Gemm", "op": "Gemm", "sensitivity": 0.887}]}
     record["accuracy"] = [row]
     page = html.render(record)
-    assert "int8: 97% of MACs, 98% of weights<br>stored as: <svg" in page
+    assert (
+        "int8: 97% of MACs, 98% of weights; kept higher by fallback: auto: /fc1/Gemm (Gemm, sensitivity 0.887)"
+        "<br>stored as: <svg" in page
+    )
     assert "<b>8</b>of 8 engines not executed: not run (no GPU: nvidia-smi not found)" in page

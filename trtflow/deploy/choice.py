@@ -191,6 +191,20 @@ def effective_precision(engine: Engine) -> str:
     return "fp32" if engine.precision != "fp32" and shares and min(shares) < MOSTLY else engine.precision
 
 
+def chosen_because(verdict: Verdict) -> str:
+    """Why the chosen engine fits, and what its precision really covers when fallback: auto kept nodes higher:
+    `exact compute capability match; int8 with 1 node kept higher by fallback: auto (65% of MACs in int8)`."""
+    engine, fit = verdict.engine, verdict.fit or "fits"
+    search = engine.verification.precision_fallback if engine.verification else None
+    kept = search.get("kept") if isinstance(search, dict) else None
+    if not isinstance(kept, list) or not kept:
+        return fit
+    composition = engine.verification.precision_composition if engine.verification else None
+    mac = composition.mac_share if composition is not None else None
+    share = f" ({mac:.0%} of MACs in {engine.precision})" if mac is not None else ""
+    return f"{fit}; {engine.precision} with {len(kept)} node(s) kept higher by fallback: auto{share}"
+
+
 def measured_drop(engine: Engine) -> float:
     """The task accuracy drop from fp32 the manifest records (fp32: 0, the baseline); infinity when not measured."""
     if engine.precision == "fp32":

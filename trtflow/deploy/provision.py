@@ -28,6 +28,7 @@ from trtflow.deploy.choice import (  # noqa: F401  (re-exported: callers name th
     Verdict,
     _runtime_refusal,
     choose,
+    chosen_because,
     detect_compute_capabilities,
     device_from_options,
     failed_for,
@@ -333,7 +334,11 @@ def _record(package: Package, device: Device, chosen: Verdict, others: list[tupl
             "precision": device.precision,
         },
         "runtime": {"version": device.runtime_version, "version_rules": rules},
-        "chosen": {"file": chosen.engine.file, "reason": chosen.fit, "manifest_entry": chosen.engine.as_json()},
+        "chosen": {
+            "file": chosen.engine.file,
+            "reason": chosen_because(chosen),
+            "manifest_entry": chosen.engine.as_json(),
+        },
         "not_chosen": [
             {"file": v.engine.file, "target": v.engine.target, "precision": v.engine.precision, "reason": reason}
             for v, reason in others

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from html import escape
 
 from trtflow.report import svg
-from trtflow.report.record import composition_line, engines_not_run, totals
+from trtflow.report.record import composition_line, engines_not_run, fallback_line, totals
 from trtflow.stages.base import NodeId
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -212,7 +212,7 @@ def _accuracy_row(row: dict) -> list[str]:
     nodes = ", ".join(f"{k} {v}" for k, v in sorted((parts.get("nodes_by_dtype") or {}).items()))
     stored = svg.share_bar_svg(parts["initializer_bytes_by_dtype"]) if parts.get("initializer_bytes_by_dtype") else ""
     # an int8 model stores its weights in float (Q/DQ quantizes them at build time): the share it covers comes first
-    covered = composition_line(parts, row["precision"])
+    covered = "; ".join(filter(None, [composition_line(parts, row["precision"]), fallback_line(row.get("fallback"))]))
     share = f"{escape(covered)}<br>stored as: {stored}" if covered and stored else escape(covered) or stored
     return [
         escape(row["recipe"]),

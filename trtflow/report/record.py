@@ -106,7 +106,7 @@ def _provision_choice(data: dict, cc: str) -> dict:
     """{chosen, reason, refused: [{file, why}], failed: [..]} or {error} for one package and one GPU."""
     from pydantic import ValidationError
 
-    from trtflow.deploy.provision import Device, NoEngineFits, choose, failed_for
+    from trtflow.deploy.provision import Device, NoEngineFits, choose, chosen_because, failed_for
     from trtflow.manifest import Manifest
 
     try:
@@ -123,7 +123,7 @@ def _provision_choice(data: dict, cc: str) -> dict:
         "chosen": chosen.engine.file,
         "precision": chosen.engine.precision,
         "target": chosen.engine.target,
-        "reason": chosen.fit,
+        "reason": chosen_because(chosen),
         "refused": [{"file": v.engine.file, "why": why} for v, why in others],
         "failed": failed,
     }
@@ -143,6 +143,7 @@ def accuracy(manifests: dict[str, dict], nodes: list[dict]) -> list[dict]:
                     "passed": proofs["precision_accuracy"]["passed"],
                     "accuracy": proofs["precision_accuracy"],
                     "composition": proofs.get("precision_composition"),
+                    "fallback": proofs.get("precision_fallback"),
                 }
     for node in nodes:
         if node["kind"] == "precision" and node["status"] == FAILED:
@@ -227,3 +228,15 @@ def composition_line(composition: dict, precision: str) -> str:
     if not isinstance(mac, (int, float)) or not isinstance(weight, (int, float)):
         return ""
     return f"{precision}: {mac:.0%} of MACs, {weight:.0%} of weights"
+
+
+def fallback_line(search: object) -> str:
+    """`kept higher by fallback: auto: /fc1/Gemm (Gemm, sensitivity 0.887)` for the nodes a search kept, or ""."""
+    kept = search.get("kept") if isinstance(search, dict) else None
+    if not isinstance(kept, list) or not kept:
+        return ""
+    shown = [
+        f"{k.get('name')} ({k.get('op')}, sensitivity {k.get('sensitivity')})" for k in kept[:5] if isinstance(k, dict)
+    ]
+    more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
+    return f"kept higher by fallback: auto: {', '.join(shown)}{more}"
