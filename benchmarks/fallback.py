@@ -1,10 +1,11 @@
 """`fallback: auto` on real-size models: what plain int8 reaches, what the search reaches within min_share, and what the
 search costs against the stage without it, measured in one run.
 
-    python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder] [--files 12] [--workdir DIR]
+    python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert] [--files 12] [--workdir DIR]
 
 Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
-BatchNorm statistics, a 4-layer transformer encoder; seeded random weights), one project with two recipes of the same
+BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py, whose token ids come from
+trtflow's seeded random inputs; seeded random weights), one project with two recipes of the same
 ONNX, int8 for rtx-ada, `--files` seeded calibration batches at the opt shape (half held out), limits cosine 0.995 and
 top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss is recorded:
   - plain: `fallback: none`, today's stage;
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,33 +31,43 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from families import family_model  # noqa: E402
 from torchvision_like import MODELS  # noqa: E402
 from zoo import SEED, _export  # noqa: E402
+
+FAMILIES = ("bert",)  # Hugging Face architectures at real size (tests/families.py), token ids as inputs
 
 LIMITS = {"min_cosine": 0.995, "min_top1": 0.9}
 
 
 def write_project(root: Path, name: str, files: int) -> None:
-    """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files."""
-    make, profile = MODELS[name]
+    """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files (a text model:
+    trtflow's seeded random token ids, valid for its tables, `files // 2` of them to calibrate on)."""
     (root / "recipes").mkdir(parents=True)
     (root / "models").mkdir()
     targets = {"rtx-ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}
     (root / "pipeline.yaml").write_text(yaml.safe_dump({"targets": targets}))
-    with torch.no_grad():
-        _export(make(), profile, root / "models" / "m.onnx")
-    folder = root / "calib"
-    folder.mkdir()
-    rng = np.random.default_rng(SEED)
-    for index in range(files):
-        arrays = {k: rng.standard_normal(s.opt).astype(np.float32) for k, s in profile.items()}
-        np.savez(folder / f"{index:02d}.npz", **arrays)
+    if name in FAMILIES:
+        model = family_model(name, root.parent / "cache")
+        shutil.copyfile(model.path, root / "models" / "m.onnx")
+        profile, calibration = model.profile, {"random": True, "samples": files // 2}
+    else:
+        make, profile = MODELS[name]
+        with torch.no_grad():
+            _export(make(), profile, root / "models" / "m.onnx")
+        folder = root / "calib"
+        folder.mkdir()
+        rng = np.random.default_rng(SEED)
+        for index in range(files):
+            arrays = {k: rng.standard_normal(s.opt).astype(np.float32) for k, s in profile.items()}
+            np.savez(folder / f"{index:02d}.npz", **arrays)
+        calibration = {"data": "calib/*.npz"}
     for recipe, extra in (("plain", {}), ("fallback", {"fallback": "auto", "min_share": 0.5})):
         text = {
             "source": {"onnx": "models/m.onnx"},
             "precisions": ["int8"],
             "targets": ["rtx-ada"],
-            "calibration": {"data": "calib/*.npz"},
+            "calibration": calibration,
             "accuracy": {"samples": files // 2, "int8": {**LIMITS, **extra}},
             "verify": {"on_fail": "warn"},
             "profiles": [{"inputs": {k: s.as_recipe() for k, s in profile.items()}}],
@@ -76,7 +88,9 @@ def summary(record: dict) -> str:
 def main() -> int:
     """Per model: write the project, run it cold, print both results and the search's cost."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v3_small", "encoder"])
+    parser.add_argument(
+        "--models", nargs="+", default=["resnet18", "mobilenet_v3_small", "encoder"], choices=[*MODELS, *FAMILIES]
+    )
     parser.add_argument("--files", type=int, default=12)
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
