@@ -431,16 +431,19 @@ def test_remote_gc_keeps_what_channels_need(versions: tuple[Path, Path], tmp_pat
     assert current_sha(tmp_path / "d") == expected_engine(v2, "sm_86")
 
 
+GOOD_REPORT = {
+    "device_id": "a",
+    "channel": "stable",
+    "version": "a" * 64,
+    "gpu": "sm_86",
+    "last_check": "2026-11-25T10:00:00+00:00",
+}
+
+
 def test_fleet_status_sets_aside_hostile_reports(tmp_path: Path) -> None:
     devices = tmp_path / "remote" / "devices"
     devices.mkdir(parents=True)
-    good = {
-        "device_id": "a",
-        "channel": "stable",
-        "version": "a" * 64,
-        "gpu": "sm_86",
-        "last_check": "2026-11-25T10:00:00+00:00",
-    }
+    good = dict(GOOD_REPORT)
     (devices / "a.json").write_text(json.dumps(good))
     (devices / "bomb.json").write_bytes(b"[" * 30000 + b"]" * 30000)
     (devices / "huge.json").write_bytes(b'{"x": "' + b"x" * (1 << 20) + b'"}')
@@ -524,11 +527,9 @@ def test_fleet_status_shows_a_reports_control_characters_and_keeps_one_row_per_g
     devices = tmp_path / "remote" / "devices"
     devices.mkdir(parents=True)
     report = {
-        "device_id": "a",
+        **GOOD_REPORT,
         "channel": "stable\x1b[2J\x1b]0;pwned\x07",
-        "version": "a" * 64,
         "gpu": "sm_86\nforged      bbbbbbbbbbbb   sm_90     999999",
-        "last_check": "2026-11-25T10:00:00+00:00",
     }
     (devices / "a.json").write_text(json.dumps(report))
     result = cli("fleet", "status", devices.parent.as_uri())
