@@ -119,13 +119,24 @@ def _digests(value: object, field: str) -> dict[str, str]:
 
 def _plain_fingerprint(fingerprint: object) -> None:
     """A fingerprint names tools and versions: short texts of letters, digits and `._+-!:/ ` (a GPU name has
-    spaces), numbers, booleans, and lists of those; nothing a terminal or pip would read as more than a value."""
+    spaces), numbers, booleans, and lists and objects of those; nothing a terminal or pip would read as more than a
+    value."""
     if not isinstance(fingerprint, dict):
         raise TypeError("fingerprint must be an object")
-    for field, value in fingerprint.items():
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str) and not FINGERPRINT_TEXT.fullmatch(item):
-                raise ValueError(f"fingerprint.{str(field)[:40]} {item[:80]!r} is not a plain name or version")
+    for where, text in _texts(fingerprint, "fingerprint"):
+        if not FINGERPRINT_TEXT.fullmatch(text):
+            raise ValueError(f"{where[:60]} {text[:80]!r} is not a plain name or version")
+
+
+def _texts(value: object, where: str) -> list[tuple[str, str]]:
+    """(where, text) of every string in a JSON value, keys included."""
+    if isinstance(value, str):
+        return [(where, value)]
+    if isinstance(value, list):
+        return [found for item in value for found in _texts(item, where)]
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in [*_texts(k, where), *_texts(v, f"{where}.{k}")]]
+    return []
 
 
 def read_lock(path: Path) -> dict[str, LockEntry] | None:
