@@ -23,6 +23,7 @@ from trtflow.deploy.channels import (
     Channel,
     channel_file,
     parse_channel,
+    read_channel,
     version_file,
     write_channel,
 )
@@ -116,12 +117,8 @@ def gc_remote(
     leftovers = [t for t in remote.temporaries() if t[1] < now - grace]
     if delete:
         gone = set(versions) | {v for channel in channels for v in channel.history if v not in present}
-        for channel in channels:  # first: no channel names a version once it is deleted (a rollback never finds one)
-            history = tuple(v for v in channel.history if v not in gone)
-            if history != channel.history and history:
-                write_channel(
-                    remote, Channel(channel.name, history, channel.share_bp if len(history) > 1 else FULL_SHARE)
-                )
+        for name in [c.name for c in channels if set(c.history) & gone]:  # first: no channel names a deleted version
+            _forget_versions(remote, name, gone)
         for version in versions:
             remote.remove(f"versions/{version}")
         for engine in unused:
@@ -135,6 +132,15 @@ def gc_remote(
         "engines_deleted" if delete else "engines_to_delete": unused,
         "temporary_files_deleted" if delete else "temporary_files_to_delete": sorted(r for r, _ in leftovers),
     }
+
+
+def _forget_versions(remote: RemoteFolder, name: str, gone: set[str]) -> None:
+    """Take `gone` out of a channel's history, read again just before it is written (a publish that flipped it
+    meanwhile is kept); a channel left with nothing is left as it is."""
+    channel = read_channel(remote, name)
+    history = tuple(v for v in channel.history if v not in gone) if channel is not None else ()
+    if channel is not None and history and history != channel.history:
+        write_channel(remote, Channel(name, history, channel.share_bp if len(history) > 1 else FULL_SHARE))
 
 
 def _channels(remote: RemoteFolder) -> list[Channel]:
