@@ -3,10 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-# The fixed status vocabulary shown by plan, run and --json, in one place.
-CACHED, NEW, STALE, BUILT, FAILED, SKIPPED, WAITING = "cached", "new", "stale", "built", "failed", "skipped", "waiting"
+
+class Status(str, Enum):
+    """The fixed status vocabulary shown by plan, run and --json, in one place: each member is its word (a str, so
+    JSON, messages and comparisons see "cached", never `Status.CACHED`)."""
+
+    CACHED = "cached"  # found in the store (or the remote cache) under its key
+    NEW = "new"  # never built: will run
+    STALE = "stale"  # built before with other inputs or settings: will run
+    BUILT = "built"  # ran in this run
+    FAILED = "failed"  # its stage failed (its own failure, recorded, or the machine's)
+    SKIPPED = "skipped"  # below a failure
+    WAITING = "waiting"  # another run holds its key's lock
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+CACHED, NEW, STALE, BUILT, FAILED, SKIPPED, WAITING = (
+    Status.CACHED,
+    Status.NEW,
+    Status.STALE,
+    Status.BUILT,
+    Status.FAILED,
+    Status.SKIPPED,
+    Status.WAITING,
+)
 PULLED = "pulled from the remote cache"  # the reason of a cached node the remote supplied
 
 
@@ -16,7 +44,7 @@ class NodeState:
     carries."""
 
     node: Any  # a dag.Node; a summary needs only its id, kind and recipe (runmemo.RememberedNode has just those)
-    status: str
+    status: Status
     reason: str = ""
     key: str | None = None
     components: dict | None = None

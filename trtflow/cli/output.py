@@ -34,7 +34,7 @@ def print_summary(
     if as_json:
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
-        counts = {status: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
+        counts = {status.value: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
         counts["failed_cached"] = sum(s.status == FAILED and s.from_cache for s in states)
         checks: dict[str, object] = (
             {"reproducibility": [check.to_json() for check in repro]} if repro or repro_skipped else {}
