@@ -159,3 +159,14 @@ def test_a_labelled_task_missing_max_drop_meets_it_with_fallback(tmp_path: Path,
     record = stage_record(root, "precision:m/int8")
     task = record["accuracy"]["task"]
     assert task["fp32"] == 1.0 and task["drop"] <= 0.05 and task["passed"] and record["fallback"]["passed"]
+
+
+def test_a_search_that_must_keep_every_node_fails_in_one_line_not_a_crash(tmp_path: Path, zoo_dir: Path) -> None:
+    """Limits only fp32 meets: the shortest passing prefix keeps every candidate, and ModelOpt then quantizes nothing.
+    The stage fails saying so, with what the search reached (before: ModelOpt's "quantized no node" refusal ended
+    the stage as if int8 could not be made at all; BERT-base met it after a 724 s search)."""
+    root, _ = _project(tmp_path / "p", zoo_dir, "95, fallback: auto, min_share: 0.0")  # 0.99995: both nodes
+    result = trtflow(root, "run")
+    assert result.code == 1, result.err
+    assert "keeping the 2 most sensitive node(s) leaves ModelOpt nothing to quantize" in result.err, result.err
+    assert "Traceback" not in result.err

@@ -193,10 +193,14 @@ def qdq_summary(model: Any) -> dict:
     }
 
 
+class NothingQuantized(StageError):
+    """ModelOpt left every node in high precision: the model would not be int8/fp8 at all."""
+
+
 def check_quantized(summary: dict, precision: str) -> None:
     """A quantized model must hold Q/DQ nodes (else it silently is not int8/fp8) with zero points of 0."""
     if summary["quantize_nodes"] == 0:
-        raise StageError(
+        raise NothingQuantized(
             f"{precision}: ModelOpt quantized no node of this model (it skips layers too small to gain, e.g. "
             f"fp8 convolutions with <= 16 channels and GEMV-shaped MatMuls); drop {precision} from precisions"
         )

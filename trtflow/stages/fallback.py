@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.stages import accuracy, compare
+from trtflow.stages.convert import NothingQuantized
 from trtflow.stages.emulation import ort_runnable
 from trtflow.util.onnxio import load_graph_only
 
@@ -105,7 +106,11 @@ def search(
     count = shortest_passing_prefix(len(names), passes)
     best, confirmed, too_few = first, 0, None
     while count is not None and count <= len(names) and confirmed < CONFIRMATIONS:
-        result = attempt(f"fallback-{count}", tuple(names[:count]))
+        try:
+            result = attempt(f"fallback-{count}", tuple(names[:count]))
+        except NothingQuantized:  # keeping these left ModelOpt nothing to quantize: no share in the precision at all
+            too_few = {"kept": count, "outputs": {}, "weight_share": 0.0, "mac_share": 0.0, "passed": False}
+            break
         confirmed += 1
         if result.share < floor:
             limits_met = all(o["passed"] for o in result.accuracy["outputs"])  # passed also weighs the share
@@ -228,7 +233,9 @@ def said(searched: dict | None) -> str:
         f"the MACs and {after['weight_share']:.0%} of the weights in the precision (min_share {searched['min_share']})"
     )
     rejected = searched.get("below_min_share")
-    if rejected:
+    if rejected and not rejected["outputs"]:
+        said += f"; keeping the {rejected['kept']} most sensitive node(s) leaves ModelOpt nothing to quantize"
+    elif rejected:
         outcome = "meets the limits" if rejected["passed"] else "does not meet them either"
         said += (
             f"; keeping the {rejected['kept']} most sensitive node(s) {outcome} but leaves {rejected['mac_share']:.0%} "
