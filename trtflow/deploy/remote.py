@@ -19,8 +19,6 @@ manifest, then streams only the chosen engine; `Transfer` counts every byte read
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Protocol
 
 from trtflow.errors import BadChannel, NotPublishable, RemoteUnreachable
+from trtflow.util.fs import NotRegular, open_regular
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 
 CHUNK = 1 << 20
@@ -253,17 +252,12 @@ def is_temporary(name: str) -> bool:
 
 
 def _open_regular(path: str) -> BinaryIO:
-    """A local file opened for reading only if it is a regular file: a FIFO, a socket or a device planted at the
-    remote is refused at once (opened non-blocking, so a FIFO without a writer cannot hang the open)."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    """A local remote's file, opened only if it is a regular file (links followed, as a remote's reader always did): a
+    FIFO, a socket or a device planted at the remote is refused at once, never waited on."""
     try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise BadChannel(f"{path}: not a regular file; a remote holds regular files only (remove it)")
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb", buffering=CHUNK)
-    except BaseException:
-        os.close(descriptor)
-        raise
+        return open_regular(path, follow_links=True)
+    except NotRegular:
+        raise BadChannel(f"{path}: not a regular file; a remote holds regular files only (remove it)") from None
 
 
 class ReadStream(Protocol):

@@ -18,7 +18,6 @@ from trtflow import __version__
 from trtflow.errors import NoRunRecord
 from trtflow.report import FORMAT, RUN_FILE
 from trtflow.states import CACHED, FAILED, NodeState
-from trtflow.util.text import printable
 
 MAX_RECORD_BYTES = 256 << 20
 
@@ -200,7 +199,7 @@ def read_record(path: Path) -> dict:
 
     problem = first_problem(record)
     if problem is not None:
-        raise NoRunRecord(f"{path}: not a run record: {printable(problem)}; run `trtflow run` again to write one")
+        raise NoRunRecord(f"{path}: not a run record: {problem}; run `trtflow run` again to write one")
     return record
 
 

@@ -66,17 +66,22 @@ class Trial:
 
     def meets(self, graph: Any) -> bool:
         """Whether a variant meets every limit: each output's, and max_drop on the labelled rows where given."""
-        if not all(o["passed"] for o in self.outputs(graph)):
+        session = self._session(graph)
+        if not all(o["passed"] for o in self.outputs(graph, session=session)):
             return False
-        return self.task is None or self.task.holds(compare.session_beside(self.saved, ort_runnable(graph)[0]))
+        return self.task is None or self.task.holds(session)
 
-    def outputs(self, graph: Any, samples: int | None = None) -> list[dict]:
+    def outputs(self, graph: Any, samples: int | None = None, session: Any = None) -> list[dict]:
         """Per output numbers of a variant of the saved model (weights read from the saved files), over the first
         `samples` feeds (all by default). One thread, as every comparison trtflow makes: the numbers, and so the
         nodes chosen, are the same on every machine."""
-        session = compare.session_beside(self.saved, ort_runnable(graph)[0])
+        session = session or self._session(graph)
         feeds, want = self.feeds[:samples], self.want[:samples]
         return accuracy.judged(compare.run_all(session, feeds), want, self.sets, self.tolerance)
+
+    def _session(self, graph: Any) -> Any:
+        """An ONNX Runtime session of a variant, its weights read from beside the saved model."""
+        return compare.session_beside(self.saved, ort_runnable(graph)[0])
 
 
 def search(

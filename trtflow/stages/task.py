@@ -83,8 +83,7 @@ class Limit:
     def holds(self, session: Any) -> bool:
         """Whether a trial model's drop from fp32 is within max_drop."""
         value = score(first_output(session, self.rows.feeds), self.rows.labels, self.rows.metric)
-        drop = self.fp32 - value if HIGHER_IS_BETTER[self.rows.metric] else value - self.fp32
-        return drop <= (self.rows.max_drop or 0.0) + 1e-12
+        return drop_from(self.fp32, value, self.rows.metric) <= (self.rows.max_drop or 0.0) + 1e-12
 
 
 def score(outputs: np.ndarray, labels: np.ndarray, metric: str) -> float:
@@ -116,7 +115,7 @@ def report(
         value = score(first_output(accuracy.candidate_session(candidate)[0], feeds), labels, metric)
     except ValueError as exc:
         raise StageError(f"accuracy.metric: {exc}") from None
-    drop = fp32 - value if HIGHER_IS_BETTER[metric] else value - fp32
+    drop = drop_from(fp32, value, metric)
     return {
         "metric": metric,
         "fp32": _rounded(fp32),
@@ -126,6 +125,11 @@ def report(
         "max_drop": max_drop,
         "passed": max_drop is None or drop <= max_drop + 1e-12,
     }
+
+
+def drop_from(fp32: float, value: float, metric: str) -> float:
+    """How much worse than fp32 a score is: positive is worse, whichever way the metric points."""
+    return fp32 - value if HIGHER_IS_BETTER[metric] else value - fp32
 
 
 def _rounded(value: float) -> float:

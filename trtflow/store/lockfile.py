@@ -19,7 +19,6 @@ from trtflow.errors import ProjectError
 from trtflow.hashing import stage_key
 from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.util.fs import atomic_write
-from trtflow.util.text import printable
 
 NODE_ID = re.compile(r"[a-z]+:[A-Za-z0-9._/:+-]{1,400}")
 DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -165,7 +164,7 @@ def read_lock(path: Path) -> dict[str, LockEntry] | None:
             entries[node] = LockEntry.from_json(entry)
         except (ValueError, AttributeError, KeyError, TypeError, RecursionError) as exc:
             raise ProjectError(
-                f"{path.name}: entry {printable(node[:120])!r} refused: {printable(str(exc))[:200]}; restore it from "
+                f"{path.name}: entry {node[:120]!r} refused: {str(exc)[:200]}; restore it from "
                 "version control, or delete the lock and run again"
             ) from None
     return entries

@@ -83,13 +83,15 @@ def real_dir(path: Path) -> bool:
         return False
 
 
-def open_regular(path: Path, dir_fd: int | None = None) -> BinaryIO:
-    """Open a regular file for reading, never through a symlink in its last component and never blocking on a FIFO.
+def open_regular(path: Path | str, dir_fd: int | None = None, follow_links: bool = False) -> BinaryIO:
+    """Open a regular file for reading, never through a symlink in its last component (unless `follow_links`) and
+    never blocking on a FIFO.
 
     NotRegular (an OSError) if it is anything but a regular file; FileNotFoundError if it is not there.
     """
+    flags = NOFOLLOW_READ & ~os.O_NOFOLLOW if follow_links else NOFOLLOW_READ
     try:
-        fd = os.open(path, NOFOLLOW_READ, dir_fd=dir_fd)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENXIO):  # ELOOP: a symlink; ENXIO: a socket or a FIFO without writer
             raise NotRegular(exc.errno, "not a regular file", str(path)) from None
