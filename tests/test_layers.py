@@ -81,7 +81,7 @@ def test_backends_never_see_recipes() -> None:
 def test_planning_imports_no_heavy_library() -> None:
     """A no-op run must not pay for onnx, TensorRT or torch: plan and the CLI import none of them."""
     code = (
-        "import sys, trtflow.cli, trtflow.run.session; "
+        "import sys, trtflow.cli, trtflow.services.running, trtflow.run.session; "
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -120,13 +120,24 @@ def test_every_command_has_help(command: list[str]) -> None:
     assert result.returncode == 0 and "Usage:" in result.stdout
 
 
-RUN_FRONT_DOORS = {"trtflow.run", "trtflow.run.session", "trtflow.run.runmemo"}
+# What the CLI may import besides the services: the error classes (exit codes), the status words, text helpers,
+# and the few formatting and key-file helpers it prints with.
+CLI_MAY_IMPORT = {"errors", "states", "util", "services", "cli", ""}
+CLI_MAY_IMPORT_MODULES = {"trtflow.store", "trtflow.taskdata", "trtflow.signing"}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) == "cli"))
-def test_the_cli_reaches_the_run_engine_only_through_its_front_doors(module: str) -> None:
-    """The CLI opens a session (or asks the no-op memo); the planner, runner and jobs are the engine's own."""
-    assert {m for m in _trtflow_imports(MODULES[module]) if _top(m) == "run"} <= RUN_FRONT_DOORS
+def test_every_cli_command_reaches_the_work_only_through_a_service(module: str) -> None:
+    """A command parses, calls one service (trtflow.services) and prints: the run engine, the deploy flows, the
+    report and the store's housekeeping are reached only through the services' front doors."""
+    imported = _trtflow_imports(MODULES[module])
+    assert {m for m in imported if _top(m) not in CLI_MAY_IMPORT} <= CLI_MAY_IMPORT_MODULES
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) == "services"))
+def test_services_print_nothing(module: str) -> None:
+    """A service returns a value; printing is the CLI's (click is imported only there)."""
+    assert "import click" not in MODULES[module].read_text()
 
 
 def test_no_import_cycle_counting_lazy_and_type_only_imports() -> None:

@@ -81,7 +81,7 @@ def test_two_nodes_with_one_key_build_once_in_a_parallel_run(tmp_path: Path) -> 
 
 def test_threads_of_one_process_share_a_store_safely(tmp_path: Path) -> None:
     root = write_project(tmp_path / "p", {"tiny": ONE_TARGET})
-    results: list[dict] = []
+    results: list = []
 
     def run() -> None:
         session = Session.open(root)
@@ -96,8 +96,8 @@ def test_threads_of_one_process_share_a_store_safely(tmp_path: Path) -> None:
     for thread in threads:
         thread.join(timeout=120)
     assert len(results) == 2
-    built = Counter(state.key for states in results for state in states.values() if state.status == "built")
-    keys = {state.key for states in results for state in states.values()}
+    built = Counter(state.key for result in results for state in result.nodes if state.status == "built")
+    keys = {state.key for result in results for state in result.nodes}
     assert set(built) == keys and set(built.values()) == {1}
     verify_ok(root)
 

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("stages", "calibration", "modelcheck", "taskdata", "provenance", "toolchain"),
     ("executors", "run"),
     ("deploy", "report", "inspection"),
+    ("services",),
     ("cli", "__main__"),
 )
 

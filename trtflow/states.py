@@ -38,10 +38,10 @@ CACHED, NEW, STALE, BUILT, FAILED, SKIPPED, WAITING = (
 PULLED = "pulled from the remote cache"  # the reason of a cached node the remote supplied
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeState:
     """A node's status in the fixed vocabulary, with its reason, key and (when failed) the exit code its error
-    carries."""
+    carries. A value: a later state of the node is a new one (dataclasses.replace)."""
 
     node: Any  # a dag.Node; a summary needs only its id, kind and recipe (runmemo.RememberedNode has just those)
     status: Status
@@ -58,6 +58,7 @@ class NodeState:
     from_cache: bool = False  # a recorded failure found in the store: reported, not redone (--retry-failed redoes it)
     # --frozen: a failure (or skip) exactly as trtflow.lock records it: no reason to fail the run
     expected: bool = False
+    peak_rss: int | None = None  # bytes the stage's process peaked at, for a stage this run ran
 
     @property
     def label(self) -> str:
@@ -82,6 +83,8 @@ class NodeState:
             "changes": self.changes,
             "seconds": self.seconds,
         }
+        if self.peak_rss is not None:
+            entry["peak_rss"] = self.peak_rss
         if self.status == FAILED:
             entry.update(failure_cached=self.from_cache, failure_recorded=self.recorded, failure_expected=self.expected)
         return {**entry, "node": self.where} if self.where is not None else entry

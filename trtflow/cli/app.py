@@ -20,25 +20,11 @@ from trtflow.util.text import printable
 
 
 class Context:
-    """What every command gets: the project folder and -v; opens the session or the store on demand."""
+    """What every command gets: the project folder and -v."""
 
     def __init__(self, project_dir: Path, verbose: bool):
         self.project_dir = project_dir
         self.verbose = verbose
-
-    def session(self, recipes: tuple[str, ...] = (), keep_refusals: bool = False):
-        """The project as a Session (plan and run), limited to `recipes` when given."""
-        from trtflow.run.session import Session
-
-        return Session.open(self.project_dir, recipes, keep_refusals)
-
-    def store(self):
-        """(project, its store or None if nothing has run yet), for the cache commands."""
-        from trtflow.recipe import load_project
-        from trtflow.store import Store
-
-        project = load_project(self.project_dir)
-        return project, Store.existing(project.store_dir)
 
 
 pass_context = click.make_pass_decorator(Context)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import click
 
 from trtflow.cli.app import cli
-from trtflow.cli.provisioning import ProvisionOptions, device_id_of, provision_once
-from trtflow.util.text import clipped
+from trtflow.services import fleet as fleets
+from trtflow.services import provisioning
 
 
 @cli.command()
@@ -29,9 +28,7 @@ from trtflow.util.text import clipped
 def promote(url: str, channel: str, share: str, source: str, version: str | None, as_json: bool) -> None:
     """Give the newest version of --from (or --version) to --share of CHANNEL's devices; the rest keep the previous
     one."""
-    from trtflow.deploy.channels import promote as do
-
-    done = do(url, channel, share, source, version)
+    done = fleets.promote(url, channel, share, source, version)
     _say(
         done,
         as_json,
@@ -46,9 +43,7 @@ def promote(url: str, channel: str, share: str, source: str, version: str | None
 @click.option("--json", "as_json", is_flag=True, help="Print the channel as JSON.")
 def rollback(url: str, channel: str, as_json: bool) -> None:
     """Put CHANNEL back on its previous version for every device (they switch without fetching an engine they kept)."""
-    from trtflow.deploy.channels import rollback as do
-
-    done = do(url, channel)
+    done = fleets.rollback(url, channel)
     _say(done, as_json, f"{channel}: rolled back from {done['rolled_back'][:12]} to {done['version'][:12]}")
 
 
@@ -144,47 +139,18 @@ def agent(
     as_json: bool,
 ) -> None:
     """Keep DEST on the version URL's CHANNEL says for this device: poll, back off on failure, write status.json."""
-    from trtflow.deploy import agent as agents
-    from trtflow.deploy.remote import RemoteFolder
-
-    options = ProvisionOptions(
-        gpu,
-        runtime_version,
-        None,
-        None,
-        None,
-        False,
-        dest,
-        keep,
-        False,
-        (),
-        None,
-        channel,
-        device_id,
+    options = provisioning.ProvisionOptions(
+        gpu=gpu,
+        runtime_version=runtime_version,
+        dest=dest,
+        keep=keep,
+        channel=channel,
+        device_id=device_id,
         health_cmd=health_cmd,
         health_timeout=health_timeout,
     )
-    identity = {"device_id": device_id_of(options), "channel": channel, "url": RemoteFolder(url).shown, "gpu": gpu}
-
-    def one_round() -> tuple:
-        status, error = agents.one_round(lambda: provision_once(url, options, []), dest, identity)
-        if report:
-            from trtflow.deploy.fleet import send_report
-
-            try:
-                send_report(RemoteFolder(url), status)
-            except Exception as exc:  # a report that cannot be sent is no reason to stop keeping the engine
-                click.echo(f"note: status not reported: {clipped(str(exc).splitlines()[0], 200)}", err=True)
-        return status, error
-
-    with agents.agent_lock(dest):
-        if once:
-            status, error = one_round()
-        else:
-            status, error = (
-                agents.run(one_round, agents.Schedule(interval, backoff, backoff_cap), max_runtime, random.Random()),
-                None,
-            )
+    plan = provisioning.AgentPlan(interval, backoff, backoff_cap, max_runtime, once, report)
+    status, error = provisioning.keep_device(url, options, plan, lambda line: click.echo(f"note: {line}", err=True))
     click.echo(
         json.dumps(status, indent=2)
         if as_json
@@ -212,13 +178,10 @@ def fleet() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def fleet_status(url: str, stale: float, as_json: bool) -> None:
     """Devices by channel, version and GPU, from the reports at URL/devices/ (agent --report)."""
-    from trtflow.deploy.fleet import fleet_table, read_reports
-    from trtflow.deploy.remote import RemoteFolder
-
-    reports, refused = read_reports(RemoteFolder(url))
-    rows = fleet_table(reports, stale)
+    status = fleets.fleet_status(url, stale)
+    rows, refused = status.rows, status.refused
     if as_json:
-        click.echo(json.dumps({"devices": len(reports), "rows": rows, "refused": refused}, indent=2))
+        click.echo(json.dumps({"devices": status.devices, "rows": rows, "refused": refused}, indent=2))
         return
     click.echo(f"{'channel':<12} {'version':<14} {'gpu':<10} {'devices':>8} {'errors':>7} {'stale':>6}")
     for row in rows:
@@ -255,9 +218,7 @@ def remote() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def remote_gc(url: str, keep: int, grace: float, yes: bool, as_json: bool) -> None:
     """Delete the versions no channel keeps and the engines only they name."""
-    from trtflow.deploy.fleet import gc_remote
-
-    done = gc_remote(url, keep, grace, yes)
+    done = fleets.remote_gc(url, keep, grace, yes)
     verb = "deleted" if yes else "to delete"
     field = verb.replace(" ", "_")
     leftovers = done[f"temporary_files_{field}"]

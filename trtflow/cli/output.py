@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from trtflow.states import BUILT, CACHED, FAILED, PULLED, SKIPPED, NodeState
+
+if TYPE_CHECKING:
+    from trtflow.services.running import RunResult
 
 
 def counts(states: list[NodeState]) -> str:
@@ -20,45 +23,15 @@ def counts(states: list[NodeState]) -> str:
     return ", ".join(f"{n} {status}" for status, n in counts.items()) or "nothing to do"
 
 
-def print_summary(
-    states: list[NodeState],
-    as_json: bool,
-    seconds: float,
-    dry_run: bool = False,
-    warnings: tuple = (),
-    repro: Sequence[Any] = (),
-    repro_skipped: dict[str, str] | None = None,
-    frozen: dict | None = None,
-) -> None:
+def print_summary(result: RunResult, as_json: bool) -> None:
     """Print the end of `trtflow run`: failures and totals, the would-run table of --dry-run, or JSON."""
+    states = list(result.nodes)
     if as_json:
-        for warning in warnings:
+        for warning in result.warnings:
             click.echo(f"warning: {warning}", err=True)
-        counts = {status.value: sum(s.status == status for s in states) for status in (BUILT, CACHED, FAILED, SKIPPED)}
-        counts["failed_cached"] = sum(s.status == FAILED and s.from_cache for s in states)
-        checks: dict[str, object] = (
-            {"reproducibility": [check.to_json() for check in repro]} if repro or repro_skipped else {}
-        )
-        if repro_skipped:
-            checks["reproducibility_not_checked"] = [
-                {"id": node_id, "why": why} for node_id, why in repro_skipped.items()
-            ]
-        checks.update({"frozen": frozen} if frozen is not None else {})
-        click.echo(
-            json.dumps(
-                {
-                    "dry_run": dry_run,
-                    "seconds": round(seconds, 3),
-                    **counts,
-                    "warnings": list(warnings),
-                    "nodes": [s.to_json() for s in states],
-                    **checks,
-                },
-                indent=2,
-            )
-        )
+        click.echo(json.dumps(result.to_json(), indent=2))
         return
-    if dry_run:
+    if result.dry_run:
         for state in states:
             click.echo(f"{'would run' if not state.settled else state.status:<10} {state.node.id:<48} {state.label}")
         click.echo(
@@ -69,15 +42,15 @@ def print_summary(
     for state in states:
         if state.status in (FAILED, SKIPPED):
             click.echo(f"{state.label.split(':')[0]:<8} {state.node.id}: {state.reason}", err=True)
-    click.echo(_totals(states, seconds))
-    if frozen is not None:
-        equivalent = frozen["equivalent"]
+    click.echo(_totals(states, result.seconds))
+    if result.frozen is not None:
+        equivalent = result.frozen["equivalent"]
         named = f": {', '.join(equivalent[:10])}{' ...' if len(equivalent) > 10 else ''}" if equivalent else ""
         click.echo(
-            f"frozen: {frozen['identical']} stage(s) identical to trtflow.lock, {len(equivalent)} engine(s) "
+            f"frozen: {result.frozen['identical']} stage(s) identical to trtflow.lock, {len(equivalent)} engine(s) "
             f"equivalent, not identical (only the backend's generated numbering differs: same canonical digest){named}"
         )
-    _print_repro(repro, repro_skipped or {})
+    _print_repro(result.repro, result.repro_skipped)
 
 
 def _failed_before(states: list[NodeState]) -> str:
@@ -109,7 +82,7 @@ def _totals(states: list[NodeState], seconds: float) -> str:
     return line
 
 
-def _print_repro(repro: Sequence[Any], skipped: dict[str, str]) -> None:
+def _print_repro(repro: Sequence[Any], skipped: Mapping[str, str]) -> None:
     """The --check-repro verdict per engine rebuilt, then the engines it could not rebuild and why."""
     if repro:
         click.echo(f"reproducibility ({repro[0].rebuilds} hermetic rebuild(s) per engine):")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,7 @@ import click
 
 from trtflow.cli import output, progress
 from trtflow.cli.app import Context, cli, pass_context
-from trtflow.states import CACHED, FAILED, SKIPPED, NodeState
-from trtflow.util.reads import recording as reads_recording
+from trtflow.services import describing, running
 
 
 @cli.command()
@@ -27,28 +27,10 @@ from trtflow.util.reads import recording as reads_recording
 @pass_context
 def validate(ctx: Context, export: bool) -> None:
     """Check pipeline.yaml, every recipe, and that each model parses and fits its profiles."""
-    from trtflow.modelcheck import unknown_integer_inputs
-
-    session = ctx.session(keep_refusals=True)
-    project = session.project
-    if export:
-        _export_sources(ctx, session)
-    project.refuse([refusal for item in project.recipes for refusal in item.refusals] + session.check_models())
-    output.print_warnings(session.idle_recipes())
-    output.print_warnings([line for item in project.recipes for line in unknown_integer_inputs(item, project.root)])
-    click.echo(
-        f"ok: {len(project.recipes)} recipe(s), {len(project.pipeline.targets)} target(s), {len(session.dag)} stage(s)"
-    )
-
-
-def _export_sources(ctx: Context, session: Any) -> None:
-    """validate --export: the export stages run (with progress), a failed one ends validation with its reason."""
-    view = progress.progress_view(ctx.verbose, 1)
-    try:
-        states = list(session.run_exports(view).values())
-    finally:
-        view.close()
-    _exit_if_failed(states)
+    with _progress(ctx.verbose, 1, export) as view:
+        done = running.validate_project(ctx.project_dir, export, view())
+    output.print_warnings(list(done.warnings))
+    click.echo(f"ok: {done.recipes} recipe(s), {done.targets} target(s), {done.stages} stage(s)")
 
 
 @cli.command()
@@ -58,12 +40,9 @@ def _export_sources(ctx: Context, session: Any) -> None:
 @pass_context
 def plan(ctx: Context, recipes: tuple[str, ...], explain: bool, as_json: bool) -> None:
     """Show every stage and whether it is cached, new, or stale (and why). Writes nothing."""
-    session = ctx.session(recipes)
-    try:
-        states = list(session.plan().values())
-        output.print_warnings(session.store_notes())
-    finally:
-        session.close()
+    planned = running.plan_project(ctx.project_dir, recipes)
+    states = list(planned.nodes)
+    output.print_warnings(list(planned.notes))
     if as_json:
         click.echo(json.dumps({"nodes": [s.to_json() for s in states]}, indent=2))
         return
@@ -155,91 +134,43 @@ def run(
     builds_alone: bool,
 ) -> None:
     """Run the stale stages of the selected recipes (all by default) and write their packages."""
-    from trtflow.run import runmemo
-
-    started, started_ns = time.perf_counter(), time.time_ns()
-    whole_project = not (recipes or force or retry_failed or dry_run or frozen or remote_required or check_repro)
-    remembered = runmemo.remembered_nodes(ctx.project_dir.resolve()) if whole_project else None
-    if remembered is not None:  # nothing the last no-op read has changed: that no-op's answer
-        known = [runmemo.remembered_state(entry) for entry in remembered]
-        output.print_summary(known, as_json, time.perf_counter() - started)
-        _exit_if_failed(known)
-        return
-    early = None if dry_run else _early_executor(ctx.project_dir, jobs, executor, ray_address)
-    from trtflow.run.session import RunOptions
-
-    with reads_recording() as reads:
-        options = RunOptions(
-            jobs=jobs,
-            force=force,
-            retry_failed=retry_failed,
-            frozen=frozen,
-            remote_required=remote_required,
-            check_repro=check_repro or 0,
-            executor="ray" if ray_address and executor is None else executor,
-            ray_address=ray_address,
-            memory=memory,
-            builds_alone=builds_alone,
-        )
-        try:
-            states, session = _run_session(ctx, recipes, options, dry_run, as_json, early)
-        finally:
-            if early is not None:
-                early.shutdown()  # done already, unless the run stopped before using it (a project error)
-    if states is None:
-        return  # a dry run: printed already
-    if whole_project and session.remembers_no_op(states):
-        runmemo.remember(
-            session.project.root, reads, [s.to_json() for s in states], started_ns, session.project.store_dir
-        )
-    elif any(s.status != CACHED for s in states):
-        runmemo.forget(session.project.root)
-    # a run that did nothing writes nothing (runmemo), unless the last report shows other failures than this run
-    if not no_report and (any(not s.settled for s in states) or _report_outdated(session, states)):
-        _write_report(session, states, time.perf_counter() - started, jobs)
-    output.print_summary(
-        states,
-        as_json,
-        time.perf_counter() - started,
-        warnings=session.warnings,
-        repro=session.repro,
-        repro_skipped=session.repro_skipped,
-        frozen=session.frozen,
+    options = running.RunOptions(
+        jobs=jobs,
+        force=force,
+        retry_failed=retry_failed,
+        frozen=frozen,
+        remote_required=remote_required,
+        check_repro=check_repro or 0,
+        executor="ray" if ray_address and executor is None else executor,
+        ray_address=ray_address,
+        memory=memory,
+        builds_alone=builds_alone,
     )
-    _exit_if_failed(states)
-    if any(check.verdict == "different" for check in session.repro):
-        sys.exit(1)
+    with _progress(ctx.verbose, jobs, not as_json) as view:
+        result = running.run_project(ctx.project_dir, recipes, options, view, dry_run, not no_report)
+    if result.report is not None:
+        click.echo(f"report: {result.report}", err=True)
+    output.print_summary(result, as_json)
+    if result.exit_code:
+        sys.exit(result.exit_code)
 
 
-def _report_outdated(session: Any, states: list) -> bool:
-    """Whether the last run.json shows other stages, or other failed and skipped ones, than these states: after a
-    failure, a fix found whole in the cache must not leave the old failures on the report as current."""
-    from trtflow.report import RUN_FILE
+@contextlib.contextmanager
+def _progress(verbose: bool, jobs: int, shown: bool) -> Iterator[Callable[[], Any]]:
+    """A maker of the progress view (none if not `shown`), closed once the command is done with it."""
+    views: list[Any] = []
+
+    def make() -> Any:
+        if not shown:
+            return None
+        views.append(progress.progress_view(verbose, jobs))
+        return views[-1]
 
     try:
-        shown = json.loads((session.project.packages_dir.parent / RUN_FILE).read_text())["nodes"]
-        before = {(n["id"], n["status"] in (FAILED, SKIPPED)) for n in shown}
-    except (OSError, ValueError, KeyError, TypeError):
-        return True
-    return before != {(s.node.id, s.status in (FAILED, SKIPPED)) for s in states}
-
-
-def _write_report(session: Any, states: list, seconds: float, jobs: int) -> None:
-    """run.json and report.html beside the packages; a report that cannot be written is a warning, not a failed run."""
-    from trtflow.report import REPORT_FILE
-    from trtflow.report.html import render
-    from trtflow.report.record import run_record, write_record
-    from trtflow.util.fs import atomic_write
-
-    folder = session.project.packages_dir.parent
-    try:
-        record = run_record(session, states, seconds, jobs)
-        write_record(folder, record)
-        atomic_write(folder / REPORT_FILE, render(record))
-    except OSError as exc:
-        output.print_warnings([f"could not write the run report in {folder}: {exc}"])
-        return
-    click.echo(f"report: {folder / REPORT_FILE}", err=True)
+        yield make
+    finally:
+        for view in views:
+            view.close()
 
 
 @cli.command()
@@ -266,72 +197,11 @@ def _write_report(session: Any, states: list, seconds: float, jobs: int) -> None
 def report(ctx: Context, source: Path | None, out: Path | None, fmt: str) -> None:
     """Draw the last run: DAG by status, timeline per job slot, accuracy and composition, engines, what each GPU
     gets."""
-    from trtflow.report import REPORT_FILE, RUN_FILE, html, markdown
-    from trtflow.report.record import read_record
-    from trtflow.util.fs import atomic_write
-
-    if source is None:
-        from trtflow.recipe import load_project
-
-        source = load_project(ctx.project_dir).packages_dir.parent / RUN_FILE
-    record = read_record(source)
-    text = markdown.render(record) if fmt == "md" else html.render(record)
-    if out is None and fmt == "md":
+    text, target = running.render_report(ctx.project_dir, source, out, fmt)
+    if target is None:
         click.echo(text, nl=False)
         return
-    target = out or source.parent / REPORT_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(target, text)
     click.echo(f"wrote {target}", err=True)
-
-
-def _exit_if_failed(states: list) -> None:
-    """Exit 1 when a stage failed (4 when it found something missing from this machine); under --frozen, a failure
-    exactly as trtflow.lock records it is a known one and does not fail the run."""
-    failed = [s.exit_code or 1 for s in states if s.status == FAILED and not s.expected]
-    if failed:
-        sys.exit(max(failed))
-
-
-def _early_executor(project_dir: Path, jobs: int, executor: str | None, ray_address: str | None) -> Any:
-    """For a run that may be local: an executor whose first servers start now, before the project is loaded (None for
-    Ray). Its module is one the run imports anyway; a project without a store yet gets the model tools' server first.
-    Best effort: a server that cannot start here (None) is started, and its problem reported, when a stage needs it;
-    a run with nothing to build never meets it."""
-    if executor == "ray" or (ray_address and executor is None):
-        return None
-    from trtflow.errors import TrtflowError
-    from trtflow.executors.local import LocalExecutor
-
-    try:
-        return LocalExecutor.started_early(jobs, cold=not (project_dir / DEFAULT_STORE).is_dir())
-    except (TrtflowError, OSError):
-        return None
-
-
-DEFAULT_STORE = "artifacts/store"  # pipeline.yaml's default `store:` (the early guess need not load the project)
-
-
-def _run_session(
-    ctx: Context, recipes: tuple[str, ...], options: Any, dry_run: bool, as_json: bool, early: Any = None
-) -> tuple[list[NodeState] | None, Any]:
-    """(final states, the session) of a run (in `early`'s servers if it is local); (None, session) after printing a
-    dry run's plan."""
-    session = ctx.session(recipes)
-    try:
-        if dry_run:
-            if options.frozen:
-                session.frozen_keys()  # the same check a frozen run makes before building anything
-            output.print_summary(list(session.plan(options.force).values()), as_json, 0.0, dry_run=True)
-            return None, session
-        view = None if as_json else progress.progress_view(ctx.verbose, options.jobs)
-        try:
-            return list(session.run(options, view, early).values()), session
-        finally:
-            if view is not None:
-                view.close()
-    finally:
-        session.close()
 
 
 @cli.command()
@@ -342,9 +212,7 @@ def _run_session(
 )
 def inspect(path: Path, as_json: bool, layers: bool) -> None:
     """Show a package (folder or .tar.gz), a manifest.json, or an engine file."""
-    from trtflow.inspection import inspect_path
-
-    info = inspect_path(path)
+    info = describing.inspect(path)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     elif info["kind"] == "engine":
@@ -357,14 +225,7 @@ def inspect(path: Path, as_json: bool, layers: bool) -> None:
 @click.argument("what", type=click.Choice(["manifest", "recipe", "pipeline"]))
 def schema(what: str) -> None:
     """Print the JSON Schema of a manifest, a recipe or pipeline.yaml (for editors and validators)."""
-    if what == "manifest":
-        from trtflow.manifest import manifest_json_schema
-
-        click.echo(json.dumps(manifest_json_schema(), indent=2))
-        return
-    from trtflow.recipe.schema import Pipeline, recipe_json_schema
-
-    click.echo(json.dumps(recipe_json_schema() if what == "recipe" else Pipeline.model_json_schema(), indent=2))
+    click.echo(json.dumps(describing.json_schema(what), indent=2))
 
 
 def _size_option(value: str | None) -> int | None:

@@ -1,11 +1,9 @@
 """Getting engines to devices: `provision` (a package or a published URL, once) and `publish` (a package to a remote);
-the agent (cli/fleet.py) provisions through the same provision_once."""
+the agent (cli/fleet.py) provisions through the same services.provisioning.provision_once."""
 
 from __future__ import annotations
 
 import json
-import socket
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -13,6 +11,7 @@ import click
 from trtflow.cli import output
 from trtflow.cli.app import cli
 from trtflow.errors import TrtflowError
+from trtflow.services import provisioning
 
 
 @cli.command()
@@ -113,26 +112,26 @@ def provision(
     From a URL: the channel's version for this device, its manifest and the chosen engine are fetched (nothing but
     one conditional request when nothing changed); the engine's sha256 is checked while it streams."""
     failed: list[dict] = []  # for --json: the engines for this GPU that failed to build
-    options = ProvisionOptions(
-        gpu,
-        runtime_version,
-        backend,
-        precision,
-        prefer,
-        allow_failed,
-        dest,
-        keep,
-        require_signature,
-        trust,
-        provenance_file,
-        channel,
-        device_id,
-        not no_preflight,
+    options = provisioning.ProvisionOptions(
+        gpu=gpu,
+        runtime_version=runtime_version,
+        backend=backend,
+        precision=precision,
+        prefer=prefer,
+        allow_failed=allow_failed,
+        dest=dest,
+        keep=keep,
+        require_signature=require_signature,
+        trust=trust,
+        provenance_file=provenance_file,
+        channel=channel,
+        device_id=device_id,
+        preflight=not no_preflight,
         plugin_dir=plugin_dir,
     )
 
     def install() -> dict:
-        return provision_once(package, options, failed)
+        return provisioning.provision_once(package, options, failed)
 
     if not as_json:
         output.print_provision(install())
@@ -164,10 +163,7 @@ def publish(package: Path, url: str, channel: str, as_json: bool) -> None:
 
     Engines go to engines/<sha256>.engine (sent only when missing), the manifest to versions/<sha256>/, the small
     channels/<name>.json last: a device never sees a manifest whose engines are being replaced."""
-    from trtflow import provenance
-    from trtflow.deploy.channels import publish_version
-
-    summary = publish_version(package, url, provenance.provenance_path(package), channel)
+    summary = provisioning.publish(package, url, channel)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -177,101 +173,3 @@ def publish(package: Path, url: str, channel: str, as_json: bool) -> None:
         f"{len(summary['engines_sent'])} engine(s) sent{unchanged}, {summary['files_sent']} file(s), "
         f"{summary['bytes_sent']} bytes"
     )
-
-
-@dataclass(frozen=True)
-class ProvisionOptions:
-    """What `provision` and `agent` are told about the device and where to install."""
-
-    gpu: str
-    runtime_version: str | None
-    backend: str | None
-    precision: str | None
-    prefer: str | None
-    allow_failed: bool
-    dest: Path
-    keep: int
-    require_signature: bool
-    trust: tuple[Path, ...]
-    provenance_file: Path | None
-    channel: str
-    device_id: str | None
-    preflight: bool = True
-    health_cmd: str | None = None
-    health_timeout: float = 300.0
-    plugin_dir: Path | None = None  # the plugin libraries this device has (found by sha256)
-
-
-def device_id_of(options: ProvisionOptions) -> str:
-    """--device-id, else the host name; BadRequest when it is not a plain name (it names the device's report)."""
-    from trtflow.deploy.fleet import report_file
-    from trtflow.deploy.provision import BadRequest
-
-    device_id = options.device_id or socket.gethostname()
-    try:
-        report_file(device_id)
-    except ValueError as exc:
-        raise BadRequest(f"--device-id: {exc}") from None
-    return device_id
-
-
-def _check(options: ProvisionOptions):
-    """The checks to run before `current` flips: the preflight, then the health command."""
-    from trtflow.deploy.agent import health_check
-    from trtflow.deploy.preflight import preflight
-
-    health = health_check(options.health_cmd, options.health_timeout) if options.health_cmd else None
-    if not options.preflight and health is None:
-        return None
-
-    def check(engine, path: Path) -> dict:  # noqa: ANN001
-        done = (
-            preflight(engine, path, options.runtime_version)
-            if options.preflight
-            else {"preflight": "skipped: --no-preflight"}
-        )
-        return {**done, **(health(engine, path) if health else {})}
-
-    return check
-
-
-def provision_once(package: str, options: ProvisionOptions, failed: list) -> dict:
-    """One provision of a package path or URL (a URL through its channel); `failed` gets the engines that failed to
-    build."""
-    from trtflow.deploy import provision as prov
-    from trtflow.util.fsurl import is_url
-
-    if options.require_signature and not options.trust:
-        raise prov.BadRequest("--require-signature needs at least one --trust KEY.pub")
-    keys = None
-    if options.require_signature:
-        from trtflow.signing import trusted_keys
-
-        keys = trusted_keys(((path, f"--trust {path}") for path in options.trust), prov.BadRequest)
-
-    def make_device(manifest):  # noqa: ANN001
-        device = prov.device_from_options(
-            options.gpu,
-            manifest,
-            options.runtime_version,
-            options.backend,
-            options.precision,
-            options.prefer,
-            options.allow_failed,
-            options.plugin_dir,
-        )
-        failed.extend(m.model_dump() for m in prov.failed_for(manifest, device))
-        return device
-
-    if is_url(package) and options.provenance_file is None:
-        from trtflow.deploy.rollout import Request, provision_channel
-
-        choice = (options.runtime_version, options.backend, options.precision, options.prefer, options.allow_failed)
-        request = Request(
-            package, options.channel, device_id_of(options), options.gpu, options.dest, options.keep, choice, keys
-        )
-        return provision_channel(request, make_device, _check(options))
-    loaded = prov.open_package(package)
-    if keys is not None:
-        loaded = prov.require_signature(loaded, keys, options.provenance_file)
-    return prov.provision(loaded, make_device(loaded.manifest), options.dest, options.keep, _check(options))

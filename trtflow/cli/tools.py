@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
-from trtflow import __version__
 from trtflow.cli import output
 from trtflow.cli.app import Context, cli, pass_context
+from trtflow.services import housekeeping, provisioning
 
 
 @cli.group()
@@ -36,10 +34,7 @@ def export() -> None:
 def export_ort_context(package: str, dest: Path, embed: bool, as_json: bool) -> None:
     """Write one ONNX model per engine whose EPContext node ONNX Runtime's TensorRT(-RTX) provider loads without
     compiling."""
-    from trtflow.deploy.ort_context import export_ort_context as write
-    from trtflow.deploy.provision import open_package
-
-    written = write(open_package(package), dest, embed)
+    written = provisioning.export_ort_context(package, dest, embed)
     if as_json:
         click.echo(json.dumps(written, indent=2))
         return
@@ -77,10 +72,7 @@ def export_triton(
 ) -> None:
     """Write a Triton model (config.pbtxt + <version>/<target>.plan) serving full TensorRT engines on every GPU they
     were built for."""
-    from trtflow.deploy.provision import open_package
-    from trtflow.deploy.triton import export_triton as write
-
-    written = write([open_package(p) for p in packages], repo, model_name, version, precision)
+    written = provisioning.export_triton(packages, repo, model_name, version, precision)
     if as_json:
         click.echo(json.dumps(written, indent=2))
         return
@@ -112,9 +104,7 @@ def toolchain(ctx: Context) -> None:
 
     A release build from an old tag installs them so `run --frozen` rebuilds what was locked:
     `trtflow toolchain > toolchain.txt && pip install -r toolchain.txt`."""
-    from trtflow.toolchain import read_tools, requirements
-
-    click.echo(requirements(read_tools(ctx.project_dir.resolve())), nl=False)
+    click.echo(housekeeping.toolchain_requirements(ctx.project_dir), nl=False)
 
 
 @cli.command()
@@ -122,20 +112,12 @@ def toolchain(ctx: Context) -> None:
 @pass_context
 def doctor(ctx: Context, as_json: bool) -> None:
     """Hold the installed tools to the ones trtflow.lock was made with; exit 1 naming each that differs."""
-    from trtflow.toolchain import INSTALL_HINT, read_tools
-
-    tools = read_tools(ctx.project_dir.resolve())
-    rows = [{"tool": t.name, "locked": t.version, "installed": t.installed(), "stages": len(t.named_by)} for t in tools]
-    differ = [row for row in rows if row["installed"] != row["locked"]]
+    report = housekeeping.doctor(ctx.project_dir)
     if as_json:
-        click.echo(
-            json.dumps(
-                {"trtflow": __version__, "python": sys.version.split()[0], "tools": rows, "ok": not differ}, indent=2
-            )
-        )
+        click.echo(json.dumps(report, indent=2))
     else:
-        output.print_doctor(rows, __version__, INSTALL_HINT if differ else None)
-    if differ:
+        output.print_doctor(report["tools"], report["trtflow"], report["hint"])
+    if not report["ok"]:
         sys.exit(1)
 
 
@@ -149,11 +131,7 @@ def cache() -> None:
 @pass_context
 def cache_ls(ctx: Context, as_json: bool) -> None:
     """Records and bytes per recipe and stage, how many of them trtflow.lock uses, and store totals."""
-    from trtflow.store import housekeeping
-
-    info = _on_store(
-        ctx, as_json, lambda project, store: housekeeping.usage(store, housekeeping.lock_keys(project.root))
-    )
+    info = _report(housekeeping.cache_usage(ctx.project_dir), as_json)
     if info is None:
         return
     if as_json:
@@ -179,9 +157,7 @@ def cache_ls(ctx: Context, as_json: bool) -> None:
 def cache_verify(ctx: Context, as_json: bool) -> None:
     """Re-hash every object and check every record; name bad ones (exit 1) and move them aside so the next run rebuilds
     them."""
-    from trtflow.store import housekeeping
-
-    report = _on_store(ctx, as_json, lambda project, store: housekeeping.verify(store))
+    report = _report(housekeeping.cache_verify(ctx.project_dir), as_json)
     if report is None:
         return
     if as_json:
@@ -201,23 +177,9 @@ def cache_verify(ctx: Context, as_json: bool) -> None:
 @pass_context
 def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
     """Delete what trtflow.lock, the current packages (and --keep-last N runs) do not use. A dry run without --yes."""
-    from trtflow.store import housekeeping
-
-    def sweep(project, store) -> dict:
-        """List (or with --yes delete) what the lock, the packages and the last --keep-last runs do not use."""
-        keep = housekeeping.live_keys(store, project.root, project.packages_dir, keep_last)
-        if not yes:
-            return housekeeping.garbage(store, keep)
-        report = housekeeping.collect_garbage(store, keep)
-        report["leftovers"] = [
-            str(p) for p in housekeeping.sweep_leftovers(store, project.packages_dir, project.root, runs_died=True)
-        ]
-        return report
-
-    report = _on_store(ctx, as_json, sweep)
+    report = _report(housekeeping.cache_gc(ctx.project_dir, keep_last, yes), as_json)
     if report is None:
         return
-    report["dry_run"] = not yes
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -237,19 +199,13 @@ def cache_gc(ctx: Context, keep_last: int, yes: bool, as_json: bool) -> None:
         click.echo("dry run: pass --yes to delete")
 
 
-def _on_store(ctx: Context, as_json: bool, work: Callable[[Any, Any], dict]) -> dict | None:
-    """`work(project, store)` on the project's store, closed afterwards; None (said to the user) if nothing has run
-    yet."""
-    project, store = ctx.store()
-    if store is None:
-        _no_store(project.store_dir, as_json)
+def _report(answer: housekeeping.StoreAnswer, as_json: bool) -> dict | None:
+    """A cache command's report, after its notes; None (said to the user) if nothing has run yet."""
+    if answer.report is None:
+        _no_store(answer.store, as_json)
         return None
-    try:
-        report = work(project, store)
-        output.print_warnings(store.take_notes())
-        return report
-    finally:
-        store.close()
+    output.print_warnings(list(answer.notes))
+    return answer.report
 
 
 def _no_store(path: Path, as_json: bool) -> None:

@@ -12,31 +12,34 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtflow import __version__
 from trtflow.errors import NoRunRecord
 from trtflow.report import FORMAT, RUN_FILE
 from trtflow.states import CACHED, FAILED, NodeState
 
+if TYPE_CHECKING:
+    from trtflow.recipe.project import Project
+    from trtflow.run.result import RunResult
+
 MAX_RECORD_BYTES = 256 << 20
 
 
-def run_record(session: Any, states: list[NodeState], seconds: float, jobs: int) -> dict:
-    """The record of a finished run of `session` (a trtflow.run.session.Session): nodes, timing, packages, fleet."""
-    nodes = [_node_entry(session, state) for state in states]
-    manifests = _manifests(session.project.packages_dir, sorted({n["recipe"] for n in nodes}))
+def run_record(project: Project, result: RunResult) -> dict:
+    """The record of a finished run of `project`: nodes, timing, packages, fleet."""
+    nodes = [_node_entry(result, state) for state in result.nodes]
+    manifests = _manifests(project.packages_dir, sorted({n["recipe"] for n in nodes}))
     targets = {
-        name: [str(cc) for cc in target.compute_capabilities]
-        for name, target in session.project.pipeline.targets.items()
+        name: [str(cc) for cc in target.compute_capabilities] for name, target in project.pipeline.targets.items()
     }
     return {
         "format": FORMAT,
         "trtflow_version": __version__,
-        "project": session.project.root.name,
+        "project": project.root.name,
         "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "seconds": round(seconds, 3),
-        "jobs": jobs,
+        "seconds": round(result.seconds, 3),
+        "jobs": result.jobs,
         "nodes": nodes,
         "packages": manifests,
         "targets": targets,
@@ -45,13 +48,13 @@ def run_record(session: Any, states: list[NodeState], seconds: float, jobs: int)
     }
 
 
-def _node_entry(session: Any, state: NodeState) -> dict:
+def _node_entry(result: RunResult, state: NodeState) -> dict:
     """One node: status, reason (the plan's, for a stage that ran), timing, and the seconds its record took to make."""
-    node, planned = state.node, session.planned.get(state.node.id)
+    node, planned = state.node, result.planned.get(state.node.id)
     reason = state.reason or (planned.label if planned is not None and not planned.settled else "")
     changes = state.changes or (planned.changes if planned is not None else [])
-    record = session.finished.get(node.id) or state.record or {}
-    timing = session.timeline.get(node.id, {})
+    record = result.records.get(node.id) or state.record or {}
+    timing = result.timeline.get(node.id)
     return {
         "id": node.id,
         "kind": node.kind,
@@ -64,10 +67,10 @@ def _node_entry(session: Any, state: NodeState) -> dict:
         "changes": list(changes),
         "seconds": state.seconds,
         "recorded_seconds": _seconds(record),
-        "start": timing.get("start"),
-        "end": timing.get("end"),
-        "slot": timing.get("slot"),
-        "peak_rss": timing.get("peak_rss"),
+        "start": timing.start if timing else None,
+        "end": timing.end if timing else None,
+        "slot": timing.slot if timing else None,
+        "peak_rss": timing.peak_rss if timing else None,
     }
 
 

@@ -33,6 +33,7 @@ from trtflow.run.jobs import Job, as_lack_of_memory, failure_record, task_inputs
 from trtflow.run.options import RunOptions
 from trtflow.run.placing import Placements, run_here
 from trtflow.run.plan import Resolution, Resolver, failure_shown, upstream_outcome
+from trtflow.run.result import Slot
 from trtflow.stages import stage
 from trtflow.stages.base import Placement
 from trtflow.states import (
@@ -101,8 +102,7 @@ class Runner:
         self._reported = 0
         self._running_jobs: list[Job] = []
         self.t0 = time.perf_counter()
-        # node id -> {start, end (s from the run's start), slot, peak_rss}: for the report
-        self.timeline: dict[str, dict] = {}
+        self.timeline: dict[str, Slot] = {}  # node id -> when it ran (s from the run's start), its slot and peak RSS
 
     def run(self) -> dict[str, NodeState]:
         """Dispatch every node as its upstreams finish (of those ready, the one with the longest chain waiting on it
@@ -275,13 +275,8 @@ class Runner:
         """Store a finished stage's outputs and record, or settle its failure; always release its key and work dir."""
         seconds = round(time.perf_counter() - job.started, 3)
         self._running_jobs.remove(job)
-        self.timeline[job.node.id] = {
-            "start": round(job.started - self.t0, 3),
-            "end": round(job.started - self.t0 + seconds, 3),
-            "slot": job.slot,
-            "peak_rss": result.peak_rss,
-            "expected_rss": job.expected,
-        }
+        start = round(job.started - self.t0, 3)
+        self.timeline[job.node.id] = Slot(start, round(start + seconds, 3), job.slot, result.peak_rss)
         self.store.remember_peak(job.node.id, result.peak_rss)
         result = as_lack_of_memory(job, result)
         try:
@@ -300,6 +295,7 @@ class Runner:
                         exit_code=result.exit_code,
                         where=result.node,
                         recorded=recorded,
+                        peak_rss=result.peak_rss,
                     )
                 )
                 return
@@ -318,7 +314,15 @@ class Runner:
             record = self.store.put_stage_record(job.key, record)
             self._built_here[job.key] = record
             self._finish(
-                NodeState(job.node, BUILT, key=job.key, components=job.components, seconds=seconds, where=result.node),
+                NodeState(
+                    job.node,
+                    BUILT,
+                    key=job.key,
+                    components=job.components,
+                    seconds=seconds,
+                    where=result.node,
+                    peak_rss=result.peak_rss,
+                ),
                 record,
             )
             if self.remote is not None:

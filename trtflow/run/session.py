@@ -9,6 +9,7 @@ again, so gc cannot have deleted what it finds). A run that finds everything cac
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,21 +26,21 @@ from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import RaySpec
 from trtflow.run.admission import default_budget
 from trtflow.run.dag import Dag, dag_from_project
-from trtflow.run.frozen import canonical_outputs, locked_entries
+from trtflow.run.frozen import locked_entries
+from trtflow.run.lockupdate import update_lock
 from trtflow.run.options import RunOptions
 from trtflow.run.plan import Resolver, kinds_to_run, plan
-from trtflow.run.runmemo import signature
+from trtflow.run.result import RunResult, frozen_mapping
 from trtflow.run.runner import Listener, Runner
 from trtflow.signing import Signer, signer_from_environment
 from trtflow.stages.base import NodeId, Placement
 from trtflow.stages.package import earlier_packages
 from trtflow.states import PULLED, NodeState
 from trtflow.store import Store
-from trtflow.store.lockfile import LOCK_FILE, LockEntry, entries_digest, failure_entries, read_lock, write_lock
-from trtflow.store.locks import LazyLease, holding
+from trtflow.store.lockfile import LOCK_FILE, LockEntry
+from trtflow.store.locks import LazyLease
 from trtflow.store.objects import EXCHANGE_DIR
 from trtflow.taskdata import check_task_data
-from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:
     from trtflow.executors import Executor
@@ -60,18 +61,7 @@ class Session:
         self.store: Store | None = Store.existing(project.store_dir)
         digests = self.store.file_digests() if self.store else FileDigests()
         self.resolver = Resolver(self.store, digests)
-        self.warnings: list[str] = []  # what the last run warned about (remote down, corrupt objects)
-        self.repro: list = []  # --check-repro: one repro.EngineRepro per engine
-        # --check-repro: engines not rebuilt (their build failed or was skipped) and why
-        self.repro_skipped: dict[str, str] = {}
-        # --frozen: how the run's outputs compare with trtflow.lock (identical, equivalent)
-        self.frozen: dict | None = None
         self.signer: Signer | None = None  # the environment's signing key, read when a run starts
-        # the last run's node id -> {start, end, slot, peak_rss} (runner.Runner.timeline)
-        self.timeline: dict[str, dict] = {}
-        self.finished: dict[str, dict] = {}  # the last run's store record per node that built or was found cached
-        # the last run's plan: why each stage ran (`plan --explain`), for the report
-        self.planned: dict[str, NodeState] = {}
 
     @classmethod
     def open(cls, root: Path, recipes: Iterable[str] = (), keep_refusals: bool = False) -> Session:
@@ -129,13 +119,14 @@ class Session:
 
     def run(
         self, options: RunOptions, listener: Listener | None = None, early: LocalExecutor | None = None
-    ) -> dict[str, NodeState]:
+    ) -> RunResult:
         """Plan, pre-check the models that will be read, then execute what is not cached (in `early`, servers started
-        before the project was loaded, if the run is local); update the lock."""
+        before the project was loaded, if the run is local); update the lock. The run's result, as one value."""
+        started = time.perf_counter()
         with self.resolver.digests.for_one_run():  # each source is read once however often the run plans
-            return self._run(options, listener, early)
+            return self._run(options, listener, early, started)
 
-    def run_exports(self, listener: Listener | None = None) -> dict[str, NodeState]:
+    def run_exports(self, listener: Listener | None = None) -> RunResult:
         """Only the export stages, run as `run` runs them (cached, in the lock): validate then reads their models."""
         whole, self.dag = self.dag, self.dag.of_kind("export")
         try:
@@ -144,7 +135,9 @@ class Session:
             self.dag = whole
             self._new_resolver(False)  # one that finds the exports just made
 
-    def _run(self, options: RunOptions, listener: Listener | None, early: LocalExecutor | None) -> dict[str, NodeState]:
+    def _run(
+        self, options: RunOptions, listener: Listener | None, early: LocalExecutor | None, started: float
+    ) -> RunResult:
         expected = self.frozen_keys() if options.frozen else None
         self.signer = signer_from_environment()
         remote = self._remote(options)
@@ -196,38 +189,53 @@ class Session:
                 remote=remote,
                 workroot=lease.tmp,
             )
-            self.planned = planned
             if listener is not None:
                 listener("plan", self.estimates(planned))
             states = runner.run()
-            self.warnings, self.timeline, self.finished = runner.warnings, runner.timeline, runner.finished
+            warnings = list(runner.warnings)
             for message in earlier_packages(states.values(), self.project.packages_dir):
-                self.warnings.append(message)
+                warnings.append(message)
                 if listener is not None:
                     listener("warning", message)
-            if options.frozen:
-                self.frozen = {
-                    "identical": len(runner.frozen.identical),
-                    "equivalent": sorted(runner.frozen.equivalent),
-                    "engines": runner.frozen.engines([node.id for node in self.dag.of_kind("build")]),
-                }
+            result = RunResult(
+                tuple(states.values()),
+                0.0,
+                options.jobs,
+                warnings=tuple(warnings),
+                records=frozen_mapping(runner.finished),
+                timeline=frozen_mapping(runner.timeline),
+                planned=frozen_mapping(planned),
+                frozen=self._frozen_summary(runner) if options.frozen else None,
+            )
             if not options.frozen:
-                self._update_lock(store, runner.finished, states)
+                update_lock(self.lock_path, self.all_node_ids, store, result)
             store.record_run(
                 [record["key"] for record in runner.finished.values()]
                 + [state.key for state in states.values() if state.recorded and state.key]
             )
             if options.check_repro:
-                self.repro = self._check_repro(store, runner.finished, options, listener)
-                self.repro_skipped = {
-                    n: states[n].label for n in states if self.dag.nodes[n].kind == "build" and n not in runner.finished
-                }
+                result = dataclasses.replace(
+                    result,
+                    repro=tuple(self._check_repro(store, runner.finished, options, listener)),
+                    repro_skipped=frozen_mapping(
+                        (n, s.label) for n, s in states.items() if s.node.kind == "build" and n not in runner.finished
+                    ),
+                )
         finally:
             if executor is not None:
                 executor.shutdown()  # already done by the runner, unless a check refused the run first
             if lease is not None:
                 lease.close()
-        return states
+        return dataclasses.replace(result, seconds=time.perf_counter() - started)
+
+    def _frozen_summary(self, runner: Runner) -> dict:
+        """--frozen: how many outputs are the lock's byte for byte, which engines are only equivalent, and each engine's
+        digests against the lock's."""
+        return {
+            "identical": len(runner.frozen.identical),
+            "equivalent": sorted(runner.frozen.equivalent),
+            "engines": runner.frozen.engines([node.id for node in self.dag.of_kind("build")]),
+        }
 
     def estimates(self, planned: dict[str, NodeState]) -> dict[str, float | None]:
         """Seconds each node that will run took the last time it ran (from the store's records; None: never ran), for
@@ -277,42 +285,6 @@ class Session:
             trust=self.project.trusted_keys(),
         )
 
-    def _update_lock(self, store: Store, finished: dict[str, dict], states: dict[str, NodeState]) -> None:
-        """Entries of this run's nodes replace old ones (a recorded failure and what it skipped included: the lock
-        holds every stage); nodes gone from the project are dropped. A node that failed for a reason of the machine
-        (killed, a missing package) keeps its old entry."""
-        ours = {
-            node_id: LockEntry(
-                key=record["key"],
-                components=record["components"],
-                outputs=record["outputs"],
-                canonical=canonical_outputs(record),
-            )
-            for node_id, record in finished.items()
-        }
-        ours.update(failure_entries(states, ours))
-        note_path(self.lock_path)
-        with holding(store.locks / "trtflow-lock.lock"):  # concurrent runs of one project merge, not overwrite
-            if self.all_node_ids <= ours.keys() and self._lock_holds(
-                store, entries_digest({k: ours[k] for k in self.all_node_ids})
-            ):
-                return  # a no-op of the whole project: the lock is the one the last run wrote or read, unchanged
-            try:
-                previous = read_lock(self.lock_path) or {}
-            except ProjectError:
-                previous = {}  # an unreadable lock is replaced: this run knows everything it needs
-            entries = {k: v for k, v in previous.items() if k in self.all_node_ids}
-            entries.update(ours)
-            if entries != previous:  # a no-op writes nothing (and skips encoding thousands of entries)
-                write_lock(self.lock_path, entries)
-            store.remember_lock(str(self.lock_path), signature(str(self.lock_path)), entries_digest(entries))
-
-    def _lock_holds(self, store: Store, digest: str) -> bool:
-        """Whether the lock file is, byte for byte, one this store saw holding entries of `digest` (no need to read
-        it)."""
-        seen = signature(str(self.lock_path))  # type, size, mtime, ctime, inode: the same file, untouched
-        return seen is not None and store.remembered_lock(str(self.lock_path)) == [seen, digest]
-
     def _executor(self, options: RunOptions, planned: dict[str, NodeState], early: LocalExecutor | None) -> Executor:
         """The local executor (`early`'s, if the CLI started one), or a Ray executor (--executor ray, or executor.ray in
         pipeline.yaml; `early` is then ended) checked to have a node for every label set the stages to run need."""
@@ -348,15 +320,15 @@ class Session:
             raise
         return executor
 
-    def remembers_no_op(self, states: list[NodeState]) -> bool:
+    def remembers_no_op(self, result: RunResult) -> bool:
         """Whether this finished run may be remembered as the project's no-op (runmemo): every stage found cached
         locally (or its recorded failure found, or skipped below one), no warning, and no remote cache (a run with
         one talks to it)."""
         return (
             self.store is not None
             and self.project.pipeline.cache.remote is None
-            and not self.warnings
-            and all(s.settled and s.reason != PULLED for s in states)
+            and not result.warnings
+            and all(s.settled and s.reason != PULLED for s in result.nodes)
         )
 
     def idle_recipes(self) -> list[str]:
