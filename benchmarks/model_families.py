@@ -40,6 +40,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from conftest import write_project  # noqa: E402
 from families import family_model  # noqa: E402
 
+from trtflow.stages.base import Node, NodeId, NodeInfo, StageParams  # noqa: E402
+from trtflow.stages.precision import expected_memory  # noqa: E402
 from trtflow.util.inputvalues import padded_mask  # noqa: E402
 from trtflow.util.memory import expected_peak  # noqa: E402
 
@@ -225,8 +227,8 @@ def main() -> int:
             print(line)
             if node["kind"] == "precision" and precision != "fp32" and node.get("peak_rss"):
                 weights = max(f.stat().st_size for f in family_model(name, work / "models-cache").path.parent.iterdir())
-                kind = "precision-autocast" if precision in ("fp16", "bf16") else "precision"
-                expectations.append((node_id, expected_peak(kind, weights, None), node["peak_rss"]))
+                declared = expected_memory(Node(NodeId(node_id), 1, StageParams(), info=NodeInfo(precision=precision)))
+                expectations.append((node_id, expected_peak(declared, weights, None), node["peak_rss"]))
     print("\nthe scheduler's expectation of a precision stage (before it has a measured peak) against its peak:")
     for node_id, expected, peak in expectations:
         ratio = max(expected / peak, peak / expected)

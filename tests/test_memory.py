@@ -11,7 +11,9 @@ import pytest
 from conftest import TINY_RECIPE, trtflow, write_project
 
 from trtflow.executors import StageTask
-from trtflow.util.memory import DECLARED, MIB, expected_peak, parse_size
+from trtflow.stages.base import Node, NodeId, NodeInfo, StageParams
+from trtflow.stages.precision import expected_memory
+from trtflow.util.memory import MIB, expected_peak, parse_size
 
 FP16 = TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp16]") + "accuracy: {fp16: {min_top1: 0.0}}\n"
 
@@ -34,7 +36,7 @@ def two_precisions(root: Path) -> Path:
 
 def test_two_precision_stages_beyond_the_budget_run_one_after_the_other(tmp_path: Path) -> None:
     root = two_precisions(tmp_path / "p")
-    declared = expected_peak("precision", 0, None)
+    declared = expected_peak((600 * MIB, 32.0), 0, None)  # an int8 precision stage's, before it has run
     budget = int(declared * 1.5)  # room for one precision stage, not two
     result = trtflow(root, "run", "-j", "2", "--memory", f"{budget // MIB}M", "--json")
     assert result.code == 0, result.err
@@ -108,9 +110,12 @@ def test_a_bad_size_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_expectations_learn_from_the_last_peak_and_scale_with_the_model() -> None:
-    base, per_byte = DECLARED["precision"]
-    assert expected_peak("precision", 548 << 20, None) == int(base + per_byte * (548 << 20))
-    assert expected_peak("precision", 548 << 20, 123) == 123
+    int8 = Node(NodeId.of("precision", "m", "int8"), 1, StageParams(), info=NodeInfo(precision="int8"))
+    base, per_byte = expected_memory(int8)
+    assert expected_peak((base, per_byte), 548 << 20, None) == int(base + per_byte * (548 << 20))
+    assert expected_peak((base, per_byte), 548 << 20, 123) == 123
+    fp32 = Node(NodeId.of("precision", "m", "fp32"), 1, StageParams(), info=NodeInfo(precision="fp32"))
+    assert expected_memory(fp32)[1] == 0.0  # fp32 links its model through: nothing per model byte
 
 
 def test_a_pool_worker_frees_what_model_tools_leave_behind(tmp_path: Path, zoo_dir: Path) -> None:

@@ -111,21 +111,9 @@ class Executor(Protocol):
         """Stop the workers at the end of a run; tasks not yet started are cancelled."""
 
 
-# What a worker imports ahead of a stage kind's first task (executors.local.LocalExecutor.prepare).
-WARM_IMPORTS = {
-    "cleanup": ("trtflow.stages.cleanup", "onnx", "onnxruntime", "onnxslim"),
-    "precision": ("trtflow.stages.precision", "trtflow.stages.compare", "onnx", "onnxruntime"),
-    "verify": ("trtflow.stages.verify", "trtflow.stages.compare", "onnx"),  # it reads the model's graph (0.3 s)
-    "package": ("trtflow.stages.package", "trtflow.manifest"),
-    # not onnx: a build reads the graph only for an architecture with limits, and onnx brings numpy, whose BLAS starts a
-    # thread; a build server forks from a single-threaded process
-    "build": ("trtflow.stages.build", "tensorrt_rtx"),
-}
-
-
 def warm_up(kinds: list[str]) -> None:
     """Import what stages of these kinds need, in this worker, before their first task arrives."""
-    import_quietly([module for kind in kinds for module in WARM_IMPORTS.get(kind, ())])
+    import_quietly([module for kind in kinds for module in stage(kind).warm_imports])
 
 
 def import_quietly(modules: list[str]) -> None:

@@ -31,13 +31,15 @@ from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
 from trtflow.executors.hermetic import HERMETIC_SLOTS, free_slot, hermetic_preexec, worker_result, write_task
 from trtflow.executors.worker import GO, OUTPUT_FILE, TASK_FILE
+from trtflow.stages import kinds_running_in
+from trtflow.stages.base import BUILD_SERVER, TOOLS_SERVER
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 FORKS = sys.platform.startswith("linux")  # where servers fork workers (fork without exec is safe there)
 PLAIN_SLOTS = "servers"  # the slot pool of plain servers' folders (`/tmp/trtflow-servers-<uid>/<n>`)
 # The stage kinds one server imports for: hermetic build servers; plain servers for the model tools.
-BUILD_SERVED, TOOLS_SERVED = ("build",), ("cleanup", "precision")
+BUILD_SERVED, TOOLS_SERVED = kinds_running_in(BUILD_SERVER), kinds_running_in(TOOLS_SERVER)
 
 
 class ForkServer(NamedTuple):

@@ -19,12 +19,15 @@ import os
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
 from trtflow.executors.forking import BUILD_SERVED, FORKS, TOOLS_SERVED, ForkServers, run_forked
 from trtflow.executors.hermetic import run_hermetic, run_isolated
-from trtflow.stages import stage
+from trtflow.stages import kinds_running_in, stage
+from trtflow.stages.base import OWN_PROCESS
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings, pinned_environ
 
-HERMETIC_KINDS = frozenset({"build"})
-ISOLATED_KINDS = frozenset({"export"})  # run user code: a fresh process each, so a crash names itself
+HERMETIC_KINDS = frozenset(BUILD_SERVED)
+ISOLATED_KINDS = frozenset(
+    kinds_running_in(OWN_PROCESS)
+)  # run user code: a fresh process each, so a crash names itself
 # Kinds forked by servers, and the group each one's server imports for (the model tools' leftovers leave with each
 # child, and each stage's peak memory is its own).
 SERVED = {kind: group for group in (BUILD_SERVED, TOOLS_SERVED) for kind in group}

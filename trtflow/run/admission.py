@@ -2,7 +2,7 @@
 fit in what the run may use (`--memory`, default 90% of the memory available when the run starts).
 
 A stage's expectation is its own last measured peak (remembered in the store), else its kind's declaration for the
-size of its largest input (trtflow.util.memory.DECLARED). A stage that alone exceeds the budget still runs, alone,
+size of its largest input (its Stage's `memory`). A stage that alone exceeds the budget still runs, alone,
 with a warning: waiting could not make room, and refusing would leave the project unbuildable.
 
     budget 8 GB, running: precision:a/fp16 (expected 5 GB)
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import os
 
-from trtflow.recipe.precision import AUTOCAST_PRECISIONS
-from trtflow.run.dag import Node
 from trtflow.run.plan import Resolution
+from trtflow.stages import stage
 from trtflow.store.objects import Store
 from trtflow.util.memory import SHARE_OF_AVAILABLE, available_bytes, expected_peak, shown
 
@@ -36,7 +35,8 @@ class MemoryAdmission:
     def expected(self, resolution: Resolution) -> int:
         """The node's expected peak: its last measured one, else its kind's declaration for its largest input."""
         node = resolution.node
-        return expected_peak(_memory_kind(node), self._largest_input(resolution), self.store.remembered_peak(node.id))
+        declared = stage(node.kind).memory(node)
+        return expected_peak(declared, self._largest_input(resolution), self.store.remembered_peak(node.id))
 
     def admits(self, expected: int, running: list[int]) -> bool:
         """Whether a stage expected to peak at `expected` may start beside stages expected to peak at `running`."""
@@ -59,23 +59,11 @@ class MemoryAdmission:
         return max(sizes, default=0)
 
 
-def _memory_kind(node: Node) -> str:
-    """The kind whose declared memory a node is expected to take: a precision stage's by what it does."""
-    if node.kind != "precision":
-        return node.kind
-    if node.info.precision == "fp32":
-        return "precision-fp32"
-    return "precision-autocast" if node.info.precision in AUTOCAST_PRECISIONS else "precision"
-
-
 def _size(path: os.PathLike[str]) -> int:
     try:
         return os.stat(path).st_size
     except (OSError, ValueError):
         return 0
-
-
-BUILD = "build"
 
 
 def beside_builds(kind: str, running: list[str], placing: bool) -> bool:
@@ -86,6 +74,6 @@ def beside_builds(kind: str, running: list[str], placing: bool) -> bool:
     stage, another build), that order, and so the engine's bytes, changes from run to run. On 18 engines of
     ResNet-18, MobileNetV3-small and EfficientNet (fp32/fp16/int8, two targets) built twice, 14 of 42 differed with
     builds beside other stages and 0 to 2 of 18 per run with builds alone (docs/reproducibility.md)."""
-    if kind == BUILD:
+    if stage(kind).alone_when_asked:
         return not running and not placing
-    return BUILD not in running
+    return not any(stage(other).alone_when_asked for other in running)

@@ -23,3 +23,9 @@ def stage(kind: str) -> Stage:
         raise KeyError(f"no stage kind {kind!r}")
     found: Stage = importlib.import_module(f"trtflow.stages.{kind}").STAGE
     return found
+
+
+def kinds_running_in(where: str) -> tuple[str, ...]:
+    """The stage kinds whose nodes run in `where` (stages.base: BUILD_SERVER, TOOLS_SERVER, OWN_PROCESS, POOL), in DAG
+    order."""
+    return tuple(kind for kind in STAGE_KINDS if stage(kind).runs_in == where)

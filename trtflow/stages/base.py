@@ -267,9 +267,23 @@ class Placement:
     signer: Signer | None = None  # signs each package's provenance (signing.py), when the environment holds a key
 
 
+MIB = 1 << 20
+# Where a stage kind's nodes run (executors.local): forked by a hermetic build server (its own environment, pinned
+# threads), forked by the model tools' server (they are imported once; the leftovers leave with each child), a fresh
+# process each (user code: a crash names itself), or a pool of spawned workers.
+BUILD_SERVER, TOOLS_SERVER, OWN_PROCESS, POOL = "build-server", "tools-server", "own-process", "pool"
+
+
+def declared_memory(base: int, per_model_byte: float) -> Callable[[Node], tuple[int, float]]:
+    """A stage kind's expected peak, the same for all its nodes: `base` bytes plus `per_model_byte` times the size
+    of the node's largest input (measured on the test corpus; a node's own last peak replaces it once it has run)."""
+    return lambda node: (base, per_model_byte)
+
+
 @dataclass(frozen=True)
 class Stage:
-    """A stage kind as the runner, the planner and the executors see it (each stage module's `STAGE`)."""
+    """A stage kind as the runner, the planner and the executors see it (each stage module's `STAGE`): what it does,
+    and everything it asks of them, declared here rather than in tables of kind names elsewhere."""
 
     kind: str
     version: int
@@ -286,3 +300,9 @@ class Stage:
     # the modules a node with these params imports beyond its kind's usual ones (a worker server imports them once,
     # before it forks the node's worker: executors.forking)
     imports: Callable[[Any], tuple[str, ...]] | None = None
+    runs_in: str = POOL  # BUILD_SERVER, TOOLS_SERVER, OWN_PROCESS or POOL
+    warm_imports: tuple[str, ...] = ()  # what a worker imports ahead of the kind's first task
+    # (base bytes, bytes per byte of the largest input) the scheduler expects a node to peak at before it has run
+    memory: Callable[[Node], tuple[int, float]] = declared_memory(500 * MIB, 2.0)
+    # `run --builds-alone`: a node of this kind runs with nothing beside it, nor anything beside it (admission)
+    alone_when_asked: bool = False

@@ -19,6 +19,8 @@ from trtflow.errors import StageError
 from trtflow.recipe.build import BuildOptions
 from trtflow.recipe.schema import TargetSpec
 from trtflow.stages.base import (
+    BUILD_SERVER,
+    MIB,
     Dep,
     Node,
     NodeId,
@@ -28,6 +30,7 @@ from trtflow.stages.base import (
     StageOutput,
     StageParams,
     Upstream,
+    declared_memory,
     plugin_files,
 )
 from trtflow.util.cc import ComputeCapability
@@ -134,4 +137,15 @@ def failure_hint(node: Node, reason: str) -> str:
     return f"{reason}; drop the pair with exclude: [{{precision: {precision}, target: {node.info.target}}}]"
 
 
-STAGE = Stage(KIND, VERSION, run, failure_hint=failure_hint)
+STAGE = Stage(
+    KIND,
+    VERSION,
+    run,
+    failure_hint=failure_hint,
+    runs_in=BUILD_SERVER,
+    # not onnx: a build reads the graph only for an architecture with limits, and onnx brings numpy, whose BLAS starts
+    # a thread; a build server forks from a single-threaded process
+    warm_imports=("trtflow.stages.build", "tensorrt_rtx"),
+    memory=declared_memory(500 * MIB, 3.0),
+    alone_when_asked=True,  # a shared CPU changes the numbering TensorRT-RTX generates (docs/reproducibility.md)
+)

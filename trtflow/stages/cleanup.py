@@ -36,6 +36,8 @@ from trtflow.recipe.source import CleanupOptions
 from trtflow.stages import folding
 from trtflow.stages.base import (
     CACHED_UNDER_WARN,
+    MIB,
+    TOOLS_SERVER,
     Dep,
     Node,
     NodeId,
@@ -47,6 +49,7 @@ from trtflow.stages.base import (
     StageOutput,
     StageParams,
     Upstream,
+    declared_memory,
     enforce_proof,
 )
 from trtflow.stages.capture import captured_output
@@ -71,7 +74,6 @@ SLIM_PASSES = {
     "eliminate_common_subexpressions": "subexpression_elimination",
     "tie_weights": "weight_tying",
 }
-MIB = 1 << 20
 
 
 class Proof(ProofSettings):
@@ -328,4 +330,12 @@ def _tensor_bytes(helper: Any, tensor: Any) -> int:
     return size
 
 
-STAGE = Stage(KIND, VERSION, run, finish=finish)
+STAGE = Stage(
+    KIND,
+    VERSION,
+    run,
+    finish=finish,
+    runs_in=TOOLS_SERVER,
+    warm_imports=("trtflow.stages.cleanup", "onnx", "onnxruntime", "onnxslim"),
+    memory=declared_memory(400 * MIB, 4.0),
+)

@@ -20,7 +20,19 @@ from trtflow.errors import StageError, required
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.stages import build as build_stage
 from trtflow.stages import precision as precision_stage
-from trtflow.stages.base import Dep, Node, NodeId, Placement, RecipeContext, Stage, StageOutput, StageParams, Upstream
+from trtflow.stages.base import (
+    MIB,
+    Dep,
+    Node,
+    NodeId,
+    Placement,
+    RecipeContext,
+    Stage,
+    StageOutput,
+    StageParams,
+    Upstream,
+    declared_memory,
+)
 from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.util.reads import note_path
 
@@ -356,6 +368,8 @@ STAGE = Stage(
     verify_inputs=True,  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
     places_files=True,  # extracting the package into its folder overlaps the stages after it
     required_roles=("model",),  # engines whose build or verify failed are left out and listed as missing
+    warm_imports=("trtflow.stages.package", "trtflow.manifest"),
+    memory=declared_memory(200 * MIB, 1.0),
 )
 
 

@@ -110,3 +110,30 @@ def held_out_said(params: Params, count: int) -> str:
         batch = reading["batch"]
         return f"{count * batch} images held out from the calibration set ({count} batch(es) of {batch})"
     return f"{count} file(s) held out from the calibration set"
+
+
+def autocast_data_record(params: Params, samples: list, declared: bool) -> dict:
+    """Which inputs AutoCast's value ranges were measured on, to decide what stays fp32."""
+    if not declared:
+        seed = required(params.accuracy, "accuracy").seed
+        return {"source": f"seeded random inputs within the profiles (seed {seed})", "samples": len(samples)}
+    return {
+        "source": "the recipe's calibration samples",
+        "samples": len(samples),
+        "data_digest": calibration.samples_digest(samples),
+    }
+
+
+def calibration_record(params: Params, samples: list, random: bool) -> dict:
+    """What the manifest says about calibration: method, how many samples, the digest of the exact arrays."""
+    quantize = required(params.quantize, "quantize")
+    return {
+        "method": quantize.method,
+        "percentile": quantize.percentile,
+        "random": random,
+        "source": "random" if random else required(params.data, "data")["kind"],
+        "seed": quantize.seed,
+        "samples": len(samples),
+        "rows": calibration.rows(samples),
+        "data_digest": calibration.samples_digest(samples),
+    }

@@ -4,8 +4,8 @@ Precision stages dominate: AutoCast of ONNX's legacy VGG-19 peaked at 17.7 GB (a
 byte of model), while a build of the same model takes a few hundred MB. A stage's expectation is what it peaked at
 the last time it ran (remembered in the store), else what its kind declares for the size of its model:
 
-    >>> expected_peak("precision", model_bytes=548 << 20, learned=None) / 2**30
-    17.6...
+    >>> expected_peak((600 * MIB, 32.0), model_bytes=548 << 20, learned=None) / 2**30
+    17.7...
 """
 
 from __future__ import annotations
@@ -16,22 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 GIB, MIB = 1 << 30, 1 << 20
-# Per stage kind: (base bytes, bytes per byte of its input model). Declared from measurements on the real-model
-# corpus (README: peak memory per stage kind); replaced by the stage's own last peak once it has run.
-DECLARED: dict[str, tuple[int, float]] = {
-    "export": (1 * GIB, 4.0),
-    "cleanup": (400 * MIB, 4.0),
-    "precision": (600 * MIB, 32.0),  # int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime over every sample
-    # fp32 precision links its model through: 0.07 GB measured for a 3.1 GB model it was expected to need 99.7 GB for
-    "precision-fp32": (200 * MIB, 0.0),
-    # fp16/bf16: trtflow's range pass costs one inference, AutoCast several copies of the weights. Measured peaks
-    # (GB): Whisper-tiny encoder 0.73 (33 MB), a 142M-parameter UNet 5.9 (571 MB), GPT-2-large size 17.7 (3.1 GB);
-    # this expects 0.86, 5.2 and 25.3
-    "precision-autocast": (600 * MIB, 8.0),
-    "build": (500 * MIB, 3.0),
-    "verify": (300 * MIB, 2.0),
-    "package": (200 * MIB, 1.0),
-}
 SHARE_OF_AVAILABLE = 0.9  # of the memory available when a run starts, what its stages may take together
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -44,11 +28,12 @@ def parse_size(text: str) -> int:
     return int(float(found.group(1)) * 1024 ** "bkmgt".index((found.group(2) or "b").lower()))
 
 
-def expected_peak(kind: str, model_bytes: int, learned: int | None) -> int:
-    """What a stage is expected to peak at: its last measured peak, else its kind's declaration for its model's size."""
+def expected_peak(declared: tuple[int, float], model_bytes: int, learned: int | None) -> int:
+    """What a stage is expected to peak at: its last measured peak, else what its kind declares (base bytes, bytes per
+    model byte: stages.base.Stage.memory) for its model's size."""
     if learned:
         return learned
-    base, per_byte = DECLARED.get(kind, (500 * MIB, 2.0))
+    base, per_byte = declared
     return int(base + per_byte * model_bytes)
 
 

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtflow.stages.base import Node, Placement, RecipeContext, Stage, StageOutput, StageParams, Upstream
+from trtflow.stages.base import (
+    OWN_PROCESS,
+    Node,
+    Placement,
+    RecipeContext,
+    Stage,
+    StageOutput,
+    StageParams,
+    Upstream,
+    declared_memory,
+)
 from trtflow.stages.export import from_huggingface, from_tensorflow, from_torch, torch_module
 from trtflow.stages.export.common import KIND, VERSION
 
@@ -35,4 +45,11 @@ def finish(node: Node, record: dict, place: Placement) -> str | None:
     return from_tensorflow.finish(node, record, place)
 
 
-STAGE = Stage(KIND, VERSION, run, finish=finish)
+STAGE = Stage(
+    KIND,
+    VERSION,
+    run,
+    finish=finish,
+    runs_in=OWN_PROCESS,  # it runs user code: a fresh process each, so a crash names itself
+    memory=declared_memory(1 << 30, 4.0),
+)
