@@ -138,12 +138,12 @@ def stage_inputs(root: Path, node_id: str) -> tuple[str, list[str], str]:
 
     store = Store(root / "artifacts" / "store")
     try:
-        run = store.last_run(node_id)
-        record = store.stage_record(run["key"])["record"]
+        run = store.memos.last_run(node_id)
+        record = store.records.get(run["key"])["record"]
         components = run["components"]
     finally:
         store.close()
-    model = str(store.object_path(components["inputs"]["model"]))
+    model = str(store.objects.path(components["inputs"]["model"]))
     roles = components["inputs"]
     files = sorted(
         str(root / name.removeprefix(CALIBRATION_ROLE)) for name in roles if name.startswith(CALIBRATION_ROLE)

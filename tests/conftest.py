@@ -143,7 +143,7 @@ def stage_record(root: Path, node_id: str) -> dict:
 
     store = Store(root / "artifacts" / "store")
     try:
-        return store.stage_record(store.last_run(node_id)["key"])["record"]
+        return store.records.get(store.memos.last_run(node_id)["key"])["record"]
     finally:
         store.close()
 

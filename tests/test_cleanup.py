@@ -79,7 +79,7 @@ def cleanup_record(root: Path, recipe: str) -> dict:
 
     store = Store(root / "artifacts" / "store")
     try:
-        return store.stage_record(store.last_run(f"cleanup:{recipe}")["key"])["record"]
+        return store.records.get(store.memos.last_run(f"cleanup:{recipe}")["key"])["record"]
     finally:
         store.close()
 

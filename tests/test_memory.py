@@ -76,7 +76,7 @@ def test_peaks_are_measured_per_stage_and_remembered(tmp_path: Path) -> None:
     try:
         for node_id, run in runs.items():
             if run.get("start") is not None:
-                assert run["peak_rss"] and store.remembered_peak(node_id) == run["peak_rss"], node_id
+                assert run["peak_rss"] and store.memos.remembered_peak(node_id) == run["peak_rss"], node_id
     finally:
         store.close()
 

@@ -61,7 +61,7 @@ def test_a_node_waiting_on_one_upstream_through_two_roles_names_it_once(tmp_path
     from trtflow.hashing import FileDigests
     from trtflow.run.plan import STALE, Resolver
     from trtflow.stages.base import Dep, Node, NodeId, StageParams
-    from trtflow.store.objects import Store
+    from trtflow.store.store import Store
 
     store = Store.create(tmp_path / "store")
     upstream = NodeId.of("precision", "m", "int8")
@@ -71,7 +71,7 @@ def test_a_node_waiting_on_one_upstream_through_two_roles_names_it_once(tmp_path
         StageParams(),
         deps=(Dep("model", upstream, "model"), Dep("precision_report", upstream, "report")),
     )
-    store.set_last_run(node.id, {"key": "k", "components": dict(node.known_parts)})
+    store.memos.set_last_run(node.id, {"key": "k", "components": dict(node.known_parts)})
     state = Resolver(store, FileDigests()).resolve(node, finished={}).state
     assert (state.status, state.reason) == (STALE, "upstream precision:m/int8 will run first")
     store.close()

@@ -58,7 +58,7 @@ def test_four_concurrent_runs_build_every_key_exactly_once(tmp_path: Path) -> No
                 builders.setdefault(node["key"], []).append(run.pid)
     assert set(builders) == keys and all(len(pids) == 1 for pids in builders.values()), builders
     store = Store(shared / "artifacts" / "store")
-    assert {key: [store.stage_record(key)["built_by"]["pid"]] for key in keys} == builders
+    assert {key: [store.records.get(key)["built_by"]["pid"]] for key in keys} == builders
     store.close()
     reference = write_project(tmp_path / "reference")
     assert trtflow(reference, "run").code == 0
@@ -166,12 +166,12 @@ store = Store.create(Path(sys.argv[1]))
 for i in range(1000):
     source = store.tmp / f"f{i}"
     source.write_bytes(os.urandom(2 << 20))
-    digest = store.add_object(source)
+    digest = store.objects.add(source)
     components = {"kind": "build", "node": f"build:w{os.getpid()}/{i}", "inputs": {}}
     key = stage_key(components)
     record = {"key": key, "components": components, "node": components["node"], "outputs": {"engine": digest}}
-    store.put_stage_record(key, record)
-    store.record_run([key])
+    store.records.put(key, record)
+    store.runs.record([key])
     print(i, flush=True)
 """
 
@@ -190,6 +190,6 @@ def test_kills_during_object_writes_and_index_updates_leave_no_half_object(tmp_p
 
     report = verify(store)
     assert report["objects"] > 0 and report["corrupt"] == [] and report["missing"] == []
-    assert all(store.stage_record(key) is not None for key, _ in store.stage_records())
+    assert all(store.records.get(key) is not None for key, _ in store.records.all())
     store.close()
     shutil.rmtree(root / "tmp")

@@ -36,34 +36,34 @@ def flip_byte(path: Path, keep_mtime: bool) -> None:
 def stored(store: Store, data: bytes, name: str = "f") -> str:
     source = store.tmp / name
     source.write_bytes(data)
-    return store.add_object(source)
+    return store.objects.add(source)
 
 
 def test_an_object_changed_on_disk_is_quarantined_and_counts_as_missing(tmp_path: Path) -> None:
     store = Store.create(tmp_path / "store")
     digest = stored(store, b"engine bytes" * 100)
     key, record = record_for(digest)
-    store.put_stage_record(key, record)
-    flip_byte(store.object_path(digest), keep_mtime=False)
-    assert store.stage_record(key) is None
-    assert store.quarantined == [digest] and not store.object_path(digest).exists()
+    store.records.put(key, record)
+    flip_byte(store.objects.path(digest), keep_mtime=False)
+    assert store.records.get(key) is None
+    assert store.quarantined == [digest] and not store.objects.path(digest).exists()
     assert [p.name.split(".")[0] for p in store.corrupt.iterdir()] == [digest]
 
 
 def test_rot_that_keeps_the_signature_is_found_by_a_rehash(tmp_path: Path) -> None:
     store = Store.create(tmp_path / "store")
     digest = stored(store, b"engine bytes" * 100)
-    flip_byte(store.object_path(digest), keep_mtime=True)
-    assert store.object_intact(digest)  # the signature vouches for it: lookups stay cheap
-    assert not store.verify_object(digest) and not store.has_object(digest)
+    flip_byte(store.objects.path(digest), keep_mtime=True)
+    assert store.objects.intact(digest)  # the signature vouches for it: lookups stay cheap
+    assert not store.objects.verify(digest) and not store.objects.has(digest)
 
 
 def test_adding_good_bytes_replaces_a_corrupt_copy(tmp_path: Path) -> None:
     store = Store.create(tmp_path / "store")
     digest = stored(store, b"engine bytes" * 100)
-    flip_byte(store.object_path(digest), keep_mtime=False)
+    flip_byte(store.objects.path(digest), keep_mtime=False)
     assert stored(store, b"engine bytes" * 100, "again") == digest
-    assert hashlib.sha256(store.object_path(digest).read_bytes()).hexdigest() == digest
+    assert hashlib.sha256(store.objects.path(digest).read_bytes()).hexdigest() == digest
 
 
 def test_bytes_that_are_not_the_expected_object_are_refused(tmp_path: Path) -> None:
@@ -71,21 +71,21 @@ def test_bytes_that_are_not_the_expected_object_are_refused(tmp_path: Path) -> N
     source = store.tmp / "download"
     source.write_bytes(b"tampered")
     with pytest.raises(ObjectMismatch):
-        store.add_object(source, expected="0" * 64)
-    assert not source.exists() and list(store.object_files()) == []
+        store.objects.add(source, expected="0" * 64)
+    assert not source.exists() and list(store.objects.files()) == []
 
 
 def test_run_history_skips_repeats_and_stays_bounded(tmp_path: Path) -> None:
     store = Store.create(tmp_path / "store")
     a, b, c = ("a" * 64, "b" * 64, "c" * 64)
-    store.record_run([a, b])
-    store.record_run([b, a])  # a no-op run repeats the last one: not a new entry
-    store.record_run([c])
-    assert store.recent_runs(5) == [[c], [a, b]]
+    store.runs.record([a, b])
+    store.runs.record([b, a])  # a no-op run repeats the last one: not a new entry
+    store.runs.record([c])
+    assert store.runs.recent(5) == [[c], [a, b]]
     keys = [f"{index:064x}" for index in range(RUN_HISTORY + 5)]
     for key in keys:
-        store.record_run([key])
-    assert len(store.recent_runs(1000)) == RUN_HISTORY and store.recent_runs(1) == [[keys[-1]]]
+        store.runs.record([key])
+    assert len(store.runs.recent(1000)) == RUN_HISTORY and store.runs.recent(1) == [[keys[-1]]]
 
 
 # end to end ----------------------------------------------------------------------------------

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trtflow.store.records import StageRecord
 
 
 class Status(str, Enum):
@@ -51,7 +55,7 @@ class NodeState:
     changes: list[str] = field(default_factory=list)
     seconds: float | None = None
     detail: str = ""
-    record: dict | None = field(default=None, repr=False)  # the store record of a cached node
+    record: StageRecord | None = field(default=None, repr=False)  # the store record of a cached node
     exit_code: int = 0
     where: dict | None = None  # the node a distributed executor ran it on: {"id": ..., "labels": {...}}
     recorded: bool = False  # a failure of the stage's own (deterministic): recorded under its key, kept in trtflow.lock
@@ -90,13 +94,13 @@ class NodeState:
         return {**entry, "node": self.where} if self.where is not None else entry
 
 
-def recorded_failure(record: dict | None) -> str | None:
+def recorded_failure(record: Mapping[str, Any] | None) -> str | None:
     """The one-line reason of a store record that records a stage's failure, or None for an ordinary record."""
     failure = record.get("failure") if isinstance(record, dict) else None
     return failure["reason"] if isinstance(failure, dict) and isinstance(failure.get("reason"), str) else None
 
 
-def failed_as_recorded(state: NodeState, failure: str, record: dict) -> NodeState:
+def failed_as_recorded(state: NodeState, failure: str, record: Mapping[str, Any]) -> NodeState:
     """The failed state of a node whose stage's own failure is recorded under its key (found, or made meanwhile)."""
     return NodeState(
         state.node,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trtflow import __version__
 from trtflow.errors import NoRunRecord
@@ -53,7 +54,7 @@ def _node_entry(result: RunResult, state: NodeState) -> dict:
     node, planned = state.node, result.planned.get(state.node.id)
     reason = state.reason or (planned.label if planned is not None and not planned.settled else "")
     changes = state.changes or (planned.changes if planned is not None else [])
-    record = result.records.get(node.id) or state.record or {}
+    record: Mapping[str, Any] = result.records.get(node.id) or state.record or {}
     timing = result.timeline.get(node.id)
     return {
         "id": node.id,
@@ -74,7 +75,7 @@ def _node_entry(result: RunResult, state: NodeState) -> dict:
     }
 
 
-def _seconds(record: dict) -> float | None:
+def _seconds(record: Mapping[str, Any]) -> float | None:
     value = record.get("seconds") if isinstance(record, dict) else None
     return float(value) if isinstance(value, (int, float)) else None
 

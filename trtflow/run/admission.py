@@ -16,7 +16,7 @@ import os
 
 from trtflow.run.plan import Resolution
 from trtflow.stages import stage
-from trtflow.store.objects import Store
+from trtflow.store.store import Store
 from trtflow.util.memory import SHARE_OF_AVAILABLE, available_bytes, expected_peak, shown
 
 
@@ -36,7 +36,7 @@ class MemoryAdmission:
         """The node's expected peak: its last measured one, else its kind's declaration for its largest input."""
         node = resolution.node
         declared = stage(node.kind).memory(node)
-        return expected_peak(declared, self._largest_input(resolution), self.store.remembered_peak(node.id))
+        return expected_peak(declared, self._largest_input(resolution), self.store.memos.remembered_peak(node.id))
 
     def admits(self, expected: int, running: list[int]) -> bool:
         """Whether a stage expected to peak at `expected` may start beside stages expected to peak at `running`."""
@@ -55,7 +55,7 @@ class MemoryAdmission:
         sizes = [_size(path) for _, path in resolution.node.sources]
         for digest in (resolution.components or {}).get("inputs", {}).values():
             if isinstance(digest, str) and len(digest) == 64:
-                sizes.append(_size(self.store.object_path(digest)))
+                sizes.append(_size(self.store.objects.path(digest)))
         return max(sizes, default=0)
 
 

@@ -17,7 +17,8 @@ from trtflow.run.dag import Dag
 from trtflow.run.plan import Resolution, Resolver, frozen_differences
 from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, read_lock
-from trtflow.store.objects import Store
+from trtflow.store.records import StageRecord
+from trtflow.store.store import Store
 from trtflow.toolchain import check_installed
 
 EQUIVALENT = (
@@ -29,7 +30,7 @@ EQUIVALENT = (
 IDENTICAL, EQUIVALENT_VERDICT, DIFFERENT = "identical", "equivalent", "different"  # as `--check-repro` says them
 
 
-def canonical_outputs(record: dict) -> dict[str, str] | None:
+def canonical_outputs(record: StageRecord) -> dict[str, str] | None:
     """The canonical digests a stage recorded for its outputs (an engine's), or None."""
     return record["record"].get("canonical_sha256")
 
@@ -65,7 +66,7 @@ class FrozenCheck:
         )
         return NodeState(resolution.node, FAILED, why + ": refused under --frozen", key=resolution.key, exit_code=1)
 
-    def verdict(self, state: NodeState, record: dict) -> NodeState:
+    def verdict(self, state: NodeState, record: StageRecord) -> NodeState:
         """A finished node against the lock: as it was, equivalent (said in its state), held through its key, or
         failed."""
         entry = (self.expected or {}).get(state.node.id)
@@ -114,13 +115,13 @@ class FrozenCheck:
             exit_code=1,
         )
 
-    def _canonical_of(self, record: dict) -> dict[str, str] | None:
+    def _canonical_of(self, record: StageRecord) -> dict[str, str] | None:
         """The canonical digests of the engines a build record names, computed from the store's objects."""
         from trtflow.backends.engine_identity import canonical_digest
 
         claimed = canonical_outputs(record) or {}
         digests = {
-            role: canonical_digest(self.store.object_path(record["outputs"][role]))
+            role: canonical_digest(self.store.objects.path(record["outputs"][role]))
             for role in claimed
             if role in record["outputs"]
         }

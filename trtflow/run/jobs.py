@@ -13,7 +13,8 @@ from trtflow.run.dag import Node
 from trtflow.run.plan import Resolution
 from trtflow.stages.base import Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side
-from trtflow.store.objects import Store
+from trtflow.store.records import StageRecord
+from trtflow.store.store import Store
 from trtflow.util.memory import oom_kills, shown
 
 
@@ -31,7 +32,9 @@ class Job:
     oom_kills: int | None = None  # the cgroup's OOM kill count when it started: a kill since then is a lack of memory
 
 
-def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store, workdir: Path) -> dict[str, Upstream]:
+def task_inputs(
+    resolution: Resolution, finished: dict[str, StageRecord], store: Store, workdir: Path
+) -> dict[str, Upstream]:
     """Each input role's files (store objects; a model and its external data side by side), record and digests."""
     node, digests = resolution.node, required(resolution.components, f"{resolution.node.id}: the components")["inputs"]
     # a source model's digests include its external data files'
@@ -44,7 +47,7 @@ def task_inputs(resolution: Resolution, finished: dict[str, dict], store: Store,
             inputs[dep.role] = Upstream(files={}, missing=resolution.missing[dep.node])
             continue
         record = finished[dep.node]
-        files = {name: store.object_path(digest) for name, digest in record["outputs"].items()}
+        files = {name: store.objects.path(digest) for name, digest in record["outputs"].items()}
         if companions(files, dep.output):
             files.update(place_side_by_side(files, dep.output, workdir / "inputs" / dep.role))
         inputs[dep.role] = Upstream(files=files, record=record["record"], key=record["key"], sha256=record["outputs"])
@@ -66,7 +69,7 @@ def as_lack_of_memory(job: Job, result: StageResult) -> StageResult:
     )
 
 
-def failure_record(job: Job, result: StageResult, seconds: float, run_id: str) -> dict:
+def failure_record(job: Job, result: StageResult, seconds: float, run_id: str) -> StageRecord:
     """The stage record of a stage's own failure: no outputs, its one-line reason, exit code and the log's tail."""
     failure = {"reason": result.error, "exit_code": result.exit_code, "log": result.detail[-4000:]}
     return {

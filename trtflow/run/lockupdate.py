@@ -43,11 +43,11 @@ def update_lock(lock_path: Path, all_node_ids: set[str], store: Store, result: R
         entries.update(ours)
         if entries != previous:  # a no-op writes nothing (and skips encoding thousands of entries)
             write_lock(lock_path, entries)
-        store.remember_lock(str(lock_path), signature(str(lock_path)), entries_digest(entries))
+        store.memos.remember_lock(str(lock_path), signature(str(lock_path)), entries_digest(entries))
 
 
 def _lock_holds(lock_path: Path, store: Store, digest: str) -> bool:
     """Whether the lock file is, byte for byte, one this store saw holding entries of `digest` (no need to read
     it)."""
     seen = signature(str(lock_path))  # type, size, mtime, ctime, inode: the same file, untouched
-    return seen is not None and store.remembered_lock(str(lock_path)) == [seen, digest]
+    return seen is not None and store.memos.remembered_lock(str(lock_path)) == [seen, digest]

@@ -13,9 +13,10 @@ from collections.abc import Callable
 
 from trtflow.errors import TrtflowError
 from trtflow.states import NodeState
+from trtflow.store.records import StageRecord
 
 # (node state, store record): what the runner settles once the node's files are in place
-Placing = tuple[NodeState, dict]
+Placing = tuple[NodeState, StageRecord]
 
 
 def run_here(place: Callable[[], str | None]) -> futures.Future:
@@ -36,7 +37,7 @@ class Placements:
         self._pool: futures.ThreadPoolExecutor | None = None
         self.pending: dict[futures.Future, Placing] = {}
 
-    def start(self, place: Callable[[], str | None], state: NodeState, record: dict) -> None:
+    def start(self, place: Callable[[], str | None], state: NodeState, record: StageRecord) -> None:
         """Run `place` (a stage's finish hook, bound to its node) in the placing thread."""
         if self._pool is None:
             self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="placing")

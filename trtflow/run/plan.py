@@ -30,7 +30,8 @@ from trtflow.stages.base import NodeId
 from trtflow.stages.modelfile import MODEL, companions, external_data_locations
 from trtflow.states import CACHED, FAILED, NEW, SKIPPED, STALE, NodeState, recorded_failure
 from trtflow.store.lockfile import LockEntry
-from trtflow.store.objects import Store
+from trtflow.store.records import StageRecord
+from trtflow.store.store import Store
 
 CANONICAL_PREFIX = "canonical:"
 
@@ -43,7 +44,7 @@ class Resolution:
     node: Node
     components: dict | None
     key: str | None
-    record: dict | None
+    record: StageRecord | None
     waiting_on: tuple[str, ...]
     force: bool
     resolver: Resolver = field(repr=False)
@@ -70,7 +71,7 @@ class Resolution:
         return self.resolver.stale_state(self)
 
     @property
-    def output(self) -> dict | None:
+    def output(self) -> StageRecord | None:
         """The record of the node's outputs when it is cached with some (not a recorded failure), else None."""
         return self.record if self.record is not None and recorded_failure(self.record) is None else None
 
@@ -98,7 +99,7 @@ class Resolver:
         self._last_runs: dict[str, dict | None] = {}
 
     def resolve(
-        self, node: Node, finished: dict[str, dict], force: bool = False, missing: dict[str, str] | None = None
+        self, node: Node, finished: dict[str, StageRecord], force: bool = False, missing: dict[str, str] | None = None
     ) -> Resolution:
         """The node's Resolution given the finished upstream records (`finished[node id]["outputs"]`).
 
@@ -115,7 +116,7 @@ class Resolver:
         if found is None:
             components = {**node.known_parts, "inputs": inputs} if inputs is not None else None
             key = stage_key(components) if components is not None else None
-            record = self.store.stage_record(key, components) if key and self.store and not force else None
+            record = self.store.records.get(key, components) if key and self.store and not force else None
             record = None if self.retry_failed and recorded_failure(record) is not None else record
             # one upstream, several roles: once
             waiting = tuple(dict.fromkeys(dep.node for dep in node.deps if dep.node not in finished))
@@ -131,7 +132,7 @@ class Resolver:
         self._memo = {k: v for k, v in self._memo.items() if k[0] != node_id}
         self._same_upstream = {k: v for k, v in self._same_upstream.items() if k[0] != node_id}
 
-    def inputs(self, node: Node, finished: dict[str, dict], missing: dict[str, str]) -> dict[str, str] | None:
+    def inputs(self, node: Node, finished: dict[str, StageRecord], missing: dict[str, str]) -> dict[str, str] | None:
         """Input role -> digest (`missing: <reason>` for a missing one), or None while an upstream has no record yet."""
         inputs: dict[str, str] = {}
         for role, path in node.sources:
@@ -164,7 +165,7 @@ class Resolver:
     def last_run(self, node: Node) -> dict | None:
         """The key components the node had when it last finished (for explanations), remembered per node."""
         if node.id not in self._last_runs:
-            self._last_runs[node.id] = self.store.last_run(node.id) if self.store else None
+            self._last_runs[node.id] = self.store.memos.last_run(node.id) if self.store else None
         return self._last_runs[node.id]
 
     def stale_state(self, resolution: Resolution) -> NodeState:
@@ -227,7 +228,7 @@ def upstream_outcome(node: Node, ended: dict[str, str]) -> tuple[str | None, str
 def plan(dag: Dag, resolver: Resolver, force: bool = False) -> dict[str, NodeState]:
     """The state of every node as of now, resolving keys as far as cached upstreams allow; below a recorded
     failure, what the run would skip is shown skipped."""
-    finished: dict[str, dict] = {}
+    finished: dict[str, StageRecord] = {}
     ended: dict[str, str] = {}
     states: dict[str, NodeState] = {}
     for node in dag:
@@ -263,7 +264,7 @@ def diff_components(old: dict, new: dict, pending: frozenset[str] = frozenset())
     return lines
 
 
-def keyed_digest(record: dict, output: str) -> str:
+def keyed_digest(record: StageRecord, output: str) -> str:
     """What an upstream output contributes to a key: its sha256, or for an engine with a canonical digest
     (backends.engine_identity) `canonical:<digest>`, so an engine rebuilt equivalent (only the backend's generated
     numbering differs) re-keys nothing made from it: verify and package keep their keys, and `--frozen` holds them to

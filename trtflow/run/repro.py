@@ -23,7 +23,8 @@ from trtflow.hashing import sha256_file
 from trtflow.run.dag import Dag, Node
 from trtflow.run.jobs import task_inputs
 from trtflow.run.plan import Resolver
-from trtflow.store.objects import Store
+from trtflow.store.records import StageRecord
+from trtflow.store.store import Store
 from trtflow.util.settings import Settings
 
 IDENTICAL, EQUIVALENT, DIFFERENT = "identical", "equivalent", "different"
@@ -60,7 +61,7 @@ class EngineRepro:
 
 def check_builds(
     dag: Dag,
-    finished: dict[str, dict],
+    finished: dict[str, StageRecord],
     store: Store,
     resolver: Resolver,
     times: int,
@@ -87,7 +88,7 @@ def check_builds(
 
 def _check(
     node: Node,
-    finished: dict[str, dict],
+    finished: dict[str, StageRecord],
     store: Store,
     resolver: Resolver,
     times: int,
@@ -113,9 +114,9 @@ def _check(
             if result.error is not None:
                 failures.append(result.error)
                 continue
-            files, record = required(result.files, "a rebuild's files"), required(result.record, "a rebuild's record")
+            files, made = required(result.files, "a rebuild's files"), required(result.record, "a rebuild's record")
             identical += sha256_file(Path(files["engine"])) == digest
-            rebuilt = (record.get("canonical_sha256") or {}).get("engine")
+            rebuilt = (made.get("canonical_sha256") or {}).get("engine")
             equivalent += canonical is not None and rebuilt == canonical
         finally:
             shutil.rmtree(workdir, ignore_errors=True)

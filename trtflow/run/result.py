@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from trtflow.states import BUILT, CACHED, FAILED, SKIPPED, NodeState
+from trtflow.store.records import StageRecord
 
 EMPTY: Mapping = MappingProxyType({})
 COUNTED = (BUILT, CACHED, FAILED, SKIPPED)  # the totals of a summary and of `--json`
@@ -43,7 +44,7 @@ class RunResult:
     dry_run: bool = False
     warnings: tuple[str, ...] = ()
     # node id -> the store record of each node that ran or was found cached (the lock is written from these)
-    records: Mapping[str, dict] = field(default_factory=lambda: EMPTY)
+    records: Mapping[str, StageRecord] = field(default_factory=lambda: EMPTY)
     timeline: Mapping[str, Slot] = field(
         default_factory=lambda: EMPTY
     )  # node id -> when it ran, for the stages this run ran

@@ -47,9 +47,10 @@ from trtflow.states import (
     failed_as_recorded,
     recorded_failure,
 )
+from trtflow.store import Store, write_failure
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.locks import KeyLocks
-from trtflow.store.objects import Store, write_failure
+from trtflow.store.records import StageRecord
 from trtflow.util.memory import oom_kills
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class Runner:
         self.frozen = FrozenCheck(expected_keys, store)  # --frozen: every node held to trtflow.lock
         self.options, self.executor = options, executor
         self.listener = listener or (lambda event, state: None)
-        self.finished: dict[str, dict] = {}
+        self.finished: dict[str, StageRecord] = {}
         self.states: dict[str, NodeState] = {}
         # node id -> `<failed node id>: <reason>` behind each node that ended without output
         self.ended: dict[str, str] = {}
@@ -94,7 +95,7 @@ class Runner:
         self.warnings: list[str] = []
         self.memory = MemoryAdmission(options.memory, store)
         self._memory_noted: set[str] = set()
-        self._built_here: dict[str, dict] = {}  # key -> record built by this run (two nodes, one key)
+        self._built_here: dict[str, StageRecord] = {}  # key -> record built by this run (two nodes, one key)
         self._reopened: list[Node] = []  # finished nodes whose output turned out corrupt: to run again
         self.placements = Placements()  # finish hooks that place packages, running beside the next stages
         self._lock_waits = 0
@@ -205,13 +206,13 @@ class Runner:
             self._memory_noted.add(node.id)
             self._warn(f"{node.id} {warning}")
 
-    def _made_meanwhile(self, node: Node, key: str) -> tuple[dict | None, str]:
+    def _made_meanwhile(self, node: Node, key: str) -> tuple[StageRecord | None, str]:
         """With the key's lock held: the record this run, another run or the remote cache has for it."""
         if key in self._built_here:
             return self._built_here[key], "same stage as another node of this run"
         if self.options.force:
             return None, ""
-        record = self.store.stage_record(key)
+        record = self.store.records.get(key)
         if record is not None and not (self.options.retry_failed and recorded_failure(record) is not None):
             return record, "built by another run meanwhile"
         if self.remote is not None:
@@ -221,7 +222,9 @@ class Runner:
     def _reopen_corrupt_inputs(self, node: Node) -> bool:
         """Re-hash the node's inputs; a corrupt object is quarantined and its producer (and what follows) runs again."""
         present = [dep.node for dep in node.deps if dep.node in self.finished]
-        bad = [n for n in present if not all(self.store.verify_object(d) for d in self.finished[n]["outputs"].values())]
+        bad = [
+            n for n in present if not all(self.store.objects.verify(d) for d in self.finished[n]["outputs"].values())
+        ]
         for producer in dict.fromkeys(bad):
             for node_id in [producer, *self.dag.downstream(producer)]:
                 if self.finished.pop(node_id, None) is not None:
@@ -277,7 +280,7 @@ class Runner:
         self._running_jobs.remove(job)
         start = round(job.started - self.t0, 3)
         self.timeline[job.node.id] = Slot(start, round(start + seconds, 3), job.slot, result.peak_rss)
-        self.store.remember_peak(job.node.id, result.peak_rss)
+        self.store.memos.remember_peak(job.node.id, result.peak_rss)
         result = as_lack_of_memory(job, result)
         try:
             if result.error is not None:
@@ -300,18 +303,18 @@ class Runner:
                 )
                 return
             files = required(result.files, f"{job.node.id}: the files of a successful stage")
-            outputs = {name: self.store.add_object(Path(path)) for name, path in files.items()}
-            record = {
+            outputs = {name: self.store.objects.add(Path(path)) for name, path in files.items()}
+            built: StageRecord = {
                 "key": job.key,
                 "node": job.node.id,
                 "outputs": outputs,
-                "record": result.record,
+                "record": required(result.record, f"{job.node.id}: the record of a successful stage"),
                 "components": job.components,
                 "seconds": seconds,
                 "peak_rss": result.peak_rss,
                 "built_by": {"run": self.run_id, "pid": os.getpid()},
             }
-            record = self.store.put_stage_record(job.key, record)
+            record = self.store.records.put(job.key, built)
             self._built_here[job.key] = record
             self._finish(
                 NodeState(
@@ -335,8 +338,8 @@ class Runner:
         """Record a stage's own failure under its key: the same key fails the same way, so the next run reports it
         instead of doing the work again (until the key changes or --retry-failed). Never pushed to a remote cache."""
         record = failure_record(job, result, seconds, self.run_id)
-        self._built_here[job.key] = self.store.put_stage_record(job.key, record)
-        self.store.set_last_run(job.node.id, {"key": job.key, "components": job.components})
+        self._built_here[job.key] = self.store.records.put(job.key, record)
+        self.store.memos.set_last_run(job.node.id, {"key": job.key, "components": job.components})
         return True
 
     def _raise_if_store_full(self, job: Job, code: int | None) -> None:
@@ -346,13 +349,13 @@ class Runner:
                 self.store.root, OSError(code, os.strerror(code)), f"({job.node.id} writing its output)"
             )
 
-    def _finish(self, state: NodeState, record: dict) -> None:
+    def _finish(self, state: NodeState, record: StageRecord) -> None:
         """A node is done (built or cached): its stage's finish hook places what it made (or refuses a cached result
         the recipe's policy no longer accepts: the node fails), then it is remembered and reported. A recorded failure
         (found in the store, or made meanwhile by another run) settles the node as failed."""
         failure = recorded_failure(record)
         if failure is not None:
-            self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
+            self.store.memos.set_last_run(state.node.id, {"key": state.key, "components": state.components})
             self._settle(failed_as_recorded(state, failure, record))
             return
         kind = stage(state.node.kind)
@@ -362,7 +365,7 @@ class Runner:
         else:
             self._placed(state, record, run_here(place))
 
-    def _placed(self, state: NodeState, record: dict, finished: futures.Future) -> None:
+    def _placed(self, state: NodeState, record: StageRecord, finished: futures.Future) -> None:
         """After the finish hook (here or in the placing thread): fail the node it refused, warn of what it
         repaired, then hold the node to the lock (--frozen) and remember it."""
         try:
@@ -377,7 +380,7 @@ class Runner:
             self._settle(state)
             return
         self.finished[state.node.id] = record
-        self.store.set_last_run(state.node.id, {"key": state.key, "components": state.components})
+        self.store.memos.set_last_run(state.node.id, {"key": state.key, "components": state.components})
         self._settle(state)
 
     def _settle(self, state: NodeState, root: str | None = None) -> None:

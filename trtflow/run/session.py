@@ -39,7 +39,8 @@ from trtflow.states import PULLED, NodeState
 from trtflow.store import Store
 from trtflow.store.lockfile import LOCK_FILE, LockEntry
 from trtflow.store.locks import LazyLease
-from trtflow.store.objects import EXCHANGE_DIR
+from trtflow.store.records import StageRecord
+from trtflow.store.store import EXCHANGE_DIR
 from trtflow.taskdata import check_task_data
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class Session:
         self.all_node_ids = set(full.nodes)
         self.dag: Dag = full.for_recipes(names) if names else full
         self.store: Store | None = Store.existing(project.store_dir)
-        digests = self.store.file_digests() if self.store else FileDigests()
+        digests = self.store.memos.file_digests() if self.store else FileDigests()
         self.resolver = Resolver(self.store, digests)
         self.signer: Signer | None = None  # the environment's signing key, read when a run starts
 
@@ -103,7 +104,7 @@ class Session:
         """The ONNX a recipe's export stage made for its current key, if the store has it."""
         node = self.dag.nodes.get(NodeId.of("export", recipe))
         output = self.resolver.resolve(node, {}).output if node is not None and self.store is not None else None
-        return self.store.object_path(output["outputs"]["model"]) if output and self.store is not None else None
+        return self.store.objects.path(output["outputs"]["model"]) if output and self.store is not None else None
 
     def _will_run(self, node_id: str, states: dict[str, NodeState] | None) -> bool:
         return node_id in self.dag.nodes and (states is None or not states[node_id].settled)
@@ -209,7 +210,7 @@ class Session:
             )
             if not options.frozen:
                 update_lock(self.lock_path, self.all_node_ids, store, result)
-            store.record_run(
+            store.runs.record(
                 [record["key"] for record in runner.finished.values()]
                 + [state.key for state in states.values() if state.recorded and state.key]
             )
@@ -244,14 +245,14 @@ class Session:
         for node_id, state in planned.items():
             if state.settled:
                 continue
-            last = self.store.last_run(node_id) if self.store is not None else None
+            last = self.store.memos.last_run(node_id) if self.store is not None else None
             key = last.get("key") if last else None
-            record = self.store.stage_record(key) if self.store is not None and isinstance(key, str) else None
+            record = self.store.records.get(key) if self.store is not None and isinstance(key, str) else None
             guesses[node_id] = record.get("seconds") if isinstance(record, dict) else None
         return guesses
 
     def _check_repro(
-        self, store: Store, finished: dict[str, dict], options: RunOptions, listener: Listener | None
+        self, store: Store, finished: dict[str, StageRecord], options: RunOptions, listener: Listener | None
     ) -> list:
         """Rebuild every engine of the run `options.check_repro` times in hermetic workers (the release gate)."""
         from trtflow.run.repro import check_builds
@@ -261,7 +262,7 @@ class Session:
 
     def _create_store(self) -> Store:
         self.store = store = Store.create(self.project.store_dir)
-        digests = store.file_digests()
+        digests = store.memos.file_digests()
         digests.adopt(self.resolver.digests)
         self.resolver = Resolver(store, digests)
         return store

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from trtflow.recipe.project import RecipeFile
     from trtflow.recipe.schema import Pipeline, Recipe, TargetSpec
     from trtflow.signing import Signer
-    from trtflow.store.objects import Store
+    from trtflow.store.records import StageRecord
+    from trtflow.store.store import Store
 
 
 class NodeId(str):
@@ -290,7 +291,7 @@ class Stage:
     run: Callable[[Any, dict[str, Upstream], Path], StageOutput]  # (its Params, inputs by role, work dir)
     # on every finished or cached node: re-checks a cached record under today's policy, places what the user gets
     # (packages); returns a warning line or None, raises StageError to fail the node
-    finish: Callable[[Node, dict, Placement], str | None] | None = None
+    finish: Callable[[Node, StageRecord, Placement], str | None] | None = None
     # a failed node's reason -> the line shown (e.g. how to exclude the pair)
     failure_hint: Callable[[Node, str], str] | None = None
     verify_inputs: bool = False  # re-hash every input object before running (what a package ships must be intact)

@@ -54,6 +54,7 @@ from trtflow.stages.base import (
 )
 from trtflow.stages.capture import captured_output
 from trtflow.stages.modelfile import infer_shapes, load_graph, save_model
+from trtflow.store.records import StageRecord
 from trtflow.util.memory import released_after
 from trtflow.util.onnxio import tensor_info
 from trtflow.util.versions import ort_version, tool_version
@@ -158,7 +159,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     return StageOutput(files=files, record=record)
 
 
-def finish(node: Node, record: dict, place: Placement) -> str | None:
+def finish(node: Node, record: StageRecord, place: Placement) -> str | None:
     """A cached cleanup whose proof failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
     enforce_proof(node.params_as(Params).on_fail, record["record"]["equality"], PROOF_FAILED, CACHED_UNDER_WARN)
     return None

@@ -34,6 +34,7 @@ from trtflow.stages.base import (
     declared_memory,
 )
 from trtflow.states import FAILED, SKIPPED, NodeState
+from trtflow.store.records import StageRecord
 from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
@@ -235,7 +236,7 @@ def _tensor(spec: dict, profiles: list[dict]) -> Tensor:
     return Tensor(profiles=shapes, **spec)
 
 
-def finish(node: Node, record: dict, place: Placement) -> str | None:
+def finish(node: Node, record: StageRecord, place: Placement) -> str | None:
     """Make `<packages>/<recipe>.tar.gz`, its extracted folder and its provenance match the package object.
 
     Returns what was repaired (an archive or folder that differed from the package), None otherwise.
@@ -273,13 +274,14 @@ def _difference(digest: str, place: Placement, recipe: str) -> str | None:
         return NOT_PLACED
     placed = place.digests.digest(archive) if archive.is_file() else None
     if placed != digest:
-        earlier = place.store.package_listing(placed) if placed else None  # trtflow placed it: is it still as placed?
+        # trtflow placed it: is it still as placed?
+        earlier = place.store.memos.package_listing(placed) if placed else None
         return (
             UPDATED
             if earlier is not None and _folder_difference(folder, earlier, place) is None
             else f"{archive.name} differs from the package built"
         )
-    listing = place.store.package_listing(digest)
+    listing = place.store.memos.package_listing(digest)
     if listing is None:
         return "its folder was never checked"
     return _folder_difference(folder, listing, place)
@@ -308,7 +310,7 @@ def _files_under(folder: Path) -> dict[str, Path]:
     return found
 
 
-def _provenance(place: Placement, recipe: str, record: dict) -> tuple[Path, bytes]:
+def _provenance(place: Placement, recipe: str, record: StageRecord) -> tuple[Path, bytes]:
     """(where `<recipe>.intoto.jsonl` goes, the bytes it must hold): signed by the run's key, if any."""
     from trtflow import provenance
     from trtflow.manifest import MANIFEST_FILE
@@ -324,14 +326,14 @@ def _provenance(place: Placement, recipe: str, record: dict) -> tuple[Path, byte
     return provenance.provenance_path(archive), provenance.envelope_line(statement, place.signer)
 
 
-def _provenance_differs(place: Placement, recipe: str, record: dict) -> bool:
+def _provenance_differs(place: Placement, recipe: str, record: StageRecord) -> bool:
     """Whether the provenance file is missing or holds other bytes (a new package, another key, an edit)."""
     path, line = _provenance(place, recipe, record)
     note_path(path)
     return not (path.is_file() and not path.is_symlink() and path.read_bytes() == line)
 
 
-def _write_provenance(place: Placement, recipe: str, record: dict) -> None:
+def _write_provenance(place: Placement, recipe: str, record: StageRecord) -> None:
     """Write `<recipe>.intoto.jsonl` beside the package, atomically."""
     from trtflow.util.fs import atomic_write
 
@@ -348,9 +350,9 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
     packages_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=packages_dir, prefix=f".{recipe}.incoming-"))
     try:
-        shutil.copyfile(place.store.object_path(digest), staging / "package.tar.gz")
+        shutil.copyfile(place.store.objects.path(digest), staging / "package.tar.gz")
         extracted = extract_tar(staging / "package.tar.gz", staging / "extracted")
-        place.store.remember_package_listing(
+        place.store.memos.remember_package_listing(
             digest, {name.removeprefix(f"{recipe}/"): sha for name, sha in extracted.items()}
         )
         crash_point("package-extracted")

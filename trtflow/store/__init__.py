@@ -6,7 +6,8 @@ A leaf: it imports nothing above it (errors, hashing, util).
 """
 
 from trtflow.errors import ObjectMismatch, StoreWriteError
-from trtflow.store.objects import WRITE_ERRNOS, Store, write_failure
+from trtflow.store.layout import WRITE_ERRNOS, write_failure
 from trtflow.store.runs import RUN_HISTORY
+from trtflow.store.store import Store
 
 __all__ = ["RUN_HISTORY", "WRITE_ERRNOS", "ObjectMismatch", "Store", "StoreWriteError", "write_failure"]

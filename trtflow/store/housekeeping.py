@@ -16,7 +16,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ from trtflow.store.locks import (
     run_is_live,
     sweep_dead_runs,
 )
-from trtflow.store.objects import Store
 from trtflow.store.records import DIGEST
+from trtflow.store.store import Store
 from trtflow.util.fs import NotRegular, open_regular, remove_nofollow, remove_under
 
 
@@ -42,7 +42,7 @@ def usage(store: Store, lock_keys: set[str]) -> dict:
     sizes = _object_sizes(store)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     referenced: set[str] = set()
-    for key, record in store.stage_records():
+    for key, record in store.records.all():
         kind, _, rest = str(record.get("node", "?:?")).partition(":")
         group = groups.setdefault((rest.split("/", 1)[0], kind), {"records": 0, "in_lock": 0, "digests": set()})
         group["records"] += 1
@@ -74,7 +74,7 @@ def usage(store: Store, lock_keys: set[str]) -> dict:
 def verify(store: Store, threads: int | None = None) -> dict:
     """Re-hash every object whatever its remembered signature (bit rot keeps mtime); quarantine corrupt ones."""
     started = time.perf_counter()
-    list(store.stage_records())  # sets malformed records aside (store.set_aside names them)
+    list(store.records.all())  # sets malformed records aside (store.set_aside names them)
     files = _regular_objects(store)
     with futures.ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:  # hashlib releases the GIL
         checked = list(pool.map(_hash_with_inode, files))
@@ -82,9 +82,9 @@ def verify(store: Store, threads: int | None = None) -> dict:
     moved = {bad["digest"] for bad in corrupt}
     missing = [
         {"key": key, "node": record.get("node"), "digest": digest}
-        for key, record in store.stage_records()
+        for key, record in store.records.all()
         for digest in record["outputs"].values()
-        if digest not in moved and not store.has_object(digest)
+        if digest not in moved and not store.objects.has(digest)
     ]
     return {
         "store": str(store.root),
@@ -102,7 +102,7 @@ def _regular_objects(store: Store) -> list[Path]:
     """The object files that are regular files; a link or a FIFO in an object's place is set aside, never read, and
     counted with the malformed entries (verify then exits 1)."""
     files = []
-    for path in store.object_files():
+    for path in store.objects.files():
         if DIGEST.match(path.name) and path.parent.name == path.name[:2]:
             if entry_is_regular(store.root, path, store.notes):
                 files.append(path)
@@ -117,7 +117,7 @@ def _quarantine_corrupt(store: Store, checked: list[tuple[Path, int, int, str | 
     corrupt = []
     for path, inode, _, actual in checked:
         if actual is not None and actual != path.name:
-            moved = store.quarantine(path.name, inode)
+            moved = store.objects.quarantine(path.name, inode)
             corrupt.append(
                 {
                     "digest": path.name,
@@ -143,7 +143,7 @@ def _hash_with_inode(path: Path) -> tuple[Path, int, int, str | None]:
 def _users(store: Store) -> dict[str, list[dict]]:
     """digest -> the records (node and key) whose outputs name it."""
     users: dict[str, list[dict]] = {}
-    for key, record in store.stage_records():
+    for key, record in store.records.all():
         for digest in record["outputs"].values():
             users.setdefault(digest, []).append({"node": record.get("node"), "key": key})
     return users
@@ -159,20 +159,20 @@ def live_keys(store: Store, project_root: Path, packages_dir: Path, keep_last: i
     """Keys gc must keep: the lock's, the current packages' producers, and the last `keep_last` runs'."""
     keys = lock_keys(project_root)
     archives = sorted(packages_dir.glob("*.tar.gz")) if packages_dir.is_dir() else []
-    digests = store.file_digests()
+    digests = store.memos.file_digests()
     shipped = {digests.digest(archive) for archive in archives}
-    keys |= {key for key, record in store.stage_records() if shipped & set(record["outputs"].values())}
-    for run in store.recent_runs(keep_last) if keep_last else []:
+    keys |= {key for key, record in store.records.all() if shipped & set(record["outputs"].values())}
+    for run in store.runs.recent(keep_last) if keep_last else []:
         keys |= set(run)
     return keys
 
 
 def garbage(store: Store, keep: set[str]) -> dict:
     """What gc would delete (and keep), with sizes; deletes nothing."""
-    records = dict(store.stage_records())
+    records = dict(store.records.all())
     live = keep & set(records)
-    kept_digests = {digest for key in live for digest in _objects_of(records[key]) if store.has_object(digest)}
-    objects = [p for p in store.object_files() if p.name not in kept_digests]
+    kept_digests = {digest for key in live for digest in _objects_of(records[key]) if store.objects.has(digest)}
+    objects = [p for p in store.objects.files() if p.name not in kept_digests]
     tmp = [p for p in store.entries("tmp") if not run_is_live(store.root, p.name)] + list(store.stray_files())
     corrupt = list(store.entries("corrupt"))
     tmp += list(store.entries("exchange"))  # what distributed runs shipped: needed by no run once none is live
@@ -182,7 +182,7 @@ def garbage(store: Store, keep: set[str]) -> dict:
         "records": sorted(set(records) - live),
         "kept_records": len(live),
         "kept_objects": len(kept_digests),
-        "kept_bytes": sum(_file_size(store.object_path(d)) for d in kept_digests),
+        "kept_bytes": sum(_file_size(store.objects.path(d)) for d in kept_digests),
         "objects": [str(p) for p in objects],
         "corrupt": [str(p) for p in corrupt],
         "tmp": [str(p) for p in tmp],
@@ -196,10 +196,10 @@ def collect_garbage(store: Store, keep: set[str]) -> dict:
     with exclusive_store(store.root):
         plan = garbage(store, keep)
         for key in plan["records"]:
-            store.delete_stage_record(key)
+            store.records.delete(key)
         for path in map(Path, plan["objects"]):
             _remove(store, path)
-            store.forget_object(path.name)
+            store.objects.forget(path.name)
         for path in map(Path, plan["corrupt"] + plan["tmp"]):
             _remove(store, path)
         plan["lock_files"] = len(remove_free_lock_files(store.root))
@@ -207,7 +207,7 @@ def collect_garbage(store: Store, keep: set[str]) -> dict:
     return plan
 
 
-def _objects_of(record: dict) -> Iterator[str]:
+def _objects_of(record: Mapping[str, Any]) -> Iterator[str]:
     """The digests a record names: its outputs, and its inputs (so a kept package keeps what it was built from)."""
     yield from record["outputs"].values()
     yield from _strings(record.get("components", {}).get("inputs"))
@@ -251,12 +251,12 @@ def _sweep_store_strays(store: Store, own_run: str | None) -> list[Path]:
 
 # sizes ---------------------------------------------------------------------------------------
 def _object_sizes(store: Store) -> dict[str, int]:
-    return {p.name: _file_size(p) for p in store.object_files() if DIGEST.match(p.name)}
+    return {p.name: _file_size(p) for p in store.objects.files() if DIGEST.match(p.name)}
 
 
 def _leftovers(store: Store) -> Iterator[Path]:
     """Files that are not objects, records or runs: `.incoming-*` and temp files of a killed writer, strays."""
-    yield from (p for p in store.object_files() if not (DIGEST.match(p.name) and p.parent.name == p.name[:2]))
+    yield from (p for p in store.objects.files() if not (DIGEST.match(p.name) and p.parent.name == p.name[:2]))
     yield from store.stray_files()
 
 

@@ -10,15 +10,68 @@ folders by descriptor (util.fs.remove_under); files are opened with O_NOFOLLOW a
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from trtflow.errors import StoreWriteError
 from trtflow.util.fs import NotRegular
 
 SUBFOLDERS = ("objects", "records", "runs", "tmp", "locks", "corrupt", "exchange")
 CORRUPT = "corrupt"
+# Errors that mean "this write cannot succeed here" (disk full, file size limit, quota, read-only, denied).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def write_failure(root: Path, exc: BaseException, what: str = "") -> StoreWriteError:
+    """One line naming the store, the failure and the likely cause."""
+    if isinstance(exc, OSError):
+        reason = f"{exc.strerror or exc} [Errno {exc.errno}]" + (f" on {exc.filename}" if exc.filename else "")
+    else:
+        reason = str(exc)
+    hint = "disk full, file size limit or quota reached, or no permission?"
+    return StoreWriteError(f"cannot write to the store {root}{' ' + what if what else ''}: {reason} ({hint})")
+
+
+@contextlib.contextmanager
+def writing_to(root: Path, what: str = "") -> Iterator[None]:
+    """Turn a failed write (disk full, EFBIG, quota, denied, SQLite full) into one StoreWriteError."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise write_failure(root, exc, what) from exc
+
+
+class StoreFolders:
+    """What every part of a store shares: its root, its folders (each checked to be real on use), and what it did on
+    its own, for the run to report (notes; records, linked objects and folders set aside; objects quarantined)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.notes: list[str] = []
+        self.set_aside: list[str] = []
+        self.quarantined: list[str] = []
+
+    def real(self, relative: str) -> bool:
+        """Whether `root/relative` is a real folder (whatever stands in its place is set aside)."""
+        return real_folder(self.root, relative, self.notes)
+
+    def made(self, relative: str) -> Path:
+        """`root/relative` as a real folder, created where missing."""
+        return folder(self.root, relative, self.notes)
+
+    def entries(self, sub: str) -> Iterator[Path]:
+        """A real store folder's entries, sorted (nothing for a missing folder; a link in its place is set aside)."""
+        return iter(sorted((self.root / sub).iterdir())) if self.real(sub) else iter(())
+
+    def writing(self, what: str = "") -> contextlib.AbstractContextManager:
+        """Turn a failed write into one StoreWriteError naming the store and `what` was being written."""
+        return writing_to(self.root, what)
 
 
 def real_folder(root: Path, relative: str, notes: list[str] | None = None) -> bool:

@@ -6,35 +6,20 @@ import contextlib
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Protocol
 
-from trtflow.store.records import DIGEST, checked_record
+from trtflow.store.objects import DIGEST
+from trtflow.store.records import NO_RECORD, RecordFiles, checked_record
 
 LEGACY_INDEX = "index"  # the diskcache folder of older stores, imported once (import_legacy_index)
 
 
-class RecordStore(Protocol):
-    """What importing needs of the store (store/objects.py's Store)."""
-
-    root: Path
-    notes: list[str]
-
-    def record_path(self, key: str) -> Path:
-        """Where the record of `key` lives."""
-        ...
-
-    def put_stage_record(self, key: str, record: dict) -> dict:
-        """Write the record of `key`."""
-        ...
-
-
-def import_legacy_index(store: RecordStore) -> None:
+def import_legacy_index(records: RecordFiles) -> None:
     """Carry the stage records of a store written by an older trtflow (a diskcache index/) over to records/.
 
     Only the SQLite table's key and value columns are read (diskcache's file-name column is never followed);
     each record must pass `checked_record`, so a hostile row imports nothing. The old index is then removed.
     """
-    legacy = store.root / LEGACY_INDEX
+    legacy = records.folders.root / LEGACY_INDEX
     database = legacy / "cache.db"
     if not legacy.is_dir() or legacy.is_symlink():
         return
@@ -43,13 +28,15 @@ def import_legacy_index(store: RecordStore) -> None:
         for key, text in _legacy_rows(database):
             key = key.removeprefix("stage:")
             record, problem = (
-                checked_record(text.encode("utf-8", "replace"), key) if DIGEST.match(key) else ({}, "bad key")
+                checked_record(text.encode("utf-8", "replace"), key) if DIGEST.match(key) else (NO_RECORD, "bad key")
             )
-            if not problem and not store.record_path(key).exists():
-                store.put_stage_record(key, record)
+            if not problem and not records.path(key).exists():
+                records.put(key, record)
                 imported += 1
     shutil.rmtree(legacy, ignore_errors=True)
-    store.notes.append(f"imported {imported} stage record(s) from the store's old index/ into records/ and removed it")
+    records.folders.notes.append(
+        f"imported {imported} stage record(s) from the store's old index/ into records/ and removed it"
+    )
 
 
 def _legacy_rows(database: Path) -> list[tuple[str, str]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from trtflow.errors import ProjectError
 from trtflow.hashing import stage_key
 from trtflow.states import FAILED, SKIPPED, NodeState
+from trtflow.store.records import StageRecord
 from trtflow.util.fs import atomic_write
 
 NODE_ID = re.compile(r"[a-z]+:[A-Za-z0-9._/:+-]{1,400}")
@@ -65,9 +66,15 @@ class LockEntry:
             else "built"
         )
 
-    def as_record(self) -> dict:
-        """The outputs (and canonical digests) as a stage record holds them: what a key made from them reads."""
-        return {"outputs": self.outputs, "record": {"canonical_sha256": self.canonical} if self.canonical else {}}
+    def as_record(self) -> StageRecord:
+        """The entry as the stage record it stands for: what a key made from its outputs (and canonical digests)
+        reads."""
+        return {
+            "key": self.key or "",
+            "outputs": self.outputs,
+            "components": self.components,
+            "record": {"canonical_sha256": self.canonical} if self.canonical else {},
+        }
 
     def to_json(self) -> dict:
         """The node's entry in the lock file: the key, the components beside it, the outputs (and canonical digests)."""

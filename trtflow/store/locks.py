@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreBusy
-from trtflow.store.layout import folder, real_folder
-from trtflow.store.objects import WRITE_ERRNOS, write_failure
+from trtflow.store.layout import WRITE_ERRNOS, folder, real_folder, write_failure
 from trtflow.util.fs import remove_under
 
 

@@ -39,10 +39,12 @@ class MemoryView(MutableMapping[str, Any]):
 
 
 class CacheMemos:
-    """The memo methods of Store (a mixin: `self._cache` and `self._stat` are the Store's)."""
+    """What one store remembers in its throwaway cache: each node's last resolution and peak memory, what a lock file
+    and a package object held, and the input files' signatures (file_digests)."""
 
-    _cache: Cache
-    _stat: MemoryView
+    def __init__(self, cache: Cache):
+        self._cache = cache
+        self._stat = MemoryView(cache, "stat:")
 
     def last_run(self, node_id: str) -> dict | None:
         """What the node resolved to the last time it ran or was found cached (for `plan --explain`)."""

@@ -40,8 +40,8 @@ from trtflow.signing import (
     envelope_body,
     envelope_of,
 )
-from trtflow.store.objects import Store
-from trtflow.store.records import RECORD_MAX_BYTES, checked_record
+from trtflow.store.records import NO_RECORD, RECORD_MAX_BYTES, StageRecord, checked_record
+from trtflow.store.store import Store
 from trtflow.util.fsurl import filesystem, one_line, protocols, redacted
 from trtflow.util.jsondata import BoundExceeded, loads_bounded
 
@@ -77,7 +77,7 @@ class Remote:
         self._fs, self._base = filesystem(self.url, dict(options or {}))
 
     # reading -------------------------------------------------------------------------------
-    def pull(self, key: str, node_id: str, store: Store, workdir: Path) -> dict | None:
+    def pull(self, key: str, node_id: str, store: Store, workdir: Path) -> StageRecord | None:
         """The stage's record with every object verified and added to `store`, or None (miss, rejected, down)."""
         if self.down:
             return None
@@ -93,17 +93,17 @@ class Remote:
             self._reject(node_id, problem)
             return None
         for digest in record["outputs"].values():
-            if not store.object_intact(digest) and not self._pull_object(digest, node_id, store, workdir):
+            if not store.objects.intact(digest) and not self._pull_object(digest, node_id, store, workdir):
                 return None
-        return store.put_stage_record(key, record)
+        return store.records.put(key, record)
 
-    def _opened_record(self, text: bytes, key: str) -> tuple[dict, str]:
+    def _opened_record(self, text: bytes, key: str) -> tuple[StageRecord, str]:
         """(record, "") if the envelope is signed as `cache.trust` demands and the record checks out, else ({}, why
         not)."""
         try:
             document = loads_bounded(text, RECORD_MAX_BYTES)
         except ValueError as exc:
-            return {}, str(exc) if isinstance(exc, BoundExceeded) else "it is not JSON"
+            return NO_RECORD, str(exc) if isinstance(exc, BoundExceeded) else "it is not JSON"
         enveloped = isinstance(document, dict) and "payloadType" in document
         try:
             if self.trust is not None:
@@ -111,14 +111,14 @@ class Remote:
             else:
                 body = envelope_body(document, RECORD_TYPE) if enveloped else text
         except SignatureRejected as exc:
-            return {}, str(exc)
+            return NO_RECORD, str(exc)
         return checked_record(body, key)
 
     def _pull_object(self, digest: str, node_id: str, store: Store, workdir: Path) -> bool:
         temp = Path(tempfile.mkstemp(dir=workdir, prefix="pull-")[1])
         try:
             self._download(f"objects/{digest[:2]}/{digest}", temp, store)
-            store.add_object(temp, expected=digest)
+            store.objects.add(temp, expected=digest)
             return True
         except FileNotFoundError:
             self._reject(node_id, f"it names object {digest} that the remote does not hold")
@@ -153,7 +153,7 @@ class Remote:
                 out.write(chunk)
 
     # writing -------------------------------------------------------------------------------
-    def push(self, key: str, record: dict, store: Store) -> None:
+    def push(self, key: str, record: StageRecord, store: Store) -> None:
         """Upload a freshly built stage in the background: its objects first, its record last."""
         if self.down:
             return
@@ -167,10 +167,10 @@ class Remote:
             return
         if self._threads is None:
             self._threads = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtflow-push")
-        paths = {digest: store.object_path(digest) for digest in record["outputs"].values()}
+        paths = {digest: store.objects.path(digest) for digest in record["outputs"].values()}
         self._pushes.append(self._threads.submit(self._push_now, key, record, paths))
 
-    def _push_now(self, key: str, record: dict, paths: dict[str, Path]) -> None:
+    def _push_now(self, key: str, record: StageRecord, paths: dict[str, Path]) -> None:
         if self.down:
             return
         try:

@@ -7,9 +7,8 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
 
-from trtflow.store.layout import folder, real_folder
+from trtflow.store.layout import StoreFolders
 from trtflow.util.fs import atomic_write, read_regular
 
 RUN_HISTORY = 50  # runs remembered for `cache gc --keep-last N`
@@ -19,39 +18,38 @@ _MAX_BYTES = 16 << 20  # a run file lists stage keys: a few KiB
 
 
 class RunHistory:
-    """The run-history methods of Store (a mixin: root, runs, notes and writing() are the Store's)."""
+    """The run history of one store: `record` a run's keys, the `recent` runs' keys."""
 
-    root: Path
-    runs: Path
-    notes: list[str]
-    writing: Any
+    def __init__(self, folders: StoreFolders):
+        self.folders = folders
+        self.folder = folders.root / "runs"
 
-    def record_run(self, keys: list[str]) -> None:
+    def record(self, keys: list[str]) -> None:
         """Remember the stage keys a run finished with (for `gc --keep-last N`); a repeat of the last run adds
         nothing."""
         keys = sorted(set(keys))
-        history = self._run_files()
-        if history and self._read_run(history[-1]) == keys:
+        history = self.files()
+        if history and self._read(history[-1]) == keys:
             return
-        with self.writing("(recording the run)"):
-            folder(self.root, "runs", self.notes)
-            atomic_write(self.runs / f"{time.time_ns()}-{os.getpid()}.json", json.dumps(keys))
-            for old in self._run_files()[:-RUN_HISTORY]:
+        with self.folders.writing("(recording the run)"):
+            self.folders.made("runs")
+            atomic_write(self.folder / f"{time.time_ns()}-{os.getpid()}.json", json.dumps(keys))
+            for old in self.files()[:-RUN_HISTORY]:
                 old.unlink(missing_ok=True)
 
-    def recent_runs(self, count: int) -> list[list[str]]:
+    def recent(self, count: int) -> list[list[str]]:
         """The stage keys of the last `count` recorded runs, newest first."""
-        return [self._read_run(path) for path in self._run_files()[::-1][:count]]
+        return [self._read(path) for path in self.files()[::-1][:count]]
 
-    def _run_files(self) -> list[Path]:
+    def files(self) -> list[Path]:
         """Run files oldest first (their names start with the time in ns)."""
-        if not real_folder(self.root, "runs", self.notes):
+        if not self.folders.real("runs"):
             return []
-        named = [p for p in self.runs.iterdir() if p.suffix == ".json" and RUN_ID.match(p.stem)]
+        named = [p for p in self.folder.iterdir() if p.suffix == ".json" and RUN_ID.match(p.stem)]
         return sorted(named, key=lambda p: tuple(int(part) for part in p.stem.split("-")))
 
     @staticmethod
-    def _read_run(path: Path) -> list[str]:
+    def _read(path: Path) -> list[str]:
         """A run's keys; an unreadable or malformed file counts as a run that kept nothing."""
         try:
             keys = json.loads(read_regular(path, _MAX_BYTES))

@@ -21,6 +21,7 @@ from trtflow.stages.base import (
 )
 from trtflow.stages.export import from_huggingface, from_tensorflow, from_torch, torch_module
 from trtflow.stages.export.common import KIND, VERSION
+from trtflow.store.records import StageRecord
 
 
 def node(ctx: RecipeContext) -> Node | None:
@@ -38,7 +39,7 @@ def run(params: StageParams, inputs: dict[str, Upstream], workdir: Path) -> Stag
     return from_tensorflow.run(params, inputs, workdir)
 
 
-def finish(node: Node, record: dict, place: Placement) -> str | None:
+def finish(node: Node, record: StageRecord, place: Placement) -> str | None:
     """A cached export whose proof failed under on_fail: warn fails the run once on_fail is fail."""
     if isinstance(node.params, torch_module.ModuleExport):  # torch and Hugging Face sources
         return torch_module.finish(node, record, place)

@@ -46,6 +46,7 @@ from trtflow.stages.base import (
 from trtflow.stages.capture import captured_output
 from trtflow.stages.export.common import KIND, VERSION, check_against_reference, dynamic_axes, one_line
 from trtflow.stages.modelfile import FILE_NAMES, MODEL
+from trtflow.store.records import StageRecord
 from trtflow.util.reads import note_glob
 from trtflow.util.versions import tool_version
 
@@ -161,7 +162,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     return StageOutput(files={MODEL: path}, record=record)
 
 
-def finish(node: Node, record: dict, place: Placement) -> str | None:
+def finish(node: Node, record: StageRecord, place: Placement) -> str | None:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
     params = node.params_as(Params)
     enforce_proof(

@@ -31,6 +31,7 @@ from trtflow.stages.base import (
 from trtflow.stages.capture import ANSI_ESCAPES, captured_output
 from trtflow.stages.export.common import one_line
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA
+from trtflow.store.records import StageRecord
 from trtflow.util.text import clipped
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class ModuleExport(StageParams):
         return f"{self.FIELD}: the exported ONNX differs from torch"
 
 
-def finish(node: Node, record: dict, place: Placement) -> str | None:
+def finish(node: Node, record: StageRecord, place: Placement) -> str | None:
     """A cached export whose check failed (it ran under on_fail: warn) fails the run when on_fail is fail now."""
     params = node.params_as(ModuleExport)
     enforce_proof(params.on_fail, record["record"]["torch_equality"], params.proof_failed, CACHED_UNDER_WARN)
