@@ -8,7 +8,7 @@ with `--frozen`, in another checkout, and each engine and package compared byte 
 The project: targets rtx-ampere (sm_86), rtx-ada (sm_89) and rtx-blackwell (sm_120), backend tensorrt-rtx; one
 recipe per model: torchvision's ResNet-18 and MobileNetV3-small at their real sizes (benchmarks/torchvision_like.py,
 [N, 3, 224, 224], batch 1/8/32) and tests/zoo.py's EfficientNet-style CNN, LSTM and transformer encoder, each an ONNX
-source with its profile and 4 seeded calibration batches (as tests/test_release_build.py writes them), in fp32, fp16
+source with its profile and 4 seeded calibration batches (as tests/run/test_release_build.py writes them), in fp32, fp16
 and int8; the LSTM's int8 is excluded as tests/fleet.py excludes it (ModelOpt quantizes none of its nodes).
 
 What is done:

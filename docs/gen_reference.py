@@ -6,7 +6,7 @@
 One table per object of the schema (the recipe or pipeline.yaml itself, then every object it refers to, by name):
 field, type, default, and a description made of the field's own description and its constraints. The schemas come
 from the trtflow this interpreter imports (the functions `trtflow schema` prints), so a changed recipe model changes
-the page; tests/test_docs.py fails until the pages are regenerated.
+the page; tests/project/test_docs.py fails until the pages are regenerated.
 """
 
 from __future__ import annotations

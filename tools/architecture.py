@@ -4,7 +4,7 @@ higher one, and modules over 400 lines.
     python tools/architecture.py [PACKAGE_DIR] [--map]
 
 Every import counts: at module level, inside functions and under TYPE_CHECKING (a lazy import hides a dependency, it
-does not remove it). Exits 1 when a measure is not zero; tests/test_layers.py runs the same checks.
+does not remove it). Exits 1 when a measure is not zero; tests/project/test_layers.py runs the same checks.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "trtflow"
+PACKAGE = Path(__file__).resolve().parents[2] / "trtflow"
 # Leaves import nothing above them: only each other (a package may import itself).
 LEAVES = ("errors", "hashing", "manifest", "recipe", "signing", "states", "store", "util")
 HEAVY = (
@@ -180,3 +180,13 @@ def test_every_stage_kind_registers_its_stage(kind: str) -> None:
     found = stage(kind)
     module = importlib.import_module(f"trtflow.stages.{kind}")
     assert (found.kind, found.version) == (kind, module.VERSION)
+
+
+def test_the_tests_mirror_the_package() -> None:
+    """Each test file sits in the folder of the package it tests (project/: the repository, docs and architecture);
+    shared helpers stay at the top of tests/."""
+    tests = PACKAGE.parent / "tests"
+    folders = {p.parent.name for p in tests.rglob("test_*.py")}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert folders <= packages | {"project"}
+    assert not list(tests.glob("test_*.py"))

@@ -2,7 +2,8 @@
 something. The keys of a fixed project (the example's models under recipes that set many options) are pinned in
 tests/golden/keys.json, without the tool versions (the fingerprint), which follow the machine.
 
-After a deliberate change (a VERSION bump listed in CHANGELOG.md): `python tests/test_golden_keys.py` rewrites the file.
+After a deliberate change (a VERSION bump listed in CHANGELOG.md), `PYTHONPATH=tests python
+tests/run/test_golden_keys.py` rewrites the file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pydantic
 import pytest
 from conftest import REPO, trtflow, write_project
 
-GOLDEN = Path(__file__).parent / "golden" / "keys.json"
+GOLDEN = Path(__file__).parents[1] / "golden" / "keys.json"
 RECIPES = {
     "plain": "source: {onnx: models/tiny_cnn.onnx}\nprecisions: [fp32]\nprofiles:\n"
     "  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n",
@@ -73,7 +74,7 @@ def test_the_keys_of_a_fixed_project_change_only_with_a_listed_stage_version(tmp
     )
     assert versions == golden["versions"] and not changed, (
         f"stage versions {versions} (golden {golden['versions']}): list the change in CHANGELOG.md, then rewrite the "
-        "golden keys with `python tests/test_golden_keys.py`"
+        "golden keys with `PYTHONPATH=tests python tests/run/test_golden_keys.py`"
     )
 
 

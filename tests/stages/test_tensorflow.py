@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
     not (importlib.util.find_spec("tensorflow") and importlib.util.find_spec("tf2onnx")),
     reason="TensorFlow sources need tensorflow and tf2onnx: pip install 'trtflow[tensorflow]'",
 )
-GENERATOR = Path(__file__).resolve().parent / "tfmodels.py"
+GENERATOR = Path(__file__).resolve().parents[1] / "tfmodels.py"
 IMAGE = "      image: {min: [1, 32, 32, 3], opt: [4, 32, 32, 3], max: [8, 32, 32, 3]}\n"
 SEQUENCE = "      sequence: {min: [1, 50, 8], opt: [2, 50, 8], max: [4, 50, 8]}\n"
 

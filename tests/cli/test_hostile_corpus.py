@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import PIPELINE, TINY_RECIPE, trtflow, write_project
+from decoys import DECOY_BYTES, DECOY_NAME, DECOY_TREE, make_decoy, tree
 from onnx import TensorProto
 
 RECIPE = "recipes/tiny.yaml"
@@ -959,9 +960,6 @@ for command, code in [(("plan",), 0), (("cache", "verify"), 1), (("cache", "gc")
 # issue 23: links, FIFOs and crafted JSON where a writer of the store, the remote, a package or a destination puts them.
 # Every case runs beside a decoy folder (DECOY, outside the project) that must come out unchanged and unread.
 
-DECOY_NAME = "decoy"
-DECOY_BYTES = b"DECOY-SECRET-" * 100  # never to be found in a package
-
 
 def _decoy(root: Path) -> Path:
     return root.parent / DECOY_NAME
@@ -1543,28 +1541,3 @@ def test_hostile_input(name: str, bases: dict[str, Path], tmp_path: Path) -> Non
     ]
     # no outside bytes were packaged
     assert not [p for p in shipped if "store" not in p.relative_to(root).parts[:2]], shown
-
-
-DECOY_TREE = {
-    "engine.bin": DECOY_BYTES,
-    "notes.txt": b"must survive",
-    "nested/deeper/file.txt": b"must survive too",
-    ".hidden": b"hidden",
-}
-
-
-def make_decoy(folder: Path) -> Path:
-    """A folder outside the project holding DECOY_TREE (a file whose sha256 a hostile record names, nested folders)."""
-    for relative, data in DECOY_TREE.items():
-        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-        (folder / relative).write_bytes(data)
-    return folder
-
-
-def tree(folder: Path) -> dict[str, bytes]:
-    """Every regular file under `folder` by relative path, with its bytes (links are not followed)."""
-    return {
-        str(p.relative_to(folder)): p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and not p.is_symlink()
-    }

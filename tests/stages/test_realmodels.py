@@ -157,7 +157,7 @@ def test_a_dynamo_resnet_exported_without_the_optimizer_comes_out_of_cleanup_fus
         "targets": ["rtx-ada"],
     }
     root = write_project(tmp_path / "p", {"resnet": yaml.safe_dump(recipe)})
-    shutil.copyfile(Path(__file__).with_name("zoo.py"), root / "models" / "zoo.py")
+    shutil.copyfile(Path(__file__).parents[1] / "zoo.py", root / "models" / "zoo.py")
     result = trtflow(root, "run")
     assert result.code == 0, result.err + result.out
     # the exporter's optimizer

@@ -14,7 +14,7 @@ import pytest
 from browser import Browser, chromium_or_skip
 from conftest import REPO, TINY_RECIPE, trtflow, trtflow_process, write_project
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 IMPOSSIBLE_FP16 = (
     TINY_RECIPE.replace("precisions: [fp32]", "precisions: [fp32, fp16]") + "accuracy: {fp16: {max_abs_error: 0.0}}\n"
 )

@@ -10,30 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import stage_record, trtflow, write_project
+from conftest import stage_record, trtflow
+from torchsources import CONVNET, ONE_TARGET, torch_recipe, write_torch_project
 
 torch = pytest.importorskip("torch")
 
-CONVNET = '''\
-"""A small conv net with BatchNorm and Dropout: cleanup folds the BatchNorms and drops the Dropouts."""
-from torch import nn
-
-
-class ConvNet(nn.Module):
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
-        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(16, classes))
-
-    def forward(self, x):
-        return self.head(self.features(x))
-
-
-def make(classes=10):
-    return ConvNet(classes)
-'''
 
 SEQ = '''\
 """Sequence models: a 2-layer LSTM (50 steps, 128 features in, 256 out) and a small TransformerEncoder."""
@@ -54,7 +35,6 @@ def encoder(layers=2):
     return nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
 '''
 
-ONE_TARGET = "targets: [rtx-ada]\n"
 CONV_RECIPE = (
     """\
 source:
@@ -90,13 +70,6 @@ profiles:
 """
     + ONE_TARGET
 )
-
-
-def write_torch_project(root: Path, recipes: dict[str, str], modules: dict[str, str]) -> Path:
-    write_project(root, recipes)
-    for name, text in modules.items():
-        (root / "models" / name).write_text(text)
-    return root
 
 
 def save_weights(root: Path, seed: int) -> None:
@@ -210,26 +183,6 @@ def test_editing_the_factory_source_or_the_weights_reexports_and_rebuilds_that_m
 # bad input: what can be checked without running the user's code is refused by `validate` with file:line
 
 
-def torch_recipe(
-    factory: str = "models.convnet:make",
-    extra: str = "",
-    inputs: str = "[{name: image}]",
-    profile_input: str = "image",
-    shape: str = "min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]",
-) -> str:
-    """A torch recipe in block style, one field per known line (numbers on the right)."""
-    return (
-        "source:\n"  # 1
-        "  torch:\n"  # 2
-        f"    factory: {factory}\n"  # 3  source.torch.factory
-        f"    inputs: {inputs}\n"  # 4  source.torch.inputs
-        f"{extra}"  # 5  (optional) source.torch.<extra>
-        "profiles:\n"
-        "  - inputs:\n"
-        f"      {profile_input}: {{{shape}}}\n" + ONE_TARGET
-    )
-
-
 TORCH_RECIPE_CASES = [
     pytest.param(
         torch_recipe(factory="models.nothere:make"),
@@ -306,7 +259,7 @@ TORCH_RECIPE_CASES = [
 def test_bad_torch_recipe_is_refused_before_running_anything(
     tmp_path: Path, text: str, where: str, message: str
 ) -> None:
-    from test_bad_input import assert_refused
+    from refusals import assert_refused
 
     root = write_torch_project(
         tmp_path / "proj", {"bad": text}, {"convnet.py": CONVNET, "syntax.py": "def make():\n    return (\n"}

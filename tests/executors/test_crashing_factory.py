@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from conftest import trtflow
-from test_export import CONVNET, torch_recipe, write_torch_project
+from torchsources import CONVNET, torch_recipe, write_torch_project
 
 CRASHING = """\
 import ctypes

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import PIPELINE, example_models, trtflow, write_project
-from test_bad_input import assert_refused, recipe
+from refusals import assert_refused, recipe
 
 from trtflow.backends.base import BuildRequest, get_backend
 from trtflow.calibration import rank

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from conftest import trtflow, write_project
-from test_export import CONVNET, torch_recipe, write_torch_project
-from test_hostile_corpus import DECOY_BYTES, make_decoy, tree
+from decoys import DECOY_BYTES, make_decoy, tree
+from torchsources import CONVNET, torch_recipe, write_torch_project
 
-PACKAGE = Path(__file__).resolve().parent.parent / "trtflow"
+PACKAGE = Path(__file__).resolve().parents[2] / "trtflow"
 
 # The factory is project code (trusted), used here only as a clock: while the export runs, it starts a process that
 # plays the store's writer and keeps planting a crafted pickle and a crafted JSON result in the export's work folder.

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-WORKFLOW = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "trtflow.yml"
+WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "trtflow.yml"
 
 
 def test_actionlint_is_clean():

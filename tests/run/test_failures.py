@@ -138,7 +138,7 @@ def test_the_first_run_fails_the_real_pairs_and_builds_the_rest(fleet: tuple[Pat
 
 def test_the_next_run_reports_the_recorded_failures_without_redoing_or_writing_anything(built_fleet: Path) -> None:
     """The copy gave every file a new inode, so the first run re-hashes them and remembers that (as for an all-green
-    project: tests/test_run.py); the next one is the no-op."""
+    project: tests/run/test_run.py); the next one is the no-op."""
     settle()
     assert trtflow(built_fleet, "run").code == 1
     before = files_and_times(built_fleet)
@@ -437,7 +437,7 @@ def test_a_build_refused_for_its_architecture_names_the_real_target(tmp_path: Pa
         },
         pipeline=WIDE_FLEET,
     )
-    shutil.copyfile(Path(__file__).parent.parent / "models" / "seq_lstm.onnx", root / "models" / "seq_lstm.onnx")
+    shutil.copyfile(Path(__file__).parents[2] / "models" / "seq_lstm.onnx", root / "models" / "seq_lstm.onnx")
     code, first = summary(root)
     failed = {node["id"]: node["reason"] for node in first["nodes"] if node["status"] == "failed"}
     assert code == 1 and set(failed) == {"build:speech/fp16/turing"}
