@@ -163,7 +163,7 @@ def arrays_from_file(relative: str, path: Path, model_inputs: dict[str, dict]) -
         with np.load(path, allow_pickle=False) as loaded:
             return {name: loaded[name] for name in loaded.files}
     except (ValueError, OSError, EOFError) as exc:
-        raise StageError(f"{relative}: cannot read it: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
+        raise StageError(f"{relative}: cannot read it: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from exc
 
 
 def _npy(relative: str, array: np.ndarray, model_inputs: dict[str, dict]) -> dict[str, np.ndarray]:
@@ -206,7 +206,7 @@ def preprocess_image(path: Path, reading: dict, relative: str = "") -> np.ndarra
             image = _center_crop(_resize(image, reading["resize"]), reading["crop"])
             pixels = np.asarray(image)
     except (OSError, ValueError) as exc:
-        raise StageError(f"{relative or path.name}: cannot read the image: {exc}") from None
+        raise StageError(f"{relative or path.name}: cannot read the image: {exc}") from exc
     pixels = pixels[..., None] if pixels.ndim == 2 else pixels[..., ::-1] if reading["color"] == "BGR" else pixels
     values = pixels if reading["dtype"] == "uint8" else _normalized(pixels, reading)
     values = values.transpose(2, 0, 1) if reading["layout"] == "NCHW" else values
@@ -343,7 +343,7 @@ def check_calibration_data(item: RecipeFile, root: Path) -> None:
             if problem:
                 raise ProjectError(f"{where}: {problem}")
     except StageError as exc:
-        raise ProjectError(f"{where}: {exc}") from None
+        raise ProjectError(f"{where}: {exc}") from exc
 
 
 def _declared_inputs(item: RecipeFile, root: Path, profiles: list[dict]) -> dict[str, dict]:

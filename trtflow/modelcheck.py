@@ -140,9 +140,9 @@ def check_torch_factory(item: RecipeFile, root: Path) -> None:
     try:
         names = top_level_names(path)
     except SyntaxError as exc:
-        raise ProjectError(f"{where}: cannot import {module!r}: {shown}:{exc.lineno}: SyntaxError: {exc.msg}") from None
+        raise ProjectError(f"{where}: cannot import {module!r}: {shown}:{exc.lineno}: SyntaxError: {exc.msg}") from exc
     except (OSError, ValueError) as exc:
-        raise ProjectError(f"{where}: cannot read {shown}: {exc}") from None
+        raise ProjectError(f"{where}: cannot read {shown}: {exc}") from exc
     if names is not None and attribute.split(".")[0] not in names:
         raise ProjectError(f"{where}: module {module!r} ({shown}) defines no {attribute.split('.')[0]!r}")
 
@@ -156,7 +156,7 @@ def _load(item: RecipeFile, path: Path) -> Any:
     except Exception as exc:
         raise ProjectError(
             f"{item.where('source', 'onnx')}: cannot parse ONNX model {item.recipe.source.onnx}: {_first_line(exc)}"
-        ) from None
+        ) from exc
     if not model.graph.node and not model.graph.output:
         raise ProjectError(f"{item.where('source', 'onnx')}: {item.recipe.source.onnx} holds no ONNX graph")
     _check_external_data(item, model, path)
@@ -248,7 +248,7 @@ def _check_external_data(item: RecipeFile, model: Any, path: Path) -> None:
     try:
         locations = external_locations(model, path)
     except ValueError as exc:
-        raise ProjectError(f"{item.where('source', 'onnx')}: {exc}") from None
+        raise ProjectError(f"{item.where('source', 'onnx')}: {exc}") from exc
     for location in locations:
         if not (path.parent / location).is_file():
             raise ProjectError(

@@ -133,9 +133,9 @@ def _open(path: Path, trust: TrustedKeys) -> tuple[dict, str]:
         statement_: Any = loads_bounded(body, MAX_BYTES)
     except (OSError, ValueError, IndexError) as exc:
         why = str(exc) if isinstance(exc, BoundExceeded) else type(exc).__name__
-        raise UntrustedPackage(f"{path}: not a provenance file ({why})") from None
+        raise UntrustedPackage(f"{path}: not a provenance file ({why})") from exc
     except SignatureRejected as exc:
-        raise UntrustedPackage(f"{path}: the provenance is refused: {exc}") from None
+        raise UntrustedPackage(f"{path}: the provenance is refused: {exc}") from exc
     if (
         not isinstance(statement_, dict)
         or statement_.get("_type") != STATEMENT

@@ -131,7 +131,7 @@ def signer_from_environment(environ: Mapping[str, str] | None = None) -> Signer 
     try:
         key = serialization.load_pem_private_key(text, password=None)
     except (ValueError, TypeError) as exc:
-        raise EnvironmentProblem(f"{where}: not an unencrypted PEM private key ({_first_line(exc)})") from None
+        raise EnvironmentProblem(f"{where}: not an unencrypted PEM private key ({_first_line(exc)})") from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise EnvironmentProblem(f"{where}: an Ed25519 key is needed (make one with `trtflow keygen`)")
     return Signer(key, key_id(_raw_public(key.public_key())))
@@ -148,7 +148,7 @@ def trusted_keys(paths: Iterable[tuple[Path, str]], error: type[TrtflowError] = 
         try:
             key = serialization.load_pem_public_key(text)
         except (ValueError, TypeError) as exc:
-            raise error(f"{where}: {path} is not a PEM public key ({_first_line(exc)})") from None
+            raise error(f"{where}: {path} is not a PEM public key ({_first_line(exc)})") from exc
         if not isinstance(key, Ed25519PublicKey):
             raise error(f"{where}: {path} is not an Ed25519 public key (make one with `trtflow keygen`)")
         keys[key_id(_raw_public(key))] = key
@@ -194,7 +194,7 @@ def _read_key_file(path: Path, where: str, error: type[TrtflowError]) -> bytes:
         note_path(path)
         return path.read_bytes()
     except OSError as exc:
-        raise error(f"{where}: cannot read {path} ({exc.strerror or exc})") from None
+        raise error(f"{where}: cannot read {path} ({exc.strerror or exc})") from exc
 
 
 def _raw_public(key: Any) -> bytes:

@@ -76,7 +76,7 @@ def load(data: dict[str, Path], labels: Path, model_inputs: dict[str, dict]) -> 
     except (ValueError, OSError, EOFError) as exc:
         raise StageError(
             f"accuracy.labels: cannot read it: {(str(exc).splitlines() or [type(exc).__name__])[0]}"
-        ) from None
+        ) from exc
     rows = sum(int(next(iter(feed.values())).shape[0]) for feed in feeds)
     if values.ndim < 1 or values.shape[0] != rows:
         raise StageError(
@@ -114,7 +114,7 @@ def check_task_data(item: RecipeFile, root: Path) -> None:
         _, labels = load({r: root / r for r in files.data}, root / files.labels, model_inputs)
     except StageError as exc:
         field = "labels" if str(exc).startswith("accuracy.labels") else "data"
-        raise ProjectError(f"{item.where('accuracy', field)}: {str(exc).removeprefix('accuracy.labels: ')}") from None
+        raise ProjectError(f"{item.where('accuracy', field)}: {str(exc).removeprefix('accuracy.labels: ')}") from exc
     problem = metric_problem(labels, item.recipe.accuracy.metric or "top1")
     if problem:
         raise ProjectError(

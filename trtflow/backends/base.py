@@ -119,4 +119,4 @@ def import_or_explain(module: str, extra: str, why: str = ""):
         return importlib.import_module(module)
     except ImportError as exc:
         hint = f"pip install 'trtflow[{extra}]'" + (f" ({why})" if why else "")
-        raise EnvironmentProblem(f"module {module!r} is required: {hint} [{exc}]") from None
+        raise EnvironmentProblem(f"module {module!r} is required: {hint} [{exc}]") from exc

@@ -237,4 +237,4 @@ def _size_option(value: str | None) -> int | None:
     try:
         return parse_size(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--memory") from None
+        raise click.BadParameter(str(exc), param_hint="--memory") from exc

@@ -66,7 +66,7 @@ def health_check(command: str, timeout: float) -> Callable[[Engine, Path], dict]
                 f"--health-cmd {command!r} on {path}: no answer within {timeout:g} s; `current` left as it was"
             ) from None
         except OSError as exc:
-            raise HealthCheckFailed(f"--health-cmd {command!r}: cannot run it: {exc.strerror or exc}") from None
+            raise HealthCheckFailed(f"--health-cmd {command!r}: cannot run it: {exc.strerror or exc}") from exc
         if done.returncode != 0:
             said = clipped(
                 (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1], 300
@@ -87,7 +87,7 @@ def agent_lock(dest: Path) -> Iterator[None]:
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BadDestination(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from None
+        raise BadDestination(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from exc
     lock = dest / ".agent.lock"
     if lock.is_symlink() or (lock.exists() and not lock.is_file()):
         raise BadDestination(f"--dest {dest}: {lock} is not a regular file; remove it")

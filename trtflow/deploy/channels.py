@@ -90,7 +90,7 @@ def parse_channel(data: bytes, where: str, name: str) -> Channel:
     try:
         value = loads_bounded(data, MAX_CHANNEL_BYTES)
     except ValueError as exc:
-        raise BadChannel(f"{where}: not a channel file: {exc}") from None
+        raise BadChannel(f"{where}: not a channel file: {exc}") from exc
     if not isinstance(value, dict) or value.get("channel") != name:
         raise BadChannel(f"{where}: not the channel file of {name!r}; publish to the channel again")
     history, share = value.get("history"), value.get("share_bp")
@@ -216,7 +216,7 @@ def _package_manifest(package: Path) -> tuple[bytes, Manifest]:
     except ValueError as exc:
         raise NotPublishable(
             f"{manifest_path}: not a trtflow manifest ({type(exc).__name__}); rebuild it with `trtflow run`"
-        ) from None
+        ) from exc
 
 
 def _engine_path(package: Path, file: str) -> Path:

@@ -158,7 +158,7 @@ def _channels(remote: RemoteFolder) -> list[Channel]:
         except (BadChannel, BadRollout, FileNotFoundError, ValueError) as exc:
             raise BadChannel(
                 f"{remote.where('channels/' + listed)}: {exc}; fix or remove it before gc (nothing deleted)"
-            ) from None
+            ) from exc
     return channels
 
 

@@ -94,7 +94,7 @@ def _make_folder(dest: Path, folder: Path) -> list[Path]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BadDestination(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from None
+        raise BadDestination(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from exc
     return made
 
 

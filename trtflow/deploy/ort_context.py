@@ -130,7 +130,7 @@ def export_ort_context(package: Package, dest: Path, embed: bool = False) -> lis
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CannotExport(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from None
+        raise CannotExport(f"--dest {dest}: cannot make the folder: {exc.strerror or exc}") from exc
     outputs = [
         dest / f"{_stem(package, e)}{suffix}" for e in package.manifest.engines for suffix in (".engine", "_ctx.onnx")
     ]

@@ -32,7 +32,7 @@ class PluginDir:
         try:
             self._files = {entry: entry.stat().st_size for entry in sorted(path.iterdir()) if entry.is_file()}
         except OSError as exc:
-            raise BadPluginDir(f"--plugin-dir {path}: cannot read it: {exc.strerror or exc}") from None
+            raise BadPluginDir(f"--plugin-dir {path}: cannot read it: {exc.strerror or exc}") from exc
         self.path = path
         self._digests: dict[Path, str] = {}
 

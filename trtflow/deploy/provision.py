@@ -87,7 +87,7 @@ def load_package(path: Path) -> Package:
         try:
             data = read_member(path, "/" + MANIFEST_FILE, MAX_MANIFEST_BYTES)
         except (tarfile.TarError, OSError, EOFError, TrtflowError) as exc:
-            raise BadPackage(f"{path}: not a readable package archive ({exc}); fetch the package again") from None
+            raise BadPackage(f"{path}: not a readable package archive ({exc}); fetch the package again") from exc
         return Package(path, _parse_manifest(path, data), None, _sha256(data))
     if path.name.endswith(".json"):
         data = _read_manifest(path)
@@ -149,7 +149,7 @@ def _check_remote_provenance(package: Package, trust: TrustedKeys) -> tuple[dict
         try:
             return provenance.check(path, trust, package.manifest.recipe, package.manifest_sha256, None)
         except provenance.UntrustedPackage as exc:
-            raise provenance.UntrustedPackage(str(exc).replace(str(path), remote.where(where))) from None
+            raise provenance.UntrustedPackage(str(exc).replace(str(path), remote.where(where))) from exc
 
 
 def _sha256(data: bytes | None) -> str:
@@ -174,7 +174,7 @@ def _parse_manifest(path: Path | str, data: bytes | None) -> Manifest:
         first = exc.errors()[0]
         raise BadPackage(
             f"{path}: not a trtflow manifest: {'.'.join(map(str, first['loc']))}: {first['msg']}"
-        ) from None
+        ) from exc
 
 
 def _safe_relative(package: Package, file: str) -> str:

@@ -86,7 +86,7 @@ class RemoteFolder:
         except (RemoteUnreachable, BadChannel):
             raise
         except Exception as exc:
-            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from exc
         try:
             yield _Counted(handle, relative, self)
         finally:
@@ -103,7 +103,7 @@ class RemoteFolder:
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from exc
         current = str(
             info.get("ETag")
             or info.get("etag")
@@ -132,7 +132,7 @@ class RemoteFolder:
                 if code == "304":
                     return tag, None
                 if code in ("NoSuchKey", "404"):
-                    raise FileNotFoundError(self.where(relative)) from None
+                    raise FileNotFoundError(self.where(relative)) from exc
                 raise
             async with answer["Body"] as body:
                 return answer.get("ETag"), await body.read(limit + 1)
@@ -142,7 +142,7 @@ class RemoteFolder:
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from exc
         if data is None:
             self.transfer.not_modified.append(relative)
             return got_tag, None
@@ -158,7 +158,7 @@ class RemoteFolder:
         except FileNotFoundError:
             return []
         except Exception as exc:
-            raise RemoteUnreachable(f"{self.where(relative)}: cannot list: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot list: {one_line(exc)}") from exc
 
     def name_of(self, info: dict) -> str:
         """The last part of a listed entry's path."""
@@ -172,7 +172,7 @@ class RemoteFolder:
         except FileNotFoundError:
             pass
         except Exception as exc:
-            raise RemoteUnreachable(f"{self.where(relative)}: cannot delete: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot delete: {one_line(exc)}") from exc
 
     # writing ----------------------------------------------------------------------------
     def size(self, relative: str) -> int | None:
@@ -182,7 +182,7 @@ class RemoteFolder:
         except FileNotFoundError:
             return None
         except Exception as exc:
-            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot read: {one_line(exc)}") from exc
 
     def put(self, source: Path | bytes, relative: str) -> int:
         """Write one file at the URL (a single PUT on object stores); its size."""
@@ -198,7 +198,7 @@ class RemoteFolder:
             self._fs.put_file(str(source), target)
             return source.stat().st_size
         except Exception as exc:
-            raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from exc
 
     def put_atomic(self, data: bytes, relative: str) -> int:
         """Write a small file so a reader sees the old bytes or the new ones: one PUT on an object store, a
@@ -213,7 +213,7 @@ class RemoteFolder:
             # rename(2): replaces a link, never follows it
             Path(f"{self._base}/{temporary}").replace(f"{self._base}/{relative}")
         except OSError as exc:
-            raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self.where(relative)}: cannot write: {one_line(exc)}") from exc
         finally:  # a refused or failed write leaves nothing behind (after the rename, there is nothing to remove)
             Path(f"{self._base}/{temporary}").unlink(missing_ok=True)
         return len(data)
@@ -278,6 +278,6 @@ class _Counted:
         try:
             data = self._handle.read(size)
         except Exception as exc:
-            raise RemoteUnreachable(f"{self._folder.where(self._name)}: reading failed: {one_line(exc)}") from None
+            raise RemoteUnreachable(f"{self._folder.where(self._name)}: reading failed: {one_line(exc)}") from exc
         self._folder.transfer.add(self._name, len(data))
         return data

@@ -74,7 +74,7 @@ def triton_model_config_pb2() -> Any:
     except (ImportError, RuntimeError) as exc:
         raise EnvironmentProblem(
             f"export triton needs Triton's model configuration schema ({exc}): pip install 'trtflow[triton]'"
-        ) from None
+        ) from exc
     return model_config_pb2
 
 
@@ -271,7 +271,7 @@ def _write_version(model: Path, version: int, plans: list[Plan]) -> None:
     try:
         model.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CannotExport(f"--repo {model.parent}: cannot make the model folder: {exc.strerror or exc}") from None
+        raise CannotExport(f"--repo {model.parent}: cannot make the model folder: {exc.strerror or exc}") from exc
     incoming = model / f".{version}-{uuid.uuid4().hex}"
     incoming.mkdir()
     try:

@@ -215,7 +215,7 @@ def _connect(address: str | None, jobs: int) -> Any:
         raise EnvironmentProblem(
             f"cannot connect to the Ray cluster at {address or 'a new local instance'}: "
             f"{clipped(' '.join(str(exc).split()), 300)}"
-        ) from None
+        ) from exc
     return ray
 
 
@@ -226,7 +226,7 @@ def _reachable(address: str) -> None:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except (OSError, ValueError) as exc:
-        raise EnvironmentProblem(f"cannot reach the Ray cluster at {address}: {exc}") from None
+        raise EnvironmentProblem(f"cannot reach the Ray cluster at {address}: {exc}") from exc
 
 
 def _shown(labels: dict[str, str]) -> str:

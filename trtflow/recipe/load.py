@@ -94,7 +94,7 @@ def _validate(model: type[BaseModel], document: YamlDocument, display: str, extr
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise ProjectError("\n".join(_error_lines(document, display, exc, model))) from None
+        raise ProjectError("\n".join(_error_lines(document, display, exc, model))) from exc
 
 
 def load_project(root: Path, keep_refusals: bool = False) -> Project:

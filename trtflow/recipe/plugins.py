@@ -65,7 +65,7 @@ def _checked_path(where: str, given: str, root: Path) -> Path:
     try:
         path = (Path(given) if os.path.isabs(given) else root / given).resolve()
     except (RuntimeError, OSError) as exc:  # a symlink loop
-        raise ProjectError(f"{where}: cannot follow {given}: {exc}") from None
+        raise ProjectError(f"{where}: cannot follow {given}: {exc}") from exc
     if not os.path.isabs(given) and not path.is_relative_to(root.resolve()):
         raise ProjectError(
             f"{where}: {given} is outside the project; write an absolute path to use a library from elsewhere"

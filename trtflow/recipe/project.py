@@ -56,7 +56,7 @@ class RecipeFile:
         except (RuntimeError, OSError) as exc:  # a symlink loop
             raise ProjectError(
                 f"{self.where('source', 'onnx')}: cannot follow {self.recipe.source.onnx}: {exc}"
-            ) from None
+            ) from exc
 
     def factory_file(self, root: Path) -> Path:
         """The torch factory's module file, found without importing it; ProjectError if there is none."""
@@ -67,7 +67,7 @@ class RecipeFile:
         try:
             return module_file(module, root)
         except ModuleNotFound as exc:
-            raise ProjectError(f"{self.where('source', 'torch', 'factory')}: {exc}") from None
+            raise ProjectError(f"{self.where('source', 'torch', 'factory')}: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,9 @@ def load_yaml(path: Path, display: str) -> YamlDocument:
         line = text[: exc.position].count("\n") + 1
         raise ProjectError(
             f"{display}:{line}: invalid YAML: character {_shown(exc.character)} is not allowed in a YAML file"
-        ) from None
+        ) from exc
     except yaml.YAMLError as exc:
-        raise ProjectError(f"{display}{_yaml_problem(exc)}") from None
+        raise ProjectError(f"{display}{_yaml_problem(exc)}") from exc
     except RecursionError:
         raise ProjectError(f"{display}: nesting deeper than the YAML parser can follow") from None
     builder = _Builder(display)
@@ -77,7 +77,7 @@ def _read_text(path: Path, display: str) -> str:
     except FileNotFoundError:
         raise ProjectError(f"{display}: file not found") from None
     except OSError as exc:
-        raise ProjectError(f"{display}: cannot read: {exc.strerror or exc}") from None
+        raise ProjectError(f"{display}: cannot read: {exc.strerror or exc}") from exc
     if not stat.S_ISREG(info.st_mode):
         raise ProjectError(f"{display}: not a regular file (a YAML file is expected here)")
     if info.st_size > MAX_BYTES:
@@ -85,7 +85,7 @@ def _read_text(path: Path, display: str) -> str:
     try:
         data = path.read_bytes()[: MAX_BYTES + 1]
     except OSError as exc:
-        raise ProjectError(f"{display}: cannot read: {exc.strerror or exc}") from None
+        raise ProjectError(f"{display}: cannot read: {exc.strerror or exc}") from exc
     if b"\x00" in data:
         line = data[: data.index(b"\x00")].count(b"\n") + 1
         raise ProjectError(f"{display}:{line}: a NUL byte: this is not a text file")
@@ -95,7 +95,7 @@ def _read_text(path: Path, display: str) -> str:
         line = data[: exc.start].count(b"\n") + 1
         raise ProjectError(
             f"{display}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
-        ) from None
+        ) from exc
 
 
 def _check_flow_depth(text: str, display: str) -> None:
@@ -173,7 +173,7 @@ class _Builder:
             return self._scalars.construct_object(node, deep=True)
         except (yaml.YAMLError, ValueError, TypeError) as exc:
             problem = getattr(exc, "problem", None) or str(exc)
-            raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: invalid YAML value: {problem}") from None
+            raise ProjectError(f"{self.display}:{node.start_mark.line + 1}: invalid YAML value: {problem}") from exc
 
     def _merged(self, node: yaml.Node, loc: Loc) -> dict:
         """The mapping(s) a merge key names; anything else is an error at its line."""

@@ -196,7 +196,7 @@ def read_record(path: Path) -> dict:
             f"{path}: no run record: run `trtflow run` first (it writes one after every run that did something)"
         ) from None
     except (OSError, ValueError) as exc:
-        raise NoRunRecord(f"{path}: not a run record ({exc})") from None
+        raise NoRunRecord(f"{path}: not a run record ({exc})") from exc
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("nodes"), list):
         raise NoRunRecord(f"{path}: not a run record of format {FORMAT}: run `trtflow run` again to write one")
     from trtflow.report.shape import first_problem

@@ -159,7 +159,7 @@ class Resolver:
         try:
             found = self.digests.digest_with_companions(path, external_data_locations)
         except (OSError, ValueError) as exc:
-            raise ProjectError(f"{node.info.where or node.id}: {_source_problem(exc, Path(path))}") from None
+            raise ProjectError(f"{node.info.where or node.id}: {_source_problem(exc, Path(path))}") from exc
         return {(f"{role}.data:{name}" if name else role): digest for name, digest in found.items()}
 
     def last_run(self, node: Node) -> dict | None:

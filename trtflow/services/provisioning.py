@@ -44,7 +44,7 @@ def device_id_of(options: ProvisionOptions) -> str:
     try:
         report_file(device_id)
     except ValueError as exc:
-        raise BadRequest(f"--device-id: {exc}") from None
+        raise BadRequest(f"--device-id: {exc}") from exc
     return device_id
 
 

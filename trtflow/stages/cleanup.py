@@ -169,7 +169,7 @@ def _load(onnx: Any, path: Path) -> tuple[Any, dict]:
     try:
         return load_graph(onnx, path)
     except Exception as exc:
-        raise StageError(f"cannot parse the ONNX model: {type(exc).__name__}: {exc}") from None
+        raise StageError(f"cannot parse the ONNX model: {type(exc).__name__}: {exc}") from exc
 
 
 def _clean(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list[str]]:
@@ -210,7 +210,7 @@ def _simplify(onnx: Any, model: Any, options: CleanupOptions) -> tuple[Any, list
         raise StageError(
             f"cleanup.simplify: onnxslim failed: {type(exc).__name__}: {exc} "
             "(switch the pass off in the recipe's cleanup: block, or simplify: false)"
-        ) from None
+        ) from exc
     folding.restore(slimmed, moved)
     ran = [switch for switch, name in SLIM_PASSES.items() if name not in skipped]
     kept = [f"fold_kept_computed {weighed['seeds_hidden']} ({weighed['computed_bytes_kept']} bytes)"] if hidden else []
@@ -288,7 +288,7 @@ def _convert_opset(onnx: Any, model: Any, opset: int) -> Any:
     except Exception as exc:
         raise StageError(
             f"cleanup.opset: cannot convert the model to opset {opset}: {str(exc).strip().splitlines()[-1]}"
-        ) from None
+        ) from exc
 
 
 def _check(onnx: Any, model: Any) -> None:
@@ -297,7 +297,7 @@ def _check(onnx: Any, model: Any) -> None:
     try:
         onnx.checker.check_model(str(model) if isinstance(model, Path) else model)
     except onnx.checker.ValidationError as exc:
-        raise StageError(f"the model fails the ONNX checker: {str(exc).splitlines()[0]}") from None
+        raise StageError(f"the model fails the ONNX checker: {str(exc).splitlines()[0]}") from exc
 
 
 def _normalized_ir_version(onnx: Any, model: Any) -> int:

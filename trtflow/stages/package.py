@@ -144,7 +144,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     try:
         write_reproducible_members(archive, recipe, members, expected=digests)
     except UnsafeArchive as exc:
-        raise StageError(f"{exc} (corrupt store object); run again to rebuild it") from None
+        raise StageError(f"{exc} (corrupt store object); run again to rebuild it") from exc
     return StageOutput(
         files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest_bytes)}
     )

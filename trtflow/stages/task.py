@@ -114,7 +114,7 @@ def report(
         fp32 = score(first_output(compare.session(reference), feeds), labels, metric)
         value = score(first_output(accuracy.candidate_session(candidate)[0], feeds), labels, metric)
     except ValueError as exc:
-        raise StageError(f"accuracy.metric: {exc}") from None
+        raise StageError(f"accuracy.metric: {exc}") from exc
     drop = drop_from(fp32, value, metric)
     return {
         "metric": metric,

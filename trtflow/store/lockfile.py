@@ -160,7 +160,7 @@ def read_lock(path: Path) -> dict[str, LockEntry] | None:
     except (ValueError, AttributeError, RecursionError) as exc:
         raise ProjectError(
             f"{path.name}: unreadable lock file ({type(exc).__name__}: {exc}); delete it and run again"
-        ) from None
+        ) from exc
     if not isinstance(nodes, dict):
         raise ProjectError(f"{path.name}: unreadable lock file (nodes is not an object); delete it and run again")
     entries = {}
@@ -173,7 +173,7 @@ def read_lock(path: Path) -> dict[str, LockEntry] | None:
             raise ProjectError(
                 f"{path.name}: entry {node[:120]!r} refused: {str(exc)[:200]}; restore it from "
                 "version control, or delete the lock and run again"
-            ) from None
+            ) from exc
     return entries
 
 

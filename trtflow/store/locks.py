@@ -107,7 +107,7 @@ class RunLease:
         except OSError as exc:
             if exc.errno not in WRITE_ERRNOS:
                 raise
-            raise write_failure(root, exc, "(starting a run)") from None
+            raise write_failure(root, exc, "(starting a run)") from exc
         self.swept = sweep_dead_runs(root)
 
     def close(self) -> None:

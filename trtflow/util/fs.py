@@ -94,7 +94,7 @@ def open_regular(path: Path | str, dir_fd: int | None = None, follow_links: bool
         fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENXIO):  # ELOOP: a symlink; ENXIO: a socket or a FIFO without writer
-            raise NotRegular(exc.errno, "not a regular file", str(path)) from None
+            raise NotRegular(exc.errno, "not a regular file", str(path)) from exc
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -115,7 +115,7 @@ def open_dir(path: Path, dir_fd: int | None = None) -> int:
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise NotRegular(exc.errno, "not a real folder", str(path)) from None
+            raise NotRegular(exc.errno, "not a real folder", str(path)) from exc
         raise
 
 

@@ -42,9 +42,9 @@ def filesystem(url: str, options: dict, purpose: str = "a remote cache") -> tupl
     except ImportError as exc:
         raise EnvironmentProblem(
             f"{purpose} {redacted(url)} needs a package that is missing ({exc}): pip install 'trtflow[s3]'"
-        ) from None
+        ) from exc
     except ValueError as exc:
-        raise EnvironmentProblem(f"{purpose} {redacted(url)} cannot be opened: {exc}") from None
+        raise EnvironmentProblem(f"{purpose} {redacted(url)} cannot be opened: {exc}") from exc
     if protocol in ("s3", "s3a"):
         fs.retries = S3_RETRIES
     return fs, base.rstrip("/")

@@ -140,6 +140,6 @@ def _loaded(task: Task, folder: Path) -> Any:
     try:
         model = loader.from_pretrained(str(folder), local_files_only=True, **task.config)
     except Exception as exc:
-        raise StageError(f"source.huggingface.path: {task.loader} cannot load the folder: {one_line(exc)}") from None
+        raise StageError(f"source.huggingface.path: {task.loader} cannot load the folder: {one_line(exc)}") from exc
     model = model.get_encoder() if task.encoder_only else model
     return model.float().eval()

@@ -198,7 +198,7 @@ def _saved_model(tf: Any, tf2onnx: Any, params: Params, folder: Path) -> tuple[A
     try:
         loaded = tf.saved_model.load(str(folder), tags=[params.tag])
     except Exception as exc:
-        raise StageError(f"source.tensorflow.saved_model: TensorFlow cannot load it: {one_line(exc)}") from None
+        raise StageError(f"source.tensorflow.saved_model: TensorFlow cannot load it: {one_line(exc)}") from exc
     function = loaded.signatures[params.signature]
     _, specs = function.structured_input_signature
     _check_shapes(
@@ -223,7 +223,7 @@ def _saved_model(tf: Any, tf2onnx: Any, params: Params, folder: Path) -> tuple[A
     except Exception as exc:
         raise StageError(
             f"source.tensorflow: tf2onnx cannot convert signature {params.signature}: {one_line(exc)}"
-        ) from None
+        ) from exc
     return reference, model
 
 
@@ -239,7 +239,7 @@ def _check_tag_and_signature(tf: Any, params: Params, folder: Path) -> None:
         else:
             text_format.Parse((folder / "saved_model.pbtxt").read_text(), saved)
     except Exception as exc:
-        raise StageError(f"source.tensorflow.saved_model: not a readable SavedModel: {one_line(exc)}") from None
+        raise StageError(f"source.tensorflow.saved_model: not a readable SavedModel: {one_line(exc)}") from exc
     graphs = {tuple(g.meta_info_def.tags): sorted(g.signature_def) for g in saved.meta_graphs}
     matching = [signatures for tags, signatures in graphs.items() if params.tag in tags]
     if not matching:
@@ -267,7 +267,7 @@ def _keras(tf: Any, tf2onnx: Any, params: Params, path: Path, workdir: Path) -> 
     try:
         model = keras.models.load_model(str(named), compile=False)
     except Exception as exc:
-        raise StageError(f"source.keras: Keras cannot load {params.files[0]}: {one_line(exc)}") from None
+        raise StageError(f"source.keras: Keras cannot load {params.files[0]}: {one_line(exc)}") from exc
     specs = {tensor.name: (list(tensor.shape), _dtype_name(tensor.dtype)) for tensor in model.inputs}
     _check_shapes(params, specs, "the Keras model")
     order = [tensor.name for tensor in model.inputs]
@@ -275,7 +275,7 @@ def _keras(tf: Any, tf2onnx: Any, params: Params, path: Path, workdir: Path) -> 
     try:
         converted, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=params.opset)
     except Exception as exc:
-        raise StageError(f"source.keras: tf2onnx cannot convert the model: {one_line(exc)}") from None
+        raise StageError(f"source.keras: tf2onnx cannot convert the model: {one_line(exc)}") from exc
     output_names = [value.name for value in converted.graph.output]  # the output layers' names, in the model's order
 
     def reference(feed: dict[str, Any]) -> dict[str, Any]:
@@ -361,10 +361,10 @@ def _check_converted(model: Any, params: Params, unsupported: list[str]) -> None
                 f"{FIELD[params.format]}: tf2onnx cannot convert TensorFlow op(s) "
                 f"{', '.join(sorted(set(unsupported)))} to "
                 f"ONNX opset {params.opset}; replace them in the model or try another opset"
-            ) from None
+            ) from exc
         raise StageError(
             f"{FIELD[params.format]}: the converted model fails the ONNX checker: {one_line(exc)}"
-        ) from None
+        ) from exc
 
 
 def _stabilize_dims(model: Any) -> None:

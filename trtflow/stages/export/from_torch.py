@@ -129,7 +129,7 @@ def _model(torch: Any, params: Params, inputs: dict[str, Upstream]) -> Any:
     try:
         model = factory(**params.kwargs)
     except Exception as exc:
-        raise StageError(f"source.torch.factory: {params.factory} raised {one_line(exc)}") from None
+        raise StageError(f"source.torch.factory: {params.factory} raised {one_line(exc)}") from exc
     if not isinstance(model, torch.nn.Module):
         raise StageError(
             f"source.torch.factory: {params.factory} returned {type(model).__name__}, not a torch.nn.Module"
@@ -144,7 +144,7 @@ def _factory(spec: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except BaseException as exc:  # a module may even call sys.exit on import
-        raise StageError(f"source.torch.factory: cannot import {module_name!r}: {one_line(exc)}") from None
+        raise StageError(f"source.torch.factory: cannot import {module_name!r}: {one_line(exc)}") from exc
     try:
         return functools.reduce(getattr, attribute.split("."), module)
     except AttributeError:
@@ -156,7 +156,7 @@ def _load_weights(torch: Any, model: Any, path: Path) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise StageError(f"source.torch.weights: cannot load {path.name}: {one_line(exc)}") from None
+        raise StageError(f"source.torch.weights: cannot load {path.name}: {one_line(exc)}") from exc
     if not isinstance(state, dict):
         raise StageError(
             f"source.torch.weights: {path.name} holds a {type(state).__name__}, not a state_dict "
@@ -165,4 +165,4 @@ def _load_weights(torch: Any, model: Any, path: Path) -> None:
     try:
         model.load_state_dict(state, strict=True)
     except Exception as exc:
-        raise StageError(f"source.torch.weights: {path.name} does not fit the model: {one_line(exc)}") from None
+        raise StageError(f"source.torch.weights: {path.name} does not fit the model: {one_line(exc)}") from exc

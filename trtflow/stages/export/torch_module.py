@@ -128,7 +128,7 @@ def _eager_outputs(torch: Any, model: Any, examples: list[Any], params: ModuleEx
             result = model(*examples)
     except Exception as exc:
         shown = ", ".join(f"{s.name} {s.dtype} {s.shape}" for s in params.inputs)
-        raise StageError(f"{params.FIELD}.inputs: the model does not accept ({shown}): {one_line(exc)}") from None
+        raise StageError(f"{params.FIELD}.inputs: the model does not accept ({shown}): {one_line(exc)}") from exc
     leaves = [leaf for leaf in torch.utils._pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
     names = params.outputs
     if names is not None and len(names) != len(leaves):
@@ -156,7 +156,7 @@ def _export(torch: Any, model: Any, examples: list[Any], params: ModuleExport) -
             dynamic_shapes=shapes if any(dims) else None,
         )
     except Exception as exc:
-        raise StageError(export_failure(exc, params.FIELD)) from None
+        raise StageError(export_failure(exc, params.FIELD)) from exc
     opset = program.model.opset_imports.get("")
     if opset != params.opset:
         raise StageError(
