@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from trtflow.store.records import StageRecord
@@ -42,12 +42,29 @@ CACHED, NEW, STALE, BUILT, FAILED, SKIPPED, WAITING = (
 PULLED = "pulled from the remote cache"  # the reason of a cached node the remote supplied
 
 
+class NodeRef(Protocol):
+    """What every state's node has: a stage's node (stages.base.Node) or one the no-op memo remembers
+    (runmemo.RememberedNode)."""
+
+    @property
+    def id(self) -> str:
+        """`build:tiny/fp32/rtx-ada`."""
+
+    @property
+    def kind(self) -> str:
+        """The stage kind: `build`."""
+
+    @property
+    def recipe(self) -> str:
+        """The recipe: `tiny`."""
+
+
 @dataclass(frozen=True)
 class NodeState:
     """A node's status in the fixed vocabulary, with its reason, key and (when failed) the exit code its error
     carries. A value: a later state of the node is a new one (dataclasses.replace)."""
 
-    node: Any  # a dag.Node; a summary needs only its id, kind and recipe (runmemo.RememberedNode has just those)
+    node: NodeRef
     status: Status
     reason: str = ""
     key: str | None = None

@@ -172,9 +172,7 @@ def _parse_manifest(path: Path | str, data: bytes | None) -> Manifest:
         return Manifest.model_validate_json(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise BadPackage(
-            f"{path}: not a trtflow manifest: {'.'.join(map(str, first['loc']))}: {first['msg']}"
-        ) from exc
+        raise BadPackage(f"{path}: not a trtflow manifest: {'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
 
 
 def _safe_relative(package: Package, file: str) -> str:

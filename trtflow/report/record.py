@@ -61,7 +61,7 @@ def _node_entry(result: RunResult, state: NodeState) -> dict:
         "kind": node.kind,
         "recipe": node.recipe,
         "deps": sorted(d.node for d in getattr(node, "deps", ())),
-        "target": node.info.target,
+        "target": getattr(getattr(node, "info", None), "target", None),
         "status": state.status,
         "failure_cached": state.from_cache,
         "reason": reason,

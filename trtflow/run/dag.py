@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from trtflow.errors import InternalError
 from trtflow.recipe.project import Project
 from trtflow.stages import build, cleanup, export, package, precision, verify
 from trtflow.stages.base import Node, RecipeContext
+from trtflow.states import NodeState
 
 
 class Dag:
@@ -71,6 +73,14 @@ class Dag:
         """The nodes of the named recipes only (recipes never share nodes)."""
         wanted = set(names)
         return Dag(node for node in self if node.recipe in wanted)
+
+
+def dag_node(state: NodeState) -> Node:
+    """The DAG node of a state the run engine made (only the no-op memo's states hold a remembered node, and those never
+    reach the engine)."""
+    if not isinstance(state.node, Node):
+        raise InternalError(f"{state.node.id}: a remembered node reached the run engine")
+    return state.node
 
 
 def dag_from_project(project: Project) -> Dag:

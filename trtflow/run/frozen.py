@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from trtflow.errors import ProjectError
-from trtflow.run.dag import Dag
+from trtflow.run.dag import Dag, dag_node
 from trtflow.run.plan import Resolution, Resolver, frozen_differences
 from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.store.lockfile import LOCK_FILE, LockEntry, read_lock
@@ -83,7 +83,7 @@ class FrozenCheck:
                 self.identical.add(state.node.id)
             return state
         if state.node.kind != "build":
-            if any(d.node in self.equivalent for d in state.node.deps):
+            if any(d.node in self.equivalent for d in dag_node(state).deps):
                 return state
             return NodeState(
                 state.node,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from trtflow.errors import TrtflowError, required
 from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.run.admission import MemoryAdmission, beside_builds
-from trtflow.run.dag import Dag, Node
+from trtflow.run.dag import Dag, Node, dag_node
 from trtflow.run.frozen import FrozenCheck
 from trtflow.run.jobs import Job, as_lack_of_memory, failure_record, task_inputs
 from trtflow.run.options import RunOptions
@@ -359,7 +359,7 @@ class Runner:
             self._settle(failed_as_recorded(state, failure, record))
             return
         kind = stage(state.node.kind)
-        place = functools.partial(kind.finish, state.node, record, self.placement) if kind.finish else lambda: None
+        place = functools.partial(kind.finish, dag_node(state), record, self.placement) if kind.finish else lambda: None
         if kind.places_files:
             self.placements.start(place, state, record)
         else:
@@ -386,7 +386,7 @@ class Runner:
     def _settle(self, state: NodeState, root: str | None = None) -> None:
         """A node's final state; a node without output is remembered with the failure behind it (`root`, for a skip)."""
         if state.status == FAILED:
-            state = dataclasses.replace(state, reason=failure_shown(state.node, state.reason))
+            state = dataclasses.replace(state, reason=failure_shown(dag_node(state), state.reason))
         if state.status in (FAILED, SKIPPED):
             self.ended[state.node.id] = root or f"{state.node.id}: {state.reason}"
             state = self.frozen.as_locked(state)

@@ -25,7 +25,7 @@ from trtflow.recipe.project import Project
 from trtflow.recipe.refusals import Refusal
 from trtflow.recipe.schema import RaySpec
 from trtflow.run.admission import default_budget
-from trtflow.run.dag import Dag, dag_from_project
+from trtflow.run.dag import Dag, dag_from_project, dag_node
 from trtflow.run.frozen import locked_entries
 from trtflow.run.lockupdate import update_lock
 from trtflow.run.options import RunOptions
@@ -33,6 +33,7 @@ from trtflow.run.plan import Resolver, kinds_to_run, plan
 from trtflow.run.result import RunResult, frozen_mapping
 from trtflow.run.runner import Listener, Runner
 from trtflow.signing import Signer, signer_from_environment
+from trtflow.stages import build as build_stage
 from trtflow.stages.base import NodeId, Placement
 from trtflow.stages.package import earlier_packages
 from trtflow.states import PULLED, NodeState
@@ -362,9 +363,12 @@ def _with_memory_budget(options: RunOptions, executor: Executor) -> RunOptions:
 def check_backends(states: dict[str, NodeState]) -> None:
     """Before any work: every build that will run has its target's backend installed (else exit 4, one line)."""
     for state in states.values():
-        params = state.node.params
-        if state.node.kind == "build" and not state.settled and params.backend_version is None:
+        node = dag_node(state)
+        if node.kind != "build" or state.settled:
+            continue
+        params = node.params_as(build_stage.Params)
+        if params.backend_version is None:
             raise EnvironmentProblem(
-                f"target {state.node.info.target} of recipe {state.node.recipe}: its backend {params.backend} is not "
+                f"target {node.info.target} of recipe {node.recipe}: its backend {params.backend} is not "
                 f"installed here: pip install 'trtflow[{BACKENDS[params.backend].extra}]'"
             )

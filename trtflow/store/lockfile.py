@@ -215,7 +215,7 @@ def _below_recorded(state: NodeState, states: dict[str, NodeState], entries: dic
     """Whether every upstream a skipped node lost has a failure or skip entry already (nodes come in DAG order)."""
     lost = [
         dep.node
-        for dep in state.node.deps
+        for dep in getattr(state.node, "deps", ())
         if states.get(dep.node) is not None and states[dep.node].status in (FAILED, SKIPPED)
     ]
     return bool(lost) and all(node_id in entries for node_id in lost)
