@@ -18,6 +18,7 @@ from onnx import numpy_helper
 from zoo import zoo_model
 
 from trtflow.stages.fallback import shortest_passing_prefix
+from trtflow.stages.fallback_blocks import blocks
 
 OUTLIER, SCALE = 5, 1000.0
 RECIPE = """\
@@ -170,3 +171,46 @@ def test_a_search_that_must_keep_every_node_fails_in_one_line_not_a_crash(tmp_pa
     assert result.code == 1, result.err
     assert "keeping the 2 most sensitive node(s) leaves ModelOpt nothing to quantize" in result.err, result.err
     assert "Traceback" not in result.err
+
+
+ENCODER_RECIPE = """\
+source: {onnx: models/e.onnx}
+precisions: [int8]
+targets: [rtx-ada]
+calibration: {random: true, samples: 4}
+accuracy: {samples: 4, int8: {min_cosine: 0.99999, fallback: auto, min_share: 0.0}}
+verify: {on_fail: warn}
+profiles:
+  - inputs:
+      embeddings: {min: [1, 16, 64], opt: [4, 16, 64], max: [8, 16, 64]}
+"""
+
+
+def test_candidates_split_into_blocks_where_residual_connections_join(zoo_dir: Path) -> None:
+    """The zoo's 4-layer encoder: each layer's attention half and feed-forward half end at a residual Add, so its
+    compute nodes fall into 8 blocks in graph order (bias Adds, whose other input is a weight, split nothing)."""
+    model = onnx.load(zoo_model("encoder", zoo_dir).path, load_external_data=False)
+    found = [(n.name, n.op_type) for n in model.graph.node if n.op_type in ("MatMul", "Gemm", "Add")]
+    split = blocks(model, found)
+    assert len(split) == 9  # 4 layers x 2 halves, then the head after the last residual join
+    assert [c for block in split for c in block] == found  # every candidate once, in graph order
+    assert all(block[-1][1] == "Add" for block in split[:-1])  # each block ends with its residual Add
+    residual = [n for n in model.graph.node if n.op_type == "Add" and n.name == split[0][-1][0]]
+    inits = {i.name for i in model.graph.initializer}
+    assert residual and not any(i in inits for i in residual[0].input)
+
+
+@pytest.mark.slow
+def test_a_residual_model_is_searched_block_by_block_in_fewer_trials(tmp_path: Path, zoo_dir: Path) -> None:
+    """The zoo encoder at a limit int8 misses: blocks are ranked first, then the nodes of the block the search stops
+    in, so the search takes fewer trial models than it has candidates (ranking every node alone took one each)."""
+    root = write_project(tmp_path / "p", {"e": ENCODER_RECIPE})
+    shutil.copyfile(zoo_model("encoder", zoo_dir).path, root / "models" / "e.onnx")
+    result = trtflow(root, "run")
+    assert result.code == 0, result.err
+    search = stage_record(root, "precision:e/int8")["fallback"]
+    assert search["blocks"] == 8 and search["candidates"] == 36, search  # one block per half layer
+    assert search["trial_models"] < search["candidates"], search
+    assert search["after"]["outputs"]["logits"]["cosine_similarity"] >= 0.99999 or search.get("below_min_share")
+    assert search["kept"] and all(isinstance(row["sensitivity"], float) for row in search["kept"])
+    assert [row["name"] for row in search["sensitivity"]][: len(search["kept"])] == [r["name"] for r in search["kept"]]

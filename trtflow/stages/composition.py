@@ -60,6 +60,17 @@ def composition(model: Any, precision: str, reasons: dict[str, str] | None = Non
     }
 
 
+def shares_keeping(model: Any, precision: str, names: set[str]) -> dict[str, float]:
+    """The weight and MAC shares left in `precision` if the named nodes of `model` were kept in high precision too."""
+    rows = _compute_nodes(model, precision)
+    weights, macs = sum(r["weights"] for r in rows), sum(r["macs"] for r in rows)
+    low = [r for r in rows if r["low"] and r["name"] not in names]
+    return {
+        "weight_share": _share(sum(r["weights"] for r in low), weights),
+        "mac_share": _share(sum(r["macs"] for r in low), macs),
+    }
+
+
 def _share(part: int, whole: int) -> float:
     return round(part / whole, 6) if whole else 1.0
 

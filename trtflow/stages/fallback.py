@@ -2,12 +2,15 @@
 high precision until they hold, chosen by measured sensitivity, never below `min_share` in the precision.
 
 1. Sensitivity. A candidate is a node that reads an input through Q/DQ (a Conv, MatMul or Gemm, or a residual Add or
-   Transpose ModelOpt quantized beside them). Each is measured with the same emulation as the accuracy check, on its
-   first RANKING_SAMPLES samples, against the fp32 outputs computed once: the quantized model with that node alone
-   taken off its Q/DQ (it reads its inputs as they were before quantization, in the high precision). Its
+   Transpose ModelOpt quantized beside them). Candidates are grouped into the model's blocks (fallback_blocks: split
+   where a residual connection joins). Each block is measured with the same emulation as the accuracy check, on the
+   first RANKING_SAMPLES samples, against the fp32 outputs computed once: the quantized model with that block's
+   nodes taken off their Q/DQ (they read their inputs as they were before quantization, in the high precision). Its
    sensitivity is how much closer to fp32 that brings the model (accuracy.badness).
-2. Search. In order of sensitivity (ties by name), the shortest prefix whose bypassed model meets the limits, found
-   by doubling, then bisecting: a few trial models, each choice made by numbers alone.
+2. Search. In order of sensitivity (ties by the first node's name), the fewest whole blocks whose bypassed model
+   meets the limits, found by doubling, then bisecting; then the nodes of the last of those blocks are ranked alone
+   and the fewest of them, beside the blocks before it, are found the same way. A model with no residual
+   connections (or one per node) is ranked node by node. A few trial models, each choice made by numbers alone.
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
    are its own) and the result is checked like any other; while it misses, the next node joins, at most
    CONFIRMATIONS times, and never past the point where less than `min_share` of the weights or MACs stays in the
@@ -24,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.stages import accuracy, compare
+from trtflow.stages.composition import shares_keeping
 from trtflow.stages.convert import NothingQuantized
 from trtflow.stages.emulation import ort_runnable
+from trtflow.stages.fallback_blocks import QDQ, blocks
 from trtflow.util.onnxio import load_graph_only
 
-QDQ = ("QuantizeLinear", "DequantizeLinear")
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
 # Sensitivities are ranked on the first samples only (each node costs a trial); prefixes are judged on all of them
 RANKING_SAMPLES = 2
@@ -93,33 +97,54 @@ def search(
     graph = load_graph_only(trial.saved)
     before = _badness(trial, graph)
     found = candidates(graph)
-    with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:  # ORT frees the GIL
-        after = list(pool.map(lambda name: _badness(trial, bypass(graph, [name])), [name for name, _ in found]))
-    order = sorted(
-        ((_rounded(before - badness), name, op) for (name, op), badness in zip(found, after, strict=True)),
-        key=lambda row: (-row[0], row[1]),
-    )
-    ranked = [{"name": name, "op": op, "sensitivity": sensitivity} for sensitivity, name, op in order]
-    names = [name for _, name, _ in order]
-    trials = len(ranked)
+    split = blocks(graph, found)
+    grouped = 1 < len(split) < len(found)
+    ranked_blocks = _ranked(trial, graph, before, split if grouped else [[c] for c in found])
+    trials = len(ranked_blocks)
+    sensitivity = {name: value for value, block in ranked_blocks for name, _ in block}
 
-    def passes(count: int) -> bool:
+    def passes(names: list[str]) -> bool:
         nonlocal trials
         trials += 1
-        return trial.meets(bypass(graph, names[:count]))
+        return trial.meets(bypass(graph, names))
 
-    count = shortest_passing_prefix(len(names), passes)
+    order = [block for _, block in ranked_blocks]
+    names = _names(order)
+    whole = shortest_passing_prefix(len(order), lambda count: passes(_names(order[:count])))
+    count = None
+    if whole is not None:  # keep the blocks before the one it stopped in, then that block's nodes by their own rank
+        base, last = _names(order[: whole - 1]), order[whole - 1]
+        inner = [name for name, _ in last]
+        if len(last) > 1:
+            ranked_nodes = _ranked(trial, graph, before, [[c] for c in last])
+            trials += len(ranked_nodes)
+            sensitivity.update({block[0][0]: value for value, block in ranked_nodes})
+            inner = [block[0][0] for _, block in ranked_nodes]
+        names = base + inner + _names(order[whole:])
+        within = shortest_passing_prefix(len(inner), lambda n: passes(base + inner[:n])) if len(inner) > 1 else None
+        count = len(base) + (within or len(inner))
+    ops = dict(found)
+    ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]
     best, confirmed, too_few = first, 0, None
     while count is not None and count <= len(names) and confirmed < CONFIRMATIONS:
+        # what keeping them leaves in the precision, read off the quantized graph: no ModelOpt run to find it out
+        left = shares_keeping(graph, first.made_of["precision"], set(names[:count]))
+        if max(left.values()) == 0:  # nothing left to quantize
+            too_few = {"kept": count, "outputs": {}, "weight_share": 0.0, "mac_share": 0.0, "passed": False}
+            break
+        if min(left.values()) < floor:
+            trials += 1
+            judged = trial.outputs(bypass(graph, names[:count]))
+            too_few = {"kept": count, "outputs": _outputs_summary(judged), **left, "passed": _all_passed(judged)}
+            break
         try:
             result = attempt(f"fallback-{count}", tuple(names[:count]))
         except NothingQuantized:  # keeping these left ModelOpt nothing to quantize: no share in the precision at all
             too_few = {"kept": count, "outputs": {}, "weight_share": 0.0, "mac_share": 0.0, "passed": False}
             break
         confirmed += 1
-        if result.share < floor:
-            limits_met = all(o["passed"] for o in result.accuracy["outputs"])  # passed also weighs the share
-            too_few = {"kept": count, **_summary(result), "passed": limits_met}
+        if result.share < floor:  # passed also weighs the share: the outputs' limits alone here
+            too_few = {"kept": count, **_summary(result), "passed": _all_passed(result.accuracy["outputs"])}
             break
         if accuracy.badness(result.accuracy["outputs"]) < accuracy.badness(best.accuracy["outputs"]):
             best = result
@@ -128,6 +153,7 @@ def search(
         count += 1
     return best, {
         "candidates": len(ranked),
+        "blocks": len(split) if grouped else len(found),
         "trial_models": trials,
         "modelopt_runs": confirmed,
         "min_share": floor,
@@ -138,6 +164,30 @@ def search(
         "passed": best.accuracy["passed"],
         **({"below_min_share": too_few} if too_few else {}),
     }
+
+
+def _ranked(
+    trial: Trial, graph: Any, before: float, groups: list[list[tuple[str, str]]]
+) -> list[tuple[float, list[tuple[str, str]]]]:
+    """(sensitivity, group) of each group of candidates taken off its Q/DQ together, most sensitive first (ties by
+    the first node's name): how much closer to fp32 that brings the model over the ranking samples."""
+    with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:  # ORT frees the GIL
+        after = list(pool.map(lambda group: _badness(trial, bypass(graph, _names([group]))), groups))
+    rows = [(_rounded(before - badness), group) for group, badness in zip(groups, after, strict=True)]
+    return sorted(rows, key=lambda row: (-row[0], row[1][0][0]))
+
+
+def _names(groups: list[list[tuple[str, str]]]) -> list[str]:
+    return [name for group in groups for name, _ in group]
+
+
+def _outputs_summary(judged: list[dict]) -> dict:
+    """Per output cosine, top-1 and set agreement of judged outputs."""
+    return {o["name"]: {k: o.get(k) for k in SUMMARY if o.get(k) is not None} for o in judged}
+
+
+def _all_passed(judged: list[dict]) -> bool:
+    return all(o["passed"] for o in judged)
 
 
 def _badness(trial: Trial, graph: Any) -> float:
@@ -207,12 +257,7 @@ def shortest_passing_prefix(total: int, passes: Callable[[int], bool]) -> int | 
 def _summary(attempt: Attempt) -> dict:
     """The numbers a reader compares before and after: per output cosine and top-1, and the shares."""
     return {
-        "outputs": {
-            o["name"]: {
-                k: o.get(k) for k in ("cosine_similarity", "top1_agreement", "set_agreement") if o.get(k) is not None
-            }
-            for o in attempt.accuracy["outputs"]
-        },
+        "outputs": _outputs_summary(attempt.accuracy["outputs"]),
         "weight_share": attempt.made_of["weight_share"],
         "mac_share": attempt.made_of["mac_share"],
     }

@@ -35,6 +35,7 @@ from trtflow.stages.base import (
     Upstream,
 )
 from trtflow.stages.composition import composition
+from trtflow.stages.fallback_blocks import SEARCH_VERSION
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
 from trtflow.stages.precision_params import Accuracy, Params, Quantize, TaskCheck
 from trtflow.util.inputvalues import mask_carrying_nodes
@@ -106,6 +107,7 @@ def node(ctx: RecipeContext, precision: str, model_node: NodeId) -> Node:
             seed=recipe.accuracy.seed,
             tolerance=recipe.accuracy.tolerance(precision),
             fallback=recipe.accuracy.fallback(precision),
+            search=SEARCH_VERSION if recipe.accuracy.fallback(precision) == "auto" else None,
         ),
         task=_task_check(recipe.accuracy, precision),
     )

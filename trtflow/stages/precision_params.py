@@ -21,6 +21,7 @@ class Accuracy(BaseModel):
     seed: int
     tolerance: dict[str, float]
     fallback: str = "none"  # auto: stages.fallback searches for the nodes to keep in high precision
+    search: int | None = None  # with fallback auto: the search's version (stages.fallback.SEARCH_VERSION)
 
 
 class Quantize(QuantizeOptions):
