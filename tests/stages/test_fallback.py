@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from zoo import zoo_model
 
 from trtflow.stages.fallback import shortest_passing_prefix
-from trtflow.stages.fallback_blocks import blocks
+from trtflow.stages.fallback_blocks import balanced, blocks
 
 OUTLIER, SCALE = 5, 1000.0
 RECIPE = """\
@@ -209,8 +209,19 @@ def test_a_residual_model_is_searched_block_by_block_in_fewer_trials(tmp_path: P
     result = trtflow(root, "run")
     assert result.code == 0, result.err
     search = stage_record(root, "precision:e/int8")["fallback"]
-    assert search["blocks"] == 8 and search["candidates"] == 36, search  # one block per half layer
+    # 8 blocks (one per half layer) joined into about sqrt(36) groups
+    assert 2 <= search["blocks"] <= 8 and search["candidates"] == 36, search
     assert search["trial_models"] < search["candidates"], search
     assert search["after"]["outputs"]["logits"]["cosine_similarity"] >= 0.99999 or search.get("below_min_share")
     assert search["kept"] and all(isinstance(row["sensitivity"], float) for row in search["kept"])
     assert [row["name"] for row in search["sensitivity"]][: len(search["kept"])] == [r["name"] for r in search["kept"]]
+
+
+def test_blocks_are_joined_into_about_sqrt_candidates_groups_in_order() -> None:
+    """36 blocks of 118 candidates (about BERT-base's shape) make 9 groups of 11 to 14 (each closed once it reaches
+    ceil(118 / 11) = 11), every candidate once, in order."""
+    split = [[(f"n{b}.{i}", "MatMul") for i in range(4 if b % 3 == 0 else 3)] for b in range(36)]
+    split[-1] = split[-1][:1]
+    groups = balanced(split)
+    assert [c for group in groups for c in group] == [c for block in split for c in block]
+    assert [len(group) for group in groups] == [14, 13, 13, 14, 13, 13, 14, 13, 11]

@@ -2,15 +2,17 @@
 high precision until they hold, chosen by measured sensitivity, never below `min_share` in the precision.
 
 1. Sensitivity. A candidate is a node that reads an input through Q/DQ (a Conv, MatMul or Gemm, or a residual Add or
-   Transpose ModelOpt quantized beside them). Candidates are grouped into the model's blocks (fallback_blocks: split
-   where a residual connection joins). Each block is measured with the same emulation as the accuracy check, on the
-   first RANKING_SAMPLES samples, against the fp32 outputs computed once: the quantized model with that block's
-   nodes taken off their Q/DQ (they read their inputs as they were before quantization, in the high precision). Its
-   sensitivity is how much closer to fp32 that brings the model (accuracy.badness).
-2. Search. In order of sensitivity (ties by the first node's name), the fewest whole blocks whose bypassed model
-   meets the limits, found by doubling, then bisecting; then the nodes of the last of those blocks are ranked alone
-   and the fewest of them, beside the blocks before it, are found the same way. A model with no residual
-   connections (or one per node) is ranked node by node. A few trial models, each choice made by numbers alone.
+   Transpose ModelOpt quantized beside them). Candidates are grouped by the model's blocks (fallback_blocks: split
+   where a residual connection joins, consecutive blocks joined into about sqrt(candidates) groups). Each group is
+   measured with the same emulation as the accuracy check, on the first RANKING_SAMPLES samples, against the fp32
+   outputs computed once: the quantized model with the group's nodes taken off their Q/DQ (they read their inputs as
+   they were before quantization, in the high precision). Its sensitivity is how much closer to fp32 that brings
+   the model (accuracy.badness).
+2. Search. In order of sensitivity (ties by the first node's name), the fewest whole groups whose bypassed model
+   meets the limits, found by doubling, then bisecting; then the nodes of the last of those groups are ranked alone
+   and the fewest of them, beside the groups before it, are found the same way. A model with no residual
+   connections is ranked node by node. A few trial models, each choice made by numbers alone. A keep that would
+   leave less than `min_share` in the precision is read off the quantized graph, without a ModelOpt run.
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
    are its own) and the result is checked like any other; while it misses, the next node joins, at most
    CONFIRMATIONS times, and never past the point where less than `min_share` of the weights or MACs stays in the
@@ -30,7 +32,7 @@ from trtflow.stages import accuracy, compare
 from trtflow.stages.composition import shares_keeping
 from trtflow.stages.convert import NothingQuantized
 from trtflow.stages.emulation import ort_runnable
-from trtflow.stages.fallback_blocks import QDQ, blocks
+from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
 from trtflow.util.onnxio import load_graph_only
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
@@ -97,7 +99,7 @@ def search(
     graph = load_graph_only(trial.saved)
     before = _badness(trial, graph)
     found = candidates(graph)
-    split = blocks(graph, found)
+    split = balanced(blocks(graph, found))
     grouped = 1 < len(split) < len(found)
     ranked_blocks = _ranked(trial, graph, before, split if grouped else [[c] for c in found])
     trials = len(ranked_blocks)

@@ -8,10 +8,11 @@ Light to import: planning reads SEARCH_VERSION; the graph is walked as a protobu
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-# The search's version, in the key of every stage that searches (and of no other): 2 ranks blocks, then the nodes of
-# the block it stops in; 1 ranked every node alone.
+# The search's version, in the key of every stage that searches (and of no other): 2 ranks groups of blocks, then the
+# nodes of the group it stops in; 1 ranked every node alone.
 SEARCH_VERSION = 2
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 PASS_THROUGH = (*QDQ, "Cast", "Identity")  # what a weight or a constant may go through on its way to an Add
@@ -40,3 +41,17 @@ def blocks(graph: Any, found: list[tuple[str, str]]) -> list[list[tuple[str, str
         if node.op_type in JOINS and len(node.input) >= 2 and not any(constant(i) for i in node.input if i):
             split.append([])
     return [block for block in split if block]
+
+
+def balanced(split: list[list[tuple[str, str]]]) -> list[list[tuple[str, str]]]:
+    """Consecutive blocks joined into about sqrt(candidates) groups of about as many candidates each: ranking the
+    groups, then the nodes of one, takes the fewest trials (BERT-base: 36 blocks of 121 candidates, 11 groups)."""
+    total = sum(len(block) for block in split)
+    size = math.ceil(total / max(1, round(math.sqrt(total))))
+    groups: list[list[tuple[str, str]]] = []
+    for block in split:
+        if groups and len(groups[-1]) < size:
+            groups[-1] = groups[-1] + block
+        else:
+            groups.append(list(block))
+    return groups
