@@ -8,7 +8,7 @@ caller reads the same shape whatever answered.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -88,10 +88,6 @@ class RunResult:
         counts = {status.value: sum(s.status == status for s in self.nodes) for status in COUNTED}
         counts["failed_cached"] = sum(s.status == FAILED and s.from_cache for s in self.nodes)
         return counts
-
-    def with_report(self, path: str | None) -> RunResult:
-        """This result, saying where its report was written."""
-        return replace(self, report=path)
 
     def to_json(self) -> dict:
         """The `--json` summary of `trtflow run`."""

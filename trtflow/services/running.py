@@ -198,7 +198,7 @@ def _with_report(session: Session, result: RunResult) -> RunResult:
     except OSError as exc:
         warning = f"could not write the run report in {folder}: {exc}"
         return dataclasses.replace(result, warnings=(*result.warnings, warning))
-    return result.with_report(str(folder / REPORT_FILE))
+    return dataclasses.replace(result, report=str(folder / REPORT_FILE))
 
 
 def render_report(project_dir: Path, source: Path | None, out: Path | None, fmt: str) -> tuple[str, Path | None]:
