@@ -35,6 +35,7 @@ from trtflow.stages.base import (
 )
 from trtflow.states import FAILED, SKIPPED, NodeState
 from trtflow.store.records import StageRecord
+from trtflow.util.fs import link_or_copy
 from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
@@ -342,7 +343,12 @@ def _write_provenance(place: Placement, recipe: str, record: StageRecord) -> Non
 
 
 def _checkout(place: Placement, digest: str, recipe: str) -> None:
-    """Extract the package object beside the packages folder, then swap the folder and the archive into place."""
+    """Extract the package object beside the packages folder, then swap the folder and the archive into place.
+
+    The archive placed is the package object itself, and each engine of the folder is its build's object, by hard
+    links (read-only files, as every object is): a project's artifacts hold each engine twice, in the store and in
+    the archive, not four times. A placed file edited in place changes its object too: the store sees its new
+    signature, re-hashes it and rebuilds what it was. Where a link cannot be made (another filesystem), a copy."""
     from trtflow.util.archive import extract_tar, replace_dir_atomically
     from trtflow.util.faults import crash_point
 
@@ -350,8 +356,9 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
     packages_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=packages_dir, prefix=f".{recipe}.incoming-"))
     try:
-        shutil.copyfile(place.store.objects.path(digest), staging / "package.tar.gz")
+        link_or_copy(place.store.objects.path(digest), staging / "package.tar.gz")
         extracted = extract_tar(staging / "package.tar.gz", staging / "extracted")
+        _link_objects(staging / "extracted", extracted, place)
         place.store.memos.remember_package_listing(
             digest, {name.removeprefix(f"{recipe}/"): sha for name, sha in extracted.items()}
         )
@@ -360,6 +367,20 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
         os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _link_objects(folder: Path, extracted: dict[str, str], place: Placement) -> None:
+    """Replace each extracted file whose bytes are an intact object of the store (an engine) by a hard link to it."""
+    for name, digest in extracted.items():
+        if not place.store.objects.intact(digest):
+            continue
+        path = folder / name
+        linked = path.with_name(f".{path.name}.link")
+        try:
+            os.link(place.store.objects.path(digest), linked)
+        except OSError:  # another filesystem, or too many links: the extracted copy stays
+            continue
+        os.replace(linked, path)
 
 
 STAGE = Stage(
