@@ -1,12 +1,15 @@
 """What a model's precision stages cost against the bare ModelOpt calls they wrap, one at a time and together.
 
-    python benchmarks/precision_cost.py [--models resnet18 encoder] [--calibration 24] [--held-out 16] [--workdir DIR]
+    python benchmarks/precision_cost.py [--models resnet18 efficientnet_b0 encoder] [--calibration 24]
+        [--held-out 16] [--workdir DIR]
 
-Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 at real size with settled BatchNorm statistics, a
-4-layer transformer encoder; seeded random weights), one project, one recipe: fp32, fp16, int8 and fp8 for rtx-ada
-(sm_89 has fp8), `--calibration + --held-out` seeded files of batch 1 at the opt shape (the recipe holds `--held-out`
-of them out for its accuracy check), `verify: {on_fail: warn}` so a miss is recorded, not fatal. Measured in one run:
-  1. a cold `trtflow run -j 1`: each precision stage's seconds and peak RSS (artifacts/run.json);
+Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and EfficientNet-B0 at real size with settled
+BatchNorm statistics, a 4-layer transformer encoder; seeded random weights), one project, one recipe: fp32, fp16, int8
+and fp8 for rtx-ada (sm_89 has fp8), `--calibration + --held-out` seeded files of batch 1 at the opt shape (the recipe
+holds `--held-out` of them out for its accuracy check), `verify: {on_fail: warn}` so a miss is recorded, not fatal.
+Measured in one run:
+  1. a cold `trtflow run -j 1`: each precision stage's seconds and peak RSS (artifacts/run.json); the first precision
+     stage of a worker also pays ModelOpt's import (timed apart, in a fresh process, and printed);
   2. the baseline, each in a fresh subprocess on the very cleaned model and calibration files the stage read
      (benchmarks/model_families.py's bare call): AutoCast as a user calls it, its reference run over the calibration
      files included, for fp16; the PTQ call the stage makes for int8 and fp8;
@@ -102,15 +105,26 @@ def measure(work: Path, name: str, calibration: int, held_out: int) -> list[str]
     return lines
 
 
+def modelopt_import_seconds() -> float:
+    """What a worker's first precision stage pays before its work: importing ModelOpt (torch with it), in a fresh
+    process that has onnx and ONNX Runtime already, as a worker server has."""
+    code = (
+        "import time, onnx, onnxruntime; started = time.perf_counter(); "
+        "import modelopt.onnx.autocast, modelopt.onnx.quantization; print(time.perf_counter() - started)"
+    )
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
 def main() -> int:
     """Measure each model and print its lines."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["resnet18", "encoder"], choices=["resnet18", "encoder"])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "efficientnet_b0", "encoder"], choices=list(MODELS))
     parser.add_argument("--calibration", type=int, default=24, help="files to calibrate on")
     parser.add_argument("--held-out", type=int, default=16, help="files held out for the accuracy check")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-precision-cost-"))
+    print(f"ModelOpt's import: {modelopt_import_seconds():.1f} s (in the seconds of a worker's first precision stage)")
     for name in args.models:
         print("\n".join(measure(work, name, args.calibration, args.held_out)), flush=True)
     return 0

@@ -5,7 +5,8 @@ cold benchmark measures in its `--torchvision` mode.
     python benchmarks/torchvision_like.py DIR   # writes DIR/pipeline.yaml, recipes/ and models/ (fp32, sm_86 + sm_89)
 
 Sizes as torchvision's: ResNet-18 11.7 M parameters, MobileNetV3-small 2.5 M, both on [N, 3, 224, 224] with 1000
-classes; the encoder is d_model 256, 4 heads, FFN 1024, over [N, 128, 256] embeddings (3.2 M).
+classes; the encoder is d_model 256, 4 heads, FFN 1024, over [N, 128, 256] embeddings (3.2 M). EfficientNet-B0 (5.3 M,
+its stages, widths and squeeze-excitation as torchvision's) is there for the benchmarks that name it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from zoo import (  # noqa: E402
     InvertedResidual,
     PooledEncoder,
     Shapes,
+    SqueezeExcite,
     _export,
     _image_classifier,
     _mlp,
@@ -64,6 +66,30 @@ def mobilenet_v3_small(classes: int = 1000) -> nn.Module:
         blocks.append(ConvBNAct(cin, 576, 1, act=nn.Hardswish))
         stem = ConvBNAct(3, 16, 3, 2, act=nn.Hardswish)
         model = _image_classifier(stem, blocks, *_mlp(576, 1024, classes, act=nn.Hardswish))
+        return _settled(model, 3, 224, 224, batches=1)
+
+
+# torchvision's efficientnet_b0 stages: (expand ratio, kernel, stride, out channels, repeats)
+EFFICIENTNET_B0 = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6, 5, 1, 112, 3),
+                   (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))  # fmt: skip
+
+
+def efficientnet_b0(classes: int = 1000) -> nn.Module:
+    """torchvision's efficientnet_b0: SiLU stem of 32, MBConv stages with squeeze-excitation, 1x1 conv to 1280, Linear
+    (5.29 M parameters)."""
+    blocks: list[nn.Module] = []
+    cin = 32
+    with _seeded():
+        for ratio, kernel, stride, cout, repeats in EFFICIENTNET_B0:
+            for index in range(repeats):
+                act, gate, expanded = nn.SiLU, nn.Sigmoid, cin * ratio
+                block = InvertedResidual(cin, cout, expanded, kernel, stride if index == 0 else 1, True, act, gate)
+                # torchvision squeezes to a quarter of the block's input channels (the zoo's block: of the expanded)
+                block.body[-2] = SqueezeExcite(expanded, max(1, cin // 4), act, gate)
+                blocks.append(block)
+                cin = cout
+        blocks.append(ConvBNAct(cin, 1280, 1, act=nn.SiLU))
+        model = _image_classifier(ConvBNAct(3, 32, 3, 2, act=nn.SiLU), blocks, nn.Linear(1280, classes))
         return _settled(model, 3, 224, 224, batches=1)
 
 
@@ -112,12 +138,16 @@ def write_vgg19(path: Path) -> Path:
 MODELS = {
     "resnet18": (resnet18, IMAGE),
     "mobilenet_v3_small": (mobilenet_v3_small, IMAGE),
+    "efficientnet_b0": (efficientnet_b0, IMAGE),
     "encoder": (encoder4, TOKENS),
 }
 
 
+TRIO = ("resnet18", "mobilenet_v3_small", "encoder")  # what the cold benchmark's --torchvision project builds
+
+
 def write_project(
-    root: Path, cache: Path, models: tuple[str, ...] = tuple(MODELS), precisions: tuple[str, ...] = ("fp32",)
+    root: Path, cache: Path, models: tuple[str, ...] = TRIO, precisions: tuple[str, ...] = ("fp32",)
 ) -> Path:
     """pipeline.yaml for sm_86 and sm_89, one recipe per model with the batch 1/8/32 profile (ONNX cached); with a
     precision other than fp32, 4 seeded calibration batches at the opt shape (as tests/fleet.py writes them)."""

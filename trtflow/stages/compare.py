@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -235,6 +236,33 @@ def worst(per_sample: list[list[dict]]) -> list[dict]:
 def side_by_side(*sizes: int) -> bool:
     """Whether models of these sizes (bytes, weights included) may run at once: each small enough, two cores."""
     return (os.cpu_count() or 1) >= 2 and all(size <= SIDE_BY_SIDE_MAX_BYTES for size in sizes)
+
+
+def run_spread(
+    make_session: Callable[[], Any], feeds: list[dict], threads: int, beside: Callable[[], T] | None = None
+) -> tuple[list[dict], T | None]:
+    """run_all over `feeds` by `threads` threads, each with a session of its own from `make_session` (one thread
+    inside each, so every output is what any one session gives: the same numbers whatever the split), in feed order;
+    `beside` (the reference's run) is taken first by one of them. Returns (outputs, what `beside` returned)."""
+    if threads <= 1:
+        outputs = run_all(make_session(), feeds)
+        return outputs, beside() if beside is not None else None
+    local = threading.local()
+
+    def one(feed: dict) -> dict:
+        if not hasattr(local, "session"):
+            local.session = make_session()
+        return run_all(local.session, [feed])[0]
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="compare") as pool:  # ONNX Runtime releases the GIL
+        later = pool.submit(beside) if beside is not None else None
+        outputs = list(pool.map(one, feeds))
+        return outputs, later.result() if later is not None else None
+
+
+def threads_for(*sizes: int) -> int:
+    """How many sessions of models of these sizes may run at once: every core while each is small enough, else 1."""
+    return (os.cpu_count() or 1) if side_by_side(*sizes) else 1
 
 
 def model_bytes(path: Path) -> int:

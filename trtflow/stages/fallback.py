@@ -72,22 +72,24 @@ class Trial:
 
     def meets(self, graph: Any) -> bool:
         """Whether a variant meets every limit: each output's, and max_drop on the labelled rows where given."""
-        session = self._session(graph)
-        if not all(o["passed"] for o in self.outputs(graph, session=session)):
+        runnable = ort_runnable(graph)[0]
+        if not all(o["passed"] for o in self.outputs(runnable)):
             return False
-        return self.task is None or self.task.holds(session)
+        return self.task is None or self.task.holds(self._session(runnable))
 
-    def outputs(self, graph: Any, samples: int | None = None, session: Any = None) -> list[dict]:
-        """Per output numbers of a variant of the saved model (weights read from the saved files), over the first
-        `samples` feeds (all by default). One thread, as every comparison trtflow makes: the numbers, and so the
-        nodes chosen, are the same on every machine."""
-        session = session or self._session(graph)
+    def outputs(self, runnable: Any, samples: int | None = None, threads: int | None = None) -> list[dict]:
+        """Per output numbers of a variant of the saved model (as ONNX Runtime runs it; weights read from the saved
+        files) over the first `samples` feeds (all by default), spread over `threads` sessions (default: as many as
+        the model's size allows, compare.threads_for). Each session runs on one thread, as every comparison trtflow
+        makes: the numbers, and so the nodes chosen, are the same on every machine."""
         feeds, want = self.feeds[:samples], self.want[:samples]
-        return accuracy.judged(compare.run_all(session, feeds), want, self.sets, self.tolerance)
+        spread = compare.threads_for(compare.model_bytes(self.saved)) if threads is None else threads
+        got, _ = compare.run_spread(lambda: self._session(runnable), feeds, spread)
+        return accuracy.judged(got, want, self.sets, self.tolerance)
 
-    def _session(self, graph: Any) -> Any:
+    def _session(self, runnable: Any) -> Any:
         """An ONNX Runtime session of a variant, its weights read from beside the saved model."""
-        return compare.session_beside(self.saved, ort_runnable(graph)[0])
+        return compare.session_beside(self.saved, runnable)
 
 
 def search(
@@ -136,7 +138,7 @@ def search(
             break
         if min(left.values()) < floor:
             trials += 1
-            judged = trial.outputs(bypass(graph, names[:count]))
+            judged = trial.outputs(ort_runnable(bypass(graph, names[:count]))[0])
             too_few = {"kept": count, "outputs": _outputs_summary(judged), **left, "passed": _all_passed(judged)}
             break
         try:
@@ -194,7 +196,7 @@ def _all_passed(judged: list[dict]) -> bool:
 
 def _badness(trial: Trial, graph: Any) -> float:
     """accuracy.badness of a variant over the ranking samples."""
-    return accuracy.badness(trial.outputs(graph, RANKING_SAMPLES))
+    return accuracy.badness(trial.outputs(ort_runnable(graph)[0], RANKING_SAMPLES, threads=1))  # groups run at once
 
 
 def name_kept(chosen: Attempt, searched: dict) -> None:
