@@ -1,11 +1,11 @@
 """Memory a run may use and memory a stage is expected to need, so `-j N` never starts what the machine cannot hold.
 
-Precision stages dominate: AutoCast of ONNX's legacy VGG-19 peaked at 17.7 GB (a 548 MB model: about 32 bytes per
-byte of model), while a build of the same model takes a few hundred MB. A stage's expectation is what it peaked at
-the last time it ran (remembered in the store), else what its kind declares for the size of its model:
+Precision stages dominate: int8 of VGG-19 (a 548 MB model) peaks at 6.7 GB, about 12 bytes per byte of model, while
+a build of the same model takes a few hundred MB. A stage's expectation is what it peaked at the last time it ran
+(remembered in the store), else what its kind declares for the size of its model:
 
-    >>> expected_peak((600 * MIB, 32.0), model_bytes=548 << 20, learned=None) / 2**30
-    17.7...
+    >>> expected_peak((600 * MIB, 12.0), model_bytes=548 << 20, learned=None) / 2**30
+    7.0078125
 """
 
 from __future__ import annotations
