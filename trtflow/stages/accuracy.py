@@ -68,6 +68,22 @@ def judged(got: list[dict], want: list[dict], sets: dict[str, int], tolerance: d
     return [_judge(_fold(name, [r[name] for r in rows]), tolerance) for name in rows[0]] if rows else []
 
 
+def failed_for_good(outputs: list[dict], tolerance: dict) -> bool:
+    """Whether outputs judged over some of the feeds already miss a limit no further feed can meet again: a
+    non-finite value or a shape that differs, the lowest cosine below min_cosine, the largest error above
+    max_abs_error (the shares, top-1 and the mean relative error, can still move either way)."""
+    for output in outputs:
+        cosine, worst = output.get("cosine_similarity"), output.get("max_abs_error")
+        low, high = tolerance.get("min_cosine"), tolerance.get("max_abs_error")
+        if output.get("non_finite") or any(p.startswith("shape ") for p in output.get("problems", [])):
+            return True
+        if (cosine is not None and low is not None and cosine < low) or (
+            worst is not None and high is not None and worst > high
+        ):
+            return True
+    return False
+
+
 def badness(outputs: list[dict]) -> float:
     """One number for how far a model is from fp32 (0: identical): the worst output's 1 - cosine plus its share of
     rows or set elements that disagree. What the fallback search ranks by."""

@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -238,25 +238,61 @@ def side_by_side(*sizes: int) -> bool:
     return (os.cpu_count() or 1) >= 2 and all(size <= SIDE_BY_SIDE_MAX_BYTES for size in sizes)
 
 
+class SessionPool:
+    """`threads` threads, each running feeds on a session of its own, made by `make_session` on its first feed (one
+    thread inside each, so every output is what any one session gives: the same numbers whatever the split). With one
+    thread, a single session runs them in this thread. Sessions live as long as the pool: several `run`s reuse them."""
+
+    def __init__(self, make_session: Callable[[], Any], threads: int):
+        self._make, self._threads = make_session, max(1, threads)
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(self._threads, "compare") if self._threads > 1 else None
+
+    def run(self, feeds: list[dict]) -> list[dict]:
+        """Each feed's outputs, in feed order (ONNX Runtime releases the GIL: the threads run at once)."""
+        if self._pool is None:
+            return [self._one(feed) for feed in feeds]
+        return list(self._pool.map(self._one, feeds))
+
+    def submit(self, work: Callable[[], T]) -> Any:
+        """Run `work` on one of the threads (a Future), or now when there is only this one."""
+        if self._pool is not None:
+            return self._pool.submit(work)
+        done: Future = Future()
+        done.set_result(work())
+        return done
+
+    def _one(self, feed: dict) -> dict:
+        if not hasattr(self._local, "session"):
+            self._local.session = self._make()
+        return run_all(self._local.session, [feed])[0]
+
+    def close(self) -> None:
+        """End the threads, and with them their sessions."""
+        if self._pool is not None:
+            self._pool.shutdown()
+        self._local = threading.local()
+
+    def __enter__(self) -> SessionPool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 def run_spread(
     make_session: Callable[[], Any], feeds: list[dict], threads: int, beside: Callable[[], T] | None = None
 ) -> tuple[list[dict], T | None]:
-    """run_all over `feeds` by `threads` threads, each with a session of its own from `make_session` (one thread
-    inside each, so every output is what any one session gives: the same numbers whatever the split), in feed order;
-    `beside` (the reference's run) is taken first by one of them. Returns (outputs, what `beside` returned)."""
+    """run_all over `feeds` by a SessionPool of `threads`, in feed order; `beside` (the reference's run) is taken first
+    by one of its threads (with one thread: after the feeds, once their session is freed). Returns (outputs, what
+    `beside` returned)."""
     if threads <= 1:
-        outputs = run_all(make_session(), feeds)
+        with SessionPool(make_session, 1) as sessions:
+            outputs = sessions.run(feeds)
         return outputs, beside() if beside is not None else None
-    local = threading.local()
-
-    def one(feed: dict) -> dict:
-        if not hasattr(local, "session"):
-            local.session = make_session()
-        return run_all(local.session, [feed])[0]
-
-    with ThreadPoolExecutor(threads, thread_name_prefix="compare") as pool:  # ONNX Runtime releases the GIL
-        later = pool.submit(beside) if beside is not None else None
-        outputs = list(pool.map(one, feeds))
+    with SessionPool(make_session, threads) as sessions:
+        later = sessions.submit(beside) if beside is not None else None
+        outputs = sessions.run(feeds)
         return outputs, later.result() if later is not None else None
 
 
