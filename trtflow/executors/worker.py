@@ -14,6 +14,7 @@ children after. End of input: the server exits 0.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
@@ -65,6 +66,9 @@ def serve_plain(kinds: list[str]) -> int:
         if words[:1] != ["go"]:
             break
         import_quietly(words[1:])
+        # what the server holds (ModelOpt, torch, onnx: hundreds of MB of objects) out of every collection a child
+        # makes: a child's collector would otherwise touch each object and copy its page
+        gc.freeze()
         os.write(1, b"%d\n" % fork_and_wait(run=True))
     return 0
 
