@@ -121,17 +121,25 @@ def test_a_waiting_run_goes_on_once_the_lock_holder_is_killed(tmp_path: Path) ->
         stdout=subprocess.PIPE,
         text=True,
     )
+    said: list[str] = []
     try:
         assert holder.stdout.readline().strip() == "held"
         run = start_run(root)
-        time.sleep(0.8)
-        assert run.poll() is None  # waiting for the key, not building it
+        reader = threading.Thread(target=lambda: said.extend(iter(run.stderr.readline, "")), daemon=True)
+        reader.start()
+        waiting = "wait     cleanup:tiny  (waiting: another run is building the same stage)\n"
+        deadline = time.monotonic() + 60  # however long the run takes to start on a busy machine
+        while waiting not in said and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiting in said and run.poll() is None, said  # waiting for the key, not building it
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.communicate()
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 0, err
-    assert "wait     cleanup:tiny  (waiting: another run is building the same stage)" in err
+    out = run.stdout.read()
+    assert run.wait(timeout=120) == 0, said
+    reader.join(timeout=10)
+    run.stdout.close()
+    run.stderr.close()
     assert out.startswith("5 built, 0 cached")
 
 

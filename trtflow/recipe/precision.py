@@ -142,8 +142,8 @@ class Tolerance(StrictModel):
     # models selected, |A & B| / |A | B|
     min_set_agreement: float | None = Field(default=None, ge=0, le=1)
     max_drop: dict[TaskMetric, Annotated[float, Field(ge=0)]] | None = None  # task metric vs fp32 on accuracy.data
-    # auto: when int8/fp8 misses these limits, keep the fewest compute nodes in high precision until they hold (never
-    # below min_share, 0.5 unless set), found by their measured sensitivity
+    # auto: when the model misses these limits, keep the fewest compute nodes in high precision until they hold (fp16
+    # for int8/fp8, fp32 for fp16/bf16; never below min_share, 0.5 unless set), found by their measured sensitivity
     fallback: Literal["none", "auto"] = "none"
 
     @field_validator("max_drop")
@@ -193,12 +193,6 @@ class AccuracyOptions(StrictModel):
                 raise FieldError(precision, "max_drop needs labelled data: add accuracy.data and accuracy.labels")
             if limit is not None and self.metric is not None and self.metric not in limit:
                 raise FieldError(precision, f"max_drop names {next(iter(limit))} but accuracy.metric is {self.metric}")
-            if precision in AUTOCAST_PRECISIONS and getattr(self, precision).fallback == "auto":
-                raise FieldError(
-                    precision,
-                    "fallback: auto searches int8 and fp8 only; for fp16/bf16 keep nodes in fp32 with "
-                    "autocast.keep_nodes or keep_op_types",
-                )
         return self
 
     def tolerance(self, precision: str) -> dict[str, float]:

@@ -43,7 +43,7 @@ AUTOCAST_RULES = {
 
 def composition(model: Any, precision: str, reasons: dict[str, str] | None = None, excluded: tuple = ()) -> dict:
     """The counts of onnxio.composition plus shares and the top nodes kept in higher precision, with reasons."""
-    rows = _compute_nodes(model, precision)
+    rows = compute_nodes(model, precision)
     weights = sum(r["weights"] for r in rows)
     macs = sum(r["macs"] for r in rows)
     kept = [r for r in rows if not r.pop("low")]
@@ -62,7 +62,7 @@ def composition(model: Any, precision: str, reasons: dict[str, str] | None = Non
 
 def shares_keeping(model: Any, precision: str, names: set[str]) -> dict[str, float]:
     """The weight and MAC shares left in `precision` if the named nodes of `model` were kept in high precision too."""
-    rows = _compute_nodes(model, precision)
+    rows = compute_nodes(model, precision)
     weights, macs = sum(r["weights"] for r in rows), sum(r["macs"] for r in rows)
     low = [r for r in rows if r["low"] and r["name"] not in names]
     return {
@@ -100,7 +100,7 @@ def _reason(row: dict, precision: str, reasons: dict[str, str], excluded: tuple)
     return "not quantized by ModelOpt (op not quantizable, or too small to gain)"
 
 
-def _compute_nodes(model: Any, precision: str) -> list[dict]:
+def compute_nodes(model: Any, precision: str) -> list[dict]:
     """Every node holding weights or doing MACs: name, op, weight elements, MACs, whether it runs in `precision`."""
     graph = model.graph
     dims = _dims(model)
@@ -125,6 +125,12 @@ def _compute_nodes(model: Any, precision: str) -> list[dict]:
             {"name": node.name or node.output[0], "op": node.op_type, "weights": weights, "macs": macs, "low": low}
         )
     return rows
+
+
+def value_types(model: Any) -> dict[str, int]:
+    """Tensor name -> ONNX element type of every value shape inference types, and of every initializer."""
+    found = {key[1]: elem for key, elem in _dims(model).items() if isinstance(key, tuple)}
+    return found | {init.name: init.data_type for init in model.graph.initializer}
 
 
 def _weight_of(value: str, inits: dict, producer: dict) -> str | None:

@@ -1,5 +1,7 @@
-"""`accuracy.<precision>.fallback: auto`: when an int8/fp8 model misses its limits, keep the fewest compute nodes in
-high precision until they hold, chosen by measured sensitivity, never below `min_share` in the precision.
+"""`accuracy.<precision>.fallback: auto`: when a reduced-precision model misses its limits, keep the fewest compute
+nodes in high precision until they hold (fp16 for int8/fp8, fp32 for fp16/bf16), chosen by measured sensitivity, never
+below `min_share` in the precision. What follows is said of int8/fp8; fp16/bf16 take their candidates and keep them
+high as fallback_autocast does, and AutoCast confirms.
 
 1. Sensitivity. A candidate is a node that reads an input through Q/DQ (a Conv, MatMul or Gemm, or a residual Add or
    Transpose ModelOpt quantized beside them). Candidates are grouped by the model's blocks (fallback_blocks: split
@@ -28,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtflow.stages import accuracy, compare
-from trtflow.stages.composition import shares_keeping
+from trtflow.errors import required
+from trtflow.stages import accuracy, compare, fallback_autocast
+from trtflow.stages.composition import LOW_TYPES, shares_keeping
 from trtflow.stages.convert import NothingQuantized
 from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
@@ -69,6 +72,7 @@ class Trial:
     sets: dict[str, int]
     tolerance: dict
     task: Any = None  # task.Limit: with labelled rows and a max_drop, a trial must hold it too
+    source: Path | None = None  # the fp32 model: the weights of nodes an fp16/bf16 trial keeps in fp32
 
     def meets(self, graph: Any) -> bool:
         """Whether a variant meets every limit: each output's, and max_drop on the labelled rows where given. The feeds
@@ -114,10 +118,17 @@ def search(
     floor = DEFAULT_MIN_SHARE if min_share is None else min_share
     graph = load_graph_only(trial.saved)
     before = _badness(trial, graph)
-    found = candidates(graph)
+    precision = first.made_of["precision"]
+    found = fallback_autocast.candidates(graph, precision) if precision in LOW_TYPES else candidates(graph)
+
+    def bypass(graph: Any, names: list[str]) -> Any:
+        if precision in LOW_TYPES:
+            return fallback_autocast.keep_high(graph, names, precision, required(trial.source, "the fp32 model"))
+        return bypass_qdq(graph, names)
+
     split = balanced(blocks(graph, found))
     grouped = 1 < len(split) < len(found)
-    ranked_blocks = _ranked(trial, graph, before, split if grouped else [[c] for c in found])
+    ranked_blocks = _ranked(trial, graph, before, split if grouped else [[c] for c in found], bypass)
     trials = len(ranked_blocks)
     sensitivity = {name: value for value, block in ranked_blocks for name, _ in block}
 
@@ -134,7 +145,7 @@ def search(
         base, last = _names(order[: whole - 1]), order[whole - 1]
         inner = [name for name, _ in last]
         if len(last) > 1:
-            ranked_nodes = _ranked(trial, graph, before, [[c] for c in last])
+            ranked_nodes = _ranked(trial, graph, before, [[c] for c in last], bypass)
             trials += len(ranked_nodes)
             sensitivity.update({block[0][0]: value for value, block in ranked_nodes})
             inner = [block[0][0] for _, block in ranked_nodes]
@@ -146,7 +157,7 @@ def search(
     best, confirmed, too_few = first, 0, None
     while count is not None and count <= len(names) and confirmed < CONFIRMATIONS:
         # what keeping them leaves in the precision, read off the quantized graph: no ModelOpt run to find it out
-        left = shares_keeping(graph, first.made_of["precision"], set(names[:count]))
+        left = shares_keeping(graph, precision, set(names[:count]))
         if max(left.values()) == 0:  # nothing left to quantize
             too_few = {"kept": count, "outputs": {}, "weight_share": 0.0, "mac_share": 0.0, "passed": False}
             break
@@ -184,8 +195,11 @@ def search(
     }
 
 
+Variant = Callable[[Any, list[str]], Any]  # (graph, names) -> the graph with those nodes kept in high precision
+
+
 def _ranked(
-    trial: Trial, graph: Any, before: float, groups: list[list[tuple[str, str]]]
+    trial: Trial, graph: Any, before: float, groups: list[list[tuple[str, str]]], bypass: Variant
 ) -> list[tuple[float, list[tuple[str, str]]]]:
     """(sensitivity, group) of each group of candidates taken off its Q/DQ together, most sensitive first (ties by
     the first node's name): how much closer to fp32 that brings the model over the ranking samples."""
@@ -231,7 +245,7 @@ def candidates(graph: Any) -> list[tuple[str, str]]:
     ]
 
 
-def bypass(graph: Any, names: list[str]) -> Any:
+def bypass_qdq(graph: Any, names: list[str]) -> Any:
     """A copy of the graph where the named nodes read, for each input that comes through Quantize->Dequantize, the
     tensor before the QuantizeLinear (high precision): what keeping them out of quantization computes."""
     import onnx

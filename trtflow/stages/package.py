@@ -358,7 +358,8 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
     try:
         link_or_copy(place.store.objects.path(digest), staging / "package.tar.gz")
         extracted = extract_tar(staging / "package.tar.gz", staging / "extracted")
-        _link_objects(staging / "extracted", extracted, place)
+        for name, sha256 in extracted.items():  # each engine: its build's object
+            place.store.objects.link_as(sha256, staging / "extracted" / name)
         place.store.memos.remember_package_listing(
             digest, {name.removeprefix(f"{recipe}/"): sha for name, sha in extracted.items()}
         )
@@ -367,20 +368,6 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
         os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _link_objects(folder: Path, extracted: dict[str, str], place: Placement) -> None:
-    """Replace each extracted file whose bytes are an intact object of the store (an engine) by a hard link to it."""
-    for name, digest in extracted.items():
-        if not place.store.objects.intact(digest):
-            continue
-        path = folder / name
-        linked = path.with_name(f".{path.name}.link")
-        try:
-            os.link(place.store.objects.path(digest), linked)
-        except OSError:  # another filesystem, or too many links: the extracted copy stays
-            continue
-        os.replace(linked, path)
 
 
 STAGE = Stage(

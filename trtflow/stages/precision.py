@@ -161,7 +161,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     if not chosen.accuracy["passed"] and searching and want is not None:
         tolerance = chosen.accuracy["tolerance"]
         limit = task.Limit.of(checking.labelled, source)  # max_drop: trials are held to it too
-        trial = fallback.Trial(chosen.files[MODEL], feeds, want, accuracy.set_outputs(source), tolerance, limit)
+        trial = fallback.Trial(chosen.files[MODEL], feeds, want, accuracy.set_outputs(source), tolerance, limit, source)
         try:
             chosen, searched = fallback.search(chosen, attempt, trial, tolerance.get("min_share"))
         except TrtflowError:
@@ -210,13 +210,18 @@ def _attempt(
 
     from trtflow.stages import fallback, task
 
-    if kept:
-        quantize = required(params.quantize, "quantize")
+    if kept:  # ModelOpt keeps them itself: PTQ's nodes_to_exclude, AutoCast's (the recipe's own keeps stay first)
         exact = [f"^{re.escape(name)}$" for name in kept]
-        params = params.model_copy(
-            update={"quantize": quantize.model_copy(update={"exclude_nodes": [*quantize.exclude_nodes, *exact]})}
-        )
+        if params.autocast is not None:
+            autocast = params.autocast.model_copy(update={"keep_nodes": [*params.autocast.keep_nodes, *exact]})
+            params = params.model_copy(update={"autocast": autocast})
+        else:
+            quantize = required(params.quantize, "quantize")
+            params = params.model_copy(
+                update={"quantize": quantize.model_copy(update={"exclude_nodes": [*quantize.exclude_nodes, *exact]})}
+            )
     out = workdir / folder
+    out.mkdir(parents=True, exist_ok=True)
     with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
         model, details, reasons = _convert(params, source, calibrating, out)
     # a model that came with external data keeps it (so one past 2 GB stays loadable), and is checked from its files

@@ -129,6 +129,19 @@ class ObjectFiles:
         self.folders.quarantined.append(digest)
         return target
 
+    def link_as(self, digest: str, path: Path) -> bool:
+        """Put a hard link to the intact object `digest` in the place of the file `path` (read-only, as objects are);
+        False, and `path` left as it is, where there is no such object or no link can be made (another filesystem)."""
+        if not self.intact(digest):
+            return False
+        linked = path.with_name(f".{path.name}.link")
+        try:
+            os.link(self.path(digest), linked)
+        except OSError:
+            return False
+        os.replace(linked, path)
+        return True
+
     def add(self, source: Path, expected: str | None = None) -> str:
         """Move a finished file into the store under its digest; the move is atomic and durable.
 
