@@ -45,6 +45,9 @@ DEFAULT_MIN_SHARE = 0.5
 SUMMARY = ("cosine_similarity", "top1_agreement", "set_agreement")  # per output, before and after
 
 
+Variant = Callable[[Any, list[str]], Any]  # (graph, names) -> the graph with those nodes kept in high precision
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One reduced-precision model made and checked: its saved files, how it was made, what it is made of, and its
@@ -121,10 +124,8 @@ def search(
     precision = first.made_of["precision"]
     found = fallback_autocast.candidates(graph, precision) if precision in LOW_TYPES else candidates(graph)
 
-    def bypass(graph: Any, names: list[str]) -> Any:
-        if precision in LOW_TYPES:
-            return fallback_autocast.keep_high(graph, names, precision, required(trial.source, "the fp32 model"))
-        return bypass_qdq(graph, names)
+    source = required(trial.source, "the fp32 model") if precision in LOW_TYPES else None
+    bypass: Variant = fallback_autocast.Keeper(graph, precision, source) if source is not None else bypass_qdq
 
     split = balanced(blocks(graph, found))
     grouped = 1 < len(split) < len(found)
@@ -193,9 +194,6 @@ def search(
         "passed": best.accuracy["passed"],
         **({"below_min_share": too_few} if too_few else {}),
     }
-
-
-Variant = Callable[[Any, list[str]], Any]  # (graph, names) -> the graph with those nodes kept in high precision
 
 
 def _ranked(

@@ -30,50 +30,81 @@ def candidates(graph: Any, precision: str) -> list[tuple[str, str]]:
     ]
 
 
-def keep_high(graph: Any, names: list[str], precision: str, source: Path) -> Any:
-    """A copy of the AutoCast model `graph` where the named nodes compute in fp32 (weights read from the fp32 model at
-    `source`, initializer by initializer, as AutoCast left their names)."""
-    import onnx
+class Keeper:
+    """Keeps named nodes of one AutoCast model in fp32 (`keeper(graph, names)`: a copy of the graph). What every trial
+    of a search shares is read once: the graph's types, AutoCast's casts of fp32 values, and the fp32 model's weights
+    (kept as the model holds them: inline, or read from its external data when a trial first needs them)."""
 
-    low = LOW_TYPES[precision]
-    types = value_types(graph)
-    variant = onnx.ModelProto()
-    variant.CopyFrom(graph)
-    wanted = set(names)
-    rounded = {init.name for init in variant.graph.initializer if init.data_type == low}
-    weights = _fp32_weights(source, {i for n in variant.graph.node if n.name in wanted for i in n.input} & rounded)
-    cast_down = {
-        n.output[0]: n.input[0]
-        for n in variant.graph.node
-        if n.op_type == "Cast" and types.get(n.input[0]) == onnx.TensorProto.FLOAT and types.get(n.output[0]) == low
-    }
-    nodes: list[Any] = []
-    for node in variant.graph.node:
-        if node.name not in wanted:
-            nodes.append(node)
-            continue
-        for index, name in enumerate(node.input):
-            if name.endswith(KEPT) or types.get(name) != low:
+    def __init__(self, graph: Any, precision: str, source: Path):
+        import onnx
+
+        self.low, self.types, self.source = LOW_TYPES[precision], value_types(graph), source
+        self.rounded = {init.name for init in graph.graph.initializer if init.data_type == self.low}
+        self.cast_down = {
+            n.output[0]: n.input[0]
+            for n in graph.graph.node
+            if n.op_type == "Cast"
+            and self.types.get(n.input[0]) == onnx.TensorProto.FLOAT
+            and self.types.get(n.output[0]) == self.low
+        }
+        model = onnx.load(str(source), load_external_data=False)
+        self._fp32 = {init.name: init for init in model.graph.initializer if init.name in self.rounded}
+        self._arrays: dict[str, Any] = {}
+
+    def __call__(self, graph: Any, names: list[str]) -> Any:
+        """A copy of `graph` (this keeper's model) with the named nodes computing in fp32."""
+        import onnx
+
+        low, types = self.low, self.types
+        variant = onnx.ModelProto()
+        variant.CopyFrom(graph)
+        wanted = set(names)
+        weights = {
+            name: self._weight(name)
+            for node in variant.graph.node
+            if node.name in wanted
+            for name in node.input
+            if name in self.rounded and name in self._fp32
+        }
+        nodes: list[Any] = []
+        for node in variant.graph.node:
+            if node.name not in wanted:
+                nodes.append(node)
                 continue
-            if name in weights:
-                node.input[index] = name + KEPT
-            elif name in cast_down:  # AutoCast's cast of an fp32 value (a graph input): the value before it
-                node.input[index] = cast_down[name]
-            else:  # an activation in the reduced type: its value in fp32 (exact)
-                nodes.append(_cast(onnx, name, f"{name}{KEPT}_{node.name}", onnx.TensorProto.FLOAT))
-                node.input[index] = f"{name}{KEPT}_{node.name}"
-        nodes.append(node)
-        for index, name in enumerate(node.output):
-            if name and types.get(name) == low:
-                node.output[index] = name + KEPT
-                nodes.append(_cast(onnx, name + KEPT, name, low))
-    _read_unrounded(nodes, wanted)
-    del variant.graph.node[:]
-    variant.graph.node.extend(nodes)
-    variant.graph.initializer.extend(
-        onnx.numpy_helper.from_array(value, name + KEPT) for name, value in sorted(weights.items())
-    )
-    return variant
+            for index, name in enumerate(node.input):
+                if name.endswith(KEPT) or types.get(name) != low:
+                    continue
+                if name in weights:
+                    node.input[index] = name + KEPT
+                elif name in self.cast_down:  # AutoCast's cast of an fp32 value (a graph input): the value before it
+                    node.input[index] = self.cast_down[name]
+                else:  # an activation in the reduced type: its value in fp32 (exact)
+                    nodes.append(_cast(onnx, name, f"{name}{KEPT}_{node.name}", onnx.TensorProto.FLOAT))
+                    node.input[index] = f"{name}{KEPT}_{node.name}"
+            nodes.append(node)
+            for index, name in enumerate(node.output):
+                if name and types.get(name) == low:
+                    node.output[index] = name + KEPT
+                    nodes.append(_cast(onnx, name + KEPT, name, low))
+        _read_unrounded(nodes, wanted)
+        del variant.graph.node[:]
+        variant.graph.node.extend(nodes)
+        variant.graph.initializer.extend(
+            onnx.numpy_helper.from_array(value, name + KEPT) for name, value in sorted(weights.items())
+        )
+        return variant
+
+    def _weight(self, name: str) -> Any:
+        """The fp32 model's initializer `name` as a float32 array (read once)."""
+        import numpy as np
+        import onnx
+
+        if name not in self._arrays:
+            init = self._fp32[name]
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                onnx.external_data_helper.load_external_data_for_tensor(init, str(self.source.parent))
+            self._arrays[name] = onnx.numpy_helper.to_array(init).astype(np.float32)
+        return self._arrays[name]
 
 
 def _read_unrounded(nodes: list[Any], kept: set[str]) -> None:
@@ -92,21 +123,6 @@ def _read_unrounded(nodes: list[Any], kept: set[str]) -> None:
         elif node.op_type == "Cast" and node.input[0] in made_kept:
             if any(a.name == "to" and a.i == onnx.TensorProto.FLOAT for a in node.attribute):
                 node.input[0] = made_kept[node.input[0]]
-
-
-def _fp32_weights(source: Path, names: set[str]) -> dict[str, Any]:
-    """The named initializers of the fp32 model, as float32 arrays (external data read from beside it)."""
-    import numpy as np
-    import onnx
-
-    model = onnx.load(str(source), load_external_data=False)
-    found = {}
-    for init in model.graph.initializer:
-        if init.name in names:
-            if init.data_location == onnx.TensorProto.EXTERNAL:
-                onnx.external_data_helper.load_external_data_for_tensor(init, str(source.parent))
-            found[init.name] = onnx.numpy_helper.to_array(init).astype(np.float32)
-    return found
 
 
 def _cast(onnx: Any, source: str, target: str, to: int) -> Any:
