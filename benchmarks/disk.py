@@ -28,15 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torchvision_like import MODELS, TRIO, write_project  # noqa: E402
 
+from trtflow.hashing import sha256_file  # noqa: E402
+
 GOAL = 1.3
-
-
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _archive_members(path: Path) -> set[str]:
@@ -70,7 +64,7 @@ def measure(folder: Path) -> dict[str, int]:
                 continue
             inodes.add((seen.st_dev, seen.st_ino))
             disk += seen.st_size
-            digest = _digest(path)
+            digest = sha256_file(path)
             sizes.setdefault(digest, seen.st_size)
             if name.endswith(".engine"):
                 engines.add(digest)

@@ -35,9 +35,7 @@ def report(
 
     The candidate's feeds are spread over every core, a session each, while the models are small enough (the
     reference's run, when needed, takes one of them first): its emulation is what the check spends most on."""
-    from trtflow.util.onnxio import load_graph_only
-
-    runnable, emulated = ort_runnable(load_graph_only(candidate))  # stages.emulation
+    runnable, emulated = candidate_runnable(candidate)
     threads = compare.threads_for(compare.model_bytes(candidate), compare.model_bytes(reference))
     got, expected = compare.run_spread(
         lambda: compare.session_beside(candidate, runnable),
@@ -96,12 +94,18 @@ def badness(outputs: list[dict]) -> float:
 
 def candidate_session(path: Path) -> tuple[Any, list[str]]:
     """A CPU session of a reduced-precision model file as the GPU would round it (ort_runnable), and the reduced
-    types it emulates. Only the graph is loaded here: the weights stay where the file keeps them (a model past 2 GB
-    in its external data) and ONNX Runtime reads them."""
+    types it emulates."""
+    runnable, emulated = candidate_runnable(path)
+    return compare.session_beside(path, runnable), emulated
+
+
+def candidate_runnable(path: Path) -> tuple[Any, list[str]]:
+    """A reduced-precision model file's graph as ONNX Runtime runs it the way the GPU would round it (stages.emulation),
+    and the reduced types it emulates. Only the graph is loaded here: the weights stay where the file keeps them (a
+    model past 2 GB in its external data) and ONNX Runtime reads them from beside it (compare.session_beside)."""
     from trtflow.util.onnxio import load_graph_only
 
-    runnable, emulated = ort_runnable(load_graph_only(path))  # stages.emulation
-    return compare.session_beside(path, runnable), emulated
+    return ort_runnable(load_graph_only(path))
 
 
 def failure_message(precision: str, accuracy: dict) -> str:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from trtflow.backends.base import import_or_explain
-from trtflow.errors import EnvironmentProblem, StageError
+from trtflow.errors import EnvironmentProblem, StageError, required
 from trtflow.util.inputvalues import UNKNOWN, Values, values_for
 from trtflow.util.onnxio import load_graph_only, model_io_of_file
 from trtflow.util.versions import tool_version
@@ -254,13 +254,9 @@ class SessionPool:
             return [self._one(feed) for feed in feeds]
         return list(self._pool.map(self._one, feeds))
 
-    def submit(self, work: Callable[[], T]) -> Any:
-        """Run `work` on one of the threads (a Future), or now when there is only this one."""
-        if self._pool is not None:
-            return self._pool.submit(work)
-        done: Future = Future()
-        done.set_result(work())
-        return done
+    def submit(self, work: Callable[[], T]) -> Future:
+        """Run `work` on one of the threads (a pool of more than one)."""
+        return required(self._pool, "a pool of threads").submit(work)
 
     def _one(self, feed: dict) -> dict:
         if not hasattr(self._local, "session"):

@@ -153,8 +153,11 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     feeds = [s.feed for s in samples]
     searching = params.accuracy is not None and params.accuracy.fallback == "auto"
     # the fp32 outputs once, for every check and trial of a search (else the check runs fp32 beside the candidate)
-    threads = compare.threads_for(compare.model_bytes(source))
-    want = compare.run_spread(lambda: compare.session(source), feeds, threads)[0] if searching else None
+    want = (
+        compare.run_spread(lambda: compare.session(source), feeds, compare.threads_for(compare.model_bytes(source)))[0]
+        if searching
+        else None
+    )
     checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source))
     attempt = functools.partial(_attempt, params, inputs, source, calibrating, checking, workdir)
     chosen, searched = attempt("", ()), None
