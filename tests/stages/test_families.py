@@ -78,34 +78,6 @@ def test_a_detectors_nms_is_refused_by_validate_with_the_way_out(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_bert_base_with_token_ids_and_a_padded_mask_builds_and_calibrates(tmp_path: Path, families_dir: Path) -> None:
-    """BERT-base (3 int64 inputs, batch and sequence dynamic): cleanup's proof draws token ids within the 30522-row
-    table and token types within the 2-row one (it died on `idx=7 must be within [-2,1]`); int8 calibrates on files
-    with padded masks (it died on `Too many bins for data range`: the additive mask's finfo.min reached the
-    histograms) and then meets or misses its limit with the numbers."""
-    model = family_model("bert", families_dir)
-    root = project_with(tmp_path / "p", model.path, "precisions: [fp32, int8]\ntargets: [rtx-ampere]\n"
-                        "calibration: {data: calib/*.npz}\nverify: {on_fail: warn}\n" + TEXT_PROFILE)  # fmt: skip
-    (root / "calib").mkdir()
-    rng = np.random.default_rng(7)
-    for index in range(3):  # 2 calibrate (histograms merged from the second on), 1 held out
-        np.savez(
-            root / "calib" / f"{index}.npz",
-            input_ids=rng.integers(0, 30522, (4, 64)),
-            attention_mask=padded_mask(rng, [4, 64]),
-            token_type_ids=rng.integers(0, 2, (4, 64)),
-        )
-    result = trtflow(root, "run", "--json")
-    assert result.code == 0, result.err
-    assert json.loads(result.out)["failed"] == 0
-    assert stage_record(root, "cleanup:m")["equality"]["passed"]
-    int8 = stage_record(root, "precision:m/int8")
-    assert len(int8["kept_for_masks"]["nodes"]) >= 12  # one additive mask per layer, and the mask's own nodes
-    assert int8["qdq"]["quantize_nodes"] > 0
-    assert "cosine_similarity" in int8["accuracy"]["outputs"][0]
-
-
-@pytest.mark.slow
 def test_whisper_tiny_encoder_builds_at_fp32_and_fp16(tmp_path: Path, families_dir: Path) -> None:
     """Its fp16 conversion took 98 s and peaked at 13.8 GB (AutoCast's reference run kept every activation of every
     sample); trtflow's range pass costs one inference's memory."""
@@ -147,19 +119,44 @@ def test_vit_fp16_is_judged_on_its_accuracy_not_crashed_by_autocasts_shapes(tmp_
 
 
 @pytest.mark.slow
-def test_bert_base_from_a_huggingface_folder(tmp_path: Path, families_dir: Path) -> None:
-    """save_pretrained's folder, exported offline for text-classification; its files are the export's inputs."""
+def test_bert_base_from_a_huggingface_folder_builds_and_calibrates_with_padded_masks(
+    tmp_path: Path, families_dir: Path
+) -> None:
+    """BERT-base as save_pretrained's folder, exported offline for text-classification (3 int64 inputs, batch and
+    sequence dynamic; the folder's files are the export's inputs). Cleanup's proof draws token ids within the
+    30522-row table and token types within the 2-row one (it died on `idx=7 must be within [-2,1]`); int8 calibrates
+    on files with padded masks (it died on `Too many bins for data range`: the additive mask's finfo.min reached the
+    histograms) and then meets or misses its limit with the numbers. One project for both: BERT-base's export,
+    cleanup and int8 calibration are the slowest stages of the test run."""
     folder = families_dir / "bert-folder"
     if not (folder / "config.json").is_file():
         bert().save_pretrained(folder)
-    recipe = "source:\n  huggingface: {path: models/bert, task: text-classification}\ntargets: [rtx-ada]\n"
+    recipe = (
+        "source:\n  huggingface: {path: models/bert, task: text-classification}\nprecisions: [fp32, int8]\n"
+        "targets: [rtx-ada]\ncalibration: {data: calib/*.npz}\nverify: {on_fail: warn}\n"
+    )
     root = write_project(tmp_path / "p", {"bert": recipe + TEXT_PROFILE})
     shutil.copytree(folder, root / "models" / "bert")
-    result = trtflow(root, "run")
+    (root / "calib").mkdir()
+    rng = np.random.default_rng(7)
+    for index in range(3):  # 2 calibrate (histograms merged from the second on), 1 held out
+        np.savez(
+            root / "calib" / f"{index}.npz",
+            input_ids=rng.integers(0, 30522, (4, 64)),
+            attention_mask=padded_mask(rng, [4, 64]),
+            token_type_ids=rng.integers(0, 2, (4, 64)),
+        )
+    result = trtflow(root, "run", "--json")
     assert result.code == 0, result.err
+    assert json.loads(result.out)["failed"] == 0
     export = stage_record(root, "export:bert")
     assert export["torch_equality"]["passed"] and export["outputs"] == ["logits"]
     assert [spec["name"] for spec in export["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert stage_record(root, "cleanup:bert")["equality"]["passed"]
+    int8 = stage_record(root, "precision:bert/int8")
+    assert len(int8["kept_for_masks"]["nodes"]) >= 12  # one additive mask per layer, and the mask's own nodes
+    assert int8["qdq"]["quantize_nodes"] > 0
+    assert "cosine_similarity" in int8["accuracy"]["outputs"][0]
     assert "0 built" in trtflow(root, "run").out
     # validate reads the cached export for what the source itself cannot show: fp32 GEMMs on Turing
     with (root / "pipeline.yaml").open("a") as pipeline:
