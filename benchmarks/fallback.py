@@ -1,13 +1,15 @@
-"""`fallback: auto` on real-size models: what plain int8 reaches, what the search reaches within min_share, and what the
-search costs against the stage without it, measured in one run.
+"""`fallback: auto` on real-size models: what plain int8 (or fp8) reaches, what the search reaches within min_share,
+and what the search costs against the stage without it, measured in one run.
 
-    python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert] [--files 12] [--workdir DIR]
+    python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert bert_narrow_init] [--files 12]
+                                  [--precision int8|fp8] [--workdir DIR]
 
 Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
-BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py, whose token ids come from
-trtflow's seeded random inputs; seeded random weights), one project with two recipes of the same
-ONNX, int8 for rtx-ada, `--files` seeded calibration batches at the opt shape (half held out), limits cosine 0.995 and
-top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss is recorded:
+BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py at two weight scales, whose token
+ids come from trtflow's seeded random inputs; seeded random weights), one project with two recipes of the same ONNX,
+`--precision` (int8 by default) for rtx-ada (sm_89, which has fp8), `--files` seeded calibration batches at the opt
+shape (half held out), limits cosine 0.995 and top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss
+is recorded:
   - plain: `fallback: none`, today's stage;
   - fallback: `fallback: auto, min_share: 0.5`.
 Printed: accuracy of each, the nodes kept with their sensitivity, the trial models and ModelOpt runs, the shares, and
@@ -37,12 +39,15 @@ from model_families import modelopt_import_seconds, without_import  # noqa: E402
 from torchvision_like import MODELS  # noqa: E402
 from zoo import SEED, _export  # noqa: E402
 
-FAMILIES = ("bert",)  # Hugging Face architectures at real size (tests/families.py), token ids as inputs
+FAMILIES = (
+    "bert",
+    "bert_narrow_init",
+)  # Hugging Face architectures at real size (tests/families.py), token ids as inputs
 
 LIMITS = {"min_cosine": 0.995, "min_top1": 0.9}
 
 
-def write_project(root: Path, name: str, files: int) -> None:
+def write_project(root: Path, name: str, files: int, precision: str) -> None:
     """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files (a text model:
     trtflow's seeded random token ids, valid for its tables, `files // 2` of them to calibrate on)."""
     (root / "recipes").mkdir(parents=True)
@@ -67,23 +72,23 @@ def write_project(root: Path, name: str, files: int) -> None:
     for recipe, extra in (("plain", {}), ("fallback", {"fallback": "auto", "min_share": 0.5})):
         text = {
             "source": {"onnx": "models/m.onnx"},
-            "precisions": ["int8"],
+            "precisions": [precision],
             "targets": ["rtx-ada"],
             "calibration": calibration,
-            "accuracy": {"samples": files // 2, "int8": {**LIMITS, **extra}},
+            "accuracy": {"samples": files // 2, precision: {**LIMITS, **extra}},
             "verify": {"on_fail": "warn"},
             "profiles": [{"inputs": {k: s.as_recipe() for k, s in profile.items()}}],
         }
         (root / "recipes" / f"{recipe}.yaml").write_text(yaml.safe_dump(text, sort_keys=False))
 
 
-def summary(record: dict) -> str:
+def summary(record: dict, precision: str) -> str:
     """`cosine 0.99, top-1 0.9, MACs in int8 97%, passed True` of a precision record."""
     outputs = record["accuracy"]["outputs"][0]
     made = record["composition"]
     return (
         f"cosine {outputs['cosine_similarity']:.6f}, top-1 {outputs.get('top1_agreement')}, "
-        f"MACs in int8 {made['mac_share']:.1%}, passed {record['accuracy']['passed']}"
+        f"MACs in {precision} {made['mac_share']:.1%}, passed {record['accuracy']['passed']}"
     )
 
 
@@ -94,6 +99,7 @@ def main() -> int:
         "--models", nargs="+", default=["resnet18", "mobilenet_v3_small", "encoder"], choices=[*MODELS, *FAMILIES]
     )
     parser.add_argument("--files", type=int, default=12)
+    parser.add_argument("--precision", choices=["int8", "fp8"], default="int8")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-fallback-"))
@@ -103,16 +109,18 @@ def main() -> int:
     print(f"ModelOpt's import: {imported:.1f} s (paid by the run's first precision stage: taken off its seconds)")
     for name in args.models:
         root = work / name
-        write_project(root, name, args.files)
+        precision = args.precision
+        write_project(root, name, args.files, precision)
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], capture_output=True)
         print(f"\n{name}: run exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")
         nodes = {n["id"]: n for n in json.loads((root / "artifacts" / "run.json").read_text())["nodes"]}
         own = without_import(nodes, imported)
-        seconds = {r: own[f"precision:{r}/int8"] for r in ("plain", "fallback")}
-        plain, searched = stage_record(root, "precision:plain/int8"), stage_record(root, "precision:fallback/int8")
-        print(f"  plain    {seconds['plain']:7.1f} s  {summary(plain)}")
-        print(f"  fallback {seconds['fallback']:7.1f} s  {summary(searched)}")
+        seconds = {r: own[f"precision:{r}/{precision}"] for r in ("plain", "fallback")}
+        plain = stage_record(root, f"precision:plain/{precision}")
+        searched = stage_record(root, f"precision:fallback/{precision}")
+        print(f"  plain    {seconds['plain']:7.1f} s  {summary(plain, precision)}")
+        print(f"  fallback {seconds['fallback']:7.1f} s  {summary(searched, precision)}")
         search = searched.get("fallback")
         ratio = seconds["fallback"] / seconds["plain"] if seconds["plain"] else 0.0
         if search is None:
@@ -128,7 +136,7 @@ def main() -> int:
         if "below_min_share" in search:
             rejected = search["below_min_share"]
             share = rejected["mac_share"]
-            print(f"  rejected: the {rejected['kept']} most sensitive leave {share:.1%} of MACs in int8")
+            print(f"  rejected: the {rejected['kept']} most sensitive leave {share:.1%} of MACs in {precision}")
     return 0
 
 
