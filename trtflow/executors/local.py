@@ -136,7 +136,7 @@ class LocalExecutor:
         """Forget a broken pool (the next task starts a new one)."""
         self._broken = False
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            _end_pool(self._pool)
             self._pool = None
 
     def shutdown(self) -> None:
@@ -159,7 +159,9 @@ def _end_pool(pool: futures.ProcessPoolExecutor) -> None:
     interpreter exits (CPython 3.11's exit hook can otherwise write to the wakeup pipe that thread is closing: a
     `Bad file descriptor` traceback after a run that stopped early)."""
     workers = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown(wait=False) forgets it: join it ourselves
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
         worker.kill()
-    pool.shutdown(wait=True)
+    if manager is not None:
+        manager.join(timeout=30)
