@@ -107,9 +107,9 @@ def main() -> int:
 
     imported = modelopt_import_seconds()
     print(f"ModelOpt's import: {imported:.1f} s (paid by the run's first precision stage: taken off its seconds)")
+    precision = args.precision
     for name in args.models:
         root = work / name
-        precision = args.precision
         write_project(root, name, args.files, precision)
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], capture_output=True)
