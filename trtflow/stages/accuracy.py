@@ -82,14 +82,30 @@ def failed_for_good(outputs: list[dict], tolerance: dict) -> bool:
     return False
 
 
-def badness(outputs: list[dict]) -> float:
+AGREEMENTS = {"cosine_similarity": "min_cosine", "top1_agreement": "min_top1", "set_agreement": "min_set_agreement"}
+
+
+def badness(outputs: list[dict], metrics: tuple[str, ...] = tuple(AGREEMENTS)) -> float:
     """One number for how far a model is from fp32 (0: identical): the worst output's 1 - cosine plus its share of
-    rows or set elements that disagree. What the fallback search ranks by."""
+    rows or set elements that disagree (of `metrics`, all three by default). What the fallback search ranks by."""
     worst = 0.0
     for output in outputs:
-        agreements = [output.get(name) for name in ("cosine_similarity", "top1_agreement", "set_agreement")]
+        agreements = [output.get(name) for name in metrics]
         worst = max(worst, sum(1.0 - float(value) for value in agreements if value is not None))
     return worst
+
+
+def missed(outputs: list[dict], tolerance: dict) -> tuple[str, ...]:
+    """The agreements (cosine, top-1, set) whose limit some output misses; all three when none does (another limit
+    missed: an error bound, a task's max_drop). What the fallback search ranks by: a metric already within its limit
+    only adds noise (a row whose top-1 flips between near-tied classes on a few ranking samples)."""
+    misses = tuple(
+        metric
+        for metric, limit in AGREEMENTS.items()
+        if tolerance.get(limit) is not None
+        and any(o.get(metric) is not None and o[metric] < tolerance[limit] for o in outputs)
+    )
+    return misses or tuple(AGREEMENTS)
 
 
 def candidate_session(path: Path) -> tuple[Any, list[str]]:

@@ -120,7 +120,6 @@ def search(
     did; `attempt(folder_name, kept)` quantizes again with `kept` left in high precision."""
     floor = DEFAULT_MIN_SHARE if min_share is None else min_share
     graph = load_graph_only(trial.saved)
-    before = _badness(trial, graph)
     precision = first.made_of["precision"]
     found = fallback_autocast.candidates(graph, precision) if precision in LOW_TYPES else candidates(graph)
 
@@ -129,8 +128,10 @@ def search(
 
     split = balanced(blocks(graph, found))
     grouped = 1 < len(split) < len(found)
-    ranked_blocks = _ranked(trial, graph, before, split if grouped else [[c] for c in found], bypass)
-    trials = len(ranked_blocks)
+    metrics = accuracy.missed(first.accuracy["outputs"], trial.tolerance)
+    measure = _sensitivity(trial, graph, [name for name, _ in found], bypass, metrics, alone=precision not in LOW_TYPES)
+    ranked_blocks = _ranked(measure, split if grouped else [[c] for c in found])
+    trials = 1 + len(ranked_blocks)
     sensitivity = {name: value for value, block in ranked_blocks for name, _ in block}
 
     def passes(names: list[str]) -> bool:
@@ -142,17 +143,17 @@ def search(
     names = _names(order)
     whole = shortest_passing_prefix(len(order), lambda count: passes(_names(order[:count])))
     count = None
-    if whole is not None:  # keep the blocks before the one it stopped in, then that block's nodes by their own rank
-        base, last = _names(order[: whole - 1]), order[whole - 1]
-        inner = [name for name, _ in last]
-        if len(last) > 1:
-            ranked_nodes = _ranked(trial, graph, before, [[c] for c in last], bypass)
+    if whole is not None:  # the nodes of the groups it keeps, ranked alone: keep the fewest of them
+        inner = _names(order[:whole])
+        refined = grouped and len(inner) > 1
+        if refined:
+            ranked_nodes = _ranked(measure, [[c] for group in order[:whole] for c in group])
             trials += len(ranked_nodes)
             sensitivity.update({block[0][0]: value for value, block in ranked_nodes})
             inner = [block[0][0] for _, block in ranked_nodes]
-        names = base + inner + _names(order[whole:])
-        within = shortest_passing_prefix(len(inner), lambda n: passes(base + inner[:n])) if len(inner) > 1 else None
-        count = len(base) + (within or len(inner))
+        names = inner + _names(order[whole:])
+        within = shortest_passing_prefix(len(inner), lambda n: passes(inner[:n])) if refined else None
+        count = within or len(inner)
     ops = dict(found)
     ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]
     best, confirmed, too_few = first, 0, None
@@ -196,14 +197,38 @@ def search(
     }
 
 
+def _sensitivity(
+    trial: Trial, graph: Any, every: list[str], bypass: Variant, metrics: tuple[str, ...], alone: bool
+) -> Callable[[list[tuple[str, str]]], float]:
+    """How a group of candidates' sensitivity is measured over the ranking samples (a trial model for the baseline
+    here, one per group later). Error is accuracy.badness of the agreements whose limits the first try misses
+    (`metrics`, accuracy.missed).
+    - `alone` (int8, fp8): the error the group adds alone: the error of the model with only its nodes reduced (every
+      other candidate off its Q/DQ) less that of the model with none reduced. Each group's own error shows even when
+      the model's error is spread over many small ones, which add up (EfficientNet-B0's int8), where the error one
+      group removes from the quantized model is lost among the others'.
+    - else (fp16, bf16): the error the group removes from the reduced model, keeping its nodes high. Each op's own
+      rounding, alone, is below what the check resolves (the cosine's 8 significant digits)."""
+    if alone:
+        clean = _badness(trial, bypass(graph, every), metrics)
+
+        def added(group: list[tuple[str, str]]) -> float:
+            reduced = set(_names([group]))
+            high = [name for name in every if name not in reduced]
+            return _badness(trial, bypass(graph, high), metrics) - clean
+
+        return added
+    before = _badness(trial, graph, metrics)
+    return lambda group: before - _badness(trial, bypass(graph, _names([group])), metrics)
+
+
 def _ranked(
-    trial: Trial, graph: Any, before: float, groups: list[list[tuple[str, str]]], bypass: Variant
+    measure: Callable[[list[tuple[str, str]]], float], groups: list[list[tuple[str, str]]]
 ) -> list[tuple[float, list[tuple[str, str]]]]:
-    """(sensitivity, group) of each group of candidates taken off its Q/DQ together, most sensitive first (ties by
-    the first node's name): how much closer to fp32 that brings the model over the ranking samples."""
+    """(sensitivity, group) of each group, most sensitive first (ties by the first node's name)."""
     with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:  # ORT frees the GIL
-        after = list(pool.map(lambda group: _badness(trial, bypass(graph, _names([group]))), groups))
-    rows = [(_rounded(before - badness), group) for group, badness in zip(groups, after, strict=True)]
+        measured = list(pool.map(measure, groups))
+    rows = [(_rounded(value), group) for group, value in zip(groups, measured, strict=True)]
     return sorted(rows, key=lambda row: (-row[0], row[1][0][0]))
 
 
@@ -220,9 +245,9 @@ def _all_passed(judged: list[dict]) -> bool:
     return all(o["passed"] for o in judged)
 
 
-def _badness(trial: Trial, graph: Any) -> float:
-    """accuracy.badness of a variant over the ranking samples."""
-    return accuracy.badness(trial.outputs(ort_runnable(graph)[0], RANKING_SAMPLES, threads=1))  # groups run at once
+def _badness(trial: Trial, graph: Any, metrics: tuple[str, ...] = tuple(accuracy.AGREEMENTS)) -> float:
+    """accuracy.badness of a variant over the ranking samples (of `metrics`)."""
+    return accuracy.badness(trial.outputs(ort_runnable(graph)[0], RANKING_SAMPLES, threads=1), metrics)
 
 
 def name_kept(chosen: Attempt, searched: dict) -> None:
