@@ -3,18 +3,18 @@ nodes in high precision until they hold (fp16 for int8/fp8, fp32 for fp16/bf16),
 below `min_share` in the precision. What follows is said of int8/fp8; fp16/bf16 take their candidates and keep them
 high as fallback_autocast does, and AutoCast confirms.
 
-1. Sensitivity. A candidate is a node that reads an input through Q/DQ (a Conv, MatMul or Gemm, or a residual Add or
-   Transpose ModelOpt quantized beside them). Candidates are grouped by the model's blocks (fallback_blocks: split
-   where a residual connection joins, consecutive blocks joined into about sqrt(candidates) groups). Each group is
-   measured with the same emulation as the accuracy check, on the first RANKING_SAMPLES samples, against the fp32
-   outputs computed once: the quantized model with the group's nodes taken off their Q/DQ (they read their inputs as
-   they were before quantization, in the high precision). Its sensitivity is how much closer to fp32 that brings
-   the model (accuracy.badness).
+1. Sensitivity. A candidate is a node that reads an input through Q/DQ (a Conv, MatMul or Gemm, or a residual Add,
+   Mul or Transpose ModelOpt quantized beside them). Candidates are grouped by the model's blocks (fallback_blocks:
+   split where a residual connection joins, consecutive blocks joined into about sqrt(candidates) groups). Each
+   group is measured with the same emulation as the accuracy check, on the first RANKING_SAMPLES samples, against
+   the fp32 outputs computed once: its sensitivity is the error it adds alone (only its nodes quantized, every other
+   candidate reading its inputs as they were before quantization), in the agreements whose limits the first try
+   missed (_sensitivity).
 2. Search. In order of sensitivity (ties by the first node's name), the fewest whole groups whose bypassed model
-   meets the limits, found by doubling, then bisecting; then the nodes of the last of those groups are ranked alone
-   and the fewest of them, beside the groups before it, are found the same way. A model with no residual
-   connections is ranked node by node. A few trial models, each choice made by numbers alone. A keep that would
-   leave less than `min_share` in the precision is read off the quantized graph, without a ModelOpt run.
+   meets the limits, found by doubling, then bisecting; then the nodes of those groups are ranked alone and the
+   fewest of them are found the same way. A model with no residual connections is ranked node by node. Each choice
+   is made by numbers alone. A keep that would leave less than `min_share` in the precision is read off the
+   quantized graph, without a ModelOpt run.
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
    are its own) and the result is checked like any other; while it misses, the next node joins, at most
    CONFIRMATIONS times, and never past the point where less than `min_share` of the weights or MACs stays in the
