@@ -129,31 +129,32 @@ def search(
     split = balanced(blocks(graph, found))
     grouped = 1 < len(split) < len(found)
     metrics = accuracy.missed(first.accuracy["outputs"], trial.tolerance)
-    measure = _sensitivity(trial, graph, [name for name, _ in found], bypass, metrics, alone=precision not in LOW_TYPES)
-    ranked_blocks = _ranked(measure, split if grouped else [[c] for c in found])
-    trials = 1 + len(ranked_blocks)
-    sensitivity = {name: value for value, block in ranked_blocks for name, _ in block}
+    every = [name for name, _ in found]
+    trials = 0
 
     def passes(names: list[str]) -> bool:
         nonlocal trials
         trials += 1
         return trial.meets(bypass(graph, names))
 
-    order = [block for _, block in ranked_blocks]
-    names = _names(order)
-    whole = shortest_passing_prefix(len(order), lambda count: passes(_names(order[:count])))
-    count = None
-    if whole is not None:  # the nodes of the groups it keeps, ranked alone: keep the fewest of them
-        inner = _names(order[:whole])
-        refined = grouped and len(inner) > 1
-        if refined:
-            ranked_nodes = _ranked(measure, [[c] for group in order[:whole] for c in group])
-            trials += len(ranked_nodes)
-            sensitivity.update({block[0][0]: value for value, block in ranked_nodes})
-            inner = [block[0][0] for _, block in ranked_nodes]
-        names = inner + _names(order[whole:])
-        within = shortest_passing_prefix(len(inner), lambda n: passes(inner[:n])) if refined else None
-        count = within or len(inner)
+    def within_share(choice: Choice) -> bool:
+        if choice.count is None:
+            return False
+        return min(shares_keeping(graph, precision, set(choice.names[: choice.count])).values()) >= floor
+
+    # first by the error a group removes (cheap where a few nodes make it); int8/fp8 where that keeps too much: by
+    # the error each adds alone, node by node within the groups kept (where it is spread over many)
+    choices: list[Choice] = []
+    for alone in (False, True) if precision not in LOW_TYPES else (False,):
+        measure = _sensitivity(trial, graph, every, bypass, metrics, alone)
+        choices.append(_choose(measure, split if grouped else [[c] for c in found], grouped, alone, passes))
+        trials += choices[-1].ranking_trials
+        if within_share(choices[-1]):
+            break
+    chosen = next((c for c in choices if within_share(c)), None) or min(
+        choices, key=lambda c: len(c.names) + 1 if c.count is None else c.count
+    )
+    names, count, sensitivity = chosen.names, chosen.count, chosen.sensitivity
     ops = dict(found)
     ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]
     best, confirmed, too_few = first, 0, None
@@ -184,6 +185,7 @@ def search(
         count += 1
     return best, {
         "candidates": len(ranked),
+        "ranked_by": "error added alone" if chosen.alone else "error removed",
         "blocks": len(split) if grouped else len(found),
         "trial_models": trials,
         "modelopt_runs": confirmed,
@@ -195,6 +197,49 @@ def search(
         "passed": best.accuracy["passed"],
         **({"below_min_share": too_few} if too_few else {}),
     }
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What one ranking chose: the candidates in the order they would be kept, how many of them meet the limits
+    (None: not even all), each one's sensitivity, and the trial models its ranking took."""
+
+    names: list[str]
+    count: int | None
+    sensitivity: dict[str, float]
+    ranking_trials: int
+    alone: bool
+
+
+def _choose(
+    measure: Callable[[list[tuple[str, str]]], float],
+    groups: list[list[tuple[str, str]]],
+    grouped: bool,
+    alone: bool,
+    passes: Callable[[list[str]], bool],
+) -> Choice:
+    """Groups ranked by `measure`; the fewest whole groups that pass; then the nodes of the groups kept (of the last
+    one only when ranking by the error removed, where the groups before it are kept whole) ranked alone, and the
+    fewest of them that pass."""
+    ranked_groups = _ranked(measure, groups)
+    trials = 1 + len(ranked_groups)  # and the baseline the measure is taken against
+    sensitivity = {name: value for value, group in ranked_groups for name, _ in group}
+    order = [group for _, group in ranked_groups]
+    names, count = _names(order), None
+    whole = shortest_passing_prefix(len(order), lambda n: passes(_names(order[:n])))
+    if whole is not None:
+        base = [] if alone else _names(order[: whole - 1])
+        inner = _names(order[:whole])[len(base) :]
+        refined = grouped and len(inner) > 1
+        if refined:
+            ranked_nodes = _ranked(measure, [[c] for group in order[:whole] for c in group if c[0] not in base])
+            trials += len(ranked_nodes)
+            sensitivity.update({group[0][0]: value for value, group in ranked_nodes})
+            inner = [group[0][0] for _, group in ranked_nodes]
+        names = base + inner + _names(order[whole:])
+        within = shortest_passing_prefix(len(inner), lambda n: passes(base + inner[:n])) if refined else None
+        count = len(base) + (within or len(inner))
+    return Choice(names, count, sensitivity, trials, alone)
 
 
 def _sensitivity(
