@@ -18,8 +18,8 @@ from onnx import numpy_helper
 from zoo import zoo_model
 
 from trtflow.stages import accuracy
-from trtflow.stages.fallback import shortest_passing_prefix
 from trtflow.stages.fallback_blocks import balanced, blocks
+from trtflow.stages.fallback_ranking import shortest_passing_prefix
 
 OUTLIER, SCALE = 5, 1000.0
 RECIPE = """\

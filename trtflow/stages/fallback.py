@@ -23,9 +23,7 @@ high as fallback_autocast does, and AutoCast confirms.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from trtflow.stages.composition import LOW_TYPES, shares_keeping
 from trtflow.stages.convert import NothingQuantized
 from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
+from trtflow.stages.fallback_ranking import Choice, choose, names_of
 from trtflow.util.onnxio import load_graph_only
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
@@ -147,7 +146,7 @@ def search(
     choices: list[Choice] = []
     for alone in (False, True) if precision not in LOW_TYPES else (False,):
         measure = _sensitivity(trial, graph, every, bypass, metrics, alone)
-        choices.append(_choose(measure, split if grouped else [[c] for c in found], grouped, alone, passes))
+        choices.append(choose(measure, split if grouped else [[c] for c in found], grouped, alone, passes))
         trials += choices[-1].ranking_trials
         if within_share(choices[-1]):
             break
@@ -185,7 +184,7 @@ def search(
         count += 1
     return best, {
         "candidates": len(ranked),
-        "ranked_by": "error added alone" if chosen.alone else "error removed",
+        "ranked_by": _ranked_by(chosen),
         "blocks": len(split) if grouped else len(found),
         "trial_models": trials,
         "modelopt_runs": confirmed,
@@ -197,49 +196,6 @@ def search(
         "passed": best.accuracy["passed"],
         **({"below_min_share": too_few} if too_few else {}),
     }
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What one ranking chose: the candidates in the order they would be kept, how many of them meet the limits
-    (None: not even all), each one's sensitivity, and the trial models its ranking took."""
-
-    names: list[str]
-    count: int | None
-    sensitivity: dict[str, float]
-    ranking_trials: int
-    alone: bool
-
-
-def _choose(
-    measure: Callable[[list[tuple[str, str]]], float],
-    groups: list[list[tuple[str, str]]],
-    grouped: bool,
-    alone: bool,
-    passes: Callable[[list[str]], bool],
-) -> Choice:
-    """Groups ranked by `measure`; the fewest whole groups that pass; then the nodes of the groups kept (of the last
-    one only when ranking by the error removed, where the groups before it are kept whole) ranked alone, and the
-    fewest of them that pass."""
-    ranked_groups = _ranked(measure, groups)
-    trials = 1 + len(ranked_groups)  # and the baseline the measure is taken against
-    sensitivity = {name: value for value, group in ranked_groups for name, _ in group}
-    order = [group for _, group in ranked_groups]
-    names, count = _names(order), None
-    whole = shortest_passing_prefix(len(order), lambda n: passes(_names(order[:n])))
-    if whole is not None:
-        base = [] if alone else _names(order[: whole - 1])
-        inner = _names(order[:whole])[len(base) :]
-        refined = grouped and len(inner) > 1
-        if refined:
-            ranked_nodes = _ranked(measure, [[c] for group in order[:whole] for c in group if c[0] not in base])
-            trials += len(ranked_nodes)
-            sensitivity.update({group[0][0]: value for value, group in ranked_nodes})
-            inner = [group[0][0] for _, group in ranked_nodes]
-        names = base + inner + _names(order[whole:])
-        within = shortest_passing_prefix(len(inner), lambda n: passes(base + inner[:n])) if refined else None
-        count = len(base) + (within or len(inner))
-    return Choice(names, count, sensitivity, trials, alone)
 
 
 def _sensitivity(
@@ -258,27 +214,17 @@ def _sensitivity(
         clean = _badness(trial, bypass(graph, every), metrics)
 
         def added(group: list[tuple[str, str]]) -> float:
-            reduced = set(_names([group]))
+            reduced = set(names_of([group]))
             high = [name for name in every if name not in reduced]
             return _badness(trial, bypass(graph, high), metrics) - clean
 
         return added
     before = _badness(trial, graph, metrics)
-    return lambda group: before - _badness(trial, bypass(graph, _names([group])), metrics)
+    return lambda group: before - _badness(trial, bypass(graph, names_of([group])), metrics)
 
 
-def _ranked(
-    measure: Callable[[list[tuple[str, str]]], float], groups: list[list[tuple[str, str]]]
-) -> list[tuple[float, list[tuple[str, str]]]]:
-    """(sensitivity, group) of each group, most sensitive first (ties by the first node's name)."""
-    with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:  # ORT frees the GIL
-        measured = list(pool.map(measure, groups))
-    rows = [(_rounded(value), group) for group, value in zip(groups, measured, strict=True)]
-    return sorted(rows, key=lambda row: (-row[0], row[1][0][0]))
-
-
-def _names(groups: list[list[tuple[str, str]]]) -> list[str]:
-    return [name for group in groups for name, _ in group]
+def _ranked_by(choice: Choice) -> str:
+    return "error added alone" if choice.alone else "error removed"
 
 
 def _outputs_summary(judged: list[dict]) -> dict:
@@ -335,25 +281,6 @@ def bypass_qdq(graph: Any, names: list[str]) -> Any:
     return variant
 
 
-def shortest_passing_prefix(total: int, passes: Callable[[int], bool]) -> int | None:
-    """The smallest count in 1..total for which `passes` holds, assuming that more never hurts: doubling to a passing
-    count, then bisecting below it; None if even all of them do not pass."""
-    if total == 0:
-        return None
-    low, high = 0, 1
-    while not passes(high):
-        if high == total:
-            return None
-        low, high = high, min(high * 2, total)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if passes(middle):
-            high = middle
-        else:
-            low = middle
-    return high
-
-
 def _summary(attempt: Attempt) -> dict:
     """The numbers a reader compares before and after: per output cosine and top-1, and the shares."""
     return {
@@ -361,10 +288,6 @@ def _summary(attempt: Attempt) -> dict:
         "weight_share": attempt.made_of["weight_share"],
         "mac_share": attempt.made_of["mac_share"],
     }
-
-
-def _rounded(value: float) -> float:
-    return float(f"{value:.6g}")
 
 
 def said(searched: dict | None) -> str:
