@@ -236,6 +236,24 @@ def test_a_residual_model_is_searched_block_by_block_in_fewer_trials(tmp_path: P
     assert [row["name"] for row in search["sensitivity"]][: len(search["kept"])] == [r["name"] for r in search["kept"]]
 
 
+def test_where_the_error_removed_keeps_too_much_the_search_ranks_by_the_error_each_node_adds_alone(
+    tmp_path: Path, zoo_dir: Path
+) -> None:
+    """The same encoder and limit with min_share 0.9: ranked by the error each group removes, the search would keep
+    about a third of the model high (the test above); ranked again by the error each node adds alone, it keeps a
+    few nodes and leaves at least 90% of the weights and MACs in int8, and the record says which ranking chose."""
+    recipe = ENCODER_RECIPE.replace("min_share: 0.0", "min_share: 0.9")
+    root = write_project(tmp_path / "p", {"e": recipe})
+    shutil.copyfile(zoo_model("encoder", zoo_dir).path, root / "models" / "e.onnx")
+    result = trtflow(root, "run")
+    assert result.code == 0, result.err
+    record = stage_record(root, "precision:e/int8")
+    search = record["fallback"]
+    assert search["passed"] and search["ranked_by"] == "error added alone", search
+    assert min(search["after"]["weight_share"], search["after"]["mac_share"]) >= 0.9, search
+    assert 0 < len(search["kept"]) <= 8 and record["accuracy"]["passed"], search
+
+
 def test_the_search_ranks_by_the_agreements_the_first_try_misses() -> None:
     """Only the metrics whose limits are missed rank nodes (a top-1 already met only adds near-tie flips); all of
     them when another limit misses."""
