@@ -89,11 +89,13 @@ def test_ctrl_c_stops_a_run_with_one_line(tmp_path: Path) -> None:
         said.append(line)
         if line.startswith("run      precision:tiny/fp16"):
             break
+    seen = "".join(said)
     os.killpg(run.pid, signal.SIGINT)
     said.append(run.stderr.read())
     run.stderr.close()
-    assert run.wait(timeout=60) == 130
     err = "".join(said)
+    assert seen.endswith("\n") and "precision:tiny/fp16" in seen.splitlines()[-1], err  # interrupted mid-run
+    assert run.wait(timeout=60) == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.rstrip().endswith("interrupted: what finished is kept in the store; run again to go on from there")
 
