@@ -82,6 +82,10 @@ def test_ctrl_c_stops_a_run_with_one_line(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # as a terminal starts it: Ctrl-C not ignored. A native library an earlier test loaded into this process may
+        # have set it ignored (below Python's view of its handlers), and a child inherits that: the run then rightly
+        # keeps ignoring it, as a background job does
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert run.stderr is not None
     said = []
