@@ -7,14 +7,15 @@ high as fallback_autocast does, and AutoCast confirms.
    Mul or Transpose ModelOpt quantized beside them). Candidates are grouped by the model's blocks (fallback_blocks:
    split where a residual connection joins, consecutive blocks joined into about sqrt(candidates) groups). Each
    group is measured with the same emulation as the accuracy check, on the first RANKING_SAMPLES samples, against
-   the fp32 outputs computed once: its sensitivity is the error it adds alone (only its nodes quantized, every other
-   candidate reading its inputs as they were before quantization), in the agreements whose limits the first try
-   missed (_sensitivity).
+   the fp32 outputs computed once, in the agreements whose limits the first try missed (_sensitivity): first by the
+   error it removes (the quantized model with the group's nodes off their Q/DQ); for int8/fp8, where that ranking
+   keeps too much for `min_share`, again by the error it adds alone (only its nodes quantized).
 2. Search. In order of sensitivity (ties by the first node's name), the fewest whole groups whose bypassed model
-   meets the limits, found by doubling, then bisecting; then the nodes of those groups are ranked alone and the
-   fewest of them are found the same way. A model with no residual connections is ranked node by node. Each choice
-   is made by numbers alone. A keep that would leave less than `min_share` in the precision is read off the
-   quantized graph, without a ModelOpt run.
+   meets the limits, found by doubling, then bisecting; then the nodes of the last of those groups (of all of them,
+   ranked by the error added alone) are ranked alone and the fewest of them are found the same way
+   (fallback_ranking). A model with no residual connections is ranked node by node. Each choice is made by numbers
+   alone. A keep that would leave less than `min_share` in the precision is read off the quantized graph, without a
+   ModelOpt run.
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
    are its own) and the result is checked like any other; while it misses, the next node joins, at most
    CONFIRMATIONS times, and never past the point where less than `min_share` of the weights or MACs stays in the
@@ -150,9 +151,8 @@ def search(
         trials += choices[-1].ranking_trials
         if within_share(choices[-1]):
             break
-    chosen = next((c for c in choices if within_share(c)), None) or min(
-        choices, key=lambda c: len(c.names) + 1 if c.count is None else c.count
-    )
+    # the one within min_share (the loop stopped at it), else the one keeping fewest (what the failure reports)
+    chosen = choices[-1] if within_share(choices[-1]) else min(choices, key=lambda c: c.count or len(c.names) + 1)
     names, count, sensitivity = chosen.names, chosen.count, chosen.sensitivity
     ops = dict(found)
     ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]
@@ -184,7 +184,7 @@ def search(
         count += 1
     return best, {
         "candidates": len(ranked),
-        "ranked_by": _ranked_by(chosen),
+        "ranked_by": "error added alone" if chosen.alone else "error removed",
         "blocks": len(split) if grouped else len(found),
         "trial_models": trials,
         "modelopt_runs": confirmed,
@@ -204,12 +204,15 @@ def _sensitivity(
     """How a group of candidates' sensitivity is measured over the ranking samples (a trial model for the baseline
     here, one per group later). Error is accuracy.badness of the agreements whose limits the first try misses
     (`metrics`, accuracy.missed).
-    - `alone` (int8, fp8): the error the group adds alone: the error of the model with only its nodes reduced (every
-      other candidate off its Q/DQ) less that of the model with none reduced. Each group's own error shows even when
-      the model's error is spread over many small ones, which add up (EfficientNet-B0's int8), where the error one
-      group removes from the quantized model is lost among the others'.
-    - else (fp16, bf16): the error the group removes from the reduced model, keeping its nodes high. Each op's own
-      rounding, alone, is below what the check resolves (the cosine's 8 significant digits)."""
+    - `alone` (int8, fp8, after the error removed kept too much): the error the group adds alone: the error of the
+      model with only its nodes reduced (every other candidate off its Q/DQ) less that of the model with none
+      reduced. Each group's own error shows even when the model's error is spread over many small ones, which add
+      up (EfficientNet-B0's int8), where the error one group removes from the quantized model is lost among the
+      others'.
+    - else (first, for every precision): the error the group removes from the reduced model, keeping its nodes high.
+      Where a few nodes make the error it finds them cheaply, and where errors compound rather than add (BERT-base)
+      it finds the node whose own error is tiny. fp16/bf16 rank by it alone: one op's rounding, alone, is below
+      what the check resolves (the cosine's 8 significant digits)."""
     if alone:
         clean = _badness(trial, bypass(graph, every), metrics)
 
@@ -221,10 +224,6 @@ def _sensitivity(
         return added
     before = _badness(trial, graph, metrics)
     return lambda group: before - _badness(trial, bypass(graph, names_of([group])), metrics)
-
-
-def _ranked_by(choice: Choice) -> str:
-    return "error added alone" if choice.alone else "error removed"
 
 
 def _outputs_summary(judged: list[dict]) -> dict:
