@@ -17,7 +17,8 @@ from conftest import stage_record, trtflow, write_project
 from onnx import numpy_helper
 from zoo import zoo_model
 
-from trtflow.stages import accuracy
+from trtflow.stages import accuracy, compare, convert, fallback, fallback_switch
+from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import balanced, blocks
 from trtflow.stages.fallback_ranking import shortest_passing_prefix
 
@@ -274,3 +275,40 @@ def test_blocks_are_joined_into_about_sqrt_candidates_groups_in_order() -> None:
     groups = balanced(split)
     assert [c for group in groups for c in group] == [c for block in split for c in block]
     assert [len(group) for group in groups] == [14, 13, 13, 14, 13, 13, 14, 13, 11]
+
+
+def test_one_switched_model_computes_every_trial_bit_for_bit(tmp_path: Path, zoo_dir: Path) -> None:
+    """The int8/fp8 search runs its trials as the switches of one model (fallback_switch): for any set of nodes kept
+    high it computes exactly what a copy rewired to read those nodes' inputs before their Q/DQ computes, ModelOpt's
+    Q/DQ encoder with its fp16 rest as the check emulates it."""
+    source = zoo_model("encoder", zoo_dir).path
+    rng = np.random.default_rng(5)
+    feeds = [{"embeddings": rng.standard_normal((4, 16, 64)).astype(np.float32)} for _ in range(4)]
+    options = {"method": "entropy", "exclude_op_types": [], "exclude_nodes": [], "high_precision": "fp16"}
+    quantized = convert.quantize(source, tmp_path / "q.onnx", "int8", feeds, {**options, "external_data": False})
+    names = [name for name, _ in fallback.candidates(quantized)]
+    model, inputs = fallback_switch.switched(quantized, names)
+    assert len(inputs) == len(names) > 30
+    switched = compare.session(ort_runnable(model)[0].SerializeToString())
+    for high in ([], names[:1], names[3:11], names[::2], names):
+        fed = fallback_switch.switches(inputs, high)
+        got = compare.run_all(switched, [{**feed, **fed} for feed in feeds])
+        want = compare.run_all(compare.session(ort_runnable(_rewired(quantized, high))[0].SerializeToString()), feeds)
+        assert all(np.array_equal(g[k], w[k]) for g, w in zip(got, want, strict=True) for k in w), high
+    plain = compare.run_all(compare.session(ort_runnable(quantized)[0].SerializeToString()), feeds)
+    assert not np.array_equal(got[0]["logits"], plain[0]["logits"])  # keeping every node high changed something
+
+
+def _rewired(graph: onnx.ModelProto, high: list[str]) -> onnx.ModelProto:
+    """A copy whose `high` nodes read each input that comes through QuantizeLinear -> DequantizeLinear before it."""
+    made_by = {o: n for n in graph.graph.node for o in n.output}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(graph)
+    for node in copy.graph.node:
+        for index, name in enumerate(node.input):
+            dequantize = made_by.get(name)
+            if node.name in high and dequantize is not None and dequantize.op_type == "DequantizeLinear":
+                quantize = made_by.get(dequantize.input[0])
+                if quantize is not None and quantize.op_type == "QuantizeLinear":
+                    node.input[index] = quantize.input[0]
+    return copy

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import required
-from trtflow.stages import accuracy, compare, fallback_autocast
+from trtflow.stages import accuracy, fallback_autocast
 from trtflow.stages.composition import LOW_TYPES, shares_keeping
 from trtflow.stages.convert import NothingQuantized
-from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
 from trtflow.stages.fallback_ranking import Choice, choose, names_of
+from trtflow.stages.fallback_trial import Judge, Rewritten, Switched, Trial
 from trtflow.util.onnxio import load_graph_only
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
@@ -43,9 +43,6 @@ CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kep
 RANKING_SAMPLES = 2
 DEFAULT_MIN_SHARE = 0.5
 SUMMARY = ("cosine_similarity", "top1_agreement", "set_agreement")  # per output, before and after
-
-
-Variant = Callable[[Any, list[str]], Any]  # (graph, names) -> the graph with those nodes kept in high precision
 
 
 @dataclass(frozen=True)
@@ -65,54 +62,6 @@ class Attempt:
         return float(min(self.made_of["weight_share"], self.made_of["mac_share"]))
 
 
-@dataclass(frozen=True)
-class Trial:
-    """How the search judges a bypassed model: the same samples, fp32 outputs and limits as the accuracy check."""
-
-    saved: Path  # the first quantized model, beside whose files the trial models are written
-    feeds: list[dict]
-    want: list[dict]
-    sets: dict[str, int]
-    tolerance: dict
-    task: Any = None  # task.Limit: with labelled rows and a max_drop, a trial must hold it too
-    source: Path | None = None  # the fp32 model: the weights of nodes an fp16/bf16 trial keeps in fp32
-
-    def meets(self, graph: Any) -> bool:
-        """Whether a variant meets every limit: each output's, and max_drop on the labelled rows where given. The feeds
-        run a few at a time (as many as there are sessions), and a variant that already misses a limit no further
-        feed can redeem (accuracy.failed_for_good) is judged without the rest: the same answer, for less."""
-        runnable, threads = ort_runnable(graph)[0], self._threads()
-        got: list[dict] = []
-        judged: list[dict] = []
-        with compare.SessionPool(lambda: self._session(runnable), threads) as sessions:
-            for start in range(0, len(self.feeds), threads):
-                got += sessions.run(self.feeds[start : start + threads])
-                judged = accuracy.judged(got, self.want[: len(got)], self.sets, self.tolerance)
-                if accuracy.failed_for_good(judged, self.tolerance):
-                    return False
-        if not all(o["passed"] for o in judged):
-            return False
-        return self.task is None or self.task.holds(self._session(runnable))
-
-    def outputs(self, runnable: Any, samples: int | None = None, threads: int | None = None) -> list[dict]:
-        """Per output numbers of a variant of the saved model (as ONNX Runtime runs it; weights read from the saved
-        files) over the first `samples` feeds (all by default), spread over `threads` sessions (default: as many as
-        the model's size allows, compare.threads_for). Each session runs on one thread, as every comparison trtflow
-        makes: the numbers, and so the nodes chosen, are the same on every machine."""
-        feeds, want = self.feeds[:samples], self.want[:samples]
-        spread = self._threads() if threads is None else threads
-        got, _ = compare.run_spread(lambda: self._session(runnable), feeds, spread)
-        return accuracy.judged(got, want, self.sets, self.tolerance)
-
-    def _threads(self) -> int:
-        """As many sessions as the saved model's size allows at once (compare.threads_for)."""
-        return compare.threads_for(compare.model_bytes(self.saved))
-
-    def _session(self, runnable: Any) -> Any:
-        """An ONNX Runtime session of a variant, its weights read from beside the saved model."""
-        return compare.session_beside(self.saved, runnable)
-
-
 def search(
     first: Attempt, attempt: Callable[[str, tuple[str, ...]], Attempt], trial: Trial, min_share: float | None
 ) -> tuple[Attempt, dict]:
@@ -122,20 +71,42 @@ def search(
     graph = load_graph_only(trial.saved)
     precision = first.made_of["precision"]
     found = fallback_autocast.candidates(graph, precision) if precision in LOW_TYPES else candidates(graph)
+    every = [name for name, _ in found]
+    judge = _judge(trial, graph, precision, every)
+    try:
+        return _search(first, attempt, judge, graph, found, floor)
+    finally:
+        judge.close()
 
-    source = required(trial.source, "the fp32 model") if precision in LOW_TYPES else None
-    bypass: Variant = fallback_autocast.Keeper(graph, precision, source) if source is not None else bypass_qdq
 
+def _judge(trial: Trial, graph: Any, precision: str, every: list[str]) -> Judge:
+    """int8/fp8: every trial a run of one switched model; fp16/bf16: a copy rewritten per trial."""
+    if precision in LOW_TYPES:
+        keeper = fallback_autocast.Keeper(graph, precision, required(trial.source, "the fp32 model"))
+        return Rewritten(trial, graph, keeper)
+    return Switched(trial, graph, every)
+
+
+def _search(
+    first: Attempt,
+    attempt: Callable[[str, tuple[str, ...]], Attempt],
+    judge: Judge,
+    graph: Any,
+    found: list[tuple[str, str]],
+    floor: float,
+) -> tuple[Attempt, dict]:
+    """search, its trials judged by `judge`."""
+    precision = first.made_of["precision"]
     split = balanced(blocks(graph, found))
     grouped = 1 < len(split) < len(found)
-    metrics = accuracy.missed(first.accuracy["outputs"], trial.tolerance)
+    metrics = accuracy.missed(first.accuracy["outputs"], judge.trial.tolerance)
     every = [name for name, _ in found]
     trials = 0
 
     def passes(names: list[str]) -> bool:
         nonlocal trials
         trials += 1
-        return trial.meets(bypass(graph, names))
+        return judge.meets(names)
 
     def within_share(choice: Choice) -> bool:
         if choice.count is None:
@@ -146,7 +117,7 @@ def search(
     # the error each adds alone, node by node within the groups kept (where it is spread over many)
     choices: list[Choice] = []
     for alone in (False, True) if precision not in LOW_TYPES else (False,):
-        measure = _sensitivity(trial, graph, every, bypass, metrics, alone)
+        measure = _sensitivity(judge, every, metrics, alone)
         choices.append(choose(measure, split if grouped else [[c] for c in found], grouped, alone, passes))
         trials += choices[-1].ranking_trials
         if within_share(choices[-1]):
@@ -165,7 +136,7 @@ def search(
             break
         if min(left.values()) < floor:
             trials += 1
-            judged = trial.outputs(ort_runnable(bypass(graph, names[:count]))[0])
+            judged = judge.outputs(names[:count])
             too_few = {"kept": count, "outputs": _outputs_summary(judged), **left, "passed": _all_passed(judged)}
             break
         try:
@@ -199,7 +170,7 @@ def search(
 
 
 def _sensitivity(
-    trial: Trial, graph: Any, every: list[str], bypass: Variant, metrics: tuple[str, ...], alone: bool
+    judge: Judge, every: list[str], metrics: tuple[str, ...], alone: bool
 ) -> Callable[[list[tuple[str, str]]], float]:
     """How a group of candidates' sensitivity is measured over the ranking samples (a trial model for the baseline
     here, one per group later). Error is accuracy.badness of the agreements whose limits the first try misses
@@ -214,16 +185,16 @@ def _sensitivity(
       it finds the node whose own error is tiny. fp16/bf16 rank by it alone: one op's rounding, alone, is below
       what the check resolves (the cosine's 8 significant digits)."""
     if alone:
-        clean = _badness(trial, bypass(graph, every), metrics)
+        clean = _badness(judge, every, metrics)
 
         def added(group: list[tuple[str, str]]) -> float:
             reduced = set(names_of([group]))
             high = [name for name in every if name not in reduced]
-            return _badness(trial, bypass(graph, high), metrics) - clean
+            return _badness(judge, high, metrics) - clean
 
         return added
-    before = _badness(trial, graph, metrics)
-    return lambda group: before - _badness(trial, bypass(graph, names_of([group])), metrics)
+    before = _badness(judge, [], metrics)
+    return lambda group: before - _badness(judge, names_of([group]), metrics)
 
 
 def _outputs_summary(judged: list[dict]) -> dict:
@@ -235,9 +206,9 @@ def _all_passed(judged: list[dict]) -> bool:
     return all(o["passed"] for o in judged)
 
 
-def _badness(trial: Trial, graph: Any, metrics: tuple[str, ...] = tuple(accuracy.AGREEMENTS)) -> float:
-    """accuracy.badness of a variant over the ranking samples (of `metrics`)."""
-    return accuracy.badness(trial.outputs(ort_runnable(graph)[0], RANKING_SAMPLES, threads=1), metrics)
+def _badness(judge: Judge, high: list[str], metrics: tuple[str, ...]) -> float:
+    """accuracy.badness (of `metrics`) of the trial keeping `high` in high precision, over the ranking samples."""
+    return accuracy.badness(judge.outputs(high, RANKING_SAMPLES), metrics)
 
 
 def name_kept(chosen: Attempt, searched: dict) -> None:
@@ -256,28 +227,6 @@ def candidates(graph: Any) -> list[tuple[str, str]]:
     return [
         (n.name, n.op_type) for n in graph.graph.node if n.op_type not in QDQ and any(i in dequantized for i in n.input)
     ]
-
-
-def bypass_qdq(graph: Any, names: list[str]) -> Any:
-    """A copy of the graph where the named nodes read, for each input that comes through Quantize->Dequantize, the
-    tensor before the QuantizeLinear (high precision): what keeping them out of quantization computes."""
-    import onnx
-
-    made_by = {o: n for n in graph.graph.node for o in n.output}
-    variant = onnx.ModelProto()
-    variant.CopyFrom(graph)
-    wanted = set(names)
-    for node in variant.graph.node:
-        if node.name not in wanted:
-            continue
-        for index, name in enumerate(node.input):
-            dequantize = made_by.get(name)
-            if dequantize is None or dequantize.op_type != "DequantizeLinear":
-                continue
-            quantize = made_by.get(dequantize.input[0])
-            if quantize is not None and quantize.op_type == "QuantizeLinear":
-                node.input[index] = quantize.input[0]
-    return variant
 
 
 def _summary(attempt: Attempt) -> dict:

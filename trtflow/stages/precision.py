@@ -146,7 +146,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     source = placed["model"]
     model_inputs = calibration.model_input_types(source)
     held_out, calibrating = precision_samples.declared_samples(params, inputs, model_inputs, source)
-    from trtflow.stages import accuracy, compare, fallback, task
+    from trtflow.stages import accuracy, compare, fallback, fallback_trial, task
 
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
     samples, data = precision_samples.accuracy_samples(params, source, held_out, calibrating)
@@ -164,7 +164,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     if not chosen.accuracy["passed"] and searching and want is not None:
         tolerance = chosen.accuracy["tolerance"]
         limit = task.Limit.of(checking.labelled, source)  # max_drop: trials are held to it too
-        trial = fallback.Trial(chosen.files[MODEL], feeds, want, accuracy.set_outputs(source), tolerance, limit, source)
+        sets = accuracy.set_outputs(source)
+        trial = fallback_trial.Trial(chosen.files[MODEL], feeds, want, sets, tolerance, limit, source)
         try:
             chosen, searched = fallback.search(chosen, attempt, trial, tolerance.get("min_share"))
         except TrtflowError:
