@@ -17,7 +17,7 @@ from conftest import stage_record, trtflow, write_project
 from onnx import numpy_helper
 from zoo import zoo_model
 
-from trtflow.stages import accuracy, compare, convert, fallback, fallback_switch
+from trtflow.stages import accuracy, compare, convert, fallback, fallback_cuts, fallback_switch, fallback_trial
 from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import balanced, blocks
 from trtflow.stages.fallback_ranking import shortest_passing_prefix
@@ -277,26 +277,41 @@ def test_blocks_are_joined_into_about_sqrt_candidates_groups_in_order() -> None:
     assert [len(group) for group in groups] == [14, 13, 13, 14, 13, 13, 14, 13, 11]
 
 
-def test_one_switched_model_computes_every_trial_bit_for_bit(tmp_path: Path, zoo_dir: Path) -> None:
-    """The int8/fp8 search runs its trials as the switches of one model (fallback_switch): for any set of nodes kept
-    high it computes exactly what a copy rewired to read those nodes' inputs before their Q/DQ computes, ModelOpt's
-    Q/DQ encoder with its fp16 rest as the check emulates it."""
+def test_every_trial_and_every_cut_ranking_trial_compute_what_a_rewired_copy_does_bit_for_bit(
+    tmp_path: Path, zoo_dir: Path
+) -> None:
+    """An int8/fp8 search makes its trials from one switched model (fallback_switch), and runs its ranking's trials
+    from where they differ from the baseline (fallback_cuts). For any nodes kept high, both compute exactly what a
+    copy rewired to read those nodes' inputs before their Q/DQ computes: ModelOpt's Q/DQ encoder with its fp16 rest,
+    as the check emulates it."""
     source = zoo_model("encoder", zoo_dir).path
     rng = np.random.default_rng(5)
-    feeds = [{"embeddings": rng.standard_normal((4, 16, 64)).astype(np.float32)} for _ in range(4)]
+    feeds = [{"embeddings": rng.standard_normal((4, 16, 64)).astype(np.float32)} for _ in range(3)]
     options = {"method": "entropy", "exclude_op_types": [], "exclude_nodes": [], "high_precision": "fp16"}
     quantized = convert.quantize(source, tmp_path / "q.onnx", "int8", feeds, {**options, "external_data": False})
     names = [name for name, _ in fallback.candidates(quantized)]
     model, inputs = fallback_switch.switched(quantized, names)
-    assert len(inputs) == len(names) > 30
-    switched = compare.session(ort_runnable(model)[0].SerializeToString())
-    for high in ([], names[:1], names[3:11], names[::2], names):
-        fed = fallback_switch.switches(inputs, high)
-        got = compare.run_all(switched, [{**feed, **fed} for feed in feeds])
-        want = compare.run_all(compare.session(ort_runnable(_rewired(quantized, high))[0].SerializeToString()), feeds)
-        assert all(np.array_equal(g[k], w[k]) for g, w in zip(got, want, strict=True) for k in w), high
-    plain = compare.run_all(compare.session(ort_runnable(quantized)[0].SerializeToString()), feeds)
-    assert not np.array_equal(got[0]["logits"], plain[0]["logits"])  # keeping every node high changed something
+    board = ort_runnable(model)[0]
+    assert len(inputs) == len(names) > 30 and fallback_switch.prunable(board)
+
+    def run(graph: onnx.ModelProto) -> list[dict]:
+        return compare.run_all(compare.session(graph.SerializeToString()), feeds)
+
+    def same(got: list[dict], want: list[dict]) -> bool:
+        return all(np.array_equal(g[k], w[k]) for g, w in zip(got, want, strict=True) for k in w)
+
+    plain = run(ort_runnable(quantized)[0])
+    trial = fallback_trial.Trial(tmp_path / "q.onnx", feeds, plain, {}, {})
+    groups = [names[:9], names[9:20], names[20:]]
+    for baseline in ([], names):
+        cuts = fallback_cuts.Cuts(board, inputs, trial, groups, baseline, len(feeds))
+        units = [groups[1], names[3:4], names[25:27], names[-1:]]
+        for unit, got in zip(units, cuts.run(units), strict=True):
+            high = sorted(set(baseline) ^ set(unit))
+            want = run(ort_runnable(_rewired(quantized, high))[0])
+            assert same(got, want), unit
+            assert same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, high))), want), high
+    assert not same(run(ort_runnable(_rewired(quantized, names))[0]), plain)  # keeping every node high changes it
 
 
 def _rewired(graph: onnx.ModelProto, high: list[str]) -> onnx.ModelProto:

@@ -24,7 +24,10 @@ high as fallback_autocast does, and AutoCast confirms.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +36,12 @@ from trtflow.errors import required
 from trtflow.stages import accuracy, fallback_autocast
 from trtflow.stages.composition import LOW_TYPES, shares_keeping
 from trtflow.stages.convert import NothingQuantized
+from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
-from trtflow.stages.fallback_ranking import Choice, choose, names_of
-from trtflow.stages.fallback_trial import Judge, Rewritten, Switched, Trial
+from trtflow.stages.fallback_cuts import Cuts
+from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of
+from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
+from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.util.onnxio import load_graph_only
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
@@ -72,35 +78,24 @@ def search(
     precision = first.made_of["precision"]
     found = fallback_autocast.candidates(graph, precision) if precision in LOW_TYPES else candidates(graph)
     every = [name for name, _ in found]
-    judge = _judge(trial, graph, precision, every)
-    try:
-        return _search(first, attempt, judge, graph, found, floor)
-    finally:
-        judge.close()
-
-
-def _judge(trial: Trial, graph: Any, precision: str, every: list[str]) -> Judge:
-    """int8/fp8: every trial a run of one switched model; fp16/bf16: a copy rewritten per trial."""
-    if precision in LOW_TYPES:
-        keeper = fallback_autocast.Keeper(graph, precision, required(trial.source, "the fp32 model"))
-        return Rewritten(trial, graph, keeper)
-    return Switched(trial, graph, every)
-
-
-def _search(
-    first: Attempt,
-    attempt: Callable[[str, tuple[str, ...]], Attempt],
-    judge: Judge,
-    graph: Any,
-    found: list[tuple[str, str]],
-    floor: float,
-) -> tuple[Attempt, dict]:
-    """search, its trials judged by `judge`."""
-    precision = first.made_of["precision"]
     split = balanced(blocks(graph, found))
     grouped = 1 < len(split) < len(found)
-    metrics = accuracy.missed(first.accuracy["outputs"], judge.trial.tolerance)
-    every = [name for name, _ in found]
+    units = split if grouped else [[c] for c in found]
+    metrics = accuracy.missed(first.accuracy["outputs"], trial.tolerance)
+    if precision in LOW_TYPES:
+        keeper = fallback_autocast.Keeper(graph, precision, required(trial.source, "the fp32 model"))
+        judge = Judge(trial, lambda high: ort_runnable(keeper(graph, high))[0])
+        rank_by = functools.partial(_sensitivity, judge, every, metrics)
+    else:  # one switched model, emulated once, wired for each trial; rankings run from where trials differ
+        switched_model, inputs = switched(graph, every)
+        board = ort_runnable(switched_model)[0]
+        judge = Judge(trial, lambda high: resolved(board, wiring(inputs, high)))
+        groups = [names_of([unit]) for unit in units]
+        rank_by = (
+            functools.partial(_cut_sensitivity, board, inputs, trial, groups, metrics)
+            if prunable(board)
+            else functools.partial(_sensitivity, judge, every, metrics)
+        )
     trials = 0
 
     def passes(names: list[str]) -> bool:
@@ -117,8 +112,7 @@ def _search(
     # the error each adds alone, node by node within the groups kept (where it is spread over many)
     choices: list[Choice] = []
     for alone in (False, True) if precision not in LOW_TYPES else (False,):
-        measure = _sensitivity(judge, every, metrics, alone)
-        choices.append(choose(measure, split if grouped else [[c] for c in found], grouped, alone, passes))
+        choices.append(choose(rank_by(alone), units, grouped, alone, passes))
         trials += choices[-1].ranking_trials
         if within_share(choices[-1]):
             break
@@ -169,32 +163,46 @@ def _search(
     }
 
 
-def _sensitivity(
-    judge: Judge, every: list[str], metrics: tuple[str, ...], alone: bool
-) -> Callable[[list[tuple[str, str]]], float]:
-    """How a group of candidates' sensitivity is measured over the ranking samples (a trial model for the baseline
-    here, one per group later). Error is accuracy.badness of the agreements whose limits the first try misses
-    (`metrics`, accuracy.missed).
-    - `alone` (int8, fp8, after the error removed kept too much): the error the group adds alone: the error of the
-      model with only its nodes reduced (every other candidate off its Q/DQ) less that of the model with none
-      reduced. Each group's own error shows even when the model's error is spread over many small ones, which add
-      up (EfficientNet-B0's int8), where the error one group removes from the quantized model is lost among the
+def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone: bool) -> Measure:
+    """How units (a group of candidates, or one node) are measured over the ranking samples, each trial a model of
+    its own, several at once (ONNX Runtime frees the GIL). The error is accuracy.badness of the agreements whose
+    limits the first try misses (`metrics`, accuracy.missed).
+    - `alone` (int8, fp8, after the error removed kept too much): the error the unit adds alone: the error of the
+      model with only its nodes reduced (every other candidate high) less that of the model with none reduced. Each
+      unit's own error shows even when the model's error is spread over many small ones, which add up
+      (EfficientNet-B0's int8), where the error one unit removes from the quantized model is lost among the
       others'.
-    - else (first, for every precision): the error the group removes from the reduced model, keeping its nodes high.
+    - else (first, for every precision): the error the unit removes from the reduced model, keeping its nodes high.
       Where a few nodes make the error it finds them cheaply, and where errors compound rather than add (BERT-base)
       it finds the node whose own error is tiny. fp16/bf16 rank by it alone: one op's rounding, alone, is below
       what the check resolves (the cosine's 8 significant digits)."""
-    if alone:
-        clean = _badness(judge, every, metrics)
+    baseline = set(every if alone else [])
+    base = accuracy.badness(judge.outputs(sorted(baseline), RANKING_SAMPLES), metrics)
 
-        def added(group: list[tuple[str, str]]) -> float:
-            reduced = set(names_of([group]))
-            high = [name for name in every if name not in reduced]
-            return _badness(judge, high, metrics) - clean
+    def error(unit: list[tuple[str, str]]) -> float:
+        return accuracy.badness(judge.outputs(sorted(baseline ^ set(names_of([unit]))), RANKING_SAMPLES), metrics)
 
-        return added
-    before = _badness(judge, [], metrics)
-    return lambda group: before - _badness(judge, names_of([group]), metrics)
+    def measure(units: list[list[tuple[str, str]]]) -> list[float]:
+        with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:
+            errors = list(pool.map(error, units))
+        return [error - base if alone else base - error for error in errors]
+
+    return measure
+
+
+def _cut_sensitivity(
+    board: Any, inputs: dict[str, str], trial: Trial, groups: list[list[str]], metrics: tuple[str, ...], alone: bool
+) -> Measure:
+    """_sensitivity's measure for an int8/fp8 model, each trial run from where it differs from the ranking's baseline
+    (fallback_cuts): the same numbers, for about half the work, and a session per group instead of per trial."""
+    cuts = Cuts(board, inputs, trial, groups, list(inputs) if alone else [], RANKING_SAMPLES)
+    base = accuracy.badness(trial.numbers(cuts.baseline_outputs()), metrics)
+
+    def measure(units: list[list[tuple[str, str]]]) -> list[float]:
+        errors = [accuracy.badness(trial.numbers(got), metrics) for got in cuts.run([names_of([u]) for u in units])]
+        return [error - base if alone else base - error for error in errors]
+
+    return measure
 
 
 def _outputs_summary(judged: list[dict]) -> dict:
@@ -204,11 +212,6 @@ def _outputs_summary(judged: list[dict]) -> dict:
 
 def _all_passed(judged: list[dict]) -> bool:
     return all(o["passed"] for o in judged)
-
-
-def _badness(judge: Judge, high: list[str], metrics: tuple[str, ...]) -> float:
-    """accuracy.badness (of `metrics`) of the trial keeping `high` in high precision, over the ranking samples."""
-    return accuracy.badness(judge.outputs(high, RANKING_SAMPLES), metrics)
 
 
 def name_kept(chosen: Attempt, searched: dict) -> None:

@@ -4,12 +4,10 @@ groups kept, and the shortest prefix that passes (fallback.search runs it once p
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-Measure = Callable[[list[tuple[str, str]]], float]  # a group of (name, op) candidates -> its sensitivity
+Measure = Callable[[list[list[tuple[str, str]]]], list[float]]  # groups of (name, op) candidates -> sensitivities
 
 
 @dataclass(frozen=True)
@@ -57,8 +55,7 @@ def choose(
 
 def ranked(measure: Measure, groups: list[list[tuple[str, str]]]) -> list[tuple[float, list[tuple[str, str]]]]:
     """(sensitivity, group) of each group, most sensitive first (ties by the first node's name)."""
-    with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:  # ORT frees the GIL
-        measured = list(pool.map(measure, groups))
+    measured = measure(groups)
     rows = [(_rounded(value), group) for group, value in zip(groups, measured, strict=True)]
     return sorted(rows, key=lambda row: (-row[0], row[1][0][0]))
 

@@ -50,10 +50,15 @@ def switched(graph: Any, names: list[str]) -> tuple[Any, dict[str, str]]:
     return model, inputs
 
 
-def switches(inputs: dict[str, str], high: Iterable[str]) -> dict[str, np.ndarray]:
-    """The feed of every switch: true for the nodes in `high` (kept out of quantization), false for the rest."""
+def wiring(inputs: dict[str, str], high: Iterable[str]) -> dict[str, bool]:
+    """Each switch's setting: true for the nodes in `high` (kept out of quantization), false for the rest."""
     kept = set(high)
-    return {switch: np.array(name in kept) for name, switch in inputs.items()}
+    return {switch: name in kept for name, switch in inputs.items()}
+
+
+def switches(inputs: dict[str, str], high: Iterable[str]) -> dict[str, np.ndarray]:
+    """The feed of every switch (`wiring`, as the arrays a session takes)."""
+    return {switch: np.array(value) for switch, value in wiring(inputs, high).items()}
 
 
 def _before_quantize(made_by: dict[str, Any], name: str) -> str | None:
@@ -65,3 +70,78 @@ def _before_quantize(made_by: dict[str, Any], name: str) -> str | None:
     if quantize is None or quantize.op_type != "QuantizeLinear":
         return None
     return str(quantize.input[0])
+
+
+def resolved(model: Any, fixed: dict[str, bool]) -> Any:
+    """A copy of a switched model (as ort_runnable emulates it, or not) in which each switch of `fixed` is wired: its
+    Wheres, and the casts the emulation rounds their outputs by, are gone, and what read them reads the chosen branch
+    (the same values: the branches were rounded where they were made). No copy per run, unlike a Where."""
+    import onnx
+
+    wired: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type == "Where" and node.input[0] in fixed:
+            made = node.output[0].removesuffix("__fp32")
+            branch = node.input[1] if fixed[node.input[0]] else node.input[2]
+            wired.update({made: branch, f"{made}__fp32": branch, f"{made}__reduced": branch})
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    nodes = [node for node in copy.graph.node if not all(o in wired for o in node.output)]
+    for node in nodes:
+        node.input[:] = [wired.get(name, name) for name in node.input]
+    del copy.graph.node[:]
+    copy.graph.node.extend(nodes)
+    gone = set(fixed)
+    kept_inputs = [i for i in copy.graph.input if i.name not in gone]
+    del copy.graph.input[:]
+    copy.graph.input.extend(kept_inputs)
+    return copy
+
+
+def prunable(model: Any) -> bool:
+    """Whether `downstream` may cut the model: no node holds a subgraph (which may read any tensor of the graph)."""
+    import onnx
+
+    graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    return not any(a.type in graphs for n in model.graph.node for a in n.attribute)
+
+
+def downstream(model: Any, free: list[str]) -> tuple[Any, list[str]]:
+    """(the part of `model` the switch inputs `free` reach, the tensors it reads that the rest computes): a trial that
+    differs from another only in those switches computes the rest as that one did, so it runs from the cut, fed what
+    the other computed there (declared by `declare`). Its outputs are the graph outputs the switches reach."""
+    import onnx
+
+    reached = set(free)
+    nodes = []
+    for node in model.graph.node:
+        if any(name in reached for name in node.input):
+            nodes.append(node)
+            reached.update(o for o in node.output if o)
+    weights = {init.name for init in model.graph.initializer}
+    cut = list(dict.fromkeys(n for node in nodes for n in node.input if n and n not in reached and n not in weights))
+    part = onnx.ModelProto()
+    part.CopyFrom(model)
+    read = {name for node in nodes for name in node.input}
+    kept = [init for init in part.graph.initializer if init.name in read]
+    switches_in = [i for i in part.graph.input if i.name in free]
+    outputs = [o for o in part.graph.output if o.name in reached]
+    for field, values in (("node", nodes), ("initializer", kept), ("input", switches_in), ("output", outputs)):
+        del getattr(part.graph, field)[:]
+        getattr(part.graph, field).extend(values)
+    del part.graph.value_info[:]
+    return part, cut
+
+
+def declare(part: Any, kinds: list[Any], cut: list[str]) -> Any:
+    """A copy of `part` (downstream) with its cut tensors declared as inputs: each as a graph input's ValueInfo
+    declares it, or typed as the array that will feed it."""
+    import onnx
+
+    declared = onnx.ModelProto()
+    declared.CopyFrom(part)
+    for name, kind in zip(cut, kinds, strict=True):
+        if isinstance(kind, np.ndarray):
+            kind = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(kind.dtype), None)
+        declared.graph.input.append(kind)
+    return declared

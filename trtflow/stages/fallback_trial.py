@@ -1,25 +1,20 @@
 """How a fallback search judges its trials: a trial keeps some candidates in high precision, and is run over the
 accuracy check's samples with the check's emulation, against the fp32 outputs computed once.
 
-Two ways to make a trial, one judge each:
-- `Switched` (int8, fp8): one model whose candidates are switched by boolean inputs (fallback_switch); one session per
-  thread serves every trial of the search.
-- `Rewritten` (fp16, bf16): a copy of the model rewritten per trial (fallback_autocast.Keeper keeps nodes in fp32),
-  loaded into sessions of its own.
+Each trial is a model of its own (int8/fp8: the switched model wired for it, fallback_switch; fp16/bf16: a copy
+rewritten by fallback_autocast.Keeper), loaded into sessions of its own. An int8/fp8 ranking runs its trials from
+where they differ (fallback_cuts).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trtflow.stages import accuracy, compare
-from trtflow.stages.emulation import ort_runnable
-from trtflow.stages.fallback_switch import switched, switches
 
 Run = Callable[[list[dict]], list[dict]]  # feeds -> each feed's outputs by name, in feed order
 
@@ -53,7 +48,11 @@ class Trial:
 
     def judged(self, run: Run, samples: int | None) -> list[dict]:
         """Per output numbers of the trial `run` computes over the first `samples` feeds (all by default)."""
-        return accuracy.judged(run(self.feeds[:samples]), self.want[:samples], self.sets, self.tolerance)
+        return self.numbers(run(self.feeds[:samples]))
+
+    def numbers(self, got: list[dict]) -> list[dict]:
+        """Per output numbers of a trial's outputs over the first feeds, one per feed."""
+        return accuracy.judged(got, self.want[: len(got)], self.sets, self.tolerance)
 
     def threads(self) -> int:
         """As many sessions as the saved model's size allows at once (compare.threads_for)."""
@@ -66,12 +65,12 @@ class Trial:
         return compare.session_beside(self.saved, runnable, threads)
 
 
-class Judge(ABC):
-    """A search's trials, each named by `high`: the candidates it keeps in high precision."""
+class Judge:
+    """A search's trials, each named by `high` (the candidates it keeps in high precision) and made by `model(high)`
+    as the check's emulation runs it, each loaded into sessions of its own."""
 
-    def __init__(self, trial: Trial):
-        self.trial = trial
-        self._kept = ExitStack()  # what lives as long as the judge
+    def __init__(self, trial: Trial, model: Callable[[list[str]], Any]):
+        self.trial, self.model = trial, model
 
     def meets(self, high: list[str]) -> bool:
         """Whether the trial keeping `high` meets every limit (Trial.meets)."""
@@ -80,46 +79,12 @@ class Judge(ABC):
 
     def outputs(self, high: list[str], samples: int | None = None) -> list[dict]:
         """Per output numbers of the trial keeping `high` over the first `samples` feeds (all by default: a ranking
-        takes a few, and runs several trials at once)."""
-        with self._runner(high, beside_others=samples is not None) as run:
+        takes a few, and runs several trials at once, each on one thread)."""
+        with self._runner(high, 1 if samples is not None else self.trial.threads()) as run:
             return self.trial.judged(run, samples)
 
-    def close(self) -> None:
-        """End the sessions the judge keeps."""
-        self._kept.close()
-
-    @abstractmethod
-    def _runner(self, high: list[str], beside_others: bool = False) -> AbstractContextManager[Run]:
-        """What runs the trial keeping `high` (on one thread where it runs `beside_others`)."""
-
-
-class Switched(Judge):
-    """int8/fp8 trials as the switches of one model: its sessions (as many as the model's size allows) live as long
-    as the judge, and every trial is a run of them."""
-
-    def __init__(self, trial: Trial, graph: Any, names: list[str]):
-        super().__init__(trial)
-        model, self._switches = switched(graph, names)
-        runnable = ort_runnable(model)[0]
-        pool = compare.SessionPool(lambda: trial.session(runnable), trial.threads())
-        self._sessions = self._kept.enter_context(pool)
-
-    def _runner(self, high: list[str], beside_others: bool = False) -> AbstractContextManager[Run]:
-        fed = switches(self._switches, high)
-        return nullcontext(lambda feeds: self._sessions.run([{**feed, **fed} for feed in feeds]))
-
-
-class Rewritten(Judge):
-    """fp16/bf16 trials as copies of the model rewritten by `variant(graph, high)`, each loaded into sessions of its
-    own."""
-
-    def __init__(self, trial: Trial, graph: Any, variant: Callable[[Any, list[str]], Any]):
-        super().__init__(trial)
-        self.graph, self.variant = graph, variant
-
     @contextmanager
-    def _runner(self, high: list[str], beside_others: bool = False) -> Iterator[Run]:
-        runnable = ort_runnable(self.variant(self.graph, high))[0]
-        threads = 1 if beside_others else self.trial.threads()
-        with compare.SessionPool(lambda: self.trial.session(runnable), threads) as sessions:
+    def _runner(self, high: list[str], threads: int | None = None) -> Iterator[Run]:
+        runnable = self.model(high)
+        with compare.SessionPool(lambda: self.trial.session(runnable), threads or self.trial.threads()) as sessions:
             yield sessions.run

@@ -1,0 +1,88 @@
+"""The sensitivity trials of an int8/fp8 ranking, each run from where it starts to differ from the ranking's baseline.
+
+A ranking measures units (a group of candidates, or one node of a group) against one baseline: every candidate
+quantized (the error a unit removes) or every candidate high (the error a unit adds alone). A trial differs from
+its baseline only in one group's nodes, so everything before them is the baseline's: the baseline runs once over the
+ranking samples and keeps what each group's part reads at its cut (the reference activations, shared); each group's
+part (fallback_switch.downstream: the nodes its switches reach, its own switches free, every other wired as in the
+baseline) then runs once per unit of that group, over one session per thread that lives while that group is
+measured. On a network whose candidates are spread along it, that is about half the work of whole-model trials, and
+a session per group instead of per trial. The numbers are those of the whole trial model, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from trtflow.stages import compare
+from trtflow.stages.fallback_switch import declare, downstream, resolved, switches
+from trtflow.stages.fallback_trial import Trial
+
+
+class Cuts:
+    """The trials of one ranking over the switched model `board` (the switch of each candidate in `inputs`), on the
+    first `samples` feeds: `groups` (candidate names) split the candidates; `baseline` names the ones kept high in
+    the baseline."""
+
+    def __init__(
+        self,
+        board: Any,
+        inputs: dict[str, str],
+        trial: Trial,
+        groups: list[list[str]],
+        baseline: list[str],
+        samples: int,
+    ):
+        self.trial, self.inputs, self.baseline = trial, inputs, set(baseline)
+        self.feeds = trial.feeds[:samples]
+        self.group_of = {name: index for index, group in enumerate(groups) for name in group}
+        base = {switch: name in self.baseline for name, switch in inputs.items()}
+        self.given = {i.name: i for i in board.graph.input if i.name not in set(inputs.values())}
+        self.parts: list[tuple[Any, list[str], list[str]]] = []  # per group: (its part, its cut, its switches)
+        for group in groups:
+            free = [inputs[name] for name in group if name in inputs]
+            part, cut = downstream(resolved(board, {s: v for s, v in base.items() if s not in free}), free)
+            self.parts.append((part, cut, free))
+        self.outputs = [o.name for o in board.graph.output]
+        cuts = sorted({name for _, cut, _ in self.parts for name in cut if name not in self.given})
+        self.captured = self._capture(resolved(board, base), cuts)
+
+    def baseline_outputs(self) -> list[dict]:
+        """The baseline's outputs by name, per ranking sample."""
+        return [{name: values[name] for name in self.outputs} for values in self.captured]
+
+    def run(self, units: list[list[str]]) -> list[list[dict]]:
+        """Each unit's outputs by name, per ranking sample: the baseline with the unit's nodes flipped (high where
+        the baseline quantizes them, quantized where it keeps them high). A unit lies within one group; units are
+        run group by group."""
+        results: list[list[dict]] = [[] for _ in units]
+        by_group: dict[int, list[int]] = {}
+        for index, unit in enumerate(units):
+            by_group.setdefault(self.group_of[unit[0]], []).append(index)
+        for group, indices in sorted(by_group.items()):
+            part, cut, free = self.parts[group]
+            if not free:  # nothing of this group reads through Q/DQ: each unit computes the baseline
+                for index in indices:
+                    results[index] = self.baseline_outputs()
+                continue
+            feeds = [
+                {**feed, **{n: values[n] for n in cut if n in values}}
+                for feed, values in zip(self.feeds, self.captured, strict=True)
+            ]
+            made = declare(part, [self.given[n] if n in self.given else feeds[0][n] for n in cut], cut)
+            mine = {name: switch for name, switch in self.inputs.items() if switch in free}
+            with compare.SessionPool(functools.partial(self.trial.session, made), self.trial.threads()) as sessions:
+                for index in indices:
+                    fed = switches(mine, self.baseline ^ set(units[index]))
+                    got = sessions.run([{**feed, **fed} for feed in feeds])
+                    results[index] = [{**base, **new} for base, new in zip(self.baseline_outputs(), got, strict=True)]
+        return results
+
+    def _capture(self, baseline: Any, cut: list[str]) -> list[dict]:
+        """The baseline's graph outputs and every cut tensor the rest computes, per ranking sample."""
+        import onnx
+
+        known = set(self.outputs)
+        baseline.graph.output.extend(onnx.ValueInfoProto(name=name) for name in cut if name not in known)
+        return compare.run_spread(lambda: self.trial.session(baseline), self.feeds, self.trial.threads())[0]
