@@ -39,7 +39,7 @@ from trtflow.stages.convert import NothingQuantized
 from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
 from trtflow.stages.fallback_cuts import Cuts
-from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of
+from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of, remembered
 from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
 from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.util.onnxio import load_graph_only
@@ -97,26 +97,44 @@ def search(
             else functools.partial(_sensitivity, judge, every, metrics)
         )
     trials = 0
+    known: dict[tuple[str, ...], bool] = {}
+    measures: dict[bool, Measure] = {}
 
     def passes(names: list[str]) -> bool:
         nonlocal trials
-        trials += 1
-        return judge.meets(names)
+        key = tuple(sorted(names))
+        if key not in known:
+            trials += 1
+            known[key] = judge.meets(names)
+        return known[key]
+
+    def counted(new: int) -> None:
+        nonlocal trials
+        trials += new
+
+    def measure(alone: bool) -> Measure:  # each ranking's trials run once, its baseline among them
+        if alone not in measures:
+            measures[alone] = remembered(rank_by(alone), counted)
+            counted(1)
+        return measures[alone]
+
+    def allowed(names: list[str]) -> bool:
+        return min(shares_keeping(graph, precision, set(names)).values()) >= floor
 
     def within_share(choice: Choice) -> bool:
-        if choice.count is None:
-            return False
-        return min(shares_keeping(graph, precision, set(choice.names[: choice.count])).values()) >= floor
+        return choice.count is not None and allowed(choice.names[: choice.count])
 
     # first by the error a group removes (cheap where a few nodes make it); int8/fp8 where that keeps too much: by
     # the error each adds alone, node by node within the groups kept (where it is spread over many)
+    rankings = (False, True) if precision not in LOW_TYPES else (False,)
     choices: list[Choice] = []
-    for alone in (False, True) if precision not in LOW_TYPES else (False,):
-        choices.append(choose(rank_by(alone), units, grouped, alone, passes))
-        trials += choices[-1].ranking_trials
+    for alone in rankings:
+        choices.append(choose(measure(alone), units, grouped, alone, passes, allowed))
         if within_share(choices[-1]):
             break
-    # the one within min_share (the loop stopped at it), else the one keeping fewest (what the failure reports)
+    else:  # none within min_share: the fewest each keeps whatever the share, what the failure reports
+        choices = [choose(measure(alone), units, grouped, alone, passes) for alone in rankings]
+    # the one within min_share (the loop stopped at it), else the one keeping fewest
     chosen = choices[-1] if within_share(choices[-1]) else min(choices, key=lambda c: c.count or len(c.names) + 1)
     names, count, sensitivity = chosen.names, chosen.count, chosen.sensitivity
     ops = dict(found)

@@ -13,12 +13,11 @@ Measure = Callable[[list[list[tuple[str, str]]]], list[float]]  # groups of (nam
 @dataclass(frozen=True)
 class Choice:
     """What one ranking chose: the candidates in the order they would be kept, how many of them meet the limits
-    (None: not even all), each one's sensitivity, and the trial models its ranking took."""
+    (None: not even all, or none within the share allowed), and each one's sensitivity."""
 
     names: list[str]
     count: int | None
     sensitivity: dict[str, float]
-    ranking_trials: int
     alone: bool
 
 
@@ -28,29 +27,61 @@ def choose(
     grouped: bool,
     alone: bool,
     passes: Callable[[list[str]], bool],
+    allowed: Callable[[list[str]], bool] | None = None,
 ) -> Choice:
     """Groups ranked by `measure`; the fewest whole groups that pass; then the nodes of the groups kept (of the last
     one only when ranking by the error removed, where the groups before it are kept whole) ranked alone, and the
-    fewest of them that pass."""
+    fewest of them that pass. With `allowed` (whether keeping those names leaves enough in the precision), no more
+    nodes than it allows are tried (the most it allows first; where that misses, none), and by the error removed no
+    more whole groups before the last than it allows: the trials that could only find a keep it refuses are not
+    run."""
     ranked_groups = ranked(measure, groups)
-    trials = 1 + len(ranked_groups)  # and the baseline the measure is taken against
     sensitivity = {name: value for value, group in ranked_groups for name, _ in group}
     order = [group for _, group in ranked_groups]
     names, count = names_of(order), None
-    whole = shortest_passing_prefix(len(order), lambda n: passes(names_of(order[:n])))
+    whole = shortest_passing_prefix(
+        len(order), lambda n: passes(names_of(order[:n])), _cap(order, grouped, alone, allowed)
+    )
     if whole is not None:
         base = [] if alone else names_of(order[: whole - 1])
         inner = names_of(order[:whole])[len(base) :]
         refined = grouped and len(inner) > 1
         if refined:
             ranked_nodes = ranked(measure, [[c] for group in order[:whole] for c in group if c[0] not in base])
-            trials += len(ranked_nodes)
             sensitivity.update({group[0][0]: value for value, group in ranked_nodes})
             inner = [group[0][0] for _, group in ranked_nodes]
         names = base + inner + names_of(order[whole:])
-        within = shortest_passing_prefix(len(inner), lambda n: passes(base + inner[:n])) if refined else None
+        cap = _most(len(inner), lambda n: base + inner[:n], allowed) if refined else None
+        within = shortest_passing_prefix(len(inner), lambda n: passes(base + inner[:n]), cap) if refined else None
         count = len(base) + (within or len(inner))
-    return Choice(names, count, sensitivity, trials, alone)
+    return Choice(names, count, sensitivity, alone)
+
+
+def _cap(
+    order: list[list[tuple[str, str]]], grouped: bool, alone: bool, allowed: Callable[[list[str]], bool] | None
+) -> int | None:
+    """How many of the ranked groups are worth trying: ungrouped (each a node), as many as allowed; by the error
+    removed, one more than allowed (the ones before the last stay whole); by the error added alone, all (only the
+    nodes ranked within them are kept)."""
+    most = _most(len(order), lambda n: names_of(order[:n]), allowed)
+    if most is None or not grouped:
+        return most
+    return None if alone else most + 1
+
+
+def _most(total: int, prefix: Callable[[int], list[str]], allowed: Callable[[list[str]], bool] | None) -> int | None:
+    """The largest count in 0..total whose prefix `allowed` allows (keeping more never leaves more in the
+    precision: bisected); None without `allowed`."""
+    if allowed is None:
+        return None
+    low, high = 0, total  # allowed(prefix(low)) holds, or low is 0
+    while low < high:
+        middle = (low + high + 1) // 2
+        if allowed(prefix(middle)):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def ranked(measure: Measure, groups: list[list[tuple[str, str]]]) -> list[tuple[float, list[tuple[str, str]]]]:
@@ -60,24 +91,49 @@ def ranked(measure: Measure, groups: list[list[tuple[str, str]]]) -> list[tuple[
     return sorted(rows, key=lambda row: (-row[0], row[1][0][0]))
 
 
+def remembered(measure: Measure, counted: Callable[[int], None]) -> Measure:
+    """`measure`, each unit measured once (asked again, its value is read back); `counted(n)` hears how many units
+    each call measured."""
+    seen: dict[tuple[str, ...], float] = {}
+
+    def again(units: list[list[tuple[str, str]]]) -> list[float]:
+        new = list({tuple(names_of([unit])): unit for unit in units if tuple(names_of([unit])) not in seen}.items())
+        seen.update(zip([key for key, _ in new], measure([unit for _, unit in new]) if new else [], strict=True))
+        counted(len(new))
+        return [seen[tuple(names_of([unit]))] for unit in units]
+
+    return again
+
+
 def names_of(groups: list[list[tuple[str, str]]]) -> list[str]:
     """The candidates' names, group after group."""
     return [name for group in groups for name, _ in group]
 
 
-def shortest_passing_prefix(total: int, passes: Callable[[int], bool]) -> int | None:
+def shortest_passing_prefix(total: int, passes: Callable[[int], bool], cap: int | None = None) -> int | None:
     """The smallest count in 1..total for which `passes` holds, assuming that more never hurts: doubling to a passing
-    count, then bisecting below it; None if even all of them do not pass."""
-    if total == 0:
+    count, then bisecting below it; None if even all of them do not pass. With `cap`, counts above it are not wanted:
+    the cap is tried first, and where it does not pass, None."""
+    limit = total if cap is None else min(cap, total)
+    if limit == 0:
+        return None
+    known: dict[int, bool] = {}
+
+    def holds(count: int) -> bool:
+        if count not in known:
+            known[count] = passes(count)
+        return known[count]
+
+    if limit < total and not holds(limit):
         return None
     low, high = 0, 1
-    while not passes(high):
-        if high == total:
+    while not holds(high):
+        if high == limit:
             return None
-        low, high = high, min(high * 2, total)
+        low, high = high, min(high * 2, limit)
     while high - low > 1:
         middle = (low + high) // 2
-        if passes(middle):
+        if holds(middle):
             high = middle
         else:
             low = middle
