@@ -2,7 +2,7 @@
 and what the search costs against the stage without it, measured in one run.
 
     python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert bert_narrow_init] [--files 12]
-                                  [--precision int8|fp8] [--workdir DIR]
+                                  [--precision int8|fp8] [--min-share 0.5] [--workdir DIR]
 
 Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
 BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py at two weight scales, whose token
@@ -11,7 +11,7 @@ ids come from trtflow's seeded random inputs; seeded random weights), one projec
 shape (half held out), limits cosine 0.995 and top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss
 is recorded:
   - plain: `fallback: none`, today's stage;
-  - fallback: `fallback: auto, min_share: 0.5`.
+  - fallback: `fallback: auto, min_share: <--min-share>` (0.5 by default).
 Printed: accuracy of each, the nodes kept with their sensitivity, the trial models and ModelOpt runs, the shares, and
 the fallback stage's seconds against the plain one's (goal: at most 3x, nothing extra when the first try passes), the
 run's first precision stage's less ModelOpt's import (it alone pays it; timed apart in a fresh process).
@@ -47,7 +47,7 @@ FAMILIES = (
 LIMITS = {"min_cosine": 0.995, "min_top1": 0.9}
 
 
-def write_project(root: Path, name: str, files: int, precision: str) -> None:
+def write_project(root: Path, name: str, files: int, precision: str, min_share: float) -> None:
     """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files (a text model:
     trtflow's seeded random token ids, valid for its tables, `files // 2` of them to calibrate on)."""
     (root / "recipes").mkdir(parents=True)
@@ -69,7 +69,7 @@ def write_project(root: Path, name: str, files: int, precision: str) -> None:
             arrays = {k: rng.standard_normal(s.opt).astype(np.float32) for k, s in profile.items()}
             np.savez(folder / f"{index:02d}.npz", **arrays)
         calibration = {"data": "calib/*.npz"}
-    for recipe, extra in (("plain", {}), ("fallback", {"fallback": "auto", "min_share": 0.5})):
+    for recipe, extra in (("plain", {}), ("fallback", {"fallback": "auto", "min_share": min_share})):
         text = {
             "source": {"onnx": "models/m.onnx"},
             "precisions": [precision],
@@ -100,6 +100,7 @@ def main() -> int:
     )
     parser.add_argument("--files", type=int, default=12)
     parser.add_argument("--precision", choices=["int8", "fp8"], default="int8")
+    parser.add_argument("--min-share", type=float, default=0.5)
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-fallback-"))
@@ -110,7 +111,7 @@ def main() -> int:
     precision = args.precision
     for name in args.models:
         root = work / name
-        write_project(root, name, args.files, precision)
+        write_project(root, name, args.files, precision, args.min_share)
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], capture_output=True)
         print(f"\n{name}: run exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")

@@ -9,13 +9,16 @@ high as fallback_autocast does, and AutoCast confirms.
    group is measured with the same emulation as the accuracy check, on the first RANKING_SAMPLES samples, against
    the fp32 outputs computed once, in the agreements whose limits the first try missed (_sensitivity): first by the
    error it removes (the quantized model with the group's nodes off their Q/DQ); for int8/fp8, where that ranking
-   keeps too much for `min_share`, again by the error it adds alone (only its nodes quantized).
+   keeps too much for `min_share`, again by the error it adds alone (only its nodes quantized). An int8/fp8 trial
+   is one switched model (fallback_switch, emulated once) wired for it, and a ranking's trials run from where they
+   differ from its baseline (fallback_cuts): the same numbers as a rewired copy, bit for bit, for less.
 2. Search. In order of sensitivity (ties by the first node's name), the fewest whole groups whose bypassed model
    meets the limits, found by doubling, then bisecting; then the nodes of the last of those groups (of all of them,
    ranked by the error added alone) are ranked alone and the fewest of them are found the same way
    (fallback_ranking). A model with no residual connections is ranked node by node. Each choice is made by numbers
-   alone. A keep that would leave less than `min_share` in the precision is read off the quantized graph, without a
-   ModelOpt run.
+   alone. No more nodes are tried than `min_share` allows (read off the quantized graph, without a ModelOpt run);
+   only when no ranking meets the limits within it does the search go past it, to say what would (each trial runs
+   once).
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
    are its own) and the result is checked like any other; while it misses, the next node joins, at most
    CONFIRMATIONS times, and never past the point where less than `min_share` of the weights or MACs stays in the
@@ -281,6 +284,7 @@ def said(searched: dict | None) -> str:
         outcome = "meets the limits" if rejected["passed"] else "does not meet them either"
         said += (
             f"; keeping the {rejected['kept']} most sensitive node(s) {outcome} but leaves {rejected['mac_share']:.0%} "
-            "of the MACs in the precision: lower min_share to accept that"
+            f"of the MACs and {rejected['weight_share']:.0%} of the weights in the precision: lower min_share to "
+            "accept that"
         )
     return said
