@@ -20,15 +20,13 @@ high as fallback_autocast does, and AutoCast confirms.
    only when no ranking meets the limits within it does the search go past it, to say what would (each trial runs
    once).
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
-   are its own) and the result is checked like any other. While it misses, the trials overrated it: the limits are
-   raised by the difference, and the fewest more nodes whose trial clears them join (else the next one), at most
+   are its own) and the result is checked like any other; while it misses, the next node joins, at most
    CONFIRMATIONS times, and never past the point where less than `min_share` of the weights or MACs stays in the
    precision. The best result found is kept either way, and the record says how it was reached.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections.abc import Callable
@@ -44,15 +42,7 @@ from trtflow.stages.convert import NothingQuantized
 from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
 from trtflow.stages.fallback_cuts import Cuts
-from trtflow.stages.fallback_ranking import (
-    Choice,
-    Measure,
-    choose,
-    most_allowed,
-    names_of,
-    remembered,
-    shortest_passing_prefix,
-)
+from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of, remembered
 from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
 from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.util.onnxio import load_graph_only
@@ -175,10 +165,9 @@ def search(
             break
         if accuracy.badness(result.accuracy["outputs"]) < accuracy.badness(best.accuracy["outputs"]):
             best = result
-        if result.accuracy["passed"] or confirmed == CONFIRMATIONS:
+        if result.accuracy["passed"]:
             break
-        more, tried = _more_to_keep(judge, names, count, result.accuracy["outputs"], allowed)
-        count, trials = count + more, trials + tried
+        count += 1
     return best, {
         "candidates": len(ranked),
         "ranked_by": "error added alone" if chosen.alone else "error removed",
@@ -235,40 +224,6 @@ def _cut_sensitivity(
         return [error - base if alone else base - error for error in errors]
 
     return measure
-
-
-def _more_to_keep(
-    judge: Judge, names: list[str], count: int, confirmed: list[dict], allowed: Callable[[list[str]], bool]
-) -> tuple[int, int]:
-    """(how many more of `names` to keep, the trial models it took) after ModelOpt's own model keeping the first
-    `count` missed the limits their trial met: the fewest more whose trial clears the limits by as much as the
-    trials overrated (within min_share), else one more."""
-    overrated = _tightened(judge.trial.tolerance, judge.outputs(names[:count]), confirmed)
-    stricter = Judge(dataclasses.replace(judge.trial, tolerance=overrated), judge.model)
-    tried = [count]  # the trial at `count`, then each one judged against the stricter limits
-
-    def clears(more: int) -> bool:
-        tried.append(count + more)
-        return stricter.meets(names[: count + more])
-
-    cap = most_allowed(len(names) - count, lambda more: names[: count + more], allowed)
-    return shortest_passing_prefix(len(names) - count, clears, cap) or 1, len(tried)
-
-
-def _tightened(tolerance: dict, trial: list[dict], confirmed: list[dict]) -> dict:
-    """`tolerance` with each agreement's limit raised by how much better a trial model scored than ModelOpt's own
-    model with the same nodes kept (the most over the outputs; never past 1)."""
-    theirs = {output["name"]: output for output in confirmed}
-    tight = dict(tolerance)
-    for metric, limit in accuracy.AGREEMENTS.items():
-        gaps = [
-            output[metric] - theirs[output["name"]][metric]
-            for output in trial
-            if output.get(metric) is not None and theirs.get(output["name"], {}).get(metric) is not None
-        ]
-        if tolerance.get(limit) is not None and gaps:
-            tight[limit] = min(1.0, tolerance[limit] + max(0.0, *gaps))
-    return tight
 
 
 def _outputs_summary(judged: list[dict]) -> dict:
