@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-# The search's version, in the key of every stage that searches (and of no other): 3 ranks by the error a group removes,
-# then (int8/fp8, where that keeps too much) by the error each adds alone; 2 ranked by the error removed only; 2 and 3
-# rank groups of blocks, then nodes; 1 ranked every node alone.
-SEARCH_VERSION = 3
+# The search's version, in the key of every stage that searches (and of no other): 4 tries no more nodes than min_share
+# allows, the most it allows first (where a trial meets the limits, so does one keeping more: the keep of 3); 3 ranks by
+# the error a group removes, then (int8/fp8, where that keeps too much) by the error each adds alone; 2 ranked by the
+# error removed only; 2 to 4 rank groups of blocks, then nodes; 1 ranked every node alone.
+SEARCH_VERSION = 4
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 PASS_THROUGH = (*QDQ, "Cast", "Identity")  # what a weight or a constant may go through on its way to an Add
 JOINS = ("Add", "Sum")

@@ -58,11 +58,11 @@ class Trial:
         """As many sessions as the saved model's size allows at once (compare.threads_for)."""
         return compare.threads_for(compare.model_bytes(self.saved))
 
-    def session(self, runnable: Any, threads: int = 1) -> Any:
+    def session(self, runnable: Any) -> Any:
         """An ONNX Runtime session of a trial model, its weights read from beside the saved model. Each runs on one
         thread, as every comparison trtflow makes: the numbers, and so the nodes chosen, are the same whichever
         session ran a sample."""
-        return compare.session_beside(self.saved, runnable, threads)
+        return compare.session_beside(self.saved, runnable)
 
 
 class Judge:
