@@ -198,15 +198,14 @@ def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone
       it finds the node whose own error is tiny. fp16/bf16 rank by it alone: one op's rounding, alone, is below
       what the check resolves (the cosine's 8 significant digits)."""
     baseline = set(every if alone else [])
-    base = accuracy.badness(judge.outputs(sorted(baseline), RANKING_SAMPLES), metrics)
+    base = _error(judge.outputs(sorted(baseline), RANKING_SAMPLES), metrics)
 
-    def error(unit: list[tuple[str, str]]) -> float:
-        return accuracy.badness(judge.outputs(sorted(baseline ^ set(names_of([unit]))), RANKING_SAMPLES), metrics)
+    def error(unit: list[tuple[str, str]]) -> tuple[float, float]:
+        return _error(judge.outputs(sorted(baseline ^ set(names_of([unit]))), RANKING_SAMPLES), metrics)
 
-    def measure(units: list[list[tuple[str, str]]]) -> list[float]:
+    def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
         with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:
-            errors = list(pool.map(error, units))
-        return [error - base if alone else base - error for error in errors]
+            return _sensitivities(list(pool.map(error, units)), base, alone)
 
     return measure
 
@@ -217,13 +216,30 @@ def _cut_sensitivity(
     """_sensitivity's measure for an int8/fp8 model, each trial run from where it differs from the ranking's baseline
     (fallback_cuts): the same numbers, for about half the work, and a session per group instead of per trial."""
     cuts = Cuts(board, inputs, trial, groups, list(inputs) if alone else [], RANKING_SAMPLES)
-    base = accuracy.badness(trial.numbers(cuts.baseline_outputs()), metrics)
+    base = _error(trial.numbers(cuts.baseline_outputs()), metrics)
 
-    def measure(units: list[list[tuple[str, str]]]) -> list[float]:
-        errors = [accuracy.badness(trial.numbers(got), metrics) for got in cuts.run([names_of([u]) for u in units])]
-        return [error - base if alone else base - error for error in errors]
+    def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
+        errors = [_error(trial.numbers(got), metrics) for got in cuts.run([names_of([u]) for u in units])]
+        return _sensitivities(errors, base, alone)
 
     return measure
+
+
+def _error(judged: list[dict], metrics: tuple[str, ...]) -> tuple[float, float]:
+    """A trial's error as a ranking weighs it: accuracy.badness of the agreements whose limits the first try missed,
+    then of every agreement, which orders the trials the first leaves equal (a top-1 that flips one row of the few
+    the ranking runs, for many nodes alike: their cosine then says which moved the outputs most)."""
+    return accuracy.badness(judged, metrics), accuracy.badness(judged)
+
+
+def _sensitivities(
+    errors: list[tuple[float, float]], base: tuple[float, float], alone: bool
+) -> list[tuple[float, float]]:
+    """Each trial's error added to (`alone`) or removed from the baseline's."""
+    return [
+        (error[0] - base[0], error[1] - base[1]) if alone else (base[0] - error[0], base[1] - error[1])
+        for error in errors
+    ]
 
 
 def _outputs_summary(judged: list[dict]) -> dict:

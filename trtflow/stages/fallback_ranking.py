@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-Measure = Callable[[list[list[tuple[str, str]]]], list[float]]  # groups of (name, op) candidates -> sensitivities
+# groups of (name, op) candidates -> each one's sensitivity, then what orders equal ones
+Measure = Callable[[list[list[tuple[str, str]]]], list[tuple[float, float]]]
 
 
 @dataclass(frozen=True)
@@ -85,18 +86,19 @@ def _most(total: int, prefix: Callable[[int], list[str]], allowed: Callable[[lis
 
 
 def ranked(measure: Measure, groups: list[list[tuple[str, str]]]) -> list[tuple[float, list[tuple[str, str]]]]:
-    """(sensitivity, group) of each group, most sensitive first (ties by the first node's name)."""
-    measured = measure(groups)
-    rows = [(_rounded(value), group) for group, value in zip(groups, measured, strict=True)]
-    return sorted(rows, key=lambda row: (-row[0], row[1][0][0]))
+    """(sensitivity, group) of each group, most sensitive first (equal ones by what orders them, then by the first
+    node's name)."""
+    measured = [(_rounded(first), _rounded(then)) for first, then in measure(groups)]
+    rows = sorted(zip(measured, groups, strict=True), key=lambda row: (-row[0][0], -row[0][1], row[1][0][0]))
+    return [(value, group) for (value, _), group in rows]
 
 
 def remembered(measure: Measure, counted: Callable[[int], None]) -> Measure:
     """`measure`, each unit measured once (asked again, its value is read back); `counted(n)` hears how many units
     each call measured."""
-    seen: dict[tuple[str, ...], float] = {}
+    seen: dict[tuple[str, ...], tuple[float, float]] = {}
 
-    def again(units: list[list[tuple[str, str]]]) -> list[float]:
+    def again(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
         new = list({tuple(names_of([unit])): unit for unit in units if tuple(names_of([unit])) not in seen}.items())
         seen.update(zip([key for key, _ in new], measure([unit for _, unit in new]) if new else [], strict=True))
         counted(len(new))
