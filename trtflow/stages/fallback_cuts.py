@@ -34,19 +34,18 @@ class Cuts:
         baseline: list[str],
         samples: int,
     ):
-        self.trial, self.inputs, self.baseline = trial, inputs, set(baseline)
+        self.board, self.trial, self.inputs, self.baseline = board, trial, inputs, set(baseline)
         self.feeds = trial.feeds[:samples]
         self.group_of = {name: index for index, group in enumerate(groups) for name in group}
-        base = {switch: name in self.baseline for name, switch in inputs.items()}
+        self.base = {switch: name in self.baseline for name, switch in inputs.items()}
         self.given = {i.name: i for i in board.graph.input if i.name not in set(inputs.values())}
-        self.parts: list[tuple[Any, list[str], list[str]]] = []  # per group: (its part, its cut, its switches)
-        for group in groups:
-            free = [inputs[name] for name in group if name in inputs]
-            part, cut = downstream(resolved(board, {s: v for s, v in base.items() if s not in free}), free)
-            self.parts.append((part, cut, free))
+        # per group: its switches and its cut (its part is made again when measured: a model holding its weights
+        # inline is held once, not once per group)
+        switched = [[inputs[name] for name in group if name in inputs] for group in groups]
+        self.parts: list[tuple[list[str], list[str]]] = [(free, self._part(free)[1]) for free in switched]
         self.outputs = [o.name for o in board.graph.output]
-        cuts = sorted({name for _, cut, _ in self.parts for name in cut if name not in self.given})
-        self.captured = self._capture(resolved(board, base), cuts)
+        cuts = sorted({name for _, cut in self.parts for name in cut if name not in self.given})
+        self.captured = self._capture(resolved(board, self.base), cuts)
 
     def baseline_outputs(self) -> list[dict]:
         """The baseline's outputs by name, per ranking sample."""
@@ -61,7 +60,7 @@ class Cuts:
         for index, unit in enumerate(units):
             by_group.setdefault(self.group_of[unit[0]], []).append(index)
         for group, indices in sorted(by_group.items()):
-            part, cut, free = self.parts[group]
+            free, cut = self.parts[group]
             if not free:  # nothing of this group reads through Q/DQ: each unit computes the baseline
                 for index in indices:
                     results[index] = self.baseline_outputs()
@@ -70,7 +69,7 @@ class Cuts:
                 {**feed, **{n: values[n] for n in cut if n in values}}
                 for feed, values in zip(self.feeds, self.captured, strict=True)
             ]
-            made = declare(part, [self.given[n] if n in self.given else feeds[0][n] for n in cut], cut)
+            made = declare(self._part(free)[0], [self.given[n] if n in self.given else feeds[0][n] for n in cut], cut)
             mine = {name: switch for name, switch in self.inputs.items() if switch in free}
             with compare.SessionPool(functools.partial(self.trial.session, made), self.trial.threads()) as sessions:
                 for index in indices:
@@ -78,6 +77,10 @@ class Cuts:
                     got = sessions.run([{**feed, **fed} for feed in feeds])
                     results[index] = [{**base, **new} for base, new in zip(self.baseline_outputs(), got, strict=True)]
         return results
+
+    def _part(self, free: list[str]) -> tuple[Any, list[str]]:
+        """(the part the switches `free` reach, every other switch wired as in the baseline; its cut)."""
+        return downstream(resolved(self.board, {s: v for s, v in self.base.items() if s not in free}), free)
 
     def _capture(self, baseline: Any, cut: list[str]) -> list[dict]:
         """The baseline's graph outputs and every cut tensor the rest computes, per ranking sample."""
