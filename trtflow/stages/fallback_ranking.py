@@ -99,10 +99,11 @@ def remembered(measure: Measure, counted: Callable[[int], None]) -> Measure:
     seen: dict[tuple[str, ...], tuple[float, float]] = {}
 
     def again(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
-        new = list({tuple(names_of([unit])): unit for unit in units if tuple(names_of([unit])) not in seen}.items())
-        seen.update(zip([key for key, _ in new], measure([unit for _, unit in new]) if new else [], strict=True))
+        keys = [tuple(names_of([unit])) for unit in units]
+        new = {key: unit for key, unit in zip(keys, units, strict=True) if key not in seen}
+        seen.update(zip(new, measure(list(new.values())) if new else [], strict=True))
         counted(len(new))
-        return [seen[tuple(names_of([unit]))] for unit in units]
+        return [seen[key] for key in keys]
 
     return again
 

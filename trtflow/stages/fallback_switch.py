@@ -135,14 +135,12 @@ def downstream(model: Any, free: list[str]) -> tuple[Any, list[str]]:
 
 
 def declare(part: Any, kinds: list[Any], cut: list[str]) -> Any:
-    """A copy of `part` (downstream) with its cut tensors declared as inputs: each as a graph input's ValueInfo
+    """`part` (downstream's, its own copy) with its cut tensors declared as inputs: each as a graph input's ValueInfo
     declares it, or typed as the array that will feed it."""
     import onnx
 
-    declared = onnx.ModelProto()
-    declared.CopyFrom(part)
     for name, kind in zip(cut, kinds, strict=True):
         if isinstance(kind, np.ndarray):
             kind = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(kind.dtype), None)
-        declared.graph.input.append(kind)
-    return declared
+        part.graph.input.append(kind)
+    return part

@@ -84,8 +84,7 @@ class Limit:
     def holds_for(self, run: Callable[[list[dict]], list[dict]]) -> bool:
         """Whether the drop from fp32 of the trial model `run` computes (feeds -> outputs by name, the model's first
         output first) is within max_drop."""
-        outputs = np.concatenate([next(iter(result.values())) for result in run(self.rows.feeds)], axis=0)
-        value = score(outputs, self.rows.labels, self.rows.metric)
+        value = score(_first_of(run(self.rows.feeds)), self.rows.labels, self.rows.metric)
         return drop_from(self.fp32, value, self.rows.metric) <= (self.rows.max_drop or 0.0) + 1e-12
 
 
@@ -105,8 +104,12 @@ def score(outputs: np.ndarray, labels: np.ndarray, metric: str) -> float:
 
 def first_output(session: Any, feeds: list[dict]) -> np.ndarray:
     """The first output of every feed, rows concatenated."""
-    name = compare.output_names(session)[0]
-    return np.concatenate([result[name] for result in compare.run_all(session, feeds)], axis=0)
+    return _first_of(compare.run_all(session, feeds))
+
+
+def _first_of(results: list[dict]) -> np.ndarray:
+    """The first output of each feed's results (by name, in the model's order), rows concatenated."""
+    return np.concatenate([next(iter(result.values())) for result in results], axis=0)
 
 
 def report(
