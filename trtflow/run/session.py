@@ -211,10 +211,11 @@ class Session:
             )
             if not options.frozen:
                 update_lock(self.lock_path, self.all_node_ids, store, result)
-            store.runs.record(
-                [record["key"] for record in runner.finished.values()]
-                + [state.key for state in states.values() if state.recorded and state.key]
-            )
+            keys = [record["key"] for record in runner.finished.values()]
+            keys += [state.key for state in states.values() if state.recorded and state.key]
+            if store.runs.changes(keys):
+                lease.tmp()  # a run that placed only cached outputs writes here too: under a lease, as any writer
+                store.runs.record(keys)
             if options.check_repro:
                 result = dataclasses.replace(
                     result,

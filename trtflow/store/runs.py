@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from trtflow.store.layout import StoreFolders
-from trtflow.util.fs import atomic_write, read_regular
+from trtflow.util.faults import crash_point
+from trtflow.util.fs import atomic_writer, read_regular
 
 RUN_HISTORY = 50  # runs remembered for `cache gc --keep-last N`
 RUN_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,10}$")
@@ -24,16 +25,22 @@ class RunHistory:
         self.folders = folders
         self.folder = folders.root / "runs"
 
+    def changes(self, keys: list[str]) -> bool:
+        """Whether recording `keys` writes a file: a repeat of the last run adds nothing."""
+        history = self.files()
+        return not history or self._read(history[-1]) != sorted(set(keys))
+
     def record(self, keys: list[str]) -> None:
         """Remember the stage keys a run finished with (for `gc --keep-last N`); a repeat of the last run adds
-        nothing."""
-        keys = sorted(set(keys))
-        history = self.files()
-        if history and self._read(history[-1]) == keys:
+        nothing. The caller holds a run lease while this writes: a kill mid-write leaves a dead run's folder, which
+        is what tells the next run to sweep the store's half-written files."""
+        if not self.changes(keys):
             return
         with self.folders.writing("(recording the run)"):
             self.folders.made("runs")
-            atomic_write(self.folder / f"{time.time_ns()}-{os.getpid()}.json", json.dumps(keys))
+            with atomic_writer(self.folder / f"{time.time_ns()}-{os.getpid()}.json") as sink:
+                sink.write(json.dumps(sorted(set(keys))).encode())
+                crash_point("run-history-written")
             for old in self.files()[:-RUN_HISTORY]:
                 old.unlink(missing_ok=True)
 

@@ -1,7 +1,8 @@
 """Named points where the kill tests stop a run dead: with TRTFLOW_CRASH_AT=<point> in its environment, the process
 SIGKILLs itself on reaching that point (nothing is flushed, nothing cleaned up: exactly a power cut or an OOM kill).
-Unset, a point costs one dictionary lookup. Points: object-placed, package-extracted, package-swapped, and
-write:<file name> (a durable write's temp file is complete and fsynced, not yet renamed)."""
+Unset, a point costs one dictionary lookup. Points: object-placed, package-extracted, package-swapped,
+run-history-written (a run file's temp file written, not yet renamed), and write:<file name> (a durable write's temp
+file is complete and fsynced, not yet renamed)."""
 
 from __future__ import annotations
 
