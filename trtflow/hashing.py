@@ -113,6 +113,13 @@ class FileDigests:
             self._remember(path, {"sig": signature, "sha256": digest}, stat.st_mtime_ns)
         return digest
 
+    def vouch(self, path: Path, digest: str) -> None:
+        """Remember `digest` for the file at `path` without reading it: a hard link to (or a copy of) an intact
+        store object named `digest`, just made by trtflow. Remembered as a digest read here is."""
+        path = Path(os.path.abspath(path))
+        stat = path.stat()
+        self._remember(path, {"sig": file_signature(stat), "sha256": digest}, stat.st_mtime_ns)
+
     def _remember(self, path: Path, entry: dict, mtime_ns: int) -> None:
         if self._this_run is not None:
             self._this_run[str(path)] = entry
@@ -141,7 +148,10 @@ class FileDigests:
         return {"": main, **{name: self.digest(path.parent / name) for name in names}}
 
     def adopt(self, other: FileDigests) -> None:
-        """Remember what another (in-memory) instance learned, so nothing is hashed twice in a run."""
+        """Remember what another (in-memory) instance learned, so nothing is hashed twice in a run; within its
+        `for_one_run`, share that run's digests from now on (a file just written or copied included)."""
         if isinstance(other._memory, dict):
             for path, entry in other._memory.items():
                 self._memory[path] = entry
+        if other._this_run is not None:
+            self._this_run = other._this_run

@@ -122,6 +122,28 @@ def test_changing_a_profile_rebuilds_only_that_recipes_builds(tmp_path: Path) ->
     } | {"cleanup:tiny", "package:tiny"}
 
 
+def test_a_cold_run_reads_what_it_hashes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold run plans before and after it makes its store: each source (written just now) is still hashed once;
+    the objects it made are not hashed again before they are packed, nor the placed archive for its provenance
+    (its object's digest is known). Those second reads were 0.9 s of a 15 s cold run of three real-size models."""
+    from collections import Counter
+
+    from trtflow import hashing
+    from trtflow.store import objects
+
+    root = write_project(tmp_path / "p")
+    hashed: Counter[str] = Counter()
+    verified: list[str] = []
+    read, verify = hashing.sha256_file, objects.ObjectFiles.verify
+    monkeypatch.setattr(hashing, "sha256_file", lambda path: hashed.update([Path(path).name]) or read(path))
+    monkeypatch.setattr(
+        objects.ObjectFiles, "verify", lambda self, digest: verified.append(digest) or verify(self, digest)
+    )
+    assert trtflow(root, "run").code == 0
+    assert hashed["tiny_cnn.onnx"] == 1 and max(hashed.values()) == 1, hashed
+    assert not [name for name in hashed if name.endswith(".tar.gz")] and verified == [], (hashed, verified)
+
+
 def test_deleted_store_object_is_rebuilt(project: Path) -> None:
     run_json(project)
     engine_digest = manifest(project)["engines"][0]["sha256"]

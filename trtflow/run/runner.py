@@ -220,10 +220,12 @@ class Runner:
         return None, ""
 
     def _reopen_corrupt_inputs(self, node: Node) -> bool:
-        """Re-hash the node's inputs; a corrupt object is quarantined and its producer (and what follows) runs again."""
+        """Re-hash the node's inputs (those this run hashed already only if their file changed since); a corrupt object
+        is quarantined and its producer (and what follows) runs again."""
         present = [dep.node for dep in node.deps if dep.node in self.finished]
+        objects = self.store.objects
         bad = [
-            n for n in present if not all(self.store.objects.verify(d) for d in self.finished[n]["outputs"].values())
+            n for n in present if not all(objects.verified_this_run(d) for d in self.finished[n]["outputs"].values())
         ]
         for producer in dict.fromkeys(bad):
             for node_id in [producer, *self.dag.downstream(producer)]:

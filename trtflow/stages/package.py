@@ -366,6 +366,8 @@ def _checkout(place: Placement, digest: str, recipe: str) -> None:
         crash_point("package-extracted")
         replace_dir_atomically(staging / "extracted" / recipe, packages_dir / recipe)
         os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")
+        if place.store.objects.intact(digest):  # its provenance names its digest: not read again for that
+            place.digests.vouch(packages_dir / f"{recipe}.tar.gz", digest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -47,12 +47,14 @@ DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 class ObjectFiles:
     """The objects of one store: `path`, `has`, `intact` (checked on a changed signature), `verify` (always
-    re-hashed), `add`, `quarantine`, `files`, `forget`."""
+    re-hashed), `verified_this_run` (re-hashed unless this process hashed it), `add`, `quarantine`, `files`,
+    `forget`."""
 
     def __init__(self, folders: StoreFolders, cache: Cache):
         self.folders = folders
         self.folder = folders.root / "objects"
         self._cache = cache
+        self._hashed_here: dict[str, str] = {}  # digest -> its signature when this process hashed it
 
     def path(self, digest: str) -> Path:
         """Where an object lives: objects/<first two hex digits>/<digest>."""
@@ -104,9 +106,20 @@ class ObjectFiles:
             self._remember(digest, seen)
         return True
 
+    def verified_this_run(self, digest: str) -> bool:
+        """`verify`, unless this process already hashed the object (added or verified it) and its signature is the
+        same since: what is about to ship is hashed once a run, not again minutes later (links to it, as stages'
+        inputs and placed packages, change its ctime, not its bytes)."""
+        try:
+            unchanged = self._hashed_here.get(digest) == _signature(os.lstat(self.path(digest)))
+        except OSError:
+            unchanged = False
+        return (unchanged and self.has(digest)) or self.verify(digest)
+
     def _remember(self, digest: str, seen: os.stat_result) -> None:
         """Objects never change, so a signature seen with the right bytes vouches for them until it changes."""
         self._cache.set("obj:" + digest, _signature(seen))
+        self._hashed_here[digest] = _signature(seen)
 
     def quarantine(self, digest: str, inode: int) -> Path | None:
         """Move a corrupt object (the file with `inode`) to corrupt/; None if it is gone or cannot be moved.
