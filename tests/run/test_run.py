@@ -345,6 +345,18 @@ def test_a_piped_run_says_which_stages_are_still_running(project: Path, monkeypa
     assert not any(line.startswith("still    cleanup:tiny") for line in lines[finished:])
 
 
+def test_a_long_precision_stage_says_what_it_is_doing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A precision stage's heartbeat names its step (a fallback search's, which can run for minutes, its trials):
+    the stage writes it in its work directory, the run reads it there."""
+    monkeypatch.setenv("TRTFLOW_HEARTBEAT_SECONDS", "0.1")
+    recipe = TINY_RECIPE.replace("[fp32]", "[int8]").replace("[rtx-ampere, rtx-ada]", "[rtx-ada]")
+    root = write_project(tmp_path / "p", {"tiny": recipe + "calibration: {random: true}\n"})
+    result = trtflow(root, "run", "-j", "1")
+    assert result.code == 0, result.err
+    said = {line.partition(" s: ")[2].rstrip(")") for line in result.err.splitlines() if "precision:tiny/int8" in line}
+    assert "ModelOpt making the int8 model" in said, result.err  # seconds long: the check after it may be too short
+
+
 def test_a_fix_found_whole_in_the_cache_rewrites_the_report(tmp_path: Path) -> None:
     """fp16 against an impossible limit fails; putting the recipe back finds every stage cached. The report must then
     show the project as it is, not the failure of the run before."""

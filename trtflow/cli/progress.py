@@ -7,12 +7,14 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import click
 
 from trtflow.cli.output import repro_line
 from trtflow.states import CACHED, FAILED, SKIPPED, NodeState
+from trtflow.util import stage_progress
 
 
 def outcome(state: NodeState) -> str:
@@ -31,6 +33,7 @@ class PlainView:
         self.verbose = verbose
         self.done = 0
         self.running: dict[str, float] = {}  # node id -> when it started (monotonic seconds)
+        self.workdirs: dict[str, Path] = {}  # node id -> where its stage says what it is doing
         self.every = float(os.environ.get("TRTFLOW_HEARTBEAT_SECONDS", "30"))
         self.stopped = threading.Event()
         self.lock = threading.Lock()
@@ -42,14 +45,23 @@ class PlainView:
         while not self.stopped.wait(self.every):
             now = time.monotonic()
             with self.lock:
-                long_running = sorted((node, now - began) for node, began in self.running.items())
-            for node, seconds in long_running:
+                long_running = sorted(
+                    (node, now - began, self.workdirs.get(node)) for node, began in self.running.items()
+                )
+            for node, seconds, workdir in long_running:
                 if seconds >= self.every:
-                    click.echo(f"{'still':<8} {node}  (running for {seconds:.0f} s)", err=True)
+                    said = stage_progress.read(workdir) if workdir is not None else None
+                    doing = f": {said}" if said else ""
+                    click.echo(f"{'still':<8} {node}  (running for {seconds:.0f} s{doing})", err=True)
 
     def __call__(self, event: str, state: Any) -> None:
         """Show one runner event (a stage started or finished)."""
         if event == "plan":
+            return
+        if event == "workdir":
+            node, workdir = state
+            with self.lock:
+                self.workdirs[node] = workdir
             return
         if event == "warning":
             click.echo(f"warning: {state}", err=True)
@@ -65,6 +77,7 @@ class PlainView:
             return
         with self.lock:
             self.running.pop(state.node.id, None)
+            self.workdirs.pop(state.node.id, None)
         self.done += 1
         if state.status == CACHED and not (self.verbose or state.reason):
             return
@@ -139,6 +152,8 @@ class RichView(PlainView):
 
     def __call__(self, event: str, state: Any) -> None:
         """Show one runner event (a stage started or finished)."""
+        if event == "workdir":  # the live bar shows a long stage by its elapsed time
+            return
         if event == "plan":
             self.eta.plan(state)
             self.progress.update(self.task, total=self.eta.total or None, counts=self.eta.line())

@@ -56,7 +56,8 @@ from trtflow.util.memory import oom_kills
 if TYPE_CHECKING:
     from trtflow.store.remote import Remote
 
-# ("start" | "done" | "wait", NodeState), or ("warning", message): a remote that is down, a corrupt object
+# ("start" | "done" | "wait", NodeState), ("warning", message): a remote that is down, a corrupt object; or
+# ("workdir", (node id, its work directory)): where a started node's stage says what it is doing (stage_progress)
 Listener = Callable[[str, Any], None]
 LOCK_POLL_SECONDS = 0.05  # how often a key another run is building is looked at again
 # A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
@@ -259,6 +260,7 @@ class Runner:
         node = resolution.node
         self.listener("start", resolution.state)
         workdir = Path(tempfile.mkdtemp(dir=self._workroot(), prefix=node.id.replace(":", "-").replace("/", "_") + "-"))
+        self.listener("workdir", (node.id, workdir))
         task = StageTask(
             node.id, node.kind, node.params, task_inputs(resolution, self.finished, self.store, workdir), workdir
         )

@@ -46,6 +46,7 @@ from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of, r
 from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
 from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.util.onnxio import load_graph_only
+from trtflow.util.stage_progress import note
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
 # Sensitivities are ranked on the first samples only (each node costs a trial); prefixes are judged on all of them
@@ -108,6 +109,7 @@ def search(
         key = tuple(sorted(names))
         if key not in known:
             trials += 1
+            note(f"fallback: trial model {trials}, {len(names)} of {len(every)} candidates kept high")
             known[key] = judge.meets(names)
         return known[key]
 
@@ -155,6 +157,7 @@ def search(
             too_few = {"kept": count, "outputs": _outputs_summary(judged), **left, "passed": _all_passed(judged)}
             break
         try:
+            note(f"fallback: ModelOpt again with the {count} node(s) the search chose kept high")
             result = attempt(f"fallback-{count}", tuple(names[:count]))
         except NothingQuantized:  # keeping these left ModelOpt nothing to quantize: no share in the precision at all
             too_few = {"kept": count, "outputs": {}, "weight_share": 0.0, "mac_share": 0.0, "passed": False}
@@ -205,7 +208,11 @@ def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone
 
     def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
         with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:
-            return _sensitivities(list(pool.map(error, units)), base, alone)
+            errors = []
+            for done, measured in enumerate(pool.map(error, units), 1):
+                errors.append(measured)
+                note(f"fallback: sensitivity measured for {done} of {len(units)}")
+            return _sensitivities(errors, base, alone)
 
     return measure
 

@@ -18,6 +18,7 @@ from typing import Any
 from trtflow.stages import compare
 from trtflow.stages.fallback_switch import declare, downstream, resolved, switches
 from trtflow.stages.fallback_trial import Trial
+from trtflow.util.stage_progress import note
 
 
 class Cuts:
@@ -56,6 +57,7 @@ class Cuts:
         the baseline quantizes them, quantized where it keeps them high). A unit lies within one group; units are
         run group by group."""
         results: list[list[dict]] = [[] for _ in units]
+        measured = 0
         by_group: dict[int, list[int]] = {}
         for index, unit in enumerate(units):
             by_group.setdefault(self.group_of[unit[0]], []).append(index)
@@ -76,6 +78,8 @@ class Cuts:
                     fed = switches(mine, self.baseline ^ set(units[index]))
                     got = sessions.run([{**feed, **fed} for feed in feeds])
                     results[index] = [{**base, **new} for base, new in zip(self.baseline_outputs(), got, strict=True)]
+                    measured += 1
+                    note(f"fallback: sensitivity measured for {measured} of {len(units)}")
         return results
 
     def _part(self, free: list[str]) -> tuple[Any, list[str]]:

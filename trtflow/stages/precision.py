@@ -41,6 +41,7 @@ from trtflow.stages.precision_params import Accuracy, Params, Quantize, TaskChec
 from trtflow.util.inputvalues import mask_carrying_nodes
 from trtflow.util.memory import released_after
 from trtflow.util.onnxio import load_graph_only
+from trtflow.util.stage_progress import note
 from trtflow.util.versions import ort_version, tool_version
 
 if TYPE_CHECKING:
@@ -227,6 +228,7 @@ def _attempt(
     out = workdir / folder
     out.mkdir(parents=True, exist_ok=True)
     with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
+        note(f"ModelOpt making the {params.precision} model" + (f" ({len(kept)} node(s) kept high)" if kept else ""))
         model, details, reasons = _convert(params, source, calibrating, out)
     # a model that came with external data keeps it (so one past 2 GB stays loadable), and is checked from its files
     files = save_model(onnx, canonical_order(model), out, external=MODEL_DATA in inputs["model"].files)
@@ -234,6 +236,7 @@ def _attempt(
     made_of = composition(model, params.precision, reasons, excluded)
     del model  # its weights: the checks below read the saved files
     saved = files[MODEL]
+    note(f"checking the {params.precision} model's accuracy on {len(checking.feeds)} sample(s)")
     checked = task.checked(
         _share_checked(_accuracy(params, saved, source, checking), made_of),
         checking.labelled,
