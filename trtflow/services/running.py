@@ -116,10 +116,10 @@ def run_project(
         return RunResult(nodes, time.perf_counter() - started, options.jobs, from_memo=True)
     if dry_run:
         return _dry_run(project_dir, recipes, options)
-    from trtflow.run.session import Session
-
-    early = _early_executor(project_dir, options)
+    early = _early_executor(project_dir, options)  # its servers' imports overlap the run's own, from here on
     try:
+        from trtflow.run.session import Session
+
         with reads_recording() as reads:
             session = Session.open(project_dir, recipes)
             try:

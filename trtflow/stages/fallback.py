@@ -157,7 +157,6 @@ def search(
             too_few = {"kept": count, "outputs": _outputs_summary(judged), **left, "passed": _all_passed(judged)}
             break
         try:
-            note(f"fallback: ModelOpt again with the {count} node(s) the search chose kept high")
             result = attempt(f"fallback-{count}", tuple(names[:count]))
         except NothingQuantized:  # keeping these left ModelOpt nothing to quantize: no share in the precision at all
             too_few = {"kept": count, "outputs": {}, "weight_share": 0.0, "mac_share": 0.0, "passed": False}
