@@ -225,14 +225,21 @@ def test_candidates_split_into_blocks_where_residual_connections_join(zoo_dir: P
 
 
 @pytest.mark.slow
-def test_a_residual_model_is_searched_block_by_block_in_fewer_trials(tmp_path: Path, zoo_dir: Path) -> None:
+def test_a_residual_model_is_searched_block_by_block_in_fewer_trials(
+    tmp_path: Path, zoo_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The zoo encoder at a cosine limit int8 misses (its error in a few nodes): blocks are ranked first, then the
     nodes of the blocks the search keeps, so the search takes fewer trial models than it has candidates (ranking every
-    node alone took one each) and keeps a few nodes, the most sensitive ones."""
+    node alone took one each) and keeps a few nodes, the most sensitive ones. Meanwhile the run's heartbeat says
+    which step of the search it is at."""
+    monkeypatch.setenv("TRTFLOW_HEARTBEAT_SECONDS", "0.1")
     root = write_project(tmp_path / "p", {"e": ENCODER_RECIPE})
     shutil.copyfile(zoo_model("encoder", zoo_dir).path, root / "models" / "e.onnx")
     result = trtflow(root, "run")
     assert result.code == 0, result.err
+    steps = [line.partition(" s: ")[2] for line in result.err.splitlines() if line.startswith("still    precision:e")]
+    assert any(step.startswith("fallback: sensitivity measured for ") for step in steps), result.err
+    assert any(step.startswith("fallback: trial model ") for step in steps), result.err
     search = stage_record(root, "precision:e/int8")["fallback"]
     # 8 blocks (one per half layer) joined into about sqrt(36) groups
     assert 2 <= search["blocks"] <= 8 and search["candidates"] == 36, search

@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from trtflow.errors import EnvironmentProblem, StageError, TrtflowError
 from trtflow.stages import stage
 from trtflow.stages.base import StageParams, Upstream
-from trtflow.util import stage_progress
 from trtflow.util.memory import peak_rss, released_after, reset_peak, shown
 from trtflow.util.text import clipped
 
@@ -139,8 +138,7 @@ def run_task(task: StageTask, release: bool = True) -> StageResult:
 
 def _run_stage(task: StageTask) -> StageResult:
     try:
-        with stage_progress.working_in(task.workdir):
-            output = stage(task.kind).run(task.params, task.inputs, task.workdir)
+        output = stage(task.kind).run(task.params, task.inputs, task.workdir)
     except MemoryError:
         return StageResult.failure(
             f"{task.node_id} ran out of memory (MemoryError at {shown(peak_rss())}): run fewer stages at once "

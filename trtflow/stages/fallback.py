@@ -46,7 +46,6 @@ from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of, r
 from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
 from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.util.onnxio import load_graph_only
-from trtflow.util.stage_progress import note
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
 # Sensitivities are ranked on the first samples only (each node costs a trial); prefixes are judged on all of them
@@ -109,7 +108,7 @@ def search(
         key = tuple(sorted(names))
         if key not in known:
             trials += 1
-            note(f"fallback: trial model {trials}, {len(names)} of {len(every)} candidates kept high")
+            trial.say(f"fallback: trial model {trials}, {len(names)} of {len(every)} candidates kept high")
             known[key] = judge.meets(names)
         return known[key]
 
@@ -206,11 +205,12 @@ def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone
         return _error(judge.outputs(sorted(baseline ^ set(names_of([unit]))), RANKING_SAMPLES), metrics)
 
     def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
+        _say_measuring(judge.trial, units)
         with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:
             errors = []
             for done, measured in enumerate(pool.map(error, units), 1):
                 errors.append(measured)
-                note(f"fallback: sensitivity measured for {done} of {len(units)}")
+                judge.trial.say(f"fallback: sensitivity measured for {done} of {len(units)}")
             return _sensitivities(errors, base, alone)
 
     return measure
@@ -225,10 +225,17 @@ def _cut_sensitivity(
     base = _error(trial.numbers(cuts.baseline_outputs()), metrics)
 
     def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
+        _say_measuring(trial, units)
         errors = [_error(trial.numbers(got), metrics) for got in cuts.run([names_of([u]) for u in units])]
         return _sensitivities(errors, base, alone)
 
     return measure
+
+
+def _say_measuring(trial: Trial, units: list[list[tuple[str, str]]]) -> None:
+    """The heartbeat's line while a ranking starts: how many groups or nodes it measures."""
+    what = "groups" if any(len(unit) > 1 for unit in units) else "nodes"
+    trial.say(f"fallback: measuring the sensitivity of {len(units)} {what}")
 
 
 def _error(judged: list[dict], metrics: tuple[str, ...]) -> tuple[float, float]:

@@ -18,7 +18,6 @@ from typing import Any
 from trtflow.stages import compare
 from trtflow.stages.fallback_switch import declare, downstream, resolved, switches
 from trtflow.stages.fallback_trial import Trial
-from trtflow.util.stage_progress import note
 
 
 class Cuts:
@@ -79,7 +78,7 @@ class Cuts:
                     got = sessions.run([{**feed, **fed} for feed in feeds])
                     results[index] = [{**base, **new} for base, new in zip(self.baseline_outputs(), got, strict=True)]
                     measured += 1
-                    note(f"fallback: sensitivity measured for {measured} of {len(units)}")
+                    self.trial.say(f"fallback: sensitivity measured for {measured} of {len(units)}")
         return results
 
     def _part(self, free: list[str]) -> tuple[Any, list[str]]:

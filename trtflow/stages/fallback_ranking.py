@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trtflow.util.stage_progress import note
-
 # groups of (name, op) candidates -> each one's sensitivity, then what orders equal ones
 Measure = Callable[[list[list[tuple[str, str]]]], list[tuple[float, float]]]
 
@@ -103,8 +101,6 @@ def remembered(measure: Measure, counted: Callable[[int], None]) -> Measure:
     def again(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
         keys = [tuple(names_of([unit])) for unit in units]
         new = {key: unit for key, unit in zip(keys, units, strict=True) if key not in seen}
-        what = "groups" if any(len(unit) > 1 for unit in new.values()) else "nodes"
-        note(f"fallback: measuring the sensitivity of {len(new)} {what}")
         seen.update(zip(new, measure(list(new.values())) if new else [], strict=True))
         counted(len(new))
         return [seen[key] for key in keys]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.stages import accuracy, compare
+from trtflow.util.stage_progress import Notes, silent
 
 Run = Callable[[list[dict]], list[dict]]  # feeds -> each feed's outputs by name, in feed order
 
@@ -30,6 +31,7 @@ class Trial:
     tolerance: dict
     task: Any = None  # task.Limit: with labelled rows and a max_drop, a trial must hold it too
     source: Path | None = None  # the fp32 model: the weights of nodes an fp16/bf16 trial keeps in fp32
+    say: Notes = silent  # what the search is doing now, for the run's heartbeat (stage_progress)
 
     def meets(self, run: Run, step: int) -> bool:
         """Whether the trial `run` computes meets every limit: each output's, and max_drop on the labelled rows where

@@ -41,7 +41,7 @@ from trtflow.stages.precision_params import Accuracy, Params, Quantize, TaskChec
 from trtflow.util.inputvalues import mask_carrying_nodes
 from trtflow.util.memory import released_after
 from trtflow.util.onnxio import load_graph_only
-from trtflow.util.stage_progress import note
+from trtflow.util.stage_progress import notes_in
 from trtflow.util.versions import ort_version, tool_version
 
 if TYPE_CHECKING:
@@ -166,7 +166,9 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         tolerance = chosen.accuracy["tolerance"]
         limit = task.Limit.of(checking.labelled, source)  # max_drop: trials are held to it too
         sets = accuracy.set_outputs(source)
-        trial = fallback_trial.Trial(chosen.files[MODEL], feeds, want, sets, tolerance, limit, source)
+        trial = fallback_trial.Trial(
+            chosen.files[MODEL], feeds, want, sets, tolerance, limit, source, notes_in(workdir)
+        )
         try:
             chosen, searched = fallback.search(chosen, attempt, trial, tolerance.get("min_share"))
         except TrtflowError:
@@ -225,10 +227,10 @@ def _attempt(
             params = params.model_copy(
                 update={"quantize": quantize.model_copy(update={"exclude_nodes": [*quantize.exclude_nodes, *exact]})}
             )
-    out = workdir / folder
+    out, say = workdir / folder, notes_in(workdir)
     out.mkdir(parents=True, exist_ok=True)
     with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
-        note(f"ModelOpt making the {params.precision} model" + (f" ({len(kept)} node(s) kept high)" if kept else ""))
+        say(f"ModelOpt making the {params.precision} model" + (f" ({len(kept)} node(s) kept high)" if kept else ""))
         model, details, reasons = _convert(params, source, calibrating, out)
     # a model that came with external data keeps it (so one past 2 GB stays loadable), and is checked from its files
     files = save_model(onnx, canonical_order(model), out, external=MODEL_DATA in inputs["model"].files)
@@ -236,7 +238,7 @@ def _attempt(
     made_of = composition(model, params.precision, reasons, excluded)
     del model  # its weights: the checks below read the saved files
     saved = files[MODEL]
-    note(f"checking the {params.precision} model's accuracy on {len(checking.feeds)} sample(s)")
+    say(f"checking the {params.precision} model's accuracy on {len(checking.feeds)} sample(s)")
     checked = task.checked(
         _share_checked(_accuracy(params, saved, source, checking), made_of),
         checking.labelled,

@@ -1,46 +1,40 @@
 """What a long stage is doing now, for the run's heartbeat (`still    precision:bert/int8  (running for 240 s:
-fallback: 80 of 121 nodes ranked)`).
+fallback: sensitivity measured for 80 of 121)`).
 
-The worker running a stage names its work directory (`working_in`); the stage says a short line whenever its work
-moves on (`note`), written to PROGRESS_FILE there (replaced whole, never half-written); the run reads it when it says a
-stage is still running (`read`). Best effort: a stage that says nothing, a worker on another machine (Ray) or a file
-that cannot be written changes nothing but that line.
+A stage says a short line whenever its work moves on, with the notes of its work directory (`notes_in`): written to
+PROGRESS_FILE there, replaced whole, never half-written. The run reads it when it says a stage is still running
+(`read`). Best effort: a stage that says nothing, a worker on another machine (Ray) or a file that cannot be written
+changes nothing but that line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 PROGRESS_FILE = ".progress"
 MAX_CHARS = 160
 
-_where: Path | None = None
+Notes = Callable[[str], None]
 
 
-@contextlib.contextmanager
-def working_in(workdir: Path) -> Iterator[None]:
-    """While the block runs, `note` writes into `workdir`."""
-    global _where
-    before, _where = _where, workdir
-    try:
-        yield
-    finally:
-        _where = before
+def notes_in(workdir: Path) -> Notes:
+    """What a stage working in `workdir` calls to say what it is doing now (the last line said is the one shown)."""
+
+    def say(text: str) -> None:
+        temporary = workdir / f"{PROGRESS_FILE}.{os.getpid()}"
+        try:
+            temporary.write_text(text.splitlines()[0][:MAX_CHARS] if text else "", encoding="utf-8")
+            os.replace(temporary, workdir / PROGRESS_FILE)
+        except OSError:
+            pass
+
+    return say
 
 
-def note(text: str) -> None:
-    """Say what the stage is doing now (one line; the last one said is what the run shows)."""
-    if _where is None:
-        return
-    temporary = _where / f"{PROGRESS_FILE}.{os.getpid()}"
-    try:
-        temporary.write_text(text.splitlines()[0][:MAX_CHARS] if text else "", encoding="utf-8")
-        os.replace(temporary, _where / PROGRESS_FILE)
-    except OSError:
-        pass
+def silent(text: str) -> None:
+    """Notes that go nowhere (a search run outside a stage, as tests run it)."""
 
 
 def read(workdir: Path) -> str | None:
