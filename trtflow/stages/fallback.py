@@ -205,12 +205,12 @@ def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone
         return _error(judge.outputs(sorted(baseline ^ set(names_of([unit]))), RANKING_SAMPLES), metrics)
 
     def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
-        _say_measuring(judge.trial, units)
+        judge.trial.say_measuring(units)
         with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="sensitivity") as pool:
             errors = []
             for done, measured in enumerate(pool.map(error, units), 1):
                 errors.append(measured)
-                judge.trial.say(f"fallback: sensitivity measured for {done} of {len(units)}")
+                judge.trial.say_measured(done, len(units))
             return _sensitivities(errors, base, alone)
 
     return measure
@@ -225,17 +225,11 @@ def _cut_sensitivity(
     base = _error(trial.numbers(cuts.baseline_outputs()), metrics)
 
     def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
-        _say_measuring(trial, units)
+        trial.say_measuring(units)
         errors = [_error(trial.numbers(got), metrics) for got in cuts.run([names_of([u]) for u in units])]
         return _sensitivities(errors, base, alone)
 
     return measure
-
-
-def _say_measuring(trial: Trial, units: list[list[tuple[str, str]]]) -> None:
-    """The heartbeat's line while a ranking starts: how many groups or nodes it measures."""
-    what = "groups" if any(len(unit) > 1 for unit in units) else "nodes"
-    trial.say(f"fallback: measuring the sensitivity of {len(units)} {what}")
 
 
 def _error(judged: list[dict], metrics: tuple[str, ...]) -> tuple[float, float]:

@@ -78,7 +78,7 @@ class Cuts:
                     got = sessions.run([{**feed, **fed} for feed in feeds])
                     results[index] = [{**base, **new} for base, new in zip(self.baseline_outputs(), got, strict=True)]
                     measured += 1
-                    self.trial.say(f"fallback: sensitivity measured for {measured} of {len(units)}")
+                    self.trial.say_measured(measured, len(units))
         return results
 
     def _part(self, free: list[str]) -> tuple[Any, list[str]]:

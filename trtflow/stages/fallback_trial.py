@@ -33,6 +33,15 @@ class Trial:
     source: Path | None = None  # the fp32 model: the weights of nodes an fp16/bf16 trial keeps in fp32
     say: Notes = silent  # what the search is doing now, for the run's heartbeat (stage_progress)
 
+    def say_measuring(self, units: list[list[Any]]) -> None:
+        """The heartbeat's line as a ranking starts: how many groups or nodes it measures."""
+        what = "groups" if any(len(unit) > 1 for unit in units) else "nodes"
+        self.say(f"fallback: measuring the sensitivity of {len(units)} {what}")
+
+    def say_measured(self, done: int, total: int) -> None:
+        """The heartbeat's line as a ranking goes: how many of its units are measured."""
+        self.say(f"fallback: sensitivity measured for {done} of {total}")
+
     def meets(self, run: Run, step: int) -> bool:
         """Whether the trial `run` computes meets every limit: each output's, and max_drop on the labelled rows where
         given. The feeds run `step` at a time, and a trial that already misses a limit no further feed can redeem

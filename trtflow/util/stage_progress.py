@@ -9,9 +9,10 @@ changes nothing but that line.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
+
+from trtflow.util.fs import atomic_write
 
 PROGRESS_FILE = ".progress"
 MAX_CHARS = 160
@@ -23,10 +24,8 @@ def notes_in(workdir: Path) -> Notes:
     """What a stage working in `workdir` calls to say what it is doing now (the last line said is the one shown)."""
 
     def say(text: str) -> None:
-        temporary = workdir / f"{PROGRESS_FILE}.{os.getpid()}"
         try:
-            temporary.write_text(text.splitlines()[0][:MAX_CHARS] if text else "", encoding="utf-8")
-            os.replace(temporary, workdir / PROGRESS_FILE)
+            atomic_write(workdir / PROGRESS_FILE, text.splitlines()[0][:MAX_CHARS] if text else "")
         except OSError:
             pass
 
