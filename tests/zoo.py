@@ -44,7 +44,7 @@ from filelock import FileLock
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-ZOO_VERSION = 1  # part of every cached file's name: bump it when a model here changes
+ZOO_VERSION = 2  # part of every cached file's name: bump it when a model here changes
 OPSET = 18
 SEED = 0
 
@@ -226,8 +226,15 @@ def _seeded(seed: int = SEED) -> Iterator[None]:
 
 
 def _settled(model: nn.Module, *example: int, batches: int = 3) -> nn.Module:
-    """Seeded batches through the model in train mode (BatchNorm statistics like a trained model's), then eval."""
-    if any(isinstance(module, nn.BatchNorm2d) for module in model.modules()):
+    """Seeded batches through the model in train mode (BatchNorm statistics like a trained model's), then eval.
+
+    The running statistics are the settling batches' own (a cumulative average): with BatchNorm's default momentum a
+    batch moves them only 10% from their initial values, and the networks' outputs then hardly depended on their
+    input (MobileNetV3-small's not at all, ResNet-18's logits 0.997 alike across inputs)."""
+    norms = [module for module in model.modules() if isinstance(module, nn.BatchNorm2d)]
+    if norms:
+        for norm in norms:
+            norm.momentum = None
         model.train()
         with torch.no_grad():
             for _ in range(batches):

@@ -457,7 +457,10 @@ def test_a_precision_stage_never_writes_into_the_store_object_it_reads(tmp_path:
     rewrote the cleaned model's store object while the recipe's other precisions read it."""
     model = zoo_model("mobilenet", zoo_dir)
     recipe = _recipe(
-        model, ["int8"], "calibration: {random: true}\ntargets: [rtx-ampere]\naccuracy: {int8: {min_top1: 0.0}}\n"
+        model,
+        ["int8"],
+        "calibration: {random: true}\ntargets: [rtx-ampere]\naccuracy: {int8: {min_top1: 0.0}}\n"
+        "verify: {on_fail: warn}\n",
     )
     root = write_project(tmp_path / "p", {"m": recipe}, pipeline=FLEET)
     shutil.copyfile(model.path, root / "models" / f"{model.name}.onnx")
@@ -478,7 +481,7 @@ def test_precision_stages_of_real_models_at_j2_never_read_a_half_written_model(t
     models = [zoo_model(name, zoo_dir) for name in ("resnet", "mobilenet", "efficientnet")]
     extra = (
         "calibration: {random: true}\ntargets: [rtx-ada]\naccuracy: {fp16: {min_top1: 0.0}, int8: {min_top1: 0.0}, "
-        "fp8: {min_top1: 0.0}}\n"
+        "fp8: {min_top1: 0.0}}\nverify: {on_fail: warn}\n"  # the limits are not what this test is about
     )
     ada = FLEET.replace(
         "rtx-ampere: {backend: tensorrt-rtx, compute_capabilities: [sm_86]}",

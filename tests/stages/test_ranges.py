@@ -40,11 +40,11 @@ def test_the_measured_ranges_make_the_same_model_as_modelopts_reference_run(tmp_
     """ResNet-18 layout on inputs scaled so that some activations pass data_max (512) and others do not: byte for
     byte the model ModelOpt makes from its own reference run."""
     path = zoo_model("resnet", zoo_dir).path
-    feeds = _feeds(3, scale=300.0)
+    feeds = _feeds(3, scale=20.0)
     theirs = _modelopts_own(path, feeds, tmp_path / "npz")
     with convert.quiet():
         ours, reasons = convert.autocast(path, "fp16", OPTIONS, float_ranges(path, feeds))
-    # the scale drives the first blocks' activations past 512 and leaves the later ones within it
+    # the scale drives some activations past 512 and leaves most within it
     assert 0 < len(reasons) < len(ours.graph.node) / 2, reasons
     assert ours.SerializeToString() == theirs.SerializeToString()
 
