@@ -20,11 +20,9 @@ high as fallback_autocast does, and AutoCast confirms.
    only when no ranking meets the limits within it does the search go past it, to say what would (each trial runs
    once).
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
-   are its own) and the result is checked like any other. While it misses (int8/fp8), trials of ModelOpt's own model,
-   switched like the first, find the fewest of the next ranked nodes that meet the limits on it, and they join
-   (fp16/bf16: the next node joins); at most CONFIRMATIONS ModelOpt runs, and never past the point where less than
-   `min_share` of the weights or MACs stays in the precision. The best result found is kept either way, and the
-   record says how it was reached.
+   are its own) and the result is checked like any other; while it misses, the next node joins, at most
+   CONFIRMATIONS times, and never past the point where less than `min_share` of the weights or MACs stays in the
+   precision. The best result found is kept either way, and the record says how it was reached.
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.stages.modelfile import MODEL
 from trtflow.util.onnxio import load_graph_only
 
-CONFIRMATIONS = 3  # ModelOpt runs after the search, each keeping more nodes high than the last
+CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
 # Sensitivities are ranked on the first samples only (each node costs a trial); prefixes are judged on all of them
 RANKING_SAMPLES = 2
 DEFAULT_MIN_SHARE = 0.5

@@ -12,8 +12,7 @@ import math
 from typing import Any
 
 # The search's version, in the key of every stage that searches (and of no other): 5 no longer tries the most nodes
-# min_share allows first (keeping more can miss where fewer meet the limits), and where ModelOpt's model misses, trials
-# of that model choose how many more to keep; 4 tries no more nodes than min_share
+# min_share allows first (keeping more can miss where fewer meet the limits); 4 tries no more nodes than min_share
 # allows, the most it allows first (where a trial meets the limits, so does one keeping more: the keep of 3); 3 ranks by
 # the error a group removes, then (int8/fp8, where that keeps too much) by the error each adds alone; 2 ranked by the
 # error removed only; 2 to 4 rank groups of blocks, then nodes; 1 ranked every node alone.
