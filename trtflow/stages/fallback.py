@@ -27,7 +27,6 @@ high as fallback_autocast does, and AutoCast confirms.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections.abc import Callable
@@ -43,18 +42,9 @@ from trtflow.stages.convert import NothingQuantized
 from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
 from trtflow.stages.fallback_cuts import Cuts
-from trtflow.stages.fallback_ranking import (
-    Choice,
-    Measure,
-    choose,
-    most_allowed,
-    names_of,
-    remembered,
-    shortest_passing_prefix,
-)
+from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of, remembered
 from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
 from trtflow.stages.fallback_trial import Judge, Trial
-from trtflow.stages.modelfile import MODEL
 from trtflow.util.onnxio import load_graph_only
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search, each with one more node kept high
@@ -138,23 +128,6 @@ def search(
     def within_share(choice: Choice) -> bool:
         return choice.count is not None and allowed(choice.names[: choice.count])
 
-    def more_on(made: Attempt, count: int) -> int | None:
-        """The count to confirm next, once ModelOpt's own model `made` missed where the trial keeping the first `count`
-        met the limits: `count` plus the fewest of the next ranked candidates whose trials of `made` itself (switched
-        as the first model was) meet them. Those trials see ModelOpt's own calibration and Q/DQ placement, which the
-        first model's trials only approximate (one more node at a time left BERT-base 0.0004 short). None: no more
-        within min_share do."""
-        rest, again = names[count:], _judge_of(made, names[count:], trial)
-
-        def meets(more: int) -> bool:
-            nonlocal trials
-            trials += 1
-            trial.say(f"fallback: trial model {trials}, {count + more} of {len(every)} kept high, on ModelOpt's model")
-            return again.meets(rest[:more])
-
-        more = shortest_passing_prefix(len(rest), meets, most_allowed(len(rest), lambda n: names[: count + n], allowed))
-        return None if more is None else count + more
-
     # first by the error a group removes (cheap where a few nodes make it); int8/fp8 where that keeps too much: by
     # the error each adds alone, node by node within the groups kept (where it is spread over many)
     rankings = (False, True) if precision not in LOW_TYPES else (False,)
@@ -195,7 +168,7 @@ def search(
             best = result
         if result.accuracy["passed"]:
             break
-        count = count + 1 if precision in LOW_TYPES else more_on(result, count)
+        count += 1
     return best, {
         "candidates": len(ranked),
         "ranked_by": "error added alone" if chosen.alone else "error removed",
@@ -210,14 +183,6 @@ def search(
         "passed": best.accuracy["passed"],
         **({"below_min_share": too_few} if too_few else {}),
     }
-
-
-def _judge_of(made: Attempt, names: list[str], trial: Trial) -> Judge:
-    """Trials of ModelOpt's model `made`, each keeping some of `names` high, switched as the first model's are."""
-    saved = made.files[MODEL]
-    board_model, inputs = switched(load_graph_only(saved), names)
-    board = ort_runnable(board_model)[0]
-    return Judge(dataclasses.replace(trial, saved=saved), lambda high: resolved(board, wiring(inputs, high)))
 
 
 def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone: bool) -> Measure:

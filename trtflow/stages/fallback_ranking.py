@@ -51,7 +51,7 @@ def choose(
             sensitivity.update({group[0][0]: value for value, group in ranked_nodes})
             inner = [group[0][0] for _, group in ranked_nodes]
         names = base + inner + names_of(order[whole:])
-        cap = most_allowed(len(inner), lambda n: base + inner[:n], allowed) if refined else None
+        cap = _most(len(inner), lambda n: base + inner[:n], allowed) if refined else None
         within = shortest_passing_prefix(len(inner), lambda n: passes(base + inner[:n]), cap) if refined else None
         count = len(base) + (within or len(inner))
     return Choice(names, count, sensitivity, alone)
@@ -63,15 +63,13 @@ def _cap(
     """How many of the ranked groups are worth trying: ungrouped (each a node), as many as allowed; by the error
     removed, one more than allowed (the ones before the last stay whole); by the error added alone, all (only the
     nodes ranked within them are kept)."""
-    most = most_allowed(len(order), lambda n: names_of(order[:n]), allowed)
+    most = _most(len(order), lambda n: names_of(order[:n]), allowed)
     if most is None or not grouped:
         return most
     return None if alone else most + 1
 
 
-def most_allowed(
-    total: int, prefix: Callable[[int], list[str]], allowed: Callable[[list[str]], bool] | None
-) -> int | None:
+def _most(total: int, prefix: Callable[[int], list[str]], allowed: Callable[[list[str]], bool] | None) -> int | None:
     """The largest count in 0..total whose prefix `allowed` allows (keeping more never leaves more in the
     precision: bisected); None without `allowed`."""
     if allowed is None:
