@@ -113,11 +113,11 @@ def names_of(groups: list[list[tuple[str, str]]]) -> list[str]:
 
 
 def shortest_passing_prefix(total: int, passes: Callable[[int], bool], cap: int | None = None) -> int | None:
-    """The smallest count in 1..total for which `passes` holds, assuming that more never hurts: doubling to a passing
-    count, then bisecting below it; None if even all of them do not pass. With `cap`, counts above it are not tried:
-    the doubling stops there. The cap itself is not tried first, as if more kept never hurt: on near-tied rows it can
-    flip one more (MobileNetV3-small's int8, ranked by the error added alone: the 21 nodes allowed missed top-1, the 4
-    most sensitive met it)."""
+    """The smallest count in 1..total for which `passes` holds: doubling to a passing count, then bisecting below it
+    (assuming more passes once a count does); None if even all of them do not pass. With `cap`, counts above it are
+    not tried: the doubling stops there. The cap is not tried first, which would take a miss there for a miss at
+    every smaller count: on near-tied rows keeping more can flip one more (MobileNetV3-small's int8, ranked by the
+    error added alone: the 21 nodes allowed missed top-1, the 4 most sensitive met it)."""
     limit = total if cap is None else min(cap, total)
     if limit == 0:
         return None
