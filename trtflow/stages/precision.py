@@ -375,11 +375,11 @@ def expected_memory(node: Node) -> tuple[int, float]:
     """(base bytes, bytes per model byte) a precision node is expected to peak at, by what it does with the model.
 
     fp16/bf16: trtflow's range pass costs one inference, AutoCast several copies of the weights; measured peaks (GiB):
-    Whisper-tiny encoder 1.01 (33 MB), BERT-base 3.37 (440 MB), a 142M-parameter UNet 5.9 (571 MB), GPT-2-large size
-    17.7 (3.1 GB), where this expects 0.83, 3.85, 5.2 and 25.3. int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime
+    Whisper-tiny encoder 0.78 (33 MB), BERT-base 3.37 (440 MB), a 142M-parameter UNet 4.97 (571 MB), GPT-2-large size
+    17.7 (3.1 GB), where this expects 0.83, 3.85, 4.84 and 25.3. int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime
     (activations of the calibration batches) and converts what stays higher to fp16: ResNet-18 0.90 (46 MB),
-    Whisper-tiny 1.11, BERT-base 5.35, VGG-19 6.7 (548 MB), where this expects 1.10, 0.95, 5.5 and 7.0 (32 per byte
-    expected 13.7 for BERT-base). fp32 links its model through: 0.07 GB measured for a 3.1 GB model."""
+    Whisper-tiny 1.09, BERT-base 5.35-5.70, VGG-19 6.7 (548 MB), where this expects 1.10, 0.95, 5.48 and 7.0 (32 per
+    byte expected 13.7 for BERT-base). fp32 links its model through: 0.07 GB measured for a 3.1 GB model."""
     if node.info.precision == "fp32":
         return 200 * MIB, 0.0
     return (600 * MIB, 8.0) if node.info.precision in AUTOCAST_PRECISIONS else (600 * MIB, 12.0)
