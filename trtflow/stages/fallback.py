@@ -21,8 +21,7 @@ high as fallback_autocast does, and AutoCast confirms.
    once).
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
    are its own) and the result is checked like any other; while it misses, the next nodes join, the step doubling
-   each time (1, then 2: ModelOpt's model can be more than a node from its trial; the fleet's EfficientNet-style int8
-   on an AVX-512 CPU missed keeping 16, 17 and 18 and meets the limits keeping 19), at most CONFIRMATIONS times,
+   each time (ModelOpt's model can be more than a node from its trial: docs/precision.md), at most CONFIRMATIONS times,
    and never past the point where less than `min_share` of the weights or MACs stays in the precision. The best
    result found is kept either way, and the record says how it was reached.
 """
@@ -49,7 +48,7 @@ from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
 from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.util.onnxio import load_graph_only
 
-CONFIRMATIONS = 3  # ModelOpt runs after the search, each keeping more nodes high than the one before (1, 2, 4...)
+CONFIRMATIONS = 3  # ModelOpt runs after the search: the search's count kept high, then 1 more, then 2 more than that
 # Sensitivities are ranked on the first samples only (each node costs a trial); prefixes are judged on all of them
 RANKING_SAMPLES = 2
 DEFAULT_MIN_SHARE = 0.5

@@ -376,7 +376,7 @@ def expected_memory(node: Node) -> tuple[int, float]:
 
     fp16/bf16: trtflow's range pass costs one inference, AutoCast several copies of the weights; measured peaks (GiB):
     Whisper-tiny encoder 0.78 (33 MB), BERT-base 3.37 (440 MB), a 142M-parameter UNet 4.97 (571 MB), GPT-2-large size
-    17.7 (3.1 GB), where this expects 0.83, 3.85, 4.84 and 25.3. int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime
+    17.7 (3.1 GB), where this expects 0.83, 3.85, 4.84 and 23.6. int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime
     (activations of the calibration batches) and converts what stays higher to fp16: ResNet-18 0.90 (46 MB),
     Whisper-tiny 1.09, BERT-base 5.35-5.70, VGG-19 6.7 (548 MB), where this expects 1.10, 0.95, 5.48 and 7.0 (32 per
     byte expected 13.7 for BERT-base). fp32 links its model through: 0.07 GB measured for a 3.1 GB model."""
