@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -90,8 +91,16 @@ def write_project(root: Path, recipes: dict[str, str] | None = None, pipeline: s
 
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder the zoo (tests/zoo.py) generates its models into, once per test session."""
-    return tmp_path_factory.mktemp("zoo")
+    """One folder the zoo (tests/zoo.py) generates its models into, once per test run (shared by xdist's workers)."""
+    return shared_dir(tmp_path_factory, "zoo")
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder every worker of this test run sees (xdist's workers share the base temp's parent); its writers lock."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture

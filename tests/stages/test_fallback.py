@@ -134,6 +134,15 @@ def test_the_shortest_passing_prefix_is_found_by_doubling_then_bisecting() -> No
     assert asked == [1, 2, 4, 3]
 
 
+def test_a_confirmations_step_is_cut_short_where_it_would_go_past_min_share() -> None:
+    within = lambda count: count <= 13  # noqa: E731 (keeping more than 13 leaves less than min_share)
+    assert fallback._next_count(10, 1, within) == 11
+    assert fallback._next_count(10, 2, within) == 12
+    assert fallback._next_count(11, 4, within) == 13  # 15 would go past: the most within
+    # nothing more fits: one more, whose run reports the share it leaves
+    assert fallback._next_count(13, 2, within) == 14
+
+
 @pytest.mark.slow
 def test_fp16_fallback_keeps_nodes_in_fp32_through_autocast_until_the_limit_holds(
     tmp_path: Path, zoo_dir: Path

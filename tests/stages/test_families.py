@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import PIPELINE, stage_record, trtflow, write_project
+from conftest import PIPELINE, shared_dir, stage_record, trtflow, write_project
 from families import FAMILIES, bert, family_model
 
 from trtflow.recipe.hftasks import TASKS
@@ -32,7 +32,7 @@ profiles:
 @pytest.fixture(scope="session")
 def families_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One folder the families' models are exported into, once per test session."""
-    return tmp_path_factory.mktemp("families")
+    return shared_dir(tmp_path_factory, "families")
 
 
 def project_with(root: Path, model: Path, recipe: str, name: str = "m") -> Path:

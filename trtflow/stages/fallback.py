@@ -22,7 +22,8 @@ high as fallback_autocast does, and AutoCast confirms.
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
    are its own) and the result is checked like any other; while it misses, the next nodes join, the step doubling
    each time (ModelOpt's model can be more than a node from its trial: docs/precision.md), at most CONFIRMATIONS times,
-   and never past the point where less than `min_share` of the weights or MACs stays in the precision. The best
+   and never past the point where less than `min_share` of the weights or MACs stays in the precision (a step that
+   would go past it is cut short to the most that stays within). The best
    result found is kept either way, and the record says how it was reached.
 """
 
@@ -169,7 +170,7 @@ def search(
             best = result
         if result.accuracy["passed"]:
             break
-        count, step = count + step, step * 2
+        count, step = _next_count(count, step, lambda more: allowed(names[:more])), step * 2
     return best, {
         "candidates": len(ranked),
         "ranked_by": "error added alone" if chosen.alone else "error removed",
@@ -184,6 +185,15 @@ def search(
         "passed": best.accuracy["passed"],
         **({"below_min_share": too_few} if too_few else {}),
     }
+
+
+def _next_count(count: int, step: int, allowed: Callable[[int], bool]) -> int:
+    """How many to keep in the next ModelOpt run: `step` more, fewer where that would leave less than `min_share` in
+    the precision (the most that `allowed` takes), and one more when even that is too many (its run reports it)."""
+    more = count + step
+    while more > count + 1 and not allowed(more):
+        more -= 1
+    return more
 
 
 def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone: bool) -> Measure:
