@@ -3,6 +3,7 @@ and what the search costs against the stage without it, measured in one run.
 
     python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert bert_narrow_init] [--files 12]
                                   [--precision int8|fp8] [--min-share 0.5] [--workdir DIR]
+                                  [--quantize '{high_precision: fp32, exclude_op_types: [Add]}']
 
 Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
 BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py at two weight scales, whose token
@@ -11,7 +12,8 @@ ids come from trtflow's seeded random inputs; seeded random weights), one projec
 shape (half held out), limits cosine 0.995 and top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss
 is recorded:
   - plain: `fallback: none`, today's stage;
-  - fallback: `fallback: auto, min_share: <--min-share>` (0.5 by default).
+  - fallback: `fallback: auto, min_share: <--min-share>` (0.5 by default);
+  both with `--quantize` as their `quantize:` (where ModelOpt places Q/DQ, what the rest runs in).
 Printed: accuracy of each, the nodes kept with their sensitivity, the trial models and ModelOpt runs, the shares, and
 the fallback stage's seconds against the plain one's (goal: at most 3x, nothing extra when the first try passes), the
 run's first precision stage's less ModelOpt's import (it alone pays it; timed apart in a fresh process).
@@ -47,7 +49,7 @@ FAMILIES = (
 LIMITS = {"min_cosine": 0.995, "min_top1": 0.9}
 
 
-def write_project(root: Path, name: str, files: int, precision: str, min_share: float) -> None:
+def write_project(root: Path, name: str, files: int, precision: str, min_share: float, quantize: dict) -> None:
     """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files (a text model:
     trtflow's seeded random token ids, valid for its tables, `files // 2` of them to calibrate on)."""
     (root / "recipes").mkdir(parents=True)
@@ -77,6 +79,7 @@ def write_project(root: Path, name: str, files: int, precision: str, min_share: 
             "calibration": calibration,
             "accuracy": {"samples": files // 2, precision: {**LIMITS, **extra}},
             "verify": {"on_fail": "warn"},
+            **({"quantize": quantize} if quantize else {}),
             "profiles": [{"inputs": {k: s.as_recipe() for k, s in profile.items()}}],
         }
         (root / "recipes" / f"{recipe}.yaml").write_text(yaml.safe_dump(text, sort_keys=False))
@@ -102,6 +105,9 @@ def main() -> int:
     parser.add_argument("--precision", choices=["int8", "fp8"], default="int8")
     parser.add_argument("--min-share", type=float, default=0.5)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--quantize", type=yaml.safe_load, default={}, help="both recipes' quantize:, e.g. '{high_precision: fp32}'"
+    )
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-fallback-"))
     from conftest import stage_record
@@ -111,7 +117,7 @@ def main() -> int:
     precision = args.precision
     for name in args.models:
         root = work / name
-        write_project(root, name, args.files, precision, args.min_share)
+        write_project(root, name, args.files, precision, args.min_share, args.quantize)
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], capture_output=True)
         print(f"\n{name}: run exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")
@@ -133,7 +139,7 @@ def main() -> int:
             f"{search['modelopt_runs']} ModelOpt runs; {ratio:.2f}x the plain stage ({verdict}: goal <= 3x)"
         )
         kept = ", ".join(f"{k['name']} ({k['op']}, {k['sensitivity']:.3g})" for k in search["kept"]) or "none"
-        print(f"  kept in fp16: {kept}")
+        print(f"  kept in {args.quantize.get('high_precision', 'fp16')}: {kept}")
         if "below_min_share" in search:
             rejected = search["below_min_share"]
             share = rejected["mac_share"]
