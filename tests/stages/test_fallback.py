@@ -139,7 +139,7 @@ def test_a_confirmations_step_is_cut_short_where_it_would_go_past_min_share() ->
     assert fallback._next_count(10, 1, within) == 11
     assert fallback._next_count(10, 2, within) == 12
     assert fallback._next_count(11, 4, within) == 13  # 15 would go past: the most within
-    # nothing more fits: one more, whose run reports the share it leaves
+    # nothing more fits: one more, which the search judges without a ModelOpt run and reports as below min_share
     assert fallback._next_count(13, 2, within) == 14
 
 

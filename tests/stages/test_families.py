@@ -31,7 +31,7 @@ profiles:
 
 @pytest.fixture(scope="session")
 def families_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder the families' models are exported into, once per test session."""
+    """One folder the families' models are exported into, once per test run (shared by xdist's workers)."""
     return shared_dir(tmp_path_factory, "families")
 
 

@@ -189,7 +189,8 @@ def search(
 
 def _next_count(count: int, step: int, allowed: Callable[[int], bool]) -> int:
     """How many to keep in the next ModelOpt run: `step` more, fewer where that would leave less than `min_share` in
-    the precision (the most that `allowed` takes), and one more when even that is too many (its run reports it)."""
+    the precision (the most that `allowed` takes), and one more when even that is too many (the search then judges
+    that keep without a ModelOpt run and reports the share it would leave)."""
     more = count + step
     while more > count + 1 and not allowed(more):
         more -= 1
