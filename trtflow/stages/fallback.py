@@ -23,8 +23,8 @@ high as fallback_autocast does, and AutoCast confirms.
    are its own) and the result is checked like any other; while it misses, the next nodes join, the step doubling
    each time (ModelOpt's model can be more than a node from its trial: docs/precision.md), at most CONFIRMATIONS times,
    and never past the point where less than `min_share` of the weights or MACs stays in the precision (a step that
-   would go past it is cut short to the most that stays within). The best
-   result found is kept either way, and the record says how it was reached.
+   would go past it is cut short to the most that stays within). The best result found is kept either way, and the
+   record says how it was reached.
 """
 
 from __future__ import annotations
@@ -133,16 +133,14 @@ def search(
     # first by the error a group removes (cheap where a few nodes make it); int8/fp8 where that keeps too much: by
     # the error each adds alone, node by node within the groups kept (where it is spread over many)
     rankings = (False, True) if precision not in LOW_TYPES else (False,)
-    choices: list[Choice] = []
-    for alone in rankings:
-        choices.append(choose(measure(alone), units, grouped, alone, passes, allowed))
-        if within_share(choices[-1]):
+    for alone in rankings:  # the first whose choice is within min_share
+        chosen = choose(measure(alone), units, grouped, alone, passes, allowed)
+        if within_share(chosen):
             break
     else:  # none within min_share: the fewest the last ranking keeps whatever the share, what the failure reports
         # (the last: its node ranking is measured already, where going past with the first would rank its last group's
         # nodes too; EfficientNet-B0's fp8 spent 16 of 99 trial models on that)
-        choices = [choose(measure(rankings[-1]), units, grouped, rankings[-1], passes)]
-    chosen = choices[-1]  # within min_share (the loop stopped at it), else what the failure reports
+        chosen = choose(measure(rankings[-1]), units, grouped, rankings[-1], passes)
     names, count, sensitivity = chosen.names, chosen.count, chosen.sensitivity
     ops = dict(found)
     ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]
