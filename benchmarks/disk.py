@@ -1,10 +1,12 @@
 """Disk: the bytes a project's artifacts take against the unique bytes they hold.
 
-    python benchmarks/disk.py [--models resnet18 mobilenet_v3_small encoder] [--precisions fp32 fp16] [--workdir DIR]
+    python benchmarks/disk.py [--models resnet18 mobilenet_v3_small encoder] [--precisions fp32 fp16] [--archive]
+                              [--workdir DIR]
 
 What is measured, in one run: the torchvision-size project of benchmarks/torchvision_like.py (ResNet-18,
 MobileNetV3-small, a 4-layer encoder; batch 1/8/32; sm_86 and sm_89) at the given precisions, a cold
-`trtflow run -j 2`, then its artifacts folder (the store and the packages) walked:
+`trtflow run -j 2` (with `--archive`, every recipe also asks for its `.tar.gz`: `package: {archive: true}`), then
+its artifacts folder (the store and the packages) walked:
   - on disk: every regular file's bytes, each inode once (what the disk holds);
   - as copies: every path's bytes, hard links counted again (what the same files take where they cannot be linked:
     another filesystem, or trtflow before its packages linked their engines and archives);
@@ -86,17 +88,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(TRIO), choices=list(MODELS))
     parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16"])
+    parser.add_argument("--archive", action="store_true", help="every recipe also makes its .tar.gz")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-disk-"))
     root = write_project(work / "p", work / "cache", tuple(args.models), tuple(args.precisions))
+    for recipe in (root / "recipes").glob("*.yaml") if args.archive else []:
+        recipe.write_text(recipe.read_text() + "package: {archive: true}\n")
     done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "2"], capture_output=True)
     if done.returncode != 0:
         print(done.stderr.decode(errors="replace")[-2000:])
         return 2
     sizes = measure(root / "artifacts")
     unique = sizes["unique"]
-    print(f"artifacts of {len(args.models)} models x {len(args.precisions)} precisions x 2 targets ({root}):")
+    made = "with archives" if args.archive else "folders only"
+    print(f"artifacts of {len(args.models)} models x {len(args.precisions)} precisions x 2 targets, {made} ({root}):")
     for what in ("disk", "copies", "engines"):
         print(f"  {what:<8} {sizes[what] / 1e6:10.1f} MB  {sizes[what] / unique:5.2f}x unique")
     print(f"  {'unique':<8} {unique / 1e6:10.1f} MB")

@@ -30,6 +30,8 @@ from fleet import MODELS, PRECISIONS, TARGETS, write_fleet_project  # noqa: E402
 from s3server import CountingS3  # noqa: E402
 from zoo import ZOO  # noqa: E402
 
+from trtflow.util.archive import write_reproducible_tar  # noqa: E402
+
 
 def trtflow(env: dict, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     """Run `trtflow ARGS` in `env`: its seconds and the finished process."""
@@ -59,7 +61,9 @@ def main() -> None:
             url = f"s3://{bucket}/{package.name}"
             trtflow(server.env(), "publish", str(package), url)
             server.reset()
-            server.client().upload_file(str(package.with_suffix(".tar.gz")), bucket, f"{package.name}.tar.gz")
+            archive = work / f"{package.name}.tar.gz"  # the package as one file, as `package: {archive: true}` packs it
+            write_reproducible_tar(package, archive, package.name)
+            server.client().upload_file(str(archive), bucket, archive.name)
             for gpu in TARGETS.values():
                 dest = work / "devices" / gpu
                 server.reset()

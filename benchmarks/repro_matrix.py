@@ -20,7 +20,8 @@ What it prints:
   - per engine (model, precision, target): `identical` (same bytes), `equivalent` (other bytes, same
     `canonical_sha256` in artifacts/packages/<recipe>/manifest.json) or `different`, with both sha256 prefixes
     (`not built (skipped)` where a stage above the build failed in both runs);
-  - per package whether artifacts/packages/<recipe>.tar.gz is byte-identical (and, if not, the members that differ);
+  - per package whether the folder artifacts/packages/<recipe>/ is byte-identical (its SHA256SUMS, which lists every
+    file, the same), and if not, the files that differ;
   - the frozen run's exit code and its `frozen:` summary line (the line `trtflow run --frozen` prints, formatted from
     the `"frozen"` object of its --json output), and any stage that failed in either build with its reason;
   - the wall seconds of each build (and the seconds trtflow's summary reports).
@@ -38,7 +39,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -139,15 +139,12 @@ def engines(root: Path, name: str) -> dict[tuple[str, str], dict]:
     return {(e["precision"], e["target"]): e for e in json.loads(manifest.read_text())["engines"]}
 
 
-def members(archive: Path) -> dict[str, str]:
-    """sha256 of each regular file in a package archive, by member name."""
-    digests = {}
-    with tarfile.open(archive) as tar:
-        for member in tar:
-            if member.isfile():
-                extracted = tar.extractfile(member)
-                digests[member.name] = hashlib.sha256(extracted.read() if extracted else b"").hexdigest()
-    return digests
+def members(folder: Path) -> dict[str, str]:
+    """sha256 of each file of a package folder, by name, as its SHA256SUMS lists them (itself by its own bytes)."""
+    sums = folder / "SHA256SUMS"
+    lines = sums.read_text().splitlines()
+    listed = {name: digest for digest, _, name in (line.partition("  ") for line in lines)}
+    return listed | {sums.name: hashlib.sha256(sums.read_bytes()).hexdigest()}
 
 
 def verdict(a: dict | None, b: dict | None, status: tuple[str | None, str | None]) -> str:
@@ -203,16 +200,16 @@ def report(
                     f"{(y or {}).get('sha256', '-')[:12]:<12}"
                 )
     print("engines: " + ", ".join(f"{n} {said}" for said, n in counts.items()))
-    print(f"\n{'package':<20} {'tar.gz':<15} {'MB':>6}  members that differ")
+    print(f"\n{'package':<20} {'folder':<15} {'MB':>6}  files that differ")
     for name in models:
-        x, y = a / "artifacts" / "packages" / f"{name}.tar.gz", b / "artifacts" / "packages" / f"{name}.tar.gz"
-        if not (x.is_file() and y.is_file()):
-            print(f"{name:<20} {'missing in ' + ('A' if not x.is_file() else 'B'):<15}")
+        x, y = a / "artifacts" / "packages" / name, b / "artifacts" / "packages" / name
+        if not ((x / "SHA256SUMS").is_file() and (y / "SHA256SUMS").is_file()):
+            print(f"{name:<20} {'missing in ' + ('A' if not (x / 'SHA256SUMS').is_file() else 'B'):<15}")
             continue
-        same = x.read_bytes() == y.read_bytes()
-        differ = [] if same else [m for m, d in members(x).items() if members(y).get(m) != d]
-        listed = ", ".join(differ) if differ else ("-" if same else "(metadata only)")
-        print(f"{name:<20} {'identical' if same else 'differs':<15} {x.stat().st_size / 1e6:>6.1f}  {listed}")
+        mine, theirs = members(x), members(y)
+        differ = sorted(m for m in mine.keys() | theirs.keys() if mine.get(m) != theirs.get(m))
+        size = sum(p.stat().st_size for p in x.rglob("*") if p.is_file())
+        print(f"{name:<20} {'differs' if differ else 'identical':<15} {size / 1e6:>6.1f}  {', '.join(differ) or '-'}")
     return equivalent
 
 

@@ -76,6 +76,21 @@ def settle() -> None:
     time.sleep(RACY_NS / 1e9 + 0.2)
 
 
+def package_files(root: Path, recipe: str = "tiny") -> dict[str, str]:
+    """The sha256 of every file of a placed package folder, by relative path (what "the same package" compares)."""
+    import hashlib
+
+    folder = root / "artifacts" / "packages" / recipe
+    return {
+        path.relative_to(folder).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+ARCHIVE = "package: {archive: true}\n"  # a recipe's line asking for `<recipe>.tar.gz` beside its folder
+
+
 def write_project(root: Path, recipes: dict[str, str] | None = None, pipeline: str = PIPELINE) -> Path:
     """pipeline.yaml, recipes/<name>.yaml and models/tiny_cnn.onnx under `root`."""
     (root / "recipes").mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,11 @@
 """SLSA provenance for each package: an in-toto Statement in a DSSE envelope, `<packages>/<recipe>.intoto.jsonl`.
 
-What it says: the subjects (the package archive, its manifest.json and every engine, by sha256), what they were
-built from (the source model, the cleaned model, each engine's calibration data digest, each engine's stage key)
-and by what (trtflow's version, each backend and its version). It holds no time stamp and no machine name, so
-the same package and key give the same bytes. Signed with the run's signing key when the environment holds
+What it says: the subjects (the package's manifest.json, every engine and its archive if it has one, by sha256),
+what they were built from (the source model, the cleaned model, each engine's calibration data digest, each engine's
+stage key) and by what (trtflow's version, each backend and its version). It holds no time stamp and no machine
+name, so the same package and key give the same bytes. Signed with the run's signing key when the environment holds
 one (signing.py), unsigned otherwise; `provision --require-signature --trust KEY.pub` accepts a package only
-when a trusted key signed a statement whose manifest digest (and archive digest, for a .tar.gz) match.
+when a trusted key signed a statement whose manifest digest (and archive digest, for a .tar.gz it names) match.
 The chain is: signature -> manifest.json's sha256 -> every engine's sha256 (checked while it is copied).
 """
 
@@ -36,13 +36,11 @@ def provenance_path(package: Path) -> Path:
     return package.with_name(name + SUFFIX)
 
 
-def statement(recipe: str, archive_sha256: str, manifest_sha256: str, manifest: dict, package_key: str) -> dict:
-    """The in-toto Statement (SLSA provenance v1 predicate) of one package."""
+def statement(recipe: str, archive_sha256: str | None, manifest_sha256: str, manifest: dict, package_key: str) -> dict:
+    """The in-toto Statement (SLSA provenance v1 predicate) of one package (its archive a subject when it has one)."""
     engines = manifest.get("engines", [])
-    subjects = [
-        {"name": f"{recipe}.tar.gz", "digest": {"sha256": archive_sha256}},
-        {"name": f"{recipe}/{MANIFEST_FILE}", "digest": {"sha256": manifest_sha256}},
-    ]
+    subjects = [{"name": f"{recipe}.tar.gz", "digest": {"sha256": archive_sha256}}] if archive_sha256 else []
+    subjects += [{"name": f"{recipe}/{MANIFEST_FILE}", "digest": {"sha256": manifest_sha256}}]
     subjects += [{"name": f"{recipe}/{e['file']}", "digest": {"sha256": e["sha256"]}} for e in engines]
     source = manifest.get("source", {})
     materials = [
@@ -112,7 +110,8 @@ def check(
             f"{path}: the signed provenance does not cover this {MANIFEST_FILE} (it was changed or "
             "belongs to another package)"
         )
-    if archive_sha256 is not None and digests.get(f"{recipe}.tar.gz") != archive_sha256:
+    archived = digests.get(f"{recipe}.tar.gz")
+    if archive_sha256 is not None and archived is not None and archived != archive_sha256:
         raise UntrustedPackage(
             f"{path}: the signed provenance does not cover this archive (it was changed or belongs to another build)"
         )

@@ -591,6 +591,15 @@ def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> Callable[[Path], No
     return apply
 
 
+def _truncated_archive(folder: Path) -> None:
+    """The package folder packed as its archive (`package: {archive: true}` packs it so), then cut short."""
+    from trtflow.util.archive import write_reproducible_tar
+
+    archive = folder.with_name(folder.name + ".tar.gz")
+    write_reproducible_tar(folder, archive, folder.name)
+    archive.write_bytes(archive.read_bytes()[:200])
+
+
 def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", size: int = 0) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.linkname, info.size = kind, link, size
@@ -602,7 +611,7 @@ for name, edit, code, fragment in [
     ("archive-not-gzip", write(PACKAGE + ".tar.gz", b"plain text"), 3, "not a readable package archive"),
     (
         "archive-truncated",
-        lambda root: (root / (PACKAGE + ".tar.gz")).write_bytes((root / (PACKAGE + ".tar.gz")).read_bytes()[:200]),
+        lambda root: _truncated_archive(root / PACKAGE),
         3,
         "not a readable package archive",
     ),
@@ -897,8 +906,8 @@ def _payload(edit: Callable[[dict], None]) -> Callable[[dict], None]:
 
 
 def _remote_object(root: Path) -> None:
-    """Flip a byte of the package object on the remote."""
-    digest = json.loads((root / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]["package"]
+    """Flip a byte of the package's manifest object on the remote."""
+    digest = json.loads((root / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]["manifest.json"]
     path = root / REMOTE / "objects" / digest[:2] / digest
     data = bytearray(path.read_bytes())
     data[-1] ^= 1

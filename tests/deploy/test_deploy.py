@@ -20,6 +20,8 @@ import onnx
 import pytest
 from conftest import trtflow
 
+from trtflow.util.archive import write_reproducible_tar
+
 PACKAGE = Path("artifacts/packages/tiny")
 
 
@@ -444,6 +446,8 @@ def test_remote_failures_are_one_line_with_the_right_exit_code(built: Path, tmp_
         and down.stderr.count("\n") == 1
         and "s3://bucket/tiny/channels/stable.json: cannot read" in down.stderr
     )
-    archive = cli("publish", str(built / "artifacts/packages/tiny.tar.gz"), (tmp_path / "r").as_uri())
+    packed = tmp_path / "tiny.tar.gz"
+    write_reproducible_tar(built / "artifacts/packages/tiny", packed, "tiny")
+    archive = cli("publish", str(packed), (tmp_path / "r").as_uri())
     assert archive.returncode == 3 and "not its archive" in archive.stderr
     assert not (tmp_path / "d").exists() and not (tmp_path / "r").exists()

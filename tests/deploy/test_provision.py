@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import trtflow, write_project
+from conftest import ARCHIVE, TINY_RECIPE, trtflow, write_project
 
 from trtflow.deploy.provision import AMPERE_PLUS, EXACT, BadRequest, Device, NoEngineFits, choose, device_from_options
 from trtflow.manifest import BuilderOptions, Engine, Manifest, Source
@@ -281,7 +281,7 @@ def test_an_engine_must_fit_every_capability_of_the_device() -> None:
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = write_project(tmp_path_factory.mktemp("provision") / "proj")
+    root = write_project(tmp_path_factory.mktemp("provision") / "proj", {"tiny": TINY_RECIPE + ARCHIVE})
     result = trtflow(root, "run", "--json")
     assert result.code == 0, result.err
     return root / "artifacts" / "packages"

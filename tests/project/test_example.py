@@ -21,9 +21,12 @@ def _fresh_clone(destination: Path) -> Path:
 
 
 def _package_digests(root: Path) -> dict[str, str]:
+    """Every file of the packages folder but the report, by path: the folders, tiny_cnn's archive, the provenance."""
+    packages = root / "artifacts" / "packages"
     return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted((root / "artifacts" / "packages").glob("*.tar.gz"))
+        p.relative_to(packages).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(packages.rglob("*"))
+        if p.is_file()
     }
 
 
@@ -62,7 +65,13 @@ def test_two_fresh_clones_build_byte_identical_packages(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
     assert _lock_drift(first) == [], "the fresh build disagrees with the committed trtflow.lock"
     digests = _package_digests(first)
-    assert sorted(digests) == ["seq_lstm.tar.gz", "tiny_cnn.tar.gz"]
+    assert {name.split("/")[0] for name in digests} == {
+        "seq_lstm",
+        "seq_lstm.intoto.jsonl",
+        "tiny_cnn",
+        "tiny_cnn.intoto.jsonl",
+        "tiny_cnn.tar.gz",
+    }
     assert digests == _package_digests(second)
 
 

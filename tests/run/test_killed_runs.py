@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import trtflow, write_project
+from conftest import ARCHIVE, TINY_RECIPE, package_files, trtflow, write_project
 
 from trtflow.util.archive import replace_dir_atomically
 
@@ -190,7 +190,7 @@ def test_runs_killed_at_twenty_four_points_always_recover(tmp_path: Path) -> Non
     import numpy as np
     from conftest import example_models
 
-    root = write_project(tmp_path / "p")
+    root = write_project(tmp_path / "p", {"tiny": TINY_RECIPE + ARCHIVE})  # the archive's placing is killed too
     variants = [example_models().tiny_cnn(np.random.default_rng(seed)).SerializeToString() for seed in range(3)]
     rng = random.Random(20261123)
     plan = [("point", point) for point in CRASH_POINTS] + [
@@ -234,8 +234,6 @@ def _assert_recovers(root: Path, label: str) -> None:
         assert json.loads(archive.extractfile("tiny/manifest.json").read()) == manifest, label  # type: ignore[union-attr]
     for engine in manifest["engines"]:
         assert hashlib.sha256((packages / "tiny" / engine["file"]).read_bytes()).hexdigest() == engine["sha256"], label
-    lock = json.loads((root / "trtflow.lock").read_text())
-    assert (
-        lock["nodes"]["package:tiny"]["outputs"]["package"]
-        == hashlib.sha256((packages / "tiny.tar.gz").read_bytes()).hexdigest()
-    ), label
+    outputs = json.loads((root / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]
+    assert outputs.pop("archive") == hashlib.sha256((packages / "tiny.tar.gz").read_bytes()).hexdigest(), label
+    assert outputs == package_files(root), label

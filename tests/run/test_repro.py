@@ -30,7 +30,7 @@ def _as_if_the_locked_engine_had_other_bytes(root: Path, canonical: str | None =
     nodes[BUILD]["outputs"]["engine"] = "e" * 64
     if canonical is None:  # an equivalent engine: what consumed it has the same key; the package carried its bytes
         assert nodes[VERIFY]["inputs"]["engine"] == "canonical:" + nodes[BUILD]["canonical"]["engine"]
-        nodes[PACKAGE]["outputs"]["package"] = "f" * 64
+        nodes[PACKAGE]["outputs"]["manifest.json"] = "f" * 64  # it names the engine by its sha256
     else:
         nodes[BUILD]["canonical"]["engine"] = canonical
         for node_id, role in ((VERIFY, "engine"), (PACKAGE, "engine:fp32/rtx-ada")):

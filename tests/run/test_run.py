@@ -5,12 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 import onnx
 import pytest
-from conftest import TINY_RECIPE, settle, trtflow, trtflow_process, write_project
+from conftest import TINY_RECIPE, package_files, settle, trtflow, trtflow_process, write_project
 from onnx import TensorProto, helper
 
 
@@ -51,16 +50,14 @@ def test_run_packages_one_engine_per_precision_and_target(project: Path) -> None
         ]
     sums = dict(line.split("  ")[::-1] for line in (package / "SHA256SUMS").read_text().splitlines())
     assert sums["manifest.json"] == hashlib.sha256((package / "manifest.json").read_bytes()).hexdigest()
-    with tarfile.open(project / "artifacts" / "packages" / "tiny.tar.gz") as tar:
-        assert sorted(tar.getnames()) == sorted(
-            f"tiny/{p.relative_to(package).as_posix()}" for p in package.rglob("*") if p.is_file()
-        )
+    assert set(sums) | {"SHA256SUMS"} == set(package_files(project))
+    assert not (project / "artifacts" / "packages" / "tiny.tar.gz").exists(), "an archive only when asked for"
 
 
 def test_inspect_shows_package_manifest_and_engine(project: Path) -> None:
     run_json(project)
     package = project / "artifacts" / "packages" / "tiny"
-    for path in (package, project / "artifacts" / "packages" / "tiny.tar.gz", package / "manifest.json"):
+    for path in (package, package / "manifest.json"):
         shown = trtflow(project, "inspect", str(path))
         assert shown.code == 0 and "rtx-ada (sm_89)" in shown.out and "tensorrt-rtx 1." in shown.out
     engine = package / manifest(project)["engines"][0]["file"]
@@ -158,9 +155,9 @@ def test_deleted_store_object_is_rebuilt(project: Path) -> None:
 
 def test_builds_are_deterministic_and_force_reruns_everything(project: Path) -> None:
     run_json(project)
-    before = (project / "artifacts" / "packages" / "tiny.tar.gz").read_bytes()
+    before = package_files(project)
     assert run_json(project, "--force")["built"] == 7
-    assert (project / "artifacts" / "packages" / "tiny.tar.gz").read_bytes() == before
+    assert package_files(project) == before
 
 
 def test_dry_run_writes_nothing(project: Path) -> None:
@@ -200,7 +197,7 @@ def test_a_failing_stage_stops_its_package_but_not_other_recipes(tmp_path: Path)
     assert states["package:tiny"] == "built"
     failure = next(n for n in json.loads(result.out)["nodes"] if n["status"] == "failed")
     assert "Frobnicate" in failure["reason"]
-    assert (root / "artifacts" / "packages" / "tiny.tar.gz").is_file() and not (
+    assert (root / "artifacts" / "packages" / "tiny" / "manifest.json").is_file() and not (
         root / "artifacts" / "packages" / "broken"
     ).exists()
 
@@ -209,9 +206,7 @@ def test_parallel_run_builds_the_same_package(tmp_path: Path) -> None:
     serial, parallel = write_project(tmp_path / "a"), write_project(tmp_path / "b")
     run_json(serial)
     assert run_json(parallel, "-j", "2")["built"] == 7
-    assert (serial / "artifacts/packages/tiny.tar.gz").read_bytes() == (
-        parallel / "artifacts/packages/tiny.tar.gz"
-    ).read_bytes()
+    assert package_files(serial) == package_files(parallel)
 
 
 def test_static_lstm_without_dynamic_dims_builds(tmp_path: Path) -> None:
@@ -242,10 +237,7 @@ def test_lock_records_every_node_and_frozen_passes_when_unchanged(project: Path)
         "verify:tiny/fp32/rtx-ampere",
     ]
     assert nodes["build:tiny/fp32/rtx-ada"]["params"]["precision"] == "fp32"
-    assert (
-        nodes["package:tiny"]["outputs"]["package"]
-        == hashlib.sha256((project / "artifacts/packages/tiny.tar.gz").read_bytes()).hexdigest()
-    )
+    assert nodes["package:tiny"]["outputs"] == package_files(project)
     assert run_json(project, "--frozen")["cached"] == 7
     assert (project / "trtflow.lock").read_text() == lock_text
 

@@ -1,11 +1,13 @@
-"""A placed package shares its bytes with the store: the archive is the package object and each engine of its folder
-is its build's object (hard links), so a project holds each engine twice, not four times; a placed file edited in
-place is caught by the store and rebuilt, never shipped."""
+"""A placed package shares its bytes with the store: each file of its folder is its object and each engine its
+build's object (hard links), so a project holds each engine once; an archive, only when the recipe asks for one, is
+its own object; a placed file edited in place is caught by the store and rebuilt, never shipped."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import tarfile
 from pathlib import Path
 
 from conftest import trtflow
@@ -21,12 +23,17 @@ def _object(root: Path, digest: str) -> Path:
         store.close()
 
 
-def _package_object(root: Path) -> Path:
+def _package_outputs(root: Path) -> dict[str, str]:
     store = Store(root / "artifacts" / "store")
     try:
-        return store.objects.path(store.records.get(store.memos.last_run("package:tiny")["key"])["outputs"]["package"])
+        return store.records.get(store.memos.last_run("package:tiny")["key"])["outputs"]
     finally:
         store.close()
+
+
+def _subjects(root: Path) -> list[str]:
+    envelope = json.loads((root / "artifacts" / "packages" / "tiny.intoto.jsonl").read_text())
+    return [subject["name"] for subject in json.loads(base64.b64decode(envelope["payload"]))["subject"]]
 
 
 def _engines(root: Path) -> list[tuple[Path, str]]:
@@ -35,14 +42,40 @@ def _engines(root: Path) -> list[tuple[Path, str]]:
     return [(folder / engine["file"], engine["sha256"]) for engine in manifest["engines"]]
 
 
-def test_the_placed_archive_and_engines_are_the_stores_objects(built: Path) -> None:
-    archive = built / "artifacts" / "packages" / "tiny.tar.gz"
-    assert os.path.samefile(archive, _package_object(built))
+def test_each_placed_file_is_its_object_and_each_engine_its_builds(built: Path) -> None:
+    folder = built / "artifacts" / "packages" / "tiny"
+    outputs = _package_outputs(built)
+    assert not (built / "artifacts" / "packages" / "tiny.tar.gz").exists(), "no archive unless the recipe asks"
+    assert sorted(outputs) == sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    for name, digest in outputs.items():
+        assert os.path.samefile(folder / name, _object(built, digest)), name
     engines = _engines(built)
     assert len(engines) == 2
     for path, sha256 in engines:
         assert os.path.samefile(path, _object(built, sha256)), path
         assert path.stat().st_mode & 0o222 == 0, "a placed engine is read-only, as its object is"
+        assert path.stat().st_nlink == 2, "an engine is on disk once: its object and the package's link"
+
+
+def test_an_archive_is_made_when_asked_and_removed_when_no_longer_asked(project: Path) -> None:
+    recipe = project / "recipes" / "tiny.yaml"
+    plain = recipe.read_text()
+    recipe.write_text(plain + "package: {archive: true}\n")
+    assert trtflow(project, "run").code == 0
+    archive = project / "artifacts" / "packages" / "tiny.tar.gz"
+    assert os.path.samefile(archive, _object(project, _package_outputs(project)["archive"]))
+    with tarfile.open(archive) as packed:
+        names = sorted(m.name for m in packed if m.isfile())
+    folder = project / "artifacts" / "packages" / "tiny"
+    assert names == sorted(f"tiny/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*") if p.is_file())
+    assert "tiny.tar.gz" in _subjects(project)
+    recipe.write_text(plain)
+    again = trtflow(project, "run")
+    assert again.code == 0, again.err
+    assert not archive.exists(), "the archive of an earlier package is not this one's"
+    assert "restored" not in again.err, "an ordinary update is not a repair"
+    assert "tiny.tar.gz" not in _subjects(project)
+    assert "tiny/manifest.json" in _subjects(project)
 
 
 def test_an_engine_edited_in_place_is_rebuilt_and_the_package_restored(project: Path) -> None:

@@ -19,13 +19,20 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import PIPELINE, TINY_RECIPE, read_remote_record, trtflow, write_project, write_remote_record
+from conftest import (
+    PIPELINE,
+    TINY_RECIPE,
+    package_files,
+    read_remote_record,
+    trtflow,
+    write_project,
+    write_remote_record,
+)
 
 pytest.importorskip("s3fs", reason="the S3 remote needs s3fs: pip install s3fs")
 pytest.importorskip("moto.server", reason="the S3 tests need moto[server]: pip install 'moto[server]'")
 
 SECRET = f"secret-{uuid.uuid4().hex}"  # must never reach a record, the index or the lock
-PACKAGE = Path("artifacts/packages/tiny.tar.gz")
 RECIPE = TINY_RECIPE.replace("targets: [rtx-ampere, rtx-ada]", "targets: [rtx-ada]")
 
 
@@ -128,7 +135,7 @@ def test_a_second_clone_sharing_only_the_remote_builds_nothing(
     code, summary, err = run(second, aws_env(s3_endpoint))
     assert code == 0 and summary["built"] == 0 and summary["warnings"] == [], err
     assert set(statuses(summary).values()) == {("cached", "pulled from the remote cache")}
-    assert (second / PACKAGE).read_bytes() == (first / PACKAGE).read_bytes()
+    assert package_files(second) == package_files(first)
     assert trtflow(second, "cache", "verify").code == 0
     for root in (first, second):
         store = root / "artifacts" / "store"
@@ -157,7 +164,7 @@ def test_a_tampered_remote_object_is_rejected_rebuilt_and_repaired(
     assert code == 0, err
     assert built(summary) == {"build:tiny/fp32/rtx-ada"}
     assert any("rejected the record of build:tiny/fp32/rtx-ada" in w and digest in w for w in summary["warnings"])
-    assert (second / PACKAGE).read_bytes() == (first / PACKAGE).read_bytes()
+    assert package_files(second) == package_files(first)
     assert hashlib.sha256(client.get_object(Bucket=name, Key=key)["Body"].read()).hexdigest() == digest  # pushed again
     assert trtflow(second, "cache", "verify").code == 0
 
@@ -167,7 +174,7 @@ def test_an_unreachable_remote_warns_once_and_builds_locally_unless_required(
 ) -> None:
     _, first = published
     root = Path(shutil.copytree(first, tmp_path / "p", symlinks=True))
-    package = json.loads((root / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]["package"]
+    package = json.loads((root / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]["manifest.json"]
     (root / "artifacts/store/objects" / package[:2] / package).unlink()  # the one stage left to run
     env = aws_env(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     code, summary, err = run(root, env, "--remote-required")
@@ -178,7 +185,7 @@ def test_an_unreachable_remote_warns_once_and_builds_locally_unless_required(
     assert code == 0 and built(summary) == {"package:tiny"}, err
     assert len(summary["warnings"]) == 1 and "unavailable (reading the record of package:tiny" in summary["warnings"][0]
     assert err.count("warning:") == 1
-    assert (root / PACKAGE).read_bytes() == (first / PACKAGE).read_bytes()
+    assert package_files(root) == package_files(first)
 
 
 def test_a_file_remote_shares_builds_and_rejects_a_forged_record(tmp_path: Path) -> None:
@@ -198,7 +205,7 @@ def test_a_file_remote_shares_builds_and_rejects_a_forged_record(tmp_path: Path)
         "rejected the record of package:tiny: its key components do not hash to its key" in w
         for w in summary["warnings"]
     )
-    assert (second / PACKAGE).read_bytes() == (first / PACKAGE).read_bytes()
+    assert package_files(second) == package_files(first)
 
 
 def test_an_unusable_file_remote_is_a_remote_failure(tmp_path: Path) -> None:

@@ -17,13 +17,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from conftest import TINY_RECIPE, trtflow, write_project
+from conftest import TINY_RECIPE, package_files, trtflow, write_project
 
 from trtflow.run.options import RunOptions
 from trtflow.run.session import Session
 from trtflow.store import Store
 
-PACKAGE = Path("artifacts/packages/tiny.tar.gz")
 ONE_TARGET = TINY_RECIPE.replace("targets: [rtx-ampere, rtx-ada]", "targets: [rtx-ada]")  # 5 stages, 1 engine
 
 
@@ -62,7 +61,7 @@ def test_four_concurrent_runs_build_every_key_exactly_once(tmp_path: Path) -> No
     store.close()
     reference = write_project(tmp_path / "reference")
     assert trtflow(reference, "run").code == 0
-    assert (shared / PACKAGE).read_bytes() == (reference / PACKAGE).read_bytes()
+    assert package_files(shared) == package_files(reference)
     verify_ok(shared)
     assert not list((shared / "artifacts" / "store" / "tmp").iterdir())
 

@@ -137,7 +137,7 @@ def test_rot_found_while_packaging_is_rebuilt_in_the_same_run(project: Path) -> 
     """No verify ran: the package stage's re-hash finds the engine, which is rebuilt before packaging."""
     digest, path = engine(project)
     flip_byte(path, keep_mtime=True)
-    package = json.loads((project / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]["package"]
+    package = json.loads((project / "trtflow.lock").read_text())["nodes"]["package:tiny"]["outputs"]["manifest.json"]
     (project / "artifacts/store/objects" / package[:2] / package).unlink()
     summary = run_json(project)
     assert {f"build:tiny/fp32/{ENGINE_TARGET}", "package:tiny"} <= built_ids(summary)

@@ -122,7 +122,10 @@ class RayExecutor:
             return replace(result, node=answer["node"])
         outputs = Path(tempfile.mkdtemp(dir=task.workdir, prefix="outputs-"))
         try:
-            files = {name: str(self.exchange.get(digest, outputs / name)) for name, digest in answer["files"].items()}
+            files = {  # flat names: an output's name may be a path (a package's files)
+                name: str(self.exchange.get(digest, outputs / f"output-{number}"))
+                for number, (name, digest) in enumerate(sorted(answer["files"].items()))
+            }
         except (OSError, ValueError) as exc:
             return StageResult.failure(
                 f"fetching the outputs of {task.node_id} from the exchange: {exc}", node=answer["node"]

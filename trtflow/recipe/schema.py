@@ -305,6 +305,9 @@ class PackageOptions(StrictModel):
     # `carry`: the package also holds the libraries (plugins/<sha256>-<name>) and provision installs them beside the
     # engine
     plugins: Literal["list", "carry"] = "list"
+    # also write `<recipe>.tar.gz` (the folder's files, reproducible): a second copy of every engine on disk, so only
+    # for a recipe whose package is shipped as one file; `trtflow provision` and `publish` read the folder
+    archive: bool = False
 
 
 class Recipe(StrictModel):

@@ -1,4 +1,4 @@
-"""Package: engines + manifest.json + SHA256SUMS in a folder, packed into a reproducible .tar.gz.
+"""Package: engines + manifest.json + SHA256SUMS in a folder (and, when the recipe asks, a reproducible .tar.gz).
 
 The recipe's plugin libraries are sources of the package too (the manifest lists each with its sha256, so a changed
 library repacks even when the engine's bytes came out the same); `package: {plugins: carry}` packs them as well.
@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,13 +16,13 @@ from trtflow import __version__
 from trtflow.errors import StageError, required
 from trtflow.recipe.precision import QUANTIZED_PRECISIONS
 from trtflow.stages import build as build_stage
+from trtflow.stages import package_placing
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import (
     MIB,
     Dep,
     Node,
     NodeId,
-    Placement,
     RecipeContext,
     Stage,
     StageOutput,
@@ -33,17 +30,17 @@ from trtflow.stages.base import (
     Upstream,
     declared_memory,
 )
+from trtflow.stages.package_placing import ARCHIVE
 from trtflow.states import FAILED, SKIPPED, NodeState
-from trtflow.store.records import StageRecord
 from trtflow.util.fs import link_or_copy
-from trtflow.util.reads import note_path
 
 if TYPE_CHECKING:  # the manifest's models, the archive and lock helpers load when a package is made or placed
     from trtflow.manifest import Calibration, Engine, MissingEngine, Plugin, Tensor
 
-KIND, VERSION = "package", 9  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
+KIND, VERSION = "package", 10  # 5: canonical_sha256 and reproducible per engine; 6: gzip level 0 (stored);
 # 7: a missing engine names its target's compute capabilities; 8: each engine's network facts (layers); 9: engines
-# enter the key by their canonical digest (an equivalent rebuild re-keys nothing)
+# enter the key by their canonical digest (an equivalent rebuild re-keys nothing); 10: the folder's files are the
+# outputs (engines are their builds' objects), the archive only with `package: {archive: true}`
 
 
 class PackagedEngine(build_stage.Params):
@@ -65,6 +62,7 @@ class Params(StageParams):
     engines: list[PackagedEngine]
     trtflow: str
     plugins: str = "list"  # the recipe's package.plugins: `carry` packs the libraries (the default is out of the key)
+    archive: bool = False  # the recipe's package.archive: also pack the folder as `<recipe>.tar.gz`
 
 
 def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: Node) -> Node:
@@ -83,7 +81,13 @@ def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: 
     deps += [Dep(e.verify_role, v.id, "report") for e, v in zip(engines, verifies, strict=True)]
     quantized = sorted(set(QUANTIZED_PRECISIONS) & {b.info.precision for b in builds})
     deps += [dep for p in quantized for dep in precision_stage.report_dep(ctx, p, f"precision:{p}")]
-    params = Params(recipe=ctx.name, engines=engines, trtflow=__version__, plugins=ctx.recipe.package.plugins)
+    params = Params(
+        recipe=ctx.name,
+        engines=engines,
+        trtflow=__version__,
+        plugins=ctx.recipe.package.plugins,
+        archive=ctx.recipe.package.archive,
+    )
     return Node(
         id=NodeId.of(KIND, ctx.name),
         version=VERSION,
@@ -94,10 +98,11 @@ def node(ctx: RecipeContext, builds: list[Node], verifies: list[Node], cleanup: 
 
 
 def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutput:
-    """Pack every engine (re-hashed while it is packed) with manifest.json and SHA256SUMS into a reproducible archive.
+    """The package folder's files (every engine, manifest.json, SHA256SUMS) and, with `package: {archive: true}`,
+    the same files in a reproducible archive.
 
-    The engines are streamed from the store into the archive, never copied into a folder first: the archive is the
-    package's only output (the packages folder is extracted from it when the package is placed).
+    An engine is its build's object (hard-linked, never copied), so the store holds its bytes once; only an archive
+    holds them a second time (streamed from the store into it, hashed while it is packed).
     """
     from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Manifest, Source
     from trtflow.manifest import manifest_bytes as dumped
@@ -141,14 +146,27 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     members[MANIFEST_FILE] = manifest_bytes
     sums = {**digests, MANIFEST_FILE: hashlib.sha256(manifest_bytes).hexdigest()}
     members[SUMS_FILE] = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums)).encode()
-    archive = workdir / f"{recipe}.tar.gz"
-    try:
-        write_reproducible_members(archive, recipe, members, expected=digests)
-    except UnsafeArchive as exc:
-        raise StageError(f"{exc} (corrupt store object); run again to rebuild it") from exc
-    return StageOutput(
-        files={"package": archive}, record={"engines": len(engines), "manifest": json.loads(manifest_bytes)}
-    )
+    files = _members_as_files(members, workdir)
+    if params.archive:
+        files[ARCHIVE] = workdir / f"{recipe}.tar.gz"
+        try:
+            write_reproducible_members(files[ARCHIVE], recipe, members, expected=digests)
+        except UnsafeArchive as exc:
+            raise StageError(f"{exc} (corrupt store object); run again to rebuild it") from exc
+    return StageOutput(files=files, record={"engines": len(engines), "manifest": json.loads(manifest_bytes)})
+
+
+def _members_as_files(members: dict[str, Path | bytes], workdir: Path) -> dict[str, Path]:
+    """Each file of the package folder (relative path -> a file in `workdir`): an engine or a carried library is a
+    hard link to its object (the store keeps one copy of its bytes), the manifest and SHA256SUMS are written."""
+    files = {}
+    for number, (name, content) in enumerate(sorted(members.items())):
+        files[name] = workdir / f"member-{number}"  # flat: executors move outputs by file name
+        if isinstance(content, bytes):
+            files[name].write_bytes(content)
+        else:
+            link_or_copy(content, files[name])
+    return files
 
 
 def _plugins(inputs: dict[str, Upstream], carry: bool) -> list[tuple[Plugin, Path]]:
@@ -237,146 +255,11 @@ def _tensor(spec: dict, profiles: list[dict]) -> Tensor:
     return Tensor(profiles=shapes, **spec)
 
 
-def finish(node: Node, record: StageRecord, place: Placement) -> str | None:
-    """Make `<packages>/<recipe>.tar.gz`, its extracted folder and its provenance match the package object.
-
-    Returns what was repaired (an archive or folder that differed from the package), None otherwise.
-    """
-    from trtflow.store.locks import holding
-
-    recipe, digest = node.recipe, record["outputs"]["package"]
-    difference = _difference(digest, place, recipe)
-    if difference or _provenance_differs(place, recipe, record):
-        with holding(place.store.locks / f"package-{recipe}.lock"):  # concurrent runs write the same package folder
-            difference = _difference(digest, place, recipe)  # another run may have put it in place meanwhile
-            if difference:
-                _checkout(place, digest, recipe)
-            if _provenance_differs(place, recipe, record):
-                _write_provenance(place, recipe, record)
-    return (
-        None
-        if difference in (None, NOT_PLACED, UPDATED)
-        else f"{place.packages_dir / recipe}: {difference}; restored it from the store"
-    )
-
-
-NOT_PLACED = "not placed yet"
-UPDATED = "an earlier package of the recipe, as placed"  # an ordinary update: replaced without a warning
-
-
-def _difference(digest: str, place: Placement, recipe: str) -> str | None:
-    """What differs between the placed archive and folder and the package object (None: nothing; cheap when unchanged).
-
-    The folder is compared with the listing remembered at checkout: the same files, each with its digest (files
-    are re-hashed only when their size, mtime or inode changed).
-    """
-    archive, folder = place.packages_dir / f"{recipe}.tar.gz", place.packages_dir / recipe
-    if not archive.exists() and not folder.exists():
-        return NOT_PLACED
-    placed = place.digests.digest(archive) if archive.is_file() else None
-    if placed != digest:
-        # trtflow placed it: is it still as placed?
-        earlier = place.store.memos.package_listing(placed) if placed else None
-        return (
-            UPDATED
-            if earlier is not None and _folder_difference(folder, earlier, place) is None
-            else f"{archive.name} differs from the package built"
-        )
-    listing = place.store.memos.package_listing(digest)
-    if listing is None:
-        return "its folder was never checked"
-    return _folder_difference(folder, listing, place)
-
-
-def _folder_difference(folder: Path, listing: dict[str, str], place: Placement) -> str | None:
-    """What differs between a package folder and the listing of the package it was extracted from (None: nothing)."""
-    if folder.is_symlink() or not folder.is_dir():
-        return "its folder is a symlink" if folder.is_symlink() else "its folder is missing"
-    present = _files_under(folder)
-    if set(present) != set(listing):
-        changed = sorted(set(present) ^ set(listing))
-        return f"its folder has other files than the package ({', '.join(changed[:3])})"
-    changed = [name for name in sorted(listing) if place.digests.digest(present[name]) != listing[name]]
-    return f"{', '.join(changed[:3])} changed" if changed else None
-
-
-def _files_under(folder: Path) -> dict[str, Path]:
-    """Every entry under `folder` by relative POSIX path (symlinks and special files included, never followed)."""
-    found = {}
-    for parent, dirs, files in os.walk(folder):
-        note_path(parent)  # a file added anywhere changes its folder
-        for name in files + [d for d in dirs if (Path(parent) / d).is_symlink()]:
-            path = Path(parent) / name
-            found[path.relative_to(folder).as_posix()] = path
-    return found
-
-
-def _provenance(place: Placement, recipe: str, record: StageRecord) -> tuple[Path, bytes]:
-    """(where `<recipe>.intoto.jsonl` goes, the bytes it must hold): signed by the run's key, if any."""
-    from trtflow import provenance
-    from trtflow.manifest import MANIFEST_FILE
-
-    archive = place.packages_dir / f"{recipe}.tar.gz"
-    statement = provenance.statement(
-        recipe,
-        place.digests.digest(archive),
-        place.digests.digest(place.packages_dir / recipe / MANIFEST_FILE),
-        record["record"]["manifest"],
-        record["key"],
-    )
-    return provenance.provenance_path(archive), provenance.envelope_line(statement, place.signer)
-
-
-def _provenance_differs(place: Placement, recipe: str, record: StageRecord) -> bool:
-    """Whether the provenance file is missing or holds other bytes (a new package, another key, an edit)."""
-    path, line = _provenance(place, recipe, record)
-    note_path(path)
-    return not (path.is_file() and not path.is_symlink() and path.read_bytes() == line)
-
-
-def _write_provenance(place: Placement, recipe: str, record: StageRecord) -> None:
-    """Write `<recipe>.intoto.jsonl` beside the package, atomically."""
-    from trtflow.util.fs import atomic_write
-
-    path, line = _provenance(place, recipe, record)
-    atomic_write(path, line)
-
-
-def _checkout(place: Placement, digest: str, recipe: str) -> None:
-    """Extract the package object beside the packages folder, then swap the folder and the archive into place.
-
-    The archive placed is the package object itself, and each engine of the folder is its build's object, by hard
-    links (read-only files, as every object is): a project's artifacts hold each engine twice, in the store and in
-    the archive, not four times. A placed file edited in place changes its object too: the store sees its new
-    signature, re-hashes it and rebuilds what it was. Where a link cannot be made (another filesystem), a copy."""
-    from trtflow.util.archive import extract_tar, replace_dir_atomically
-    from trtflow.util.faults import crash_point
-
-    packages_dir = place.packages_dir
-    packages_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=packages_dir, prefix=f".{recipe}.incoming-"))
-    try:
-        link_or_copy(place.store.objects.path(digest), staging / "package.tar.gz")
-        extracted = extract_tar(staging / "package.tar.gz", staging / "extracted")
-        for name, sha256 in extracted.items():  # each engine: its build's object
-            place.store.objects.link_as(sha256, staging / "extracted" / name)
-        place.store.memos.remember_package_listing(
-            digest, {name.removeprefix(f"{recipe}/"): sha for name, sha in extracted.items()}
-        )
-        crash_point("package-extracted")
-        replace_dir_atomically(staging / "extracted" / recipe, packages_dir / recipe)
-        os.replace(staging / "package.tar.gz", packages_dir / f"{recipe}.tar.gz")
-        if place.store.objects.intact(digest):  # its provenance names its digest: not read again for that
-            place.digests.vouch(packages_dir / f"{recipe}.tar.gz", digest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 STAGE = Stage(
     KIND,
     VERSION,
     run,
-    finish=finish,
+    finish=package_placing.finish,
     verify_inputs=True,  # what a package ships is re-hashed first: a corrupt object is rebuilt, never packed
     places_files=True,  # extracting the package into its folder overlaps the stages after it
     required_roles=("model",),  # engines whose build or verify failed are left out and listed as missing

@@ -157,10 +157,12 @@ def lock_keys(project_root: Path) -> set[str]:
 
 def live_keys(store: Store, project_root: Path, packages_dir: Path, keep_last: int = 0) -> set[str]:
     """Keys gc must keep: the lock's, the current packages' producers, and the last `keep_last` runs'."""
+    from trtflow.manifest import MANIFEST_FILE
+
     keys = lock_keys(project_root)
-    archives = sorted(packages_dir.glob("*.tar.gz")) if packages_dir.is_dir() else []
+    placed = [*packages_dir.glob("*.tar.gz"), *packages_dir.glob(f"*/{MANIFEST_FILE}")] if packages_dir.is_dir() else []
     digests = store.memos.file_digests()
-    shipped = {digests.digest(archive) for archive in archives}
+    shipped = {digests.digest(path) for path in sorted(placed) if path.is_file()}
     keys |= {key for key, record in store.records.all() if shipped & set(record["outputs"].values())}
     for run in store.runs.recent(keep_last) if keep_last else []:
         keys |= set(run)

@@ -1,5 +1,5 @@
 """What the store remembers in its throwaway cache (store/cache.py) to keep a no-op cheap: each node's last
-resolution (for `plan --explain`), its last peak memory (the scheduler), the lock and package listings it saw."""
+resolution (for `plan --explain`), its last peak memory (the scheduler), the lock it saw."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class MemoryView(MutableMapping[str, Any]):
 
 class CacheMemos:
     """What one store remembers in its throwaway cache: each node's last resolution and peak memory, what a lock file
-    and a package object held, and the input files' signatures (file_digests)."""
+    held, and the input files' signatures (file_digests)."""
 
     def __init__(self, cache: Cache):
         self._cache = cache
@@ -76,17 +76,6 @@ class CacheMemos:
         """Remember what the lock at `path` holds, so an unchanged lock is not read again (writes only on change)."""
         if signature is not None and self.remembered_lock(path) != [signature, digest]:
             self._cache.set("lock:" + path, [signature, digest])
-
-    def package_listing(self, digest: str) -> dict[str, str] | None:
-        """The files (relative path -> sha256) a package object extracts to, as remembered at its checkout; None if
-        unknown."""
-        value = self._cache.get("package:" + digest)
-        return value if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()) else None
-
-    def remember_package_listing(self, digest: str, listing: dict[str, str]) -> None:
-        """Remember what a package object extracts to, so a changed package folder is found without reading the
-        archive."""
-        self._cache.set("package:" + digest, listing)
 
     def file_digests(self) -> FileDigests:
         """A FileDigests whose stat cache lives in the cache, so unchanged inputs are not re-hashed on the next run."""
