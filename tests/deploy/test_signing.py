@@ -27,6 +27,7 @@ from trtflow.signing import (
     signer_from_environment,
     trusted_keys,
 )
+from trtflow.util.archive import write_reproducible_tar
 
 pytest.importorskip("fsspec", reason="the remote cache needs fsspec")
 
@@ -230,6 +231,33 @@ def test_provision_accepts_a_package_a_trusted_key_signed(
     statement = json.loads(base64.b64decode(json.loads((signed_package / "tiny.intoto.jsonl").read_text())["payload"]))
     assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
     assert {s["name"] for s in statement["subject"]} >= {"tiny.tar.gz", "tiny/manifest.json"}
+
+
+def test_an_archive_packed_by_hand_is_held_to_the_signed_manifest_and_its_engines(
+    tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without `package: {archive: true}` the provenance names no archive: one packed later from the folder is
+    accepted through the signed manifest, and an engine swapped inside it is still refused."""
+    root = write_project(tmp_path / "p")
+    monkeypatch.setenv(KEY_FILE_ENV, str(keys["ci"]))
+    assert trtflow(root, "run").code == 0
+    monkeypatch.delenv(KEY_FILE_ENV)
+    packages = root / "artifacts" / "packages"
+    statement = json.loads(base64.b64decode(json.loads((packages / "tiny.intoto.jsonl").read_text())["payload"]))
+    assert "tiny.tar.gz" not in {s["name"] for s in statement["subject"]}
+    write_reproducible_tar(packages / "tiny", packages / "tiny.tar.gz", "tiny")
+    trust = ("--require-signature", "--trust", str(keys["ci"].with_suffix(".pub")))
+    accepted = provision(packages, "tiny.tar.gz", *trust)
+    assert accepted.code == 0, accepted.err
+    swapped = tmp_path / "swapped"
+    shutil.copytree(packages / "tiny", swapped)
+    engine = next(swapped.glob("engines/rtx-ada/*.engine"))
+    engine.chmod(0o644)
+    engine.write_bytes(engine.read_bytes()[:-1] + b"\x01")
+    write_reproducible_tar(swapped, packages / "tiny.tar.gz", "tiny")
+    shutil.rmtree(root / "artifacts" / "dest")  # a device without the engine yet
+    refused = provision(packages, "tiny.tar.gz", *trust)
+    assert refused.code == 3 and "sha256" in refused.err, refused.err
 
 
 def test_provision_refuses_what_the_signature_does_not_cover(signed_package: Path, keys: dict[str, Path]) -> None:
