@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -136,6 +137,8 @@ def test_the_manifest_lists_each_plugin_and_a_carried_one_is_packed(built: Path,
     package = built / "artifacts" / "packages" / "tiny"
     assert _sha256(package / "plugins" / f"{sha}-libnoop.so") == sha
     assert f"{sha}  plugins/{sha}-libnoop.so" in (package / "SHA256SUMS").read_text()
+    project_file = built / "libs" / "libnoop.so"  # packed as a copy: the project's file is never a store object
+    assert project_file.stat().st_nlink == 1 and os.access(project_file, os.W_OK)
     assert "plugins" not in _manifest(built, "other")["engines"][0]  # no plugin: the manifest as before plugins existed
 
 

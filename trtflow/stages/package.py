@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -146,7 +147,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     members[MANIFEST_FILE] = manifest_bytes
     sums = {**digests, MANIFEST_FILE: hashlib.sha256(manifest_bytes).hexdigest()}
     members[SUMS_FILE] = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums)).encode()
-    files = _members_as_files(members, workdir)
+    files = _members_as_files(members, workdir, objects={e.file for e in engines})
     if params.archive:
         files[ARCHIVE] = workdir / f"{recipe}.tar.gz"
         try:
@@ -156,16 +157,19 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     return StageOutput(files=files, record={"engines": len(engines), "manifest": json.loads(manifest_bytes)})
 
 
-def _members_as_files(members: dict[str, Path | bytes], workdir: Path) -> dict[str, Path]:
-    """Each file of the package folder (relative path -> a file in `workdir`): an engine or a carried library is a
-    hard link to its object (the store keeps one copy of its bytes), the manifest and SHA256SUMS are written."""
+def _members_as_files(members: dict[str, Path | bytes], workdir: Path, objects: set[str]) -> dict[str, Path]:
+    """Each file of the package folder (relative path -> a file in `workdir`): an engine is a hard link to its
+    build's object (the store keeps one copy of its bytes); a carried library, a file of the project, is copied
+    (a link would make the project's file a read-only store object); the manifest and SHA256SUMS are written."""
     files = {}
     for number, (name, content) in enumerate(sorted(members.items())):
         files[name] = workdir / f"member-{number}"  # flat: executors move outputs by file name
         if isinstance(content, bytes):
             files[name].write_bytes(content)
-        else:
+        elif name in objects:
             link_or_copy(content, files[name])
+        else:
+            shutil.copyfile(content, files[name])
     return files
 
 
