@@ -154,13 +154,13 @@ def _checkout(place: Placement, record: StageRecord, recipe: str) -> None:
             _place_object(place, digest, staging / recipe / name)
         crash_point("package-extracted")
         replace_dir_atomically(staging / recipe, packages_dir / recipe)
-        archive, digest = packages_dir / f"{recipe}.tar.gz", record["outputs"].get(ARCHIVE)
-        if digest is None:
+        archive, packed = packages_dir / f"{recipe}.tar.gz", record["outputs"].get(ARCHIVE)
+        if packed is None:
             archive.unlink(missing_ok=True)
             return
-        _place_object(place, digest, staging / "package.tar.gz")
+        _place_object(place, packed, staging / "package.tar.gz")
         os.replace(staging / "package.tar.gz", archive)
-        place.digests.vouch(archive, digest)
+        place.digests.vouch(archive, packed)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
