@@ -61,7 +61,9 @@ def test_ir3_models_with_initializers_as_inputs_clean_build_and_package(tmp_path
             "initializer_inputs_removed 10" in cleaned["passes"] and "BatchNormalization" not in cleaned["after"]["ops"]
         )
         assert [i["name"] for i in cleaned["after"]["inputs"]] == ["data_0"]
-        assert len(engine_sizes(root, recipe)) == 2 and (root / "artifacts" / "packages" / recipe / "SHA256SUMS").is_file()
+        assert (
+            len(engine_sizes(root, recipe)) == 2 and (root / "artifacts" / "packages" / recipe / "SHA256SUMS").is_file()
+        )
 
 
 def test_folding_stops_at_the_size_limit_and_the_engine_stays_near_a_direct_build(
