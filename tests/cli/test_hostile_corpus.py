@@ -673,6 +673,20 @@ def _record_outputs(value) -> Callable[[Path], None]:
     return edit
 
 
+def _output_renamed(name: str) -> Callable[[Path], None]:
+    """The package record's manifest.json output under another name (`{case}`: the case's folder), its digest (a
+    real object) kept: a name the package's files would be placed by."""
+
+    def edit(path: Path) -> None:
+        record = json.loads(path.read_text())
+        case_folder = path.parents[4].parent  # <case>/proj/artifacts/store/records/<xx>/<key>.json
+        record["outputs"][name.format(case=case_folder)] = record["outputs"].pop("manifest.json")
+        path.unlink()
+        path.write_text(json.dumps(record))
+
+    return edit
+
+
 def _symlink_to(target: str) -> Callable[[Path], None]:
     def edit(path: Path) -> None:
         path.unlink()
@@ -694,6 +708,8 @@ for name, edit, fragment in [
     ("record-a-list", _records(_replace_with(b"[]")), SET_ASIDE),
     ("record-outputs-path-traversal", _records(_record_outputs({"package": "../../../../etc/passwd"})), SET_ASIDE),
     ("record-outputs-not-a-mapping", _records(_record_outputs("x")), SET_ASIDE),
+    ("record-output-name-escapes-the-package", _records(_output_renamed("../../../../../pwned.json")), SET_ASIDE),
+    ("record-output-name-absolute", _records(_output_renamed("{case}/pwned-absolute.json")), SET_ASIDE),
     ("record-outputs-missing", _records(_record_outputs(None)), SET_ASIDE),
     ("record-symlink-to-outside", _records(_symlink_to("/etc/hostname")), SET_ASIDE),
     ("record-fifo", _records(_fifo), SET_ASIDE),

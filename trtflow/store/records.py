@@ -161,8 +161,17 @@ def checked_record(text: bytes, key: str, known: dict | None = None) -> tuple[St
     outputs = record.get("outputs")
     if not isinstance(outputs, dict) or not all(isinstance(d, str) and DIGEST.match(d) for d in outputs.values()):
         return NO_RECORD, "its outputs are not sha256 digests"
+    if not all(_safe_output_name(name) for name in outputs):
+        return NO_RECORD, "an output's name is not a plain relative path"
     components = record.get("components")
     if not isinstance(components, dict) or (components != known and stage_key(components) != key):
         return NO_RECORD, "its key components do not hash to its key"
     checked: StageRecord = record  # type: ignore[assignment]  # its key, outputs and components are checked above
     return checked, ""
+
+
+def _safe_output_name(name: str) -> bool:
+    """An output's name is a relative path that stays where it is placed (a package's files are placed by theirs):
+    no empty, `.` or `..` part, no absolute path, no backslash or NUL."""
+    parts = name.split("/")
+    return bool(name) and "\\" not in name and "\0" not in name and not any(part in ("", ".", "..") for part in parts)
