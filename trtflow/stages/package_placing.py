@@ -58,6 +58,7 @@ def _difference(record: StageRecord, place: Placement, recipe: str) -> str | Non
     from trtflow.provenance import provenance_path
 
     archive, folder = place.packages_dir / f"{recipe}.tar.gz", place.packages_dir / recipe
+    note_path(archive)  # one made or deleted by hand is seen by the next run, not answered from its memo
     if not any(path.exists() for path in (archive, folder, provenance_path(folder))):
         return NOT_PLACED  # a folder deleted while its provenance stays is a damaged package, and said so
     found = _folder_difference(folder, listing(record), place)
