@@ -24,7 +24,7 @@ NOT_PLACED = "not placed yet"
 UPDATED = "an earlier package of the recipe, as placed"  # an ordinary update: replaced without a warning
 
 
-def listing(record: StageRecord) -> dict[str, str]:
+def _listing(record: StageRecord) -> dict[str, str]:
     """The package folder's files (relative path -> sha256), from the package stage's record."""
     return {name: digest for name, digest in record["outputs"].items() if name != ARCHIVE}
 
@@ -61,9 +61,9 @@ def _difference(record: StageRecord, place: Placement, recipe: str) -> str | Non
     note_path(archive)  # one made or deleted by hand is seen by the next run, not answered from its memo
     if not any(path.exists() for path in (archive, folder, provenance_path(folder))):
         return NOT_PLACED  # a folder deleted while its provenance stays is a damaged package, and said so
-    found = _folder_difference(folder, listing(record), place)
+    found = _folder_difference(folder, _listing(record), place)
     if found is not None:
-        return UPDATED if _as_its_sums_say(folder, place) else found
+        return UPDATED if _intact_by_its_sums(folder, place) else found
     wanted = record["outputs"].get(ARCHIVE)
     if wanted is None:
         return UPDATED if archive.exists() else None  # an earlier package's archive: removed quietly
@@ -82,7 +82,7 @@ def _folder_difference(folder: Path, files: dict[str, str], place: Placement) ->
     return f"{', '.join(changed[:3])} changed" if changed else None
 
 
-def _as_its_sums_say(folder: Path, place: Placement) -> bool:
+def _intact_by_its_sums(folder: Path, place: Placement) -> bool:
     """Whether a folder is a package as trtflow placed it (an earlier one): every file, and no other, with the sha256
     its SHA256SUMS gives."""
     from trtflow.manifest import SUMS_FILE
@@ -151,7 +151,7 @@ def _checkout(place: Placement, record: StageRecord, recipe: str) -> None:
     packages_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=packages_dir, prefix=f".{recipe}.incoming-"))
     try:
-        for name, digest in listing(record).items():
+        for name, digest in _listing(record).items():
             _place_object(place, digest, staging / recipe / name)
         crash_point("package-extracted")
         replace_dir_atomically(staging / recipe, packages_dir / recipe)
