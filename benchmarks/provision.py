@@ -64,7 +64,12 @@ def main() -> None:
             archive = work / f"{package.name}.tar.gz"  # the package as one file, as `package: {archive: true}` packs it
             write_reproducible_tar(package, archive, package.name)
             server.client().upload_file(str(archive), bucket, archive.name)
-            for gpu in TARGETS.values():
+            built_for = {
+                cc
+                for e in json.loads((package / "manifest.json").read_text())["engines"]
+                for cc in e["compute_capabilities"]
+            }
+            for gpu in (gpu for gpu in TARGETS.values() if gpu in built_for):  # no fp32 GEMM engine builds for sm_75
                 dest = work / "devices" / gpu
                 server.reset()
                 seconds, done = trtflow(server.env(), "provision", url, "--gpu", gpu, "--dest", str(dest), "--json")
