@@ -53,6 +53,8 @@ from torchvision_like import MODELS as TORCHVISION  # noqa: E402
 from torchvision_like import _calibration_batches  # noqa: E402
 from zoo import _export, zoo_model  # noqa: E402
 
+from trtflow.manifest import SUMS_FILE, read_sums  # noqa: E402
+
 TARGETS = {"rtx-ampere": "sm_86", "rtx-ada": "sm_89", "rtx-blackwell": "sm_120"}
 PRECISIONS = ("fp32", "fp16", "int8")
 TORCHVISION_MODELS = ("resnet18", "mobilenet_v3_small")
@@ -141,10 +143,8 @@ def engines(root: Path, name: str) -> dict[tuple[str, str], dict]:
 
 def members(folder: Path) -> dict[str, str]:
     """sha256 of each file of a package folder, by name, as its SHA256SUMS lists them (itself by its own bytes)."""
-    sums = folder / "SHA256SUMS"
-    lines = sums.read_text().splitlines()
-    listed = {name: digest for digest, _, name in (line.partition("  ") for line in lines)}
-    return listed | {sums.name: hashlib.sha256(sums.read_bytes()).hexdigest()}
+    sums = folder / SUMS_FILE
+    return read_sums(sums.read_text()) | {sums.name: hashlib.sha256(sums.read_bytes()).hexdigest()}
 
 
 def verdict(a: dict | None, b: dict | None, status: tuple[str | None, str | None]) -> str:
@@ -203,8 +203,8 @@ def report(
     print(f"\n{'package':<20} {'folder':<15} {'MB':>6}  files that differ")
     for name in models:
         x, y = a / "artifacts" / "packages" / name, b / "artifacts" / "packages" / name
-        if not ((x / "SHA256SUMS").is_file() and (y / "SHA256SUMS").is_file()):
-            print(f"{name:<20} {'missing in ' + ('A' if not (x / 'SHA256SUMS').is_file() else 'B'):<15}")
+        if not ((x / SUMS_FILE).is_file() and (y / SUMS_FILE).is_file()):
+            print(f"{name:<20} {'missing in ' + ('A' if not (x / SUMS_FILE).is_file() else 'B'):<15}")
             continue
         mine, theirs = members(x), members(y)
         differ = sorted(m for m in mine.keys() | theirs.keys() if mine.get(m) != theirs.get(m))

@@ -300,6 +300,16 @@ def manifest_bytes(manifest: Manifest) -> bytes:
     return (manifest.model_dump_json(indent=2, exclude={"engines": plain} if plain else None) + "\n").encode()
 
 
+def sums_bytes(digests: dict[str, str]) -> bytes:
+    """SHA256SUMS of a package: `<sha256>  <file>` per file, sorted by name (what `sha256sum -c` reads)."""
+    return "".join(f"{digests[name]}  {name}\n" for name in sorted(digests)).encode()
+
+
+def read_sums(text: str) -> dict[str, str]:
+    """The files a SHA256SUMS lists, by name (the reverse of `sums_bytes`)."""
+    return {name: digest for digest, _, name in (line.partition("  ") for line in text.splitlines())}
+
+
 def manifest_json_schema() -> dict:
     """The JSON Schema of manifest.json (`trtflow schema manifest`)."""
     return Manifest.model_json_schema()

@@ -105,7 +105,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     An engine is its build's object (hard-linked, never copied), so the store holds its bytes once; only an archive
     holds them a second time (streamed from the store into it, hashed while it is packed).
     """
-    from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Manifest, Source
+    from trtflow.manifest import MANIFEST_FILE, SUMS_FILE, Manifest, Source, sums_bytes
     from trtflow.manifest import manifest_bytes as dumped
     from trtflow.util.archive import UnsafeArchive, write_reproducible_members
 
@@ -146,7 +146,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     members.update({file: path for file, (path, _) in carried.items()})
     members[MANIFEST_FILE] = manifest_bytes
     sums = {**digests, MANIFEST_FILE: hashlib.sha256(manifest_bytes).hexdigest()}
-    members[SUMS_FILE] = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums)).encode()
+    members[SUMS_FILE] = sums_bytes(sums)
     files = _members_as_files(members, workdir, objects={e.file for e in engines})
     if params.archive:
         files[ARCHIVE] = workdir / f"{recipe}.tar.gz"

@@ -85,14 +85,13 @@ def _folder_difference(folder: Path, files: dict[str, str], place: Placement) ->
 def _intact_by_its_sums(folder: Path, place: Placement) -> bool:
     """Whether a folder is a package as trtflow placed it (an earlier one): every file, and no other, with the sha256
     its SHA256SUMS gives."""
-    from trtflow.manifest import SUMS_FILE
+    from trtflow.manifest import SUMS_FILE, read_sums
 
     sums = folder / SUMS_FILE
     if folder.is_symlink() or sums.is_symlink() or not sums.is_file():
         return False
     try:
-        lines = sums.read_text(encoding="utf-8").splitlines()
-        files = {name: digest for digest, _, name in (line.partition("  ") for line in lines)}
+        files = read_sums(sums.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return False
     files[SUMS_FILE] = place.digests.digest(sums)
