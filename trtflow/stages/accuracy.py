@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from trtflow.errors import required
-from trtflow.stages import compare
+from trtflow.stages import compare, precomputed
 from trtflow.stages.emulation import ort_runnable
 
 # The magnitudes each reduced type holds: (smallest subnormal, largest finite); int8/fp8 hold what calibration scaled.
@@ -36,9 +36,10 @@ def report(
     The candidate's feeds are spread over every core, a session each, while the models are small enough (the
     reference's run, when needed, takes one of them first): its emulation is what the check spends most on."""
     runnable, emulated = candidate_runnable(candidate)
+    made = precomputed.prepared(candidate, runnable)
     threads = compare.threads_for(compare.model_bytes(candidate), compare.model_bytes(reference))
     got, expected = compare.run_spread(
-        lambda: compare.session_beside(candidate, runnable),
+        lambda: precomputed.session(candidate, made),
         feeds,
         threads,
         (lambda: compare.run_all(compare.session(reference), feeds)) if want is None else None,
@@ -112,7 +113,7 @@ def candidate_session(path: Path) -> tuple[Any, list[str]]:
     """A CPU session of a reduced-precision model file as the GPU would round it (ort_runnable), and the reduced
     types it emulates."""
     runnable, emulated = candidate_runnable(path)
-    return compare.session_beside(path, runnable), emulated
+    return precomputed.session(path, precomputed.prepared(path, runnable)), emulated
 
 
 def candidate_runnable(path: Path) -> tuple[Any, list[str]]:

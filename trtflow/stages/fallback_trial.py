@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtflow.stages import accuracy, compare
+from trtflow.stages import accuracy, compare, precomputed
 from trtflow.util.stage_progress import Notes, silent
 
 Run = Callable[[list[dict]], list[dict]]  # feeds -> each feed's outputs by name, in feed order
@@ -69,11 +69,12 @@ class Trial:
         """As many sessions as the saved model's size allows at once (compare.threads_for)."""
         return compare.threads_for(compare.model_bytes(self.saved))
 
-    def session(self, runnable: Any) -> Any:
-        """An ONNX Runtime session of a trial model, its weights read from beside the saved model. Each runs on one
-        thread, as every comparison trtflow makes: the numbers, and so the nodes chosen, are the same whichever
-        session ran a sample."""
-        return compare.session_beside(self.saved, runnable)
+    def sessions(self, runnable: Any) -> Callable[[], Any]:
+        """A maker of ONNX Runtime sessions of a trial model, its weights read from beside the saved model, its
+        constant Q/DQ chains computed once for all of them (stages.precomputed). Each runs on one thread, as every
+        comparison trtflow makes: the numbers, and so the nodes chosen, are the same whichever session ran a sample."""
+        made = precomputed.prepared(self.saved, runnable)
+        return lambda: precomputed.session(self.saved, made)
 
 
 class Judge:
@@ -96,6 +97,5 @@ class Judge:
 
     @contextmanager
     def _runner(self, high: list[str], threads: int | None = None) -> Iterator[Run]:
-        runnable = self.model(high)
-        with compare.SessionPool(lambda: self.trial.session(runnable), threads or self.trial.threads()) as sessions:
+        with compare.SessionPool(self.trial.sessions(self.model(high)), threads or self.trial.threads()) as sessions:
             yield sessions.run
