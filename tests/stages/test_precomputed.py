@@ -115,15 +115,20 @@ def _chain_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
 
 
-def test_only_chains_through_a_dequantize_are_computed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("listed", [False, True])
+def test_only_chains_through_a_dequantize_are_computed(tmp_path: Path, listed: bool) -> None:
     """A Cast of a shape constant stays (ONNX Runtime reads a Reshape's shape as it is); a weight's Q/DQ chain, and
-    the Cast of its fp16 scale into it, go; a value also read inside a subgraph is still given to it."""
+    the Cast of its fp16 scale into it, go; a value also read inside a subgraph is still given to it. `listed`: the
+    weight is a graph input too (initializers as overridable inputs, as IR 3 models list them): it goes with them."""
     model, path = _chain_model(), tmp_path / "m.onnx"
+    if listed:
+        model.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [N, N]))
     onnx.save(model, path)
     made = precomputed.prepared(path, model)
     assert sorted(made.values) == ["wd"]
     assert [n.op_type for n in made.graph.graph.node] == ["MatMul", "Cast", "Reshape", "If"]
     assert sorted(i.name for i in made.graph.graph.initializer) == ["shape32"]
+    assert [i.name for i in precomputed.session(path, made).get_inputs()] == ["x", "flag"]
     rng = np.random.default_rng(1)
     feeds = [{"x": rng.standard_normal((N, N)).astype(np.float32), "flag": np.array(flag)} for flag in (True, False)]
     want = compare.run_all(compare.session_beside(path, model), feeds)

@@ -150,6 +150,8 @@ def _computed(model_path: Path, graph: Any, chain: list[Any], wanted: list[str])
     )
     model = onnx.helper.make_model(part, opset_imports=graph.opset_import, ir_version=graph.ir_version)
     outputs = compare.session_beside(model_path, model).run(wanted, {})
+    for value in outputs:
+        value.flags.writeable = False  # shared by every session, and given back as an output: never written to
     return dict(zip(wanted, outputs, strict=True))
 
 
@@ -163,9 +165,13 @@ def _replace(model: Any, chain: set[int], values: dict[str, np.ndarray]) -> None
     del graph.node[:]
     graph.node.extend(kept)
     read = {name for node in graph.node for name in _reads(node)} | {o.name for o in graph.output}
-    initializers = [i for i in graph.initializer if i.name in read]
+    dropped = {i.name for i in graph.initializer if i.name not in read}
+    initializers = [i for i in graph.initializer if i.name not in dropped]
     del graph.initializer[:]
     graph.initializer.extend(initializers)
+    inputs = [i for i in graph.input if i.name not in dropped]  # IR 3 lists initializers as inputs too
+    del graph.input[:]
+    graph.input.extend(inputs)
     graph.input.extend(
         onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
         for name, v in values.items()
