@@ -245,7 +245,7 @@ def canonical_order(model: Any) -> Any:
     left alone (it is topological and meaningful). AutoCast listed an LSTM's `*_cast_to_fp32` value_info entries in
     another order in each process, so the same model came out as different bytes."""
     _sort_by_name(model.metadata_props, key=lambda entry: entry.key)
-    for graph in _graphs(model.graph):
+    for graph in graphs_of(model.graph):
         _sort_by_name(graph.value_info, key=lambda value: value.name)
     return model
 
@@ -260,13 +260,13 @@ def _sort_by_name(repeated: Any, key: Any) -> None:
         repeated.extend(copies)
 
 
-def _graphs(graph: Any) -> Iterator[Any]:
+def graphs_of(graph: Any) -> Iterator[Any]:
     """A graph and every subgraph of its nodes' attributes (If/Loop/Scan bodies)."""
     yield graph
     for node in graph.node:
         for attribute in node.attribute:
             for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _graphs(sub)
+                yield from graphs_of(sub)
 
 
 def weight_bytes(model: Any) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from trtflow.stages import compare
+from trtflow.stages.modelfile import graphs_of
 
 CHAIN_OPS = ("QuantizeLinear", "DequantizeLinear", "Cast")
 PRECOMPUTED_MAX_BYTES = 1 << 30
@@ -108,23 +109,16 @@ def _around_dequantize(chain: list[Any]) -> list[Any]:
     return [n for n in chain if id(n) in keep]
 
 
-def _read_outside(graph: Any, chain: list[Any]) -> list[str]:
-    """The names the rest of the model reads (its nodes, their subgraphs, its outputs), in a stable order."""
+def _read_outside(model: Any, chain: list[Any]) -> list[str]:
+    """The names the rest of the model reads (its other nodes, every subgraph, the outputs), in a stable order."""
+    top, *subgraphs = graphs_of(model.graph)
     inside = {id(n) for n in chain}
-    names = [name for node in graph.graph.node if id(node) not in inside for name in _reads(node)]
-    names += [o.name for o in graph.graph.output]
+    names = [name for node in top.node if id(node) not in inside for name in node.input]
+    names += [
+        name for sub in subgraphs for name in [*(i for n in sub.node for i in n.input), *(o.name for o in sub.output)]
+    ]
+    names += [o.name for o in top.output]
     return list(dict.fromkeys(names))
-
-
-def _reads(node: Any) -> list[str]:
-    """A node's inputs and every name its subgraphs read."""
-    import onnx
-
-    names = list(node.input)
-    for attribute in node.attribute:
-        graphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-        names += [name for sub in graphs for inner in sub.node for name in _reads(inner)]
-    return names
 
 
 def _values_bytes(graph: Any, chain: list[Any], wanted: list[str]) -> int:
@@ -164,7 +158,7 @@ def _replace(model: Any, chain: set[int], values: dict[str, np.ndarray]) -> None
     kept = [n for index, n in enumerate(graph.node) if index not in chain]
     del graph.node[:]
     graph.node.extend(kept)
-    read = {name for node in graph.node for name in _reads(node)} | {o.name for o in graph.output}
+    read = set(_read_outside(model, []))
     dropped = {i.name for i in graph.initializer if i.name not in read}
     initializers = [i for i in graph.initializer if i.name not in dropped]
     del graph.initializer[:]
