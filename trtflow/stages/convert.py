@@ -17,6 +17,7 @@ from typing import Any
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
+from trtflow.stages import weightless
 from trtflow.stages.capture import captured_output
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -82,7 +83,7 @@ def autocast(model_path: Path, precision: str, options: dict, ranges: dict) -> t
         name: TensorStats(absmax=r.absmax, min_val=r.low, max_val=r.high, shape=(r.elements,))
         for name, r in ranges.items()
     }
-    with _autocast_decisions() as reasons:
+    with _autocast_decisions() as reasons, weightless.autocast_passes_on_stand_ins():
         model = convert_to_mixed_precision(
             onnx_path=str(model_path),
             low_precision_type=precision,

@@ -1,0 +1,113 @@
+"""AutoCast's whole-model passes on stand-ins without the weights (stages.weightless): the converted model is the same,
+byte for byte, shape inference writes what ONNX's own would into the model itself, and the checker still refuses an
+invalid graph."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import modelopt.onnx.utils
+import numpy as np
+import onnx
+import pytest
+from conftest import shared_dir
+from families import family_model
+from onnx import TensorProto, helper, numpy_helper
+
+from trtflow.stages import convert, weightless
+
+N = 256  # the weight is N x N fp32: 256 KiB, past SET_ASIDE_BYTES
+AUTOCAST = {"keep_io_types": True, "keep_op_types": [], "keep_nodes": []}
+
+
+def _graph() -> onnx.ModelProto:
+    """y = Reshape(x @ w, shape); an If whose branch reads w; a small bias and an int64 shape stay in the stand-in."""
+    rng = np.random.default_rng(3)
+    weight = numpy_helper.from_array(rng.standard_normal((N, N)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([-1, N], dtype=np.int64), "shape")
+    bias = numpy_helper.from_array(np.ones(N, dtype=np.float32), "b")
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["w_out"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("w_out", TensorProto.FLOAT, [N, N])],
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["biased"]),
+        helper.make_node("Reshape", ["biased", "shape"], ["y"]),
+        helper.make_node("If", ["flag"], ["chosen"], then_branch=branch, else_branch=branch),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", N]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", N]),
+            helper.make_tensor_value_info("chosen", TensorProto.FLOAT, [N, N]),
+        ],
+        [weight, shape, bias],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_stand_in_keeps_the_graph_and_drops_only_the_weights_bytes() -> None:
+    model = _graph()
+    light = weightless.stand_in(onnx, model)
+    assert model.ByteSize() > N * N * 4 > 100 * light.ByteSize()
+    kept = {t.name: t for t in light.graph.initializer}
+    assert kept["w"].data_location == TensorProto.EXTERNAL and list(kept["w"].dims) == [N, N] and not kept["w"].raw_data
+    assert kept["shape"] == model.graph.initializer[1] and kept["b"] == model.graph.initializer[2]
+    assert light.graph.node == model.graph.node and light.opset_import == model.opset_import
+
+
+def test_shape_inference_in_place_writes_what_onnx_would_and_keeps_the_weights() -> None:
+    model = _graph()
+    expected = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True).SerializeToString()
+    weights = model.graph.initializer[0].raw_data
+    inferred = weightless.infer_shapes_in_place(onnx, model, strict_mode=True, data_prop=True)
+    assert inferred is model and model.SerializeToString() == expected
+    assert model.graph.initializer[0].raw_data == weights
+    assert {v.name for v in model.graph.value_info} >= {"xw", "biased"}
+
+
+def test_shape_inference_that_fails_leaves_the_model_as_it_was() -> None:
+    model = _graph()
+    model.graph.node[0].input[1] = "shape"  # x @ int64 shape: a type error
+    before = model.SerializeToString()
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        weightless.infer_shapes_in_place(onnx, model, strict_mode=True)
+    assert model.SerializeToString() == before
+
+
+def test_the_checker_on_the_stand_in_still_refuses_an_invalid_graph() -> None:
+    model = _graph()
+    weightless.check(onnx, model)
+    model.graph.node[1].input[0] = "nowhere"
+    with pytest.raises(onnx.checker.ValidationError, match="nowhere"):
+        weightless.check(onnx, model)
+
+
+def test_modelopt_gets_its_own_passes_back_after_the_block_even_on_an_error() -> None:
+    before = modelopt.onnx.utils.infer_shapes, modelopt.onnx.utils.check_model
+    with contextlib.suppress(RuntimeError), weightless.autocast_passes_on_stand_ins():
+        assert modelopt.onnx.utils.infer_shapes is not before[0]
+        raise RuntimeError
+    assert (modelopt.onnx.utils.infer_shapes, modelopt.onnx.utils.check_model) == before
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_autocast_makes_the_same_model_byte_for_byte(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    """The Whisper-tiny encoder (33 MB of weights), converted as the stage converts it, with ModelOpt's own passes
+    and with the stand-ins."""
+    path = family_model("whisper", shared_dir(tmp_path_factory, "families")).path
+    stand_ins, _ = convert.autocast(path, precision, AUTOCAST, {})
+    monkeypatch.setattr(weightless, "autocast_passes_on_stand_ins", contextlib.nullcontext)
+    own, _ = convert.autocast(Path(path), precision, AUTOCAST, {})
+    assert stand_ins.SerializeToString() == own.SerializeToString()

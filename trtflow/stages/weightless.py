@@ -1,0 +1,123 @@
+"""Whole-model passes on a stand-in without the weights, for ModelOpt AutoCast.
+
+AutoCast runs ONNX shape inference five times and the ONNX checker twice on the whole in-memory model. Each pass
+serializes the model, weights included, and parses it again in C++: on a 142M-parameter UNet (570 MB of weights) RSS
+rose by about 1.4 GB inside each, and the conversion peaked at 4.49 GiB. Neither pass reads a weight's values: shape
+inference reads an initializer's type and dims (and the values of small integer tensors: shapes, axes), the checker
+its structure. So while AutoCast runs (`autocast_passes_on_stand_ins`), both run on a stand-in: the same model with
+each large floating-point initializer replaced by a reference to external data (its name, type and dims, no bytes).
+Shape inference's result is then written into the model in place, its weights untouched; the checker reads the
+stand-in from a temporary folder beside an empty data file. The converted model is the same, byte for byte (the
+tests compare it), and the UNet's conversion peaks at 1.95 GiB.
+
+What the checker no longer sees is the large weights' byte counts; ONNX Runtime, which the accuracy check runs on the
+converted model, refuses a tensor whose bytes do not match its dims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trtflow.stages.modelfile import SET_ASIDE_BYTES
+
+_DATA_FILE = "weightless.data"  # the stand-in's reference; the checker finds an empty file of this name
+_PATCHED = threading.Lock()
+
+
+def stands_in(onnx: Any, tensor: Any) -> bool:
+    """Whether the stand-in gives `tensor` as a reference: external data already, or a floating-point weight past
+    SET_ASIDE_BYTES (no pass but the runtime reads its values)."""
+    kinds = onnx.TensorProto
+    if tensor.data_location == kinds.EXTERNAL:
+        return True
+    floats = {kinds.FLOAT, kinds.FLOAT16, kinds.DOUBLE, kinds.BFLOAT16}
+    return tensor.data_type in floats and _bytes(onnx, tensor) > SET_ASIDE_BYTES
+
+
+def _bytes(onnx: Any, tensor: Any) -> int:
+    elements = 1
+    for dim in tensor.dims:
+        elements *= dim
+    return elements * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+def stand_in(onnx: Any, model: Any) -> Any:
+    """A copy of `model` whose weights (stands_in) are external references to one file that need not exist."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, but="graph")
+    _copy_fields(model.graph, light.graph, but="initializer")
+    for tensor in model.graph.initializer:
+        copy = light.graph.initializer.add()
+        if not stands_in(onnx, tensor):
+            copy.CopyFrom(tensor)
+            continue
+        copy.name, copy.data_type = tensor.name, tensor.data_type
+        copy.dims.extend(tensor.dims)
+        copy.data_location = onnx.TensorProto.EXTERNAL
+        entry = copy.external_data.add()
+        entry.key, entry.value = "location", _DATA_FILE
+    return light
+
+
+def infer_shapes_in_place(onnx: Any, model: Any, **options: Any) -> Any:
+    """`onnx.shape_inference.infer_shapes(model, **options)`, run on the stand-in and written into `model` itself
+    (everything but its initializers, which inference leaves as they are). Returns `model`. On an error, `model` is
+    left as it was."""
+    inferred = onnx.shape_inference.infer_shapes(stand_in(onnx, model), **options)
+    for field in [field for field, _ in model.ListFields() if field.name != "graph"]:
+        model.ClearField(field.name)
+    for field in [field for field, _ in model.graph.ListFields() if field.name != "initializer"]:
+        model.graph.ClearField(field.name)
+    _copy_fields(inferred, model, but="graph")
+    _copy_fields(inferred.graph, model.graph, but="initializer")
+    return model
+
+
+def check(onnx: Any, model: Any) -> None:
+    """`onnx.checker.check_model(model)` on the stand-in, read from a temporary folder beside an empty data file."""
+    with tempfile.TemporaryDirectory(prefix="trtflow-check-") as folder:
+        (Path(folder) / _DATA_FILE).touch()
+        path = Path(folder) / "model.onnx"
+        path.write_bytes(stand_in(onnx, model).SerializeToString())
+        onnx.checker.check_model(str(path))
+
+
+@contextlib.contextmanager
+def autocast_passes_on_stand_ins() -> Iterator[None]:
+    """While the block runs, ModelOpt's `onnx.utils.infer_shapes` and `check_model` (AutoCast's whole-model passes,
+    all called through that module) run on stand-ins. AutoCast assigns each result back (`model = infer_types(model)`),
+    so inference in place is what it sees. One block at a time in a process."""
+    import modelopt.onnx.utils as utils
+    import onnx
+
+    with _PATCHED:
+        infer_shapes, check_model = utils.infer_shapes, utils.check_model
+        utils.infer_shapes = lambda model, **options: infer_shapes_in_place(onnx, model, **options)
+        utils.check_model = lambda model: check(onnx, model)
+        try:
+            yield
+        finally:
+            utils.infer_shapes, utils.check_model = infer_shapes, check_model
+
+
+def _copy_fields(source: Any, target: Any, but: str) -> None:
+    """Every set field of `source` but one into `target` (of the same message type), as copies."""
+    for field, value in source.ListFields():
+        if field.name == but:
+            continue
+        if _repeated(field):
+            getattr(target, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def _repeated(field: Any) -> bool:
+    """protobuf 6 has `is_repeated` and deprecates `label`; older releases have `label` only."""
+    return field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
