@@ -216,8 +216,7 @@ def infer_shapes(onnx: Any, model: Any, **options: Any) -> Any:
     """`onnx.shape_inference.infer_shapes(model, **options)` without serializing the weights: the bytes of large
     floating-point initializers are set aside while it runs and put back into both models (the same result; on
     ResNet-18, 0.14 s instead of 0.26). Data propagation reads only small integer tensors (shapes, axes)."""
-    kinds = onnx.TensorProto
-    floats = {kinds.FLOAT, kinds.FLOAT16, kinds.DOUBLE, kinds.BFLOAT16}
+    floats = float_types(onnx)
     aside = {
         tensor.name: tensor.raw_data
         for tensor in model.graph.initializer
@@ -232,6 +231,12 @@ def infer_shapes(onnx: Any, model: Any, **options: Any) -> Any:
         _put_back(model, aside)
     _put_back(inferred, aside)
     return inferred
+
+
+def float_types(onnx: Any) -> set[int]:
+    """The floating-point element types a weight is stored in."""
+    kinds = onnx.TensorProto
+    return {kinds.FLOAT, kinds.FLOAT16, kinds.DOUBLE, kinds.BFLOAT16}
 
 
 def _put_back(model: Any, aside: dict[str, bytes]) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtflow.stages.modelfile import SET_ASIDE_BYTES
+from trtflow.stages.modelfile import SET_ASIDE_BYTES, float_types
 
 _DATA_FILE = "weightless.data"  # the stand-in's reference; the checker finds an empty file of this name
 _PATCHED = threading.Lock()
@@ -32,18 +32,16 @@ _PATCHED = threading.Lock()
 def stands_in(onnx: Any, tensor: Any) -> bool:
     """Whether the stand-in gives `tensor` as a reference: external data already, or a floating-point weight past
     SET_ASIDE_BYTES (no pass but the runtime reads its values)."""
-    kinds = onnx.TensorProto
-    if tensor.data_location == kinds.EXTERNAL:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
         return True
-    floats = {kinds.FLOAT, kinds.FLOAT16, kinds.DOUBLE, kinds.BFLOAT16}
-    return tensor.data_type in floats and _bytes(onnx, tensor) > SET_ASIDE_BYTES
+    return tensor.data_type in float_types(onnx) and _bytes(onnx, tensor) > SET_ASIDE_BYTES
 
 
 def _bytes(onnx: Any, tensor: Any) -> int:
     elements = 1
     for dim in tensor.dims:
         elements *= dim
-    return elements * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return int(elements * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize)
 
 
 def stand_in(onnx: Any, model: Any) -> Any:
@@ -120,4 +118,4 @@ def _copy_fields(source: Any, target: Any, but: str) -> None:
 
 def _repeated(field: Any) -> bool:
     """protobuf 6 has `is_repeated` and deprecates `label`; older releases have `label` only."""
-    return field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+    return bool(field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED)
