@@ -1,6 +1,6 @@
-"""AutoCast's whole-model passes on stand-ins without the weights (stages.weightless): the converted model is the same,
-byte for byte, shape inference writes what ONNX's own would into the model itself, and the checker still refuses an
-invalid graph."""
+"""ModelOpt's whole-model passes on stand-ins without the weights (stages.weightless): AutoCast's and PTQ's models are
+the same, byte for byte, shape inference gives what ONNX's own would, and the checker still refuses an invalid
+graph."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from conftest import shared_dir
 from families import family_model
 from onnx import TensorProto, helper, numpy_helper
+from zoo import zoo_model
 
 from trtflow.stages import convert, weightless
 
@@ -75,6 +76,15 @@ def test_shape_inference_in_place_writes_what_onnx_would_and_keeps_the_weights()
     assert {v.name for v in model.graph.value_info} >= {"xw", "biased"}
 
 
+def test_the_inferred_copy_is_what_onnx_returns_and_the_model_stays_as_it_was() -> None:
+    model = _graph()
+    before = model.SerializeToString()
+    expected = onnx.shape_inference.infer_shapes(model, data_prop=True).SerializeToString()
+    inferred = weightless.inferred_copy(onnx, model, data_prop=True)
+    assert inferred is not model and inferred.SerializeToString() == expected
+    assert model.SerializeToString() == before
+
+
 def test_shape_inference_that_fails_leaves_the_model_as_it_was() -> None:
     model = _graph()
     model.graph.node[0].input[1] = "shape"  # x @ int64 shape: a type error
@@ -111,3 +121,19 @@ def test_autocast_makes_the_same_model_byte_for_byte(
     monkeypatch.setattr(weightless, "autocast_passes_on_stand_ins", contextlib.nullcontext)
     own, _ = convert.autocast(Path(path), precision, AUTOCAST, {})
     assert stand_ins.SerializeToString() == own.SerializeToString()
+
+
+@pytest.mark.parametrize(("name", "precision"), [("resnet", "int8"), ("encoder", "fp8")])
+def test_ptq_makes_the_same_model_byte_for_byte(
+    tmp_path: Path, zoo_dir: Path, monkeypatch: pytest.MonkeyPatch, name: str, precision: str
+) -> None:
+    model = zoo_model(name, zoo_dir)
+    rng = np.random.default_rng(7)
+    feeds = [{k: rng.standard_normal(s.opt).astype(np.float32) for k, s in model.profile.items()} for _ in range(3)]
+    method = "max" if precision == "fp8" else "entropy"
+    options = {"method": method, "exclude_op_types": [], "exclude_nodes": [], "high_precision": "fp16"}
+    options["external_data"] = False
+    convert.quantize(model.path, tmp_path / "stand-ins" / "m.onnx", precision, feeds, options)
+    monkeypatch.setattr(weightless, "quantize_passes_on_stand_ins", contextlib.nullcontext)
+    convert.quantize(model.path, tmp_path / "own" / "m.onnx", precision, feeds, options)
+    assert (tmp_path / "stand-ins" / "m.onnx").read_bytes() == (tmp_path / "own" / "m.onnx").read_bytes()

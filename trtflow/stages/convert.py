@@ -135,19 +135,20 @@ def quantize(model_path: Path, output: Path, precision: str, feeds: list[dict], 
 
     method = "max" if options["method"] == "percentile" else options["method"]
     output.parent.mkdir(parents=True, exist_ok=True)
-    modelopt_quantize(
-        onnx_path=str(model_path),
-        quantize_mode=precision,
-        calibration_data_reader=_reader(feeds),
-        calibration_method=method,
-        calibration_eps=["cpu"],
-        op_types_to_exclude=list(options["exclude_op_types"]) or None,
-        nodes_to_exclude=list(options["exclude_nodes"]) or None,
-        high_precision_dtype=options["high_precision"],
-        use_external_data_format=options["external_data"],
-        output_path=str(output),
-        log_level="WARNING",
-    )
+    with weightless.quantize_passes_on_stand_ins():
+        modelopt_quantize(
+            onnx_path=str(model_path),
+            quantize_mode=precision,
+            calibration_data_reader=_reader(feeds),
+            calibration_method=method,
+            calibration_eps=["cpu"],
+            op_types_to_exclude=list(options["exclude_op_types"]) or None,
+            nodes_to_exclude=list(options["exclude_nodes"]) or None,
+            high_precision_dtype=options["high_precision"],
+            use_external_data_format=options["external_data"],
+            output_path=str(output),
+            log_level="WARNING",
+        )
     model = onnx.load(output)
     if options["method"] == "percentile":
         set_percentile_scales(model, model_path, feeds, options["percentile"])

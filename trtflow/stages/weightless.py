@@ -8,7 +8,9 @@ its structure. So while AutoCast runs (`autocast_passes_on_stand_ins`), both run
 each large floating-point initializer replaced by a reference to external data (its name, type and dims, no bytes).
 Shape inference's result is then written into the model in place, its weights untouched; the checker reads the
 stand-in from a temporary folder beside an empty data file. The converted model is the same, byte for byte (the
-tests compare it), and the UNet's conversion peaks at 1.95 GiB.
+tests compare it), and the UNet's conversion peaks at 1.95 GiB. ModelOpt's PTQ (int8/fp8) infers shapes through the
+same function and keeps the model it gave, so there the inferred stand-in gets the weights copied in
+(`quantize_passes_on_stand_ins`): the same bytes again, BERT-base's int8 in 54.5 s instead of 71.3.
 
 What the checker no longer sees is the large weights' byte counts; ONNX Runtime, which the accuracy check runs on the
 converted model, refuses a tensor whose bytes do not match its dims.
@@ -85,22 +87,53 @@ def check(onnx: Any, model: Any) -> None:
         onnx.checker.check_model(str(path))
 
 
+def inferred_copy(onnx: Any, model: Any, **options: Any) -> Any:
+    """`onnx.shape_inference.infer_shapes(model, **options)` as it is: a new model, `model` untouched; inferred on
+    the stand-in, the weights copied in once (ONNX serializes and parses them twice more)."""
+    inferred = onnx.shape_inference.infer_shapes(stand_in(onnx, model), **options)
+    del inferred.graph.initializer[:]
+    inferred.graph.initializer.extend(model.graph.initializer)
+    return inferred
+
+
 @contextlib.contextmanager
 def autocast_passes_on_stand_ins() -> Iterator[None]:
     """While the block runs, ModelOpt's `onnx.utils.infer_shapes` and `check_model` (AutoCast's whole-model passes,
     all called through that module) run on stand-ins. AutoCast assigns each result back (`model = infer_types(model)`),
     so inference in place is what it sees. One block at a time in a process."""
-    import modelopt.onnx.utils as utils
     import onnx
 
+    with _modelopt_utils(
+        infer_shapes=lambda model, **options: infer_shapes_in_place(onnx, model, **options),
+        check_model=lambda model: check(onnx, model),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def quantize_passes_on_stand_ins() -> Iterator[None]:
+    """While the block runs, ModelOpt's `onnx.utils.infer_shapes` (what its PTQ infers the whole model with, keeping
+    the model it gave: a copy) runs on stand-ins. On BERT-base, int8 took 54.5 s instead of 71.3, the same bytes."""
+    import onnx
+
+    with _modelopt_utils(infer_shapes=lambda model, **options: inferred_copy(onnx, model, **options)):
+        yield
+
+
+@contextlib.contextmanager
+def _modelopt_utils(**replacements: Any) -> Iterator[None]:
+    """`modelopt.onnx.utils`' named functions replaced while the block runs, one block at a time in a process."""
+    import modelopt.onnx.utils as utils
+
     with _PATCHED:
-        infer_shapes, check_model = utils.infer_shapes, utils.check_model
-        utils.infer_shapes = lambda model, **options: infer_shapes_in_place(onnx, model, **options)
-        utils.check_model = lambda model: check(onnx, model)
+        own = {name: getattr(utils, name) for name in replacements}
+        for name, function in replacements.items():
+            setattr(utils, name, function)
         try:
             yield
         finally:
-            utils.infer_shapes, utils.check_model = infer_shapes, check_model
+            for name, function in own.items():
+                setattr(utils, name, function)
 
 
 def _copy_fields(source: Any, target: Any, but: str) -> None:
