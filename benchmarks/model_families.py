@@ -14,7 +14,8 @@ What is measured, in one run:
   2. the baseline, per (model, precision), in a fresh subprocess, timed after the imports, with its peak RSS, on the
      very cleaned model the stage read (from the store) and the very calibration files it calibrated on: for
      fp16/bf16 ModelOpt AutoCast as a user calls it, its own reference run over those files included (trtflow
-     measures the value ranges itself, stages.ranges); for int8/fp8 the PTQ call the stage makes;
+     measures the value ranges itself, stages.ranges); for int8/fp8 the PTQ call the stage makes, with ModelOpt's
+     own whole-model passes (trtflow's stand-ins without the weights, stages.weightless, are the stage's own gain);
   3. a table: stage seconds, bare seconds, their ratio; stage peak and bare peak (GiB); the accuracy it reached;
   4. goal 3: each precision stage's peak against 4 GiB (a GPT-2-large-size model's against 3x its weights), and with
      `--scaling K` the same project again with K times the calibration files, each peak against the first (met within
@@ -29,6 +30,7 @@ taken off its seconds (timed apart in a fresh process).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -102,7 +104,7 @@ def write_calibration(folder: Path, name: str, files: int) -> None:
 
 def bare_call(model: str, precision: str, files: list[str], options: str, out: str) -> None:
     """The child: the ModelOpt call of the precision stage, timed after the imports; prints seconds and peak RSS."""
-    from trtflow.stages import convert
+    from trtflow.stages import convert, weightless
 
     convert.modelopt_onnx()
     feeds = [dict(np.load(path)) for path in files]
@@ -128,7 +130,8 @@ def bare_call(model: str, precision: str, files: list[str], options: str, out: s
                 calibration_data=str(folder),
                 providers=["cpu"],
             )
-    else:
+    else:  # the stage's call, with ModelOpt's own whole-model passes (not trtflow's stand-ins: stages.weightless)
+        weightless.quantize_passes_on_stand_ins = contextlib.nullcontext
         with convert.quiet():
             convert.quantize(source, Path(out) / "q" / "model.onnx", precision, feeds, json.loads(options))
     seconds = time.perf_counter() - started
