@@ -303,6 +303,8 @@ def cold_project(work: Path, folder: str, models: list[str], precisions: list[st
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], text=True)
     print(f"run: exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root}; its cold run's stages below)")
+    if not (root / "artifacts" / "run.json").is_file():
+        sys.exit(f"the run wrote no run.json (exit {done.returncode}): nothing to measure")
     return root, {n["id"]: n for n in json.loads((root / "artifacts" / "run.json").read_text())["nodes"]}
 
 
