@@ -28,7 +28,7 @@ from typing import Any
 from trtflow.stages.modelfile import SET_ASIDE_BYTES, float_types
 
 _DATA_FILE = "weightless.data"  # the stand-in's reference; the checker finds an empty file of this name
-_PATCHED = threading.Lock()
+_PATCHED = threading.RLock()  # a block inside another (same thread) restores in turn
 
 
 def stands_in(onnx: Any, tensor: Any) -> bool:
