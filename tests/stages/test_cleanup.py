@@ -214,7 +214,7 @@ def test_a_rewrite_is_proven_at_two_shapes_when_they_move_every_dynamic_axis(sha
 @pytest.mark.parametrize("name", ["resnet", "lstm", "encoder", "opweights"])
 def test_shape_inference_without_the_weights_gives_what_onnx_gives(name: str, zoo_dir: Path) -> None:
     """Shape inference runs with the weights' bytes set aside: the same model comes out, and the input is untouched."""
-    from trtflow.stages.modelfile import infer_shapes
+    from trtflow.stages.weightless import infer_shapes
 
     model = onnx.load(str(zoo_model(name, zoo_dir).path))
     before = model.SerializeToString()

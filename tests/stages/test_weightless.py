@@ -80,7 +80,7 @@ def test_the_inferred_copy_is_what_onnx_returns_and_the_model_stays_as_it_was() 
     model = _graph()
     before = model.SerializeToString()
     expected = onnx.shape_inference.infer_shapes(model, data_prop=True).SerializeToString()
-    inferred = weightless.inferred_copy(onnx, model, data_prop=True)
+    inferred = weightless.infer_shapes(onnx, model, data_prop=True)
     assert inferred is not model and inferred.SerializeToString() == expected
     assert model.SerializeToString() == before
 

@@ -53,7 +53,8 @@ from trtflow.stages.base import (
     enforce_proof,
 )
 from trtflow.stages.capture import captured_output
-from trtflow.stages.modelfile import infer_shapes, load_graph, save_model
+from trtflow.stages.modelfile import load_graph, save_model
+from trtflow.stages.weightless import infer_shapes
 from trtflow.store.records import StageRecord
 from trtflow.util.memory import released_after
 from trtflow.util.onnxio import tensor_info

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trtflow.stages.modelfile import infer_shapes
+from trtflow.stages.weightless import infer_shapes
 from trtflow.util.onnxio import composition as counts
 
 TOP_KEPT = 10  # kept nodes listed in the record, by weights then MACs

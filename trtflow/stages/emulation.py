@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from trtflow.stages.modelfile import infer_shapes
+from trtflow.stages.weightless import infer_shapes
 
 
 def ort_runnable(model: Any) -> tuple[Any, list[str]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trtflow.stages.modelfile import infer_shapes
+from trtflow.stages.weightless import infer_shapes
 
 GROWTH_ALLOWANCE = 64 << 10  # bytes a fold may add over its seeds: zero biases and shape tensors stay foldable
 

@@ -1,4 +1,5 @@
-"""Whole-model passes on a stand-in without the weights, for ModelOpt AutoCast.
+"""Whole-model passes on a stand-in without the weights: trtflow's own shape inference (`infer_shapes`: cleanup,
+folding, composition, the emulation) and ModelOpt's, while AutoCast or PTQ runs.
 
 AutoCast runs ONNX shape inference five times and the ONNX checker twice on the whole in-memory model. Each pass
 serializes the model, weights included, and parses it again in C++: on a 142M-parameter UNet (570 MB of weights) RSS
@@ -10,7 +11,8 @@ Shape inference's result is then written into the model in place, its weights un
 stand-in from a temporary folder beside an empty data file. The converted model is the same, byte for byte (the
 tests compare it), and the UNet's conversion peaks at 1.95 GiB. ModelOpt's PTQ (int8/fp8) infers shapes through the
 same function and keeps the model it gave, so there the inferred stand-in gets the weights copied in
-(`quantize_passes_on_stand_ins`): the same bytes again, BERT-base's int8 in 54.5 s instead of 71.3.
+(`quantize_passes_on_stand_ins`, as trtflow's own `infer_shapes` does): the same bytes again, BERT-base's int8 in
+54.5 s instead of 71.3.
 
 What the checker no longer sees is the large weights' byte counts; ONNX Runtime, which the accuracy check runs on the
 converted model, refuses a tensor whose bytes do not match its dims.
@@ -25,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtflow.stages.modelfile import SET_ASIDE_BYTES, float_types
-
+# Floating-point initializers above this many bytes are weights: shape inference never reads their values.
+SET_ASIDE_BYTES = 64 << 10
 _DATA_FILE = "weightless.data"  # the stand-in's reference; the checker finds an empty file of this name
 _PATCHED = threading.RLock()  # a block inside another (same thread) restores in turn
 
@@ -37,6 +39,12 @@ def stands_in(onnx: Any, tensor: Any) -> bool:
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         return True
     return tensor.data_type in float_types(onnx) and _bytes(onnx, tensor) > SET_ASIDE_BYTES
+
+
+def float_types(onnx: Any) -> set[int]:
+    """The floating-point element types a weight is stored in."""
+    kinds = onnx.TensorProto
+    return {kinds.FLOAT, kinds.FLOAT16, kinds.DOUBLE, kinds.BFLOAT16}
 
 
 def _bytes(onnx: Any, tensor: Any) -> int:
@@ -87,9 +95,10 @@ def check(onnx: Any, model: Any) -> None:
         onnx.checker.check_model(str(path))
 
 
-def inferred_copy(onnx: Any, model: Any, **options: Any) -> Any:
+def infer_shapes(onnx: Any, model: Any, **options: Any) -> Any:
     """`onnx.shape_inference.infer_shapes(model, **options)` as it is: a new model, `model` untouched; inferred on
-    the stand-in, the weights copied in once (ONNX serializes and parses them twice more)."""
+    the stand-in, the weights copied in once (ONNX serializes and parses them twice more; on ResNet-18 0.14 s instead
+    of 0.26). Data propagation reads only small integer tensors (shapes, axes)."""
     inferred = onnx.shape_inference.infer_shapes(stand_in(onnx, model), **options)
     del inferred.graph.initializer[:]
     inferred.graph.initializer.extend(model.graph.initializer)
@@ -116,7 +125,7 @@ def quantize_passes_on_stand_ins() -> Iterator[None]:
     the model it gave: a copy) runs on stand-ins. On BERT-base, int8 took 54.5 s instead of 71.3, the same bytes."""
     import onnx
 
-    with _modelopt_utils(infer_shapes=lambda model, **options: inferred_copy(onnx, model, **options)):
+    with _modelopt_utils(infer_shapes=lambda model, **options: infer_shapes(onnx, model, **options)):
         yield
 
 
