@@ -123,12 +123,18 @@ class ZooModel:
     def calibration_batches(self, folder: Path, count: int = 4, seed: int = SEED) -> list[Path]:
         """`count` seeded float32 batches at the opt shape: .npy for one input, .npz (one array per input) else."""
         folder.mkdir(parents=True, exist_ok=True)
+        return [
+            _write_batch(folder / f"{self.name}_{index:02d}", arrays)
+            for index, arrays in enumerate(self.random_feeds(count, seed))
+        ]
+
+    def random_feeds(self, count: int, seed: int = SEED) -> list[dict[str, np.ndarray]]:
+        """`count` seeded float32 feeds at the opt shape, drawn in order."""
         rng = np.random.default_rng(seed)
-        paths = []
-        for index in range(count):
-            arrays = {name: rng.standard_normal(shapes.opt).astype(np.float32) for name, shapes in self.profile.items()}
-            paths.append(_write_batch(folder / f"{self.name}_{index:02d}", arrays))
-        return paths
+        return [
+            {name: rng.standard_normal(shapes.opt).astype(np.float32) for name, shapes in self.profile.items()}
+            for _ in range(count)
+        ]
 
 
 def _write_batch(stem: Path, arrays: dict[str, np.ndarray]) -> Path:

@@ -17,18 +17,10 @@ N = 64  # the weight is N x N
 OPTIONS = {"method": "entropy", "exclude_op_types": [], "exclude_nodes": [], "high_precision": "fp16"}
 
 
-def _feeds(model: object, count: int) -> list[dict]:
-    rng = np.random.default_rng(7)
-    return [
-        {name: rng.standard_normal(shapes.opt).astype(np.float32) for name, shapes in model.profile.items()}  # type: ignore[attr-defined]
-        for _ in range(count)
-    ]
-
-
 def _quantized(tmp_path: Path, zoo_dir: Path, name: str, precision: str, external: bool) -> tuple[Path, list[dict]]:
     """A zoo model quantized by ModelOpt as the precision stage calls it, saved (its weights beside it or inside)."""
     model = zoo_model(name, zoo_dir)
-    feeds = _feeds(model, 3)
+    feeds = model.random_feeds(3, seed=7)
     options = {**OPTIONS, "method": "max" if precision == "fp8" else "entropy", "external_data": external}
     path = tmp_path / f"{name}-{precision}.onnx"
     convert.quantize(model.path, path, precision, feeds, options)

@@ -128,8 +128,7 @@ def test_ptq_makes_the_same_model_byte_for_byte(
     tmp_path: Path, zoo_dir: Path, monkeypatch: pytest.MonkeyPatch, name: str, precision: str
 ) -> None:
     model = zoo_model(name, zoo_dir)
-    rng = np.random.default_rng(7)
-    feeds = [{k: rng.standard_normal(s.opt).astype(np.float32) for k, s in model.profile.items()} for _ in range(3)]
+    feeds = model.random_feeds(3, seed=7)
     method = "max" if precision == "fp8" else "entropy"
     options = {"method": method, "exclude_op_types": [], "exclude_nodes": [], "high_precision": "fp16"}
     options["external_data"] = False

@@ -26,7 +26,6 @@ the run when on_fail is fail again (finish).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -57,7 +56,7 @@ from trtflow.stages.modelfile import load_graph, save_model
 from trtflow.stages.weightless import infer_shapes
 from trtflow.store.records import StageRecord
 from trtflow.util.memory import released_after
-from trtflow.util.onnxio import tensor_info
+from trtflow.util.onnxio import tensor_bytes, tensor_info
 from trtflow.util.versions import ort_version, tool_version
 
 PROOF_FAILED = "the cleaned model differs from the source: onnx_compare"
@@ -308,28 +307,16 @@ def _normalized_ir_version(onnx: Any, model: Any) -> int:
 
 def model_summary(model: Any) -> dict:
     """Node counts (in all and per op type) and I/O of a model, recorded before and after cleanup."""
-    import onnx.helper
-
     initializers = {init.name for init in model.graph.initializer}
     return {
         "nodes": len(model.graph.node),
-        "initializer_bytes": sum(_tensor_bytes(onnx.helper, tensor) for tensor in model.graph.initializer),
+        "initializer_bytes": sum(tensor_bytes(tensor) for tensor in model.graph.initializer),
         "ops": dict(sorted(Counter(node.op_type for node in model.graph.node).items())),
         "ir_version": model.ir_version,
         "opsets": {entry.domain or "ai.onnx": entry.version for entry in model.opset_import},
         "inputs": [tensor_info(v).to_json() for v in model.graph.input if v.name not in initializers],
         "outputs": [tensor_info(v).to_json() for v in model.graph.output],
     }
-
-
-def _tensor_bytes(helper: Any, tensor: Any) -> int:
-    """A tensor's size in bytes from its type and dims: in the graph or external, raw or typed fields alike."""
-    try:
-        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, ValueError, TypeError):
-        return len(tensor.raw_data)
-    size: int = math.prod(tensor.dims) * itemsize
-    return size
 
 
 STAGE = Stage(

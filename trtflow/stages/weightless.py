@@ -27,41 +27,36 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trtflow.util.onnxio import tensor_bytes
+
 # Floating-point initializers above this many bytes are weights: shape inference never reads their values.
 SET_ASIDE_BYTES = 64 << 10
 _DATA_FILE = "weightless.data"  # the stand-in's reference; the checker finds an empty file of this name
 _PATCHED = threading.RLock()  # a block inside another (same thread) restores in turn
 
 
-def stands_in(onnx: Any, tensor: Any) -> bool:
+def _stands_in(onnx: Any, tensor: Any) -> bool:
     """Whether the stand-in gives `tensor` as a reference: external data already, or a floating-point weight past
     SET_ASIDE_BYTES (no pass but the runtime reads its values)."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         return True
-    return tensor.data_type in float_types(onnx) and _bytes(onnx, tensor) > SET_ASIDE_BYTES
+    return tensor.data_type in _float_types(onnx) and tensor_bytes(tensor) > SET_ASIDE_BYTES
 
 
-def float_types(onnx: Any) -> set[int]:
+def _float_types(onnx: Any) -> set[int]:
     """The floating-point element types a weight is stored in."""
     kinds = onnx.TensorProto
     return {kinds.FLOAT, kinds.FLOAT16, kinds.DOUBLE, kinds.BFLOAT16}
 
 
-def _bytes(onnx: Any, tensor: Any) -> int:
-    elements = 1
-    for dim in tensor.dims:
-        elements *= dim
-    return int(elements * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize)
-
-
 def stand_in(onnx: Any, model: Any) -> Any:
-    """A copy of `model` whose weights (stands_in) are external references to one file that need not exist."""
+    """A copy of `model` whose weights (_stands_in) are external references to one file that need not exist."""
     light = onnx.ModelProto()
     _copy_fields(model, light, but="graph")
     _copy_fields(model.graph, light.graph, but="initializer")
     for tensor in model.graph.initializer:
         copy = light.graph.initializer.add()
-        if not stands_in(onnx, tensor):
+        if not _stands_in(onnx, tensor):
             copy.CopyFrom(tensor)
             continue
         copy.name, copy.data_type = tensor.name, tensor.data_type

@@ -6,6 +6,7 @@ loaded. `onnx` is imported only when a model is read.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,15 +133,22 @@ def composition(model: Any) -> dict:
     }
 
 
+def tensor_bytes(tensor: Any) -> int:
+    """A tensor's size in bytes from its type and dims: in the graph or external, raw or typed fields alike."""
+    import onnx
+
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        return len(tensor.raw_data)
+    size: int = math.prod(tensor.dims) * itemsize
+    return size
+
+
 def _nbytes(init: Any) -> int:
     """Bytes of an initializer's data, inline or external, without loading external data."""
     import onnx
 
     if init.data_location == onnx.TensorProto.EXTERNAL:
         return next((int(entry.value) for entry in init.external_data if entry.key == "length"), 0)
-    if init.raw_data:
-        return len(init.raw_data)
-    count = 1
-    for dim in init.dims:
-        count *= dim
-    return count * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+    return len(init.raw_data) if init.raw_data else tensor_bytes(init)
