@@ -15,7 +15,7 @@ What is measured, in one run:
      very cleaned model the stage read (from the store) and the very calibration files it calibrated on: for
      fp16/bf16 ModelOpt AutoCast as a user calls it, its own reference run over those files included (trtflow
      measures the value ranges itself, stages.ranges); for int8/fp8 the PTQ call the stage makes, with ModelOpt's
-     own whole-model passes (trtflow's stand-ins without the weights, stages.weightless, are the stage's own gain);
+     own whole-model passes (trtflow's passes on stand-ins, stages.modelopt_passes, are the stage's own gain);
   3. a table: stage seconds, bare seconds, their ratio; stage peak and bare peak (GiB); the accuracy it reached;
   4. goal 3: each precision stage's peak against 4 GiB (a GPT-2-large-size model's against 3x its weights), and with
      `--scaling K` the same project again with K times the calibration files, each peak against the first (met within
@@ -104,7 +104,7 @@ def write_calibration(folder: Path, name: str, files: int) -> None:
 
 def bare_call(model: str, precision: str, files: list[str], options: str, out: str) -> None:
     """The child: the ModelOpt call of the precision stage, timed after the imports; prints seconds and peak RSS."""
-    from trtflow.stages import convert, weightless
+    from trtflow.stages import convert, modelopt_passes
 
     convert.modelopt_onnx()
     feeds = [dict(np.load(path)) for path in files]
@@ -130,8 +130,8 @@ def bare_call(model: str, precision: str, files: list[str], options: str, out: s
                 calibration_data=str(folder),
                 providers=["cpu"],
             )
-    else:  # the stage's call, with ModelOpt's own whole-model passes (not trtflow's stand-ins: stages.weightless)
-        weightless.quantize_passes_on_stand_ins = contextlib.nullcontext
+    else:  # the stage's call, with ModelOpt's own whole-model passes (not trtflow's: stages.modelopt_passes)
+        modelopt_passes.quantize_passes = contextlib.nullcontext
         with convert.quiet():
             convert.quantize(source, Path(out) / "q" / "model.onnx", precision, feeds, json.loads(options))
     seconds = time.perf_counter() - started

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import modelopt.onnx.utils
 import numpy as np
@@ -13,10 +14,11 @@ import onnx
 import pytest
 from conftest import shared_dir
 from families import family_model
+from modelopt.onnx.autocast.precisionconverter import PrecisionConverter
 from onnx import TensorProto, helper, numpy_helper
 from zoo import zoo_model
 
-from trtflow.stages import convert, weightless
+from trtflow.stages import convert, modelopt_passes, weightless
 
 N = 256  # the weight is N x N fp32: 256 KiB, past SET_ASIDE_BYTES
 AUTOCAST = {"keep_io_types": True, "keep_op_types": [], "keep_nodes": []}
@@ -85,6 +87,19 @@ def test_the_inferred_copy_is_what_onnx_returns_and_the_model_stays_as_it_was() 
     assert model.SerializeToString() == before
 
 
+def test_shape_inference_by_path_writes_the_file_onnx_would(tmp_path: Path) -> None:
+    """In place and to another file, the weights kept; ONNX's own call on a copy is the reference."""
+    model = _graph()
+    for name in ("ours.onnx", "own.onnx", "source.onnx"):
+        onnx.save(model, tmp_path / name)
+    onnx.shape_inference.infer_shapes_path(tmp_path / "own.onnx", data_prop=True)
+    weightless.infer_shapes_path(onnx, tmp_path / "ours.onnx", data_prop=True)
+    assert onnx.load(tmp_path / "ours.onnx") == onnx.load(tmp_path / "own.onnx")
+    weightless.infer_shapes_path(onnx, tmp_path / "source.onnx", tmp_path / "out.onnx", data_prop=True)
+    assert onnx.load(tmp_path / "out.onnx") == onnx.load(tmp_path / "own.onnx")
+    assert onnx.load(tmp_path / "source.onnx") == model
+
+
 def test_shape_inference_that_fails_leaves_the_model_as_it_was() -> None:
     model = _graph()
     model.graph.node[0].input[1] = "shape"  # x @ int64 shape: a type error
@@ -102,12 +117,34 @@ def test_the_checker_on_the_stand_in_still_refuses_an_invalid_graph() -> None:
         weightless.check(onnx, model)
 
 
-def test_modelopt_gets_its_own_passes_back_after_the_block_even_on_an_error() -> None:
-    before = modelopt.onnx.utils.infer_shapes, modelopt.onnx.utils.check_model
-    with contextlib.suppress(RuntimeError), weightless.autocast_passes_on_stand_ins():
-        assert modelopt.onnx.utils.infer_shapes is not before[0]
+def test_the_checker_by_path_reads_the_file_and_refuses_an_invalid_graph(tmp_path: Path) -> None:
+    model = _graph()
+    onnx.save(model, tmp_path / "m.onnx")
+    weightless.check(onnx, tmp_path / "m.onnx")
+    model.graph.node[1].input[0] = "nowhere"
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(onnx.checker.ValidationError, match="nowhere"):
+        weightless.check(onnx, str(tmp_path / "m.onnx"))
+
+
+def _passes() -> tuple:
+    """The functions the blocks replace, as they are now."""
+    return (
+        modelopt.onnx.utils.infer_shapes,
+        modelopt.onnx.utils.check_model,
+        onnx.checker.check_model,
+        onnx.shape_inference.infer_shapes_path,
+        PrecisionConverter._cleanup_no_consumer_nodes,
+    )
+
+
+@pytest.mark.parametrize("block", [modelopt_passes.autocast_passes, modelopt_passes.quantize_passes])
+def test_modelopt_and_onnx_get_their_own_passes_back_after_the_block_even_on_an_error(block: Any) -> None:
+    before = _passes()
+    with contextlib.suppress(RuntimeError), block():
+        assert _passes()[0] is not before[0] and _passes()[-1] is not before[-1]
         raise RuntimeError
-    assert (modelopt.onnx.utils.infer_shapes, modelopt.onnx.utils.check_model) == before
+    assert _passes() == before
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -118,7 +155,7 @@ def test_autocast_makes_the_same_model_byte_for_byte(
     and with the stand-ins."""
     path = family_model("whisper", shared_dir(tmp_path_factory, "families")).path
     stand_ins, _ = convert.autocast(path, precision, AUTOCAST, {})
-    monkeypatch.setattr(weightless, "autocast_passes_on_stand_ins", contextlib.nullcontext)
+    monkeypatch.setattr(modelopt_passes, "autocast_passes", contextlib.nullcontext)
     own, _ = convert.autocast(Path(path), precision, AUTOCAST, {})
     assert stand_ins.SerializeToString() == own.SerializeToString()
 
@@ -133,6 +170,6 @@ def test_ptq_makes_the_same_model_byte_for_byte(
     options = {"method": method, "exclude_op_types": [], "exclude_nodes": [], "high_precision": "fp16"}
     options["external_data"] = False
     convert.quantize(model.path, tmp_path / "stand-ins" / "m.onnx", precision, feeds, options)
-    monkeypatch.setattr(weightless, "quantize_passes_on_stand_ins", contextlib.nullcontext)
+    monkeypatch.setattr(modelopt_passes, "quantize_passes", contextlib.nullcontext)
     convert.quantize(model.path, tmp_path / "own" / "m.onnx", precision, feeds, options)
     assert (tmp_path / "stand-ins" / "m.onnx").read_bytes() == (tmp_path / "own" / "m.onnx").read_bytes()

@@ -17,7 +17,7 @@ from typing import Any
 
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import StageError
-from trtflow.stages import weightless
+from trtflow.stages import modelopt_passes
 from trtflow.stages.capture import captured_output
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -83,7 +83,7 @@ def autocast(model_path: Path, precision: str, options: dict, ranges: dict) -> t
         name: TensorStats(absmax=r.absmax, min_val=r.low, max_val=r.high, shape=(r.elements,))
         for name, r in ranges.items()
     }
-    with _autocast_decisions() as reasons, weightless.autocast_passes_on_stand_ins():
+    with _autocast_decisions() as reasons, modelopt_passes.autocast_passes():
         model = convert_to_mixed_precision(
             onnx_path=str(model_path),
             low_precision_type=precision,
@@ -135,7 +135,7 @@ def quantize(model_path: Path, output: Path, precision: str, feeds: list[dict], 
 
     method = "max" if options["method"] == "percentile" else options["method"]
     output.parent.mkdir(parents=True, exist_ok=True)
-    with weightless.quantize_passes_on_stand_ins():
+    with modelopt_passes.quantize_passes():
         modelopt_quantize(
             onnx_path=str(model_path),
             quantize_mode=precision,

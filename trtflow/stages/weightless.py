@@ -1,18 +1,14 @@
 """Whole-model passes on a stand-in without the weights: trtflow's own shape inference (`infer_shapes`: cleanup,
 folding, composition, the emulation) and ModelOpt's, while AutoCast or PTQ runs.
 
-AutoCast runs ONNX shape inference five times and the ONNX checker twice on the whole in-memory model. Each pass
-serializes the model, weights included, and parses it again in C++: on a 142M-parameter UNet (570 MB of weights) RSS
-rose by about 1.4 GB inside each, and the conversion peaked at 4.49 GiB. Neither pass reads a weight's values: shape
+ONNX shape inference and the checker serialize the whole model, weights included, and parse it again in C++: on a
+142M-parameter UNet (570 MB of weights) RSS rose by about 1.4 GB inside each. Neither reads a weight's values: shape
 inference reads an initializer's type and dims (and the values of small integer tensors: shapes, axes), the checker
-its structure. So while AutoCast runs (`autocast_passes_on_stand_ins`), both run on a stand-in: the same model with
-each large floating-point initializer replaced by a reference to external data (its name, type and dims, no bytes).
-Shape inference's result is then written into the model in place, its weights untouched; the checker reads the
-stand-in from a temporary folder beside an empty data file. The converted model is the same, byte for byte (the
-tests compare it), and the UNet's conversion peaks at 1.95 GiB. ModelOpt's PTQ (int8/fp8) infers shapes through the
-same function and keeps the model it gave, so there the inferred stand-in gets the weights copied in
-(`quantize_passes_on_stand_ins`, as trtflow's own `infer_shapes` does): the same bytes again, BERT-base's int8 in
-54.5 s instead of 71.3.
+its structure. So they run on a stand-in: the same model with each large floating-point initializer replaced by a
+reference to external data (its name, type and dims, no bytes). Inference's result gets the weights back, copied into
+a new model (`infer_shapes`, `infer_shapes_path`) or written into the model itself (`infer_shapes_in_place`); the
+checker reads the stand-in from a temporary folder beside an empty data file (`check`). stages.modelopt_passes puts
+them in ModelOpt's place while it converts; the results are the same, byte for byte.
 
 What the checker no longer sees is the large weights' byte counts; ONNX Runtime, which the accuracy check runs on the
 converted model, refuses a tensor whose bytes do not match its dims.
@@ -20,10 +16,7 @@ converted model, refuses a tensor whose bytes do not match its dims.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +25,6 @@ from trtflow.util.onnxio import tensor_bytes
 # Floating-point initializers above this many bytes are weights: shape inference never reads their values.
 SET_ASIDE_BYTES = 64 << 10
 _DATA_FILE = "weightless.data"  # the stand-in's reference; the checker finds an empty file of this name
-_PATCHED = threading.RLock()  # a block inside another (same thread) restores in turn
 
 
 def _stands_in(onnx: Any, tensor: Any) -> bool:
@@ -81,13 +73,29 @@ def infer_shapes_in_place(onnx: Any, model: Any, **options: Any) -> Any:
     return model
 
 
-def check(onnx: Any, model: Any) -> None:
-    """`onnx.checker.check_model(model)` on the stand-in, read from a temporary folder beside an empty data file."""
+def check(onnx: Any, model: Any, checker: Any = None, **options: Any) -> None:
+    """`onnx.checker.check_model(model, **options)` (or `checker`, ONNX's function as it was before a block replaced
+    it) on the stand-in, read from a temporary folder beside an empty data file. `model` is a ModelProto, or a file
+    (read without its external data) or serialized bytes as ONNX's checker takes them."""
+    if not isinstance(model, onnx.ModelProto):
+        model = (
+            onnx.load_model_from_string(model)
+            if isinstance(model, bytes)
+            else onnx.load(str(model), load_external_data=False)
+        )
     with tempfile.TemporaryDirectory(prefix="trtflow-check-") as folder:
         (Path(folder) / _DATA_FILE).touch()
         path = Path(folder) / "model.onnx"
         path.write_bytes(stand_in(onnx, model).SerializeToString())
-        onnx.checker.check_model(str(path))
+        (checker or onnx.checker.check_model)(str(path), **options)
+
+
+def infer_shapes_path(onnx: Any, model_path: Any, output_path: Any = "", **options: Any) -> None:
+    """`onnx.shape_inference.infer_shapes_path`: the model file at `model_path` (read without its external data,
+    which stays where it is) inferred on the stand-in and written to `output_path`, by default over itself."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    inferred = infer_shapes(onnx, model, **options)
+    Path(output_path or model_path).write_bytes(inferred.SerializeToString())
 
 
 def infer_shapes(onnx: Any, model: Any, **options: Any) -> Any:
@@ -99,46 +107,6 @@ def infer_shapes(onnx: Any, model: Any, **options: Any) -> Any:
     del inferred.graph.initializer[:]
     inferred.graph.initializer.extend(model.graph.initializer)
     return inferred
-
-
-@contextlib.contextmanager
-def autocast_passes_on_stand_ins() -> Iterator[None]:
-    """While the block runs, ModelOpt's `onnx.utils.infer_shapes` and `check_model` (AutoCast's whole-model passes,
-    all called through that module) run on stand-ins. AutoCast assigns each result back (`model = infer_types(model)`),
-    so inference in place is what it sees. One block at a time in a process."""
-    import onnx
-
-    with _modelopt_utils(
-        infer_shapes=lambda model, **options: infer_shapes_in_place(onnx, model, **options),
-        check_model=lambda model: check(onnx, model),
-    ):
-        yield
-
-
-@contextlib.contextmanager
-def quantize_passes_on_stand_ins() -> Iterator[None]:
-    """While the block runs, ModelOpt's `onnx.utils.infer_shapes` (what its PTQ infers the whole model with, keeping
-    the model it gave: a copy) runs on stand-ins. On BERT-base, int8 took 54.5 s instead of 71.3, the same bytes."""
-    import onnx
-
-    with _modelopt_utils(infer_shapes=lambda model, **options: infer_shapes(onnx, model, **options)):
-        yield
-
-
-@contextlib.contextmanager
-def _modelopt_utils(**replacements: Any) -> Iterator[None]:
-    """`modelopt.onnx.utils`' named functions replaced while the block runs, one block at a time in a process."""
-    import modelopt.onnx.utils as utils
-
-    with _PATCHED:
-        own = {name: getattr(utils, name) for name in replacements}
-        for name, function in replacements.items():
-            setattr(utils, name, function)
-        try:
-            yield
-        finally:
-            for name, function in own.items():
-                setattr(utils, name, function)
 
 
 def _copy_fields(source: Any, target: Any, but: str) -> None:

@@ -1,0 +1,118 @@
+"""What trtflow replaces inside ModelOpt while AutoCast or PTQ runs: passes that compute the same result for less.
+
+ModelOpt's whole-model passes serialize the whole model, weights included, and parse it again in C++. Neither shape
+inference nor the checker reads a weight's values, so while a conversion runs they run on a stand-in without the
+weights (stages.weightless):
+- AutoCast (fp16/bf16, `autocast_passes`): `modelopt.onnx.utils.infer_shapes` (five calls) in place, and
+  `check_model` (two). On a 142M-parameter UNet the conversion peaked at 1.95 GiB instead of 4.49.
+- PTQ (int8/fp8, `quantize_passes`): the same `infer_shapes`, with the weights copied into its result (PTQ keeps the
+  model it passed in), `check_model` in the fp16 conversion that follows quantization, and ONNX's own
+  `shape_inference.infer_shapes_path` and `checker.check_model`, which ModelOpt calls on its files (loading the
+  model, and on the quantized model it writes).
+Both: AutoCast's cleanup looks up each node's consumers by scanning every node (`_cleanup_no_consumer_nodes`,
+quadratic: 7.9 s of BERT-base's int8); here it scans once, into a set.
+
+Every result is the same, byte for byte: tests/stages/test_weightless.py converts with and without these blocks.
+The functions are replaced only for the length of the call, one block at a time in a process (a stage runs in a
+forked child, so nothing else in that process sees them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from trtflow.stages import weightless
+
+_PATCHED = threading.RLock()  # a block inside another (same thread) restores in turn
+
+
+@contextlib.contextmanager
+def autocast_passes() -> Iterator[None]:
+    """While the block runs, AutoCast's shape inference and checker run on stand-ins and its cleanup scans once.
+    AutoCast assigns each inference's result back (`model = infer_types(model)`), so inference in place is what it
+    sees."""
+    import onnx
+
+    with (
+        _replaced(
+            _modelopt_utils(),
+            infer_shapes=lambda model, **options: weightless.infer_shapes_in_place(onnx, model, **options),
+            check_model=lambda model: weightless.check(onnx, model),
+        ),
+        _cleanup_scanning_once(),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def quantize_passes() -> Iterator[None]:
+    """While the block runs, PTQ's shape inference and checks (its own and ONNX's, on files) run on stand-ins, and
+    the fp16 conversion's cleanup scans once."""
+    import onnx
+
+    own_check = onnx.checker.check_model
+    with (
+        _replaced(
+            _modelopt_utils(),
+            infer_shapes=lambda model, **options: weightless.infer_shapes(onnx, model, **options),
+            check_model=lambda model: weightless.check(onnx, model, own_check),
+        ),
+        _replaced(
+            onnx.checker,
+            check_model=lambda model, full_check=False, **options: (
+                own_check(model, full_check, **options)
+                if full_check
+                else weightless.check(onnx, model, own_check, **options)
+            ),
+        ),
+        _replaced(
+            onnx.shape_inference,
+            infer_shapes_path=lambda model_path, output_path="", **options: weightless.infer_shapes_path(
+                onnx, model_path, output_path, **options
+            ),
+        ),
+        _cleanup_scanning_once(),
+    ):
+        yield
+
+
+def _modelopt_utils() -> Any:
+    """ModelOpt's ONNX utilities, through which AutoCast and PTQ call their whole-model passes."""
+    import modelopt.onnx.utils as utils
+
+    return utils
+
+
+@contextlib.contextmanager
+def _cleanup_scanning_once() -> Iterator[None]:
+    """AutoCast's `_cleanup_no_consumer_nodes` replaced by `_without_unread_nodes` while the block runs."""
+    from modelopt.onnx.autocast.precisionconverter import PrecisionConverter
+
+    with _replaced(PrecisionConverter, _cleanup_no_consumer_nodes=_without_unread_nodes):
+        yield
+
+
+def _without_unread_nodes(converter: Any) -> None:
+    """ModelOpt's `_cleanup_no_consumer_nodes`: remove each node none of whose outputs is a graph output or read by a
+    node, all decided before any is removed. The readers are one set, not a scan of every node per output."""
+    graph = converter.model.graph
+    wanted = {output.name for output in graph.output} | {name for node in graph.node for name in node.input}
+    for node in [node for node in graph.node if not any(name in wanted for name in node.output)]:
+        graph.node.remove(node)
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, **replacements: Any) -> Iterator[None]:
+    """`owner`'s named attributes replaced while the block runs, restored after it (on an error too)."""
+    with _PATCHED:
+        own = {name: getattr(owner, name) for name in replacements}
+        for name, value in replacements.items():
+            setattr(owner, name, value)
+        try:
+            yield
+        finally:
+            for name, value in own.items():
+                setattr(owner, name, value)
