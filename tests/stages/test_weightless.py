@@ -11,6 +11,7 @@ from typing import Any
 import modelopt.onnx.utils
 import numpy as np
 import onnx
+import onnx.version_converter
 import pytest
 from conftest import shared_dir
 from families import family_model
@@ -100,6 +101,13 @@ def test_shape_inference_by_path_writes_the_file_onnx_would(tmp_path: Path) -> N
     assert onnx.load(tmp_path / "source.onnx") == model
 
 
+def test_the_version_converter_on_the_stand_in_gives_what_onnx_would_with_the_weights() -> None:
+    model = _graph()
+    expected = onnx.version_converter.convert_version(model, 19)
+    converted = weightless.convert_version(onnx, model, 19, onnx.version_converter.convert_version)
+    assert converted == expected and converted.opset_import[0].version == 19
+
+
 def test_shape_inference_that_fails_leaves_the_model_as_it_was() -> None:
     model = _graph()
     model.graph.node[0].input[1] = "shape"  # x @ int64 shape: a type error
@@ -134,6 +142,7 @@ def _passes() -> tuple:
         modelopt.onnx.utils.check_model,
         onnx.checker.check_model,
         onnx.shape_inference.infer_shapes_path,
+        onnx.version_converter.convert_version,
         PrecisionConverter._cleanup_no_consumer_nodes,
     )
 

@@ -8,7 +8,7 @@ weights (stages.weightless):
 - PTQ (int8/fp8, `quantize_passes`): the same `infer_shapes`, with the weights copied into its result (PTQ keeps the
   model it passed in), `check_model` in the fp16 conversion that follows quantization, and ONNX's own
   `shape_inference.infer_shapes_path` and `checker.check_model`, which ModelOpt calls on its files (loading the
-  model, and on the quantized model it writes).
+  model, and on the quantized model it writes), and its `version_converter.convert_version` (opset 19 for Q/DQ).
 Both: AutoCast's cleanup looks up each node's consumers by scanning every node (`_cleanup_no_consumer_nodes`,
 quadratic: 7.9 s of BERT-base's int8); here it scans once, into a set.
 
@@ -52,8 +52,9 @@ def quantize_passes() -> Iterator[None]:
     """While the block runs, PTQ's shape inference and checks (its own and ONNX's, on files) run on stand-ins, and
     the fp16 conversion's cleanup scans once."""
     import onnx
+    import onnx.version_converter
 
-    own_check = onnx.checker.check_model
+    own_check, own_convert = onnx.checker.check_model, onnx.version_converter.convert_version
     with (
         _replaced(
             _modelopt_utils(),
@@ -67,6 +68,10 @@ def quantize_passes() -> Iterator[None]:
                 if full_check
                 else weightless.check(onnx, model, own_check, **options)
             ),
+        ),
+        _replaced(
+            onnx.version_converter,
+            convert_version=lambda model, target: weightless.convert_version(onnx, model, target, own_convert),
         ),
         _replaced(
             onnx.shape_inference,

@@ -6,9 +6,10 @@ ONNX shape inference and the checker serialize the whole model, weights included
 inference reads an initializer's type and dims (and the values of small integer tensors: shapes, axes), the checker
 its structure. So they run on a stand-in: the same model with each large floating-point initializer replaced by a
 reference to external data (its name, type and dims, no bytes). Inference's result gets the weights back, copied into
-a new model (`infer_shapes`, `infer_shapes_path`) or written into the model itself (`infer_shapes_in_place`); the
-checker reads the stand-in from a temporary folder beside an empty data file (`check`). stages.modelopt_passes puts
-them in ModelOpt's place while it converts; the results are the same, byte for byte.
+a new model (`infer_shapes`, `infer_shapes_path`, and the version converter's, `convert_version`) or written into the
+model itself (`infer_shapes_in_place`); the checker reads the stand-in from a temporary folder beside an empty data
+file (`check`). stages.modelopt_passes puts them in ModelOpt's place while it converts; the results are the same,
+byte for byte.
 
 What the checker no longer sees is the large weights' byte counts; ONNX Runtime, which the accuracy check runs on the
 converted model, refuses a tensor whose bytes do not match its dims.
@@ -96,6 +97,24 @@ def infer_shapes_path(onnx: Any, model_path: Any, output_path: Any = "", **optio
     model = onnx.load(str(model_path), load_external_data=False)
     inferred = infer_shapes(onnx, model, **options)
     Path(output_path or model_path).write_bytes(inferred.SerializeToString())
+
+
+def convert_version(onnx: Any, model: Any, target: int, converter: Any) -> Any:
+    """`converter(model, target)` (ONNX's version converter, as it was before a block replaced it) run on the
+    stand-in, each weight put back by name into the converted model. An adapter that reads a weight's values cannot
+    read a stand-in's: then, or if a weight does not come back under its name, the whole model is converted as it
+    is."""
+    weights = {t.name: t for t in model.graph.initializer if _stands_in(onnx, t)}
+    try:
+        converted = converter(stand_in(onnx, model), target)
+    except Exception:  # noqa: BLE001 - any failure on the stand-in: the model itself decides
+        return converter(model, target)
+    returned = [t for t in converted.graph.initializer if t.name in weights]
+    if len(returned) != len(weights) or any(t.data_location != onnx.TensorProto.EXTERNAL for t in returned):
+        return converter(model, target)
+    for tensor in returned:
+        tensor.CopyFrom(weights[tensor.name])
+    return converted
 
 
 def infer_shapes(onnx: Any, model: Any, **options: Any) -> Any:
