@@ -9,6 +9,7 @@ weights (stages.weightless):
   model it passed in), `check_model` in the fp16 conversion that follows quantization, and ONNX's own
   `shape_inference.infer_shapes_path` and `checker.check_model`, which ModelOpt calls on its files (loading the
   model, and on the quantized model it writes), and its `version_converter.convert_version` (opset 19 for Q/DQ).
+PTQ's per-channel int8 weight scales are computed a weight at a time, not a channel at a time (stages.weight_scales).
 Both: AutoCast's cleanup looks up each node's consumers by scanning every node (`_cleanup_no_consumer_nodes`,
 quadratic: 7.9 s of BERT-base's int8); here it scans once, into a set.
 
@@ -24,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from trtflow.stages import weightless
+from trtflow.stages import weight_scales, weightless
 
 _PATCHED = threading.RLock()  # a block inside another (same thread) restores in turn
 
@@ -80,6 +81,7 @@ def quantize_passes() -> Iterator[None]:
             ),
         ),
         _cleanup_scanning_once(),
+        _weight_scales_at_once(),
     ):
         yield
 
@@ -97,6 +99,20 @@ def _cleanup_scanning_once() -> Iterator[None]:
     from modelopt.onnx.autocast.precisionconverter import PrecisionConverter
 
     with _replaced(PrecisionConverter, _cleanup_no_consumer_nodes=_without_unread_nodes):
+        yield
+
+
+@contextlib.contextmanager
+def _weight_scales_at_once() -> Iterator[None]:
+    """ONNX Runtime's QDQ quantizer computes per-channel integer weight scales a weight at a time (stages.weight_scales)
+    while the block runs."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    own = QDQQuantizer._calc_initializer_quant_params
+    with _replaced(
+        QDQQuantizer,
+        _calc_initializer_quant_params=lambda quantizer: weight_scales.calc_initializer_quant_params(quantizer, own),
+    ):
         yield
 
 
