@@ -7,10 +7,10 @@ UNet at their real sizes (random weights, seeded).
 
 What is measured, in one run:
   1. a project with one recipe per model (its ONNX from tests/families.py, fp32 and the precisions, one target:
-     rtx-ampere, `--files` calibration files (text: batch 4 of token ids within the vocabulary, padded masks; images:
-     batch 4 of normal values; Whisper and the UNet: their static shapes), accuracy limits at their defaults with
-     `verify: {on_fail: warn}` so a miss is recorded, not fatal); a cold `trtflow run -j 1`; seconds and peak RSS per
-     stage from artifacts/run.json;
+     rtx-ada (sm_89: fp8 too), `--files` calibration files (text: batch 4 of token ids within the vocabulary, padded
+     masks; images: batch 4 of normal values; Whisper and the UNet: their static shapes), accuracy limits at their
+     defaults with `verify: {on_fail: warn}` so a miss is recorded, not fatal); a cold `trtflow run -j 1`; seconds
+     and peak RSS per stage from artifacts/run.json;
   2. the baseline, per (model, precision), in a fresh subprocess, timed after the imports, with its peak RSS, on the
      very cleaned model the stage read (from the store) and the very calibration files it calibrated on: for
      fp16/bf16 ModelOpt AutoCast as a user calls it, its own reference run over those files included (trtflow
@@ -79,10 +79,10 @@ FLOAT_SHAPES = {
 
 
 def recipe(name: str, precisions: list[str]) -> str:
-    """The recipe of one model: fp32 and `precisions` for rtx-ampere, calibrated on its files, misses recorded."""
+    """The recipe of one model: fp32 and `precisions` for rtx-ada, calibrated on its files, misses recorded."""
     inputs = "".join(f"      {input_name}: {shape}\n" for input_name, shape in PROFILES[name][0].items())
     return (
-        f"source: {{onnx: models/{name}.onnx}}\nprecisions: [fp32, {', '.join(precisions)}]\ntargets: [rtx-ampere]\n"
+        f"source: {{onnx: models/{name}.onnx}}\nprecisions: [fp32, {', '.join(precisions)}]\ntargets: [rtx-ada]\n"
         f"calibration: {{data: calib/{name}/*.npz}}\nverify: {{on_fail: warn}}\nprofiles:\n  - inputs:\n{inputs}"
     )
 
