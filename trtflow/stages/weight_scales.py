@@ -15,9 +15,10 @@ with ONNX Runtime's own arithmetic and hands every other tensor to ONNX Runtime'
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 _INTEGER_TYPES = ("INT8", "UINT8", "INT16", "UINT16")  # the types ONNX Runtime's integer scales take (not int4)
 _FP8 = "FLOAT8E4M3FN"
@@ -57,6 +58,7 @@ def per_channel_params(
     """(zero points, scales) of each channel along `axis` as ONNX Runtime's `compute_data_quant_params` gives them
     for symmetric quantization to `quant_type` (an integer type or fp8 E4M3FN); None where it must decide (another
     type, an empty channel, a value that is not finite, fp8 with reduce_range: it raises or takes its own path)."""
+    import numpy as np
     from onnx import TensorProto
 
     integer = quant_type in {getattr(TensorProto, name) for name in _INTEGER_TYPES}
@@ -71,6 +73,7 @@ def per_channel_params(
 
 def _integer_params(rows: np.ndarray, quant_type: int, reduce_range: bool) -> tuple[np.ndarray, np.ndarray]:
     """`compute_scale_zp(rmin, rmax, qmin, qmax, symmetric=True)` of each row, all rows at once."""
+    import numpy as np
     from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
 
     qmin, qmax = get_qmin_qmax_for_qType(quant_type, reduce_range, symmetric=True)
@@ -88,6 +91,7 @@ def _integer_params(rows: np.ndarray, quant_type: int, reduce_range: bool) -> tu
 def _fp8_params(rows: np.ndarray, quant_type: int) -> tuple[np.ndarray, np.ndarray]:
     """`compute_scale_zp_float8(quant_type, np.std(row))` of each row: the row's deviation taken alone (a copy, as
     ONNX Runtime's `take` makes), the fp8 values' deviation once."""
+    import numpy as np
     from onnxruntime.quantization import quant_utils
 
     first = np.std(rows[0].copy())
