@@ -83,8 +83,8 @@ def _integer_params(rows: np.ndarray, quant_type: int, reduce_range: bool) -> tu
     scale = spread / (np.array(qmax, dtype=np.float64) - np.array(qmin, dtype=np.float64))
     tiny = scale < np.finfo(rows.dtype).tiny
     middle = np.array(np.round((qmin + qmax) / np.array(2.0, dtype=np.float64)), dtype=qmin.dtype)
-    zero_points = np.where(tiny, np.array(0, dtype=qmin.dtype), middle).astype(qmin.dtype)
-    scales = np.where(tiny, np.array(1.0, dtype=rows.dtype), scale.astype(rows.dtype)).astype(rows.dtype)
+    zero_points = np.where(tiny, np.array(0, dtype=qmin.dtype), middle)
+    scales = np.where(tiny, np.array(1.0, dtype=rows.dtype), scale.astype(rows.dtype))
     return zero_points, scales
 
 
@@ -94,10 +94,9 @@ def _fp8_params(rows: np.ndarray, quant_type: int) -> tuple[np.ndarray, np.ndarr
     import numpy as np
     from onnxruntime.quantization import quant_utils
 
-    first = np.std(rows[0].copy())
-    zero, _ = quant_utils.compute_scale_zp_float8(quant_type, first)  # also fills ONNX Runtime's table of fp8 values
+    deviations = [np.std(row.copy()) for row in rows]
+    zero, _ = quant_utils.compute_scale_zp_float8(quant_type, deviations[0])  # also fills its table of fp8 values
     fp8_spread = np.std(quant_utils.FLOAT8_DISTRIBUTIONS[quant_type])
-    deviations = [first, *(np.std(row.copy()) for row in rows[1:])]
     scales = np.asarray([np.array(std / fp8_spread, dtype=std.dtype) for std in deviations])
     return np.asarray([zero] * len(deviations)), scales
 

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trtflow.util.onnxio import tensor_bytes
+from trtflow.util.onnxio import load_graph_only, tensor_bytes
 
 # Floating-point initializers above this many bytes are weights: shape inference never reads their values.
 SET_ASIDE_BYTES = 64 << 10
@@ -79,11 +79,7 @@ def check(onnx: Any, model: Any, checker: Any = None, **options: Any) -> None:
     it) on the stand-in, read from a temporary folder beside an empty data file. `model` is a ModelProto, or a file
     (read without its external data) or serialized bytes as ONNX's checker takes them."""
     if not isinstance(model, onnx.ModelProto):
-        model = (
-            onnx.load_model_from_string(model)
-            if isinstance(model, bytes)
-            else onnx.load(str(model), load_external_data=False)
-        )
+        model = onnx.load_model_from_string(model) if isinstance(model, bytes) else load_graph_only(model)
     with tempfile.TemporaryDirectory(prefix="trtflow-check-") as folder:
         (Path(folder) / _DATA_FILE).touch()
         path = Path(folder) / "model.onnx"
@@ -94,8 +90,7 @@ def check(onnx: Any, model: Any, checker: Any = None, **options: Any) -> None:
 def infer_shapes_path(onnx: Any, model_path: Any, output_path: Any = "", **options: Any) -> None:
     """`onnx.shape_inference.infer_shapes_path`: the model file at `model_path` (read without its external data,
     which stays where it is) inferred on the stand-in and written to `output_path`, by default over itself."""
-    model = onnx.load(str(model_path), load_external_data=False)
-    inferred = infer_shapes(onnx, model, **options)
+    inferred = infer_shapes(onnx, load_graph_only(model_path), **options)
     Path(output_path or model_path).write_bytes(inferred.SerializeToString())
 
 
