@@ -3,14 +3,16 @@ and what the search costs against the stage without it, measured in one run.
 
     python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert bert_narrow_init] [--files 12]
                                   [--precision int8|fp8] [--min-share 0.5] [--workdir DIR]
-                                  [--quantize '{high_precision: fp32, exclude_op_types: [Add]}']
+                                  [--quantize '{high_precision: fp32, exclude_op_types: [Add]}'] [--task [--noise N]]
 
 Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
 BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py at two weight scales, whose token
 ids come from trtflow's seeded random inputs; seeded random weights), one project with two recipes of the same ONNX,
 `--precision` (int8 by default) for rtx-ada (sm_89, which has fp8), `--files` seeded calibration batches at the opt
 shape (half held out), limits cosine 0.995 and top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss
-is recorded:
+is recorded. With `--task`, an image model's last Linear is trained on a synthetic 100-class task and its files are
+that task's images (benchmarks/image_task.py): logits with a trained classifier's margins, not random ones that nearly
+tie. Two recipes:
   - plain: `fallback: none`, today's stage;
   - fallback: `fallback: auto, min_share: <--min-share>` (0.5 by default);
   both with `--quantize` as their `quantize:` (where ModelOpt places Q/DQ, what the rest runs in).
@@ -37,6 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from families import family_model  # noqa: E402
+from image_task import NOISE, ImageTask, accuracy, trained_head  # noqa: E402
 from model_families import modelopt_import_seconds, without_import  # noqa: E402
 from torchvision_like import MODELS  # noqa: E402
 from zoo import SEED, _export  # noqa: E402
@@ -49,9 +52,19 @@ FAMILIES = (
 LIMITS = {"min_cosine": 0.995, "min_top1": 0.9}
 
 
-def write_project(root: Path, name: str, files: int, precision: str, min_share: float, quantize: dict) -> None:
+def write_project(
+    root: Path,
+    name: str,
+    files: int,
+    precision: str,
+    min_share: float,
+    quantize: dict,
+    task: bool = False,
+    noise: float | None = None,
+) -> None:
     """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files (a text model:
-    trtflow's seeded random token ids, valid for its tables, `files // 2` of them to calibrate on)."""
+    trtflow's seeded random token ids, valid for its tables, `files // 2` of them to calibrate on; an image model with
+    `task`: a trained head and the task's images)."""
     (root / "recipes").mkdir(parents=True)
     (root / "models").mkdir()
     targets = {"rtx-ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}
@@ -62,13 +75,21 @@ def write_project(root: Path, name: str, files: int, precision: str, min_share: 
         profile, calibration = model.profile, {"random": True, "samples": files // 2}
     else:
         make, profile = MODELS[name]
-        with torch.no_grad():
-            _export(make(), profile, root / "models" / "m.onnx")
         folder = root / "calib"
         folder.mkdir()
-        rng = np.random.default_rng(SEED)
-        for index in range(files):
-            arrays = {k: rng.standard_normal(s.opt).astype(np.float32) for k, s in profile.items()}
+        if task and name in NOISE:
+            images = ImageTask(NOISE[name] if noise is None else noise, seed=SEED)
+            model = trained_head(make(), images)
+            right, margin = accuracy(model, images)
+            print(f"{name}: head trained on the task: {right:.0%} of fresh samples right, top-2 margin {margin:.2f}")
+            batches = [{"input": batch} for batch in images.batches(files, profile["input"].opt[0])]
+        else:
+            model, rng = make(), np.random.default_rng(SEED)
+            shapes = {key: shape.opt for key, shape in profile.items()}
+            batches = [{k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()} for _ in range(files)]
+        with torch.no_grad():
+            _export(model, profile, root / "models" / "m.onnx")
+        for index, arrays in enumerate(batches):
             np.savez(folder / f"{index:02d}.npz", **arrays)
         calibration = {"data": "calib/*.npz"}
     for recipe, extra in (("plain", {}), ("fallback", {"fallback": "auto", "min_share": min_share})):
@@ -108,6 +129,8 @@ def main() -> int:
     parser.add_argument(
         "--quantize", type=yaml.safe_load, default={}, help="both recipes' quantize:, e.g. '{high_precision: fp32}'"
     )
+    parser.add_argument("--task", action="store_true", help="image models: a trained head, the task's images")
+    parser.add_argument("--noise", type=float, help="with --task: the task's noise for every model (default: NOISE's)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-fallback-"))
     from conftest import stage_record
@@ -117,7 +140,7 @@ def main() -> int:
     precision = args.precision
     for name in args.models:
         root = work / name
-        write_project(root, name, args.files, precision, args.min_share, args.quantize)
+        write_project(root, name, args.files, precision, args.min_share, args.quantize, args.task, args.noise)
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], capture_output=True)
         print(f"\n{name}: run exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")
