@@ -125,3 +125,25 @@ def test_a_miss_found_on_some_feeds_is_a_miss_on_all_of_them() -> None:
                 early += count < 6
                 break
     assert early > 20
+
+
+def test_top1_out_of_reach_on_some_feeds_misses_on_all_of_them() -> None:
+    """A trial missing only top-1 agreement stops once the rows that disagree are more than the limit allows over all
+    the feeds (accuracy.top1_out_of_reach): never a different answer. Over 200 seeded cases of 6 feeds of 8 rows, with
+    no other limit, every prefix found out of reach misses on all the feeds, and the early answer comes often where
+    failed_for_good, which does not count rows, gives none."""
+    rng = np.random.default_rng(1)
+    tolerance = {"min_top1": 0.9}
+    early = 0
+    for _ in range(200):
+        want = [{"logits": rng.standard_normal((8, 10)), "features": rng.standard_normal((8, 3, 2))} for _ in range(6)]
+        scale = rng.choice([0.05, 0.2, 0.5])
+        got = [{name: value + rng.standard_normal(value.shape) * scale for name, value in w.items()} for w in want]
+        whole = accuracy.judged(got, want, {}, tolerance)
+        for count in range(1, 7):
+            assert not accuracy.failed_for_good(accuracy.judged(got[:count], want[:count], {}, tolerance), tolerance)
+            if accuracy.top1_out_of_reach(got[:count], want, {}, tolerance):
+                assert not all(o["passed"] for o in whole)
+                early += count < 6
+                break
+    assert early > 20

@@ -83,6 +83,27 @@ def failed_for_good(outputs: list[dict], tolerance: dict) -> bool:
     return False
 
 
+def top1_out_of_reach(got: list[dict], want: list[dict], sets: dict[str, int], tolerance: dict) -> bool:
+    """Whether some output's top-1 agreement over all of `want`'s feeds must fall below min_top1, whatever the feeds
+    after the first len(got) give: the rows that already disagree are more than the limit lets all the rows hold
+    (the agreement can only be lower than if every later row agreed)."""
+    bound = tolerance.get("min_top1")
+    if bound is None or not got:
+        return False
+    for name in want[0]:
+        shapes = [np.shape(feed[name]) for feed in want]
+        if name in sets or any(len(shape) != 2 or shape[1] < 2 for shape in shapes):
+            continue
+        pairs = [(np.asarray(g[name]), np.asarray(w[name])) for g, w in zip(got, want, strict=False)]
+        if any(mine.shape != theirs.shape for mine, theirs in pairs):
+            continue  # failed_for_good judges a shape that differs
+        rows = sum(shape[0] for shape in shapes)
+        disagreeing = sum(int((mine.argmax(axis=1) != theirs.argmax(axis=1)).sum()) for mine, theirs in pairs)
+        if _rounded((rows - disagreeing) / rows) < bound:
+            return True
+    return False
+
+
 AGREEMENTS = {"cosine_similarity": "min_cosine", "top1_agreement": "min_top1", "set_agreement": "min_set_agreement"}
 
 

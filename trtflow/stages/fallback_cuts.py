@@ -71,7 +71,7 @@ class Cuts:
             ]
             made = declare(self._part(free)[0], [self.given[n] if n in self.given else feeds[0][n] for n in cut], cut)
             mine = {name: switch for name, switch in self.inputs.items() if switch in free}
-            with compare.SessionPool(self.trial.sessions(made), self.trial.threads()) as sessions:
+            with compare.SessionPool(self.trial.sessions(made), self.trial.threads) as sessions:
                 for index in indices:
                     fed = switches(mine, self.baseline ^ set(units[index]))
                     got = sessions.run([{**feed, **fed} for feed in feeds])
@@ -90,4 +90,4 @@ class Cuts:
 
         known = set(self.outputs)
         baseline.graph.output.extend(onnx.ValueInfoProto(name=name) for name in cut if name not in known)
-        return compare.run_spread(self.trial.sessions(baseline), self.feeds, self.trial.threads())[0]
+        return compare.run_spread(self.trial.sessions(baseline), self.feeds, self.trial.threads)[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,16 @@ class Trial:
     def meets(self, run: Run, step: int) -> bool:
         """Whether the trial `run` computes meets every limit: each output's, and max_drop on the labelled rows where
         given. The feeds run `step` at a time, and a trial that already misses a limit no further feed can redeem
-        (accuracy.failed_for_good) is judged without the rest: the same answer, for less."""
+        (accuracy.failed_for_good, accuracy.top1_out_of_reach) is judged without the rest: the same answer, for
+        less."""
         got: list[dict] = []
         judged: list[dict] = []
         for start in range(0, len(self.feeds), step):
             got += run(self.feeds[start : start + step])
             judged = accuracy.judged(got, self.want[: len(got)], self.sets, self.tolerance)
-            if accuracy.failed_for_good(judged, self.tolerance):
+            if accuracy.failed_for_good(judged, self.tolerance) or accuracy.top1_out_of_reach(
+                got, self.want, self.sets, self.tolerance
+            ):
                 return False
         if not all(o["passed"] for o in judged):
             return False
@@ -65,8 +69,10 @@ class Trial:
         """Per output numbers of a trial's outputs over the first feeds, one per feed."""
         return accuracy.judged(got, self.want[: len(got)], self.sets, self.tolerance)
 
+    @cached_property
     def threads(self) -> int:
-        """As many sessions as the saved model's size allows at once (compare.threads_for)."""
+        """As many sessions as the saved model's size allows at once (compare.threads_for); its files are sized once
+        for every trial of the search."""
         return compare.threads_for(compare.model_bytes(self.saved))
 
     def sessions(self, runnable: Any) -> Callable[[], Any]:
@@ -87,15 +93,15 @@ class Judge:
     def meets(self, high: list[str]) -> bool:
         """Whether the trial keeping `high` meets every limit (Trial.meets)."""
         with self._runner(high) as run:
-            return self.trial.meets(run, self.trial.threads())
+            return self.trial.meets(run, self.trial.threads)
 
     def outputs(self, high: list[str], samples: int | None = None) -> list[dict]:
         """Per output numbers of the trial keeping `high` over the first `samples` feeds (all by default: a ranking
         takes a few, and runs several trials at once, each on one thread)."""
-        with self._runner(high, 1 if samples is not None else self.trial.threads()) as run:
+        with self._runner(high, 1 if samples is not None else self.trial.threads) as run:
             return self.trial.judged(run, samples)
 
     @contextmanager
     def _runner(self, high: list[str], threads: int | None = None) -> Iterator[Run]:
-        with compare.SessionPool(self.trial.sessions(self.model(high)), threads or self.trial.threads()) as sessions:
+        with compare.SessionPool(self.trial.sessions(self.model(high)), threads or self.trial.threads) as sessions:
             yield sessions.run
