@@ -136,3 +136,25 @@ def test_past_the_budget_the_model_runs_as_it_is(tmp_path: Path, monkeypatch: py
     assert made.graph is model and not made.values
     monkeypatch.setattr(precomputed, "PRECOMPUTED_MAX_BYTES", 4 * N * N)
     assert list(precomputed.prepared(path, model).values) == ["wd"]
+
+
+def test_a_memo_computes_a_chain_once_for_every_variant_that_has_it(tmp_path: Path, zoo_dir: Path) -> None:
+    """A fallback search's trial models share most weight chains (fallback_trial.Trial.chain_values): with a memo, a
+    second variant computes only the chain whose weights differ, and every value is what it is without the memo."""
+    path, _ = _quantized(tmp_path, zoo_dir, "resnet", "int8", False)
+    runnable, _ = accuracy.candidate_runnable(path)
+    memo: dict = {}
+    first = precomputed.prepared(path, runnable, memo)
+    assert len(memo) == len(first.values) > 5
+    variant = onnx.ModelProto()
+    variant.CopyFrom(runnable)
+    weights = {i.name: i for i in variant.graph.initializer}
+    stored = weights[precomputed._constant_chains(variant)[0].input[0]]  # the first weight as ModelOpt stored it
+    stored.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(stored) * 2, stored.name))
+    second = precomputed.prepared(path, variant, memo)
+    alone = precomputed.prepared(path, variant)
+    changed = [name for name in second.values if second.values[name] is not first.values.get(name)]
+    assert len(memo) == len(first.values) + len(changed) and 1 <= len(changed) < len(first.values) // 2
+    assert second.values.keys() == alone.values.keys()
+    assert all(np.array_equal(second.values[name], alone.values[name]) for name in alone.values)
+    assert any(not np.array_equal(second.values[name], first.values[name]) for name in changed)

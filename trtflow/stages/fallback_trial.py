@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ class Trial:
     task: Any = None  # task.Limit: with labelled rows and a max_drop, a trial must hold it too
     source: Path | None = None  # the fp32 model: the weights of nodes an fp16/bf16 trial keeps in fp32
     say: Notes = silent  # what the search is doing now, for the run's heartbeat (stage_progress)
+    # the trial models' weight chains computed so far (precomputed.prepared): most are the same in every trial
+    chain_values: dict[bytes, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def say_measuring(self, units: list[list[Any]]) -> None:
         """The heartbeat's line as a ranking starts: how many groups or nodes it measures."""
@@ -79,7 +81,7 @@ class Trial:
         """A maker of ONNX Runtime sessions of a trial model, its weights read from beside the saved model, its
         constant Q/DQ chains computed once for all of them (stages.precomputed). Each runs on one thread, as every
         comparison trtflow makes: the numbers, and so the nodes chosen, are the same whichever session ran a sample."""
-        made = precomputed.prepared(self.saved, runnable)
+        made = precomputed.prepared(self.saved, runnable, self.chain_values)
         return lambda: precomputed.session(self.saved, made)
 
 

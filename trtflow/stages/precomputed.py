@@ -36,9 +36,12 @@ class Prepared:
     values: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def prepared(model_path: Path, graph: Any) -> Prepared:
+def prepared(model_path: Path, graph: Any, memo: dict[bytes, np.ndarray] | None = None) -> Prepared:
     """`graph` (a variant of the model at `model_path`, its weights possibly in the external file beside it) with
-    each constant Q/DQ chain computed once: the chain's nodes removed, its outputs graph inputs. `graph` is kept."""
+    each constant Q/DQ chain computed once: the chain's nodes removed, its outputs graph inputs. `graph` is kept.
+
+    `memo` holds the values of chains computed before, by what computes them (ChainValues): a fallback search's
+    trial models, variants of one model file, share most of their chains."""
     import onnx
 
     chain = _constant_chains(graph)
@@ -46,7 +49,7 @@ def prepared(model_path: Path, graph: Any) -> Prepared:
     wanted = [name for name in _read_outside(graph, chain) if name in produced]
     if not wanted or _values_bytes(graph, chain, wanted) > PRECOMPUTED_MAX_BYTES:
         return Prepared(graph)
-    values = _computed(model_path, graph, chain, wanted)
+    values = _computed(model_path, graph, chain, wanted, memo)
     runnable = onnx.ModelProto()
     runnable.CopyFrom(graph)
     inside = {id(n) for n in chain}
@@ -130,23 +133,66 @@ def _values_bytes(graph: Any, chain: list[Any], wanted: list[str]) -> int:
     return 4 * sum(sizes.get(name, 0) for name in wanted)
 
 
-def _computed(model_path: Path, graph: Any, chain: list[Any], wanted: list[str]) -> dict[str, np.ndarray]:
-    """The chain's `wanted` outputs, computed by ONNX Runtime beside the model file (its weights read from there)."""
+def _computed(
+    model_path: Path, graph: Any, chain: list[Any], wanted: list[str], memo: dict[bytes, np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    """The chain's `wanted` outputs, computed by ONNX Runtime beside the model file (its weights read from there);
+    those a `memo` holds are taken from it, and the rest added to it."""
     import onnx
 
-    needed = {i for n in chain for i in n.input}
-    part = onnx.helper.make_graph(
-        chain,
-        "precomputed",
-        [],
-        [onnx.ValueInfoProto(name=name) for name in wanted],
-        [i for i in graph.graph.initializer if i.name in needed],
-    )
-    model = onnx.helper.make_model(part, opset_imports=graph.opset_import, ir_version=graph.ir_version)
-    outputs = compare.session_beside(model_path, model).run(wanted, {})
-    for value in outputs:
-        value.flags.writeable = False  # shared by every session, and given back as an output: never written to
-    return dict(zip(wanted, outputs, strict=True))
+    if memo is None:
+        memo, keys = {}, {name: name.encode() for name in wanted}
+    else:
+        keys = _chain_keys(graph, chain, wanted)
+    missing = [name for name in wanted if keys[name] not in memo]
+    if missing:
+        nodes = _upstream(chain, missing)
+        needed = {i for n in nodes for i in n.input}
+        part = onnx.helper.make_graph(
+            nodes,
+            "precomputed",
+            [],
+            [onnx.ValueInfoProto(name=name) for name in missing],
+            [i for i in graph.graph.initializer if i.name in needed],
+        )
+        model = onnx.helper.make_model(part, opset_imports=graph.opset_import, ir_version=graph.ir_version)
+        outputs = compare.session_beside(model_path, model).run(missing, {})
+        for name, value in zip(missing, outputs, strict=True):
+            value.flags.writeable = False  # shared by every session, and given back as an output: never written to
+            memo[keys[name]] = value
+    return {name: memo[keys[name]] for name in wanted}
+
+
+def _upstream(chain: list[Any], names: list[str]) -> list[Any]:
+    """The nodes of `chain` (in its order) that `names` are computed from."""
+    producer = {o: n for n in chain for o in n.output}
+    needed: set[int] = set()
+    stack = [producer[name] for name in names]
+    while stack:
+        node = stack.pop()
+        if id(node) not in needed:
+            needed.add(id(node))
+            stack += [producer[i] for i in node.input if i in producer]
+    return [n for n in chain if id(n) in needed]
+
+
+def _chain_keys(graph: Any, chain: list[Any], wanted: list[str]) -> dict[str, bytes]:
+    """Per wanted output, a digest of what computes it: its name, the chain's nodes it comes from and the weights they
+    read (inline bytes, or the external file's location, offset and length: within one model file's variants, the
+    same values)."""
+    import hashlib
+
+    weights = {i.name: i for i in graph.graph.initializer}
+    keys: dict[str, bytes] = {}
+    for name in wanted:
+        digest = hashlib.sha256(name.encode())
+        for node in _upstream(chain, [name]):
+            digest.update(node.SerializeToString(deterministic=True))
+            for read in node.input:
+                if read in weights:
+                    digest.update(weights[read].SerializeToString(deterministic=True))
+        keys[name] = digest.digest()
+    return keys
 
 
 def _replace(model: Any, chain: set[int], values: dict[str, np.ndarray]) -> None:
