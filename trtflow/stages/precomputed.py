@@ -40,7 +40,7 @@ def prepared(model_path: Path, graph: Any, memo: dict[bytes, np.ndarray] | None 
     """`graph` (a variant of the model at `model_path`, its weights possibly in the external file beside it) with
     each constant Q/DQ chain computed once: the chain's nodes removed, its outputs graph inputs. `graph` is kept.
 
-    `memo` holds the values of chains computed before, by what computes them (ChainValues): a fallback search's
+    `memo` holds the values of chains computed before, by what computes them (_chain_keys): a fallback search's
     trial models, variants of one model file, share most of their chains."""
     import onnx
 
@@ -177,15 +177,17 @@ def _upstream(chain: list[Any], names: list[str]) -> list[Any]:
 
 
 def _chain_keys(graph: Any, chain: list[Any], wanted: list[str]) -> dict[str, bytes]:
-    """Per wanted output, a digest of what computes it: its name, the chain's nodes it comes from and the weights they
-    read (inline bytes, or the external file's location, offset and length: within one model file's variants, the
-    same values)."""
+    """Per wanted output, a digest of what computes it: its name, the opsets, the chain's nodes it comes from and the
+    weights they read (inline bytes, or the external file's location, offset and length: within one model file's
+    variants, the same values)."""
     import hashlib
 
     weights = {i.name: i for i in graph.graph.initializer}
     keys: dict[str, bytes] = {}
     for name in wanted:
         digest = hashlib.sha256(name.encode())
+        for opset in graph.opset_import:
+            digest.update(opset.SerializeToString(deterministic=True))
         for node in _upstream(chain, [name]):
             digest.update(node.SerializeToString(deterministic=True))
             for read in node.input:
