@@ -158,3 +158,20 @@ def test_a_memo_computes_a_chain_once_for_every_variant_that_has_it(tmp_path: Pa
     assert second.values.keys() == alone.values.keys()
     assert all(np.array_equal(second.values[name], alone.values[name]) for name in alone.values)
     assert any(not np.array_equal(second.values[name], first.values[name]) for name in changed)
+
+
+def test_a_memo_past_the_budget_keeps_only_the_last_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Variants whose chains all differ do not pile up in a memo: past PRECOMPUTED_MAX_BYTES it holds what the last
+    variant reads, and each variant still gets its own values."""
+    model, path = _chain_model(), tmp_path / "m.onnx"
+    onnx.save(model, path)
+    monkeypatch.setattr(precomputed, "PRECOMPUTED_MAX_BYTES", 4 * N * N)  # one chain's values
+    memo: dict = {}
+    for factor in (1, 2, 3):
+        variant = onnx.ModelProto()
+        variant.CopyFrom(model)
+        weight = variant.graph.initializer[0]
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * factor, weight.name))
+        made = precomputed.prepared(path, variant, memo)
+        assert np.array_equal(made.values["wd"], precomputed.prepared(path, variant).values["wd"])
+        assert len(memo) == 1 and next(iter(memo.values())) is made.values["wd"]

@@ -144,7 +144,8 @@ def _computed(
         memo, keys = {}, {name: name.encode() for name in wanted}
     else:
         keys = _chain_keys(graph, chain, wanted)
-    missing = [name for name in wanted if keys[name] not in memo]
+    values = {name: memo[keys[name]] for name in wanted if keys[name] in memo}
+    missing = [name for name in wanted if name not in values]
     if missing:
         nodes = _upstream(chain, missing)
         needed = {i for n in nodes for i in n.input}
@@ -157,10 +158,13 @@ def _computed(
         )
         model = onnx.helper.make_model(part, opset_imports=graph.opset_import, ir_version=graph.ir_version)
         outputs = compare.session_beside(model_path, model).run(missing, {})
-        for name, value in zip(missing, outputs, strict=True):
+        for value in outputs:
             value.flags.writeable = False  # shared by every session, and given back as an output: never written to
-            memo[keys[name]] = value
-    return {name: memo[keys[name]] for name in wanted}
+        values.update(zip(missing, outputs, strict=True))
+        if sum(v.nbytes for v in memo.values()) + sum(v.nbytes for v in outputs) > PRECOMPUTED_MAX_BYTES:
+            memo.clear()  # past the budget, the memo keeps what this variant reads, not what every variant read
+        memo.update((keys[name], values[name]) for name in wanted)
+    return {name: values[name] for name in wanted}
 
 
 def _upstream(chain: list[Any], names: list[str]) -> list[Any]:
