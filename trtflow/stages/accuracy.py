@@ -91,14 +91,14 @@ def top1_out_of_reach(got: list[dict], want: list[dict], sets: dict[str, int], t
     if bound is None or not got:
         return False
     for name in want[0]:
-        shapes = [np.shape(feed[name]) for feed in want]
-        if name in sets or any(len(shape) != 2 or shape[1] < 2 for shape in shapes):
-            continue
         pairs = [(np.asarray(g[name]), np.asarray(w[name])) for g, w in zip(got, want, strict=False)]
-        if any(mine.shape != theirs.shape for mine, theirs in pairs):
-            continue  # failed_for_good judges a shape that differs
-        rows = sum(shape[0] for shape in shapes)
-        disagreeing = sum(int((mine.argmax(axis=1) != theirs.argmax(axis=1)).sum()) for mine, theirs in pairs)
+        if name in sets or any(mine.shape != theirs.shape for mine, theirs in pairs):
+            continue  # a set output is judged by its elements; failed_for_good judges a shape that differs
+        counts = [count for mine, theirs in pairs if (count := _top1(mine, theirs)) is not None]
+        if len(counts) < len(pairs):
+            continue  # not [rows, classes]
+        rows = sum(np.shape(feed[name])[0] for feed in want)
+        disagreeing = sum(total - agreeing for agreeing, total in counts)
         if _rounded((rows - disagreeing) / rows) < bound:
             return True
     return False

@@ -101,7 +101,7 @@ def _constant_chains(graph: Any) -> list[Any]:
 
 def _around_dequantize(chain: list[Any]) -> list[Any]:
     """The nodes of `chain` (in graph order) that are a DequantizeLinear, feed one, or are fed by one."""
-    producer = {o: n for n in chain for o in n.output}
+    producer = _producers(chain)
     keep = {id(n) for n in chain if n.op_type == "DequantizeLinear"}
     for node in reversed(chain):  # upstream: what a kept node reads
         if id(node) in keep:
@@ -147,7 +147,7 @@ def _computed(
     values = {name: memo[keys[name]] for name in wanted if keys[name] in memo}
     missing = [name for name in wanted if name not in values]
     if missing:
-        nodes = _upstream(chain, missing)
+        nodes = _upstream(chain, _producers(chain), missing)
         needed = {i for n in nodes for i in n.input}
         part = onnx.helper.make_graph(
             nodes,
@@ -167,9 +167,13 @@ def _computed(
     return {name: values[name] for name in wanted}
 
 
-def _upstream(chain: list[Any], names: list[str]) -> list[Any]:
-    """The nodes of `chain` (in its order) that `names` are computed from."""
-    producer = {o: n for n in chain for o in n.output}
+def _producers(chain: list[Any]) -> dict[str, Any]:
+    """Output name -> the node of `chain` that makes it."""
+    return {o: n for n in chain for o in n.output}
+
+
+def _upstream(chain: list[Any], producer: dict[str, Any], names: list[str]) -> list[Any]:
+    """The nodes of `chain` (in its order, `producer` its _producers) that `names` are computed from."""
     needed: set[int] = set()
     stack = [producer[name] for name in names]
     while stack:
@@ -187,12 +191,13 @@ def _chain_keys(graph: Any, chain: list[Any], wanted: list[str]) -> dict[str, by
     import hashlib
 
     weights = {i.name: i for i in graph.graph.initializer}
+    producer = _producers(chain)
     keys: dict[str, bytes] = {}
     for name in wanted:
         digest = hashlib.sha256(name.encode())
         for opset in graph.opset_import:
             digest.update(opset.SerializeToString(deterministic=True))
-        for node in _upstream(chain, [name]):
+        for node in _upstream(chain, producer, [name]):
             digest.update(node.SerializeToString(deterministic=True))
             for read in node.input:
                 if read in weights:
