@@ -10,6 +10,8 @@ weights (stages.weightless):
   `shape_inference.infer_shapes_path` and `checker.check_model`, which ModelOpt calls on its files (loading the
   model, and on the quantized model it writes), and its `version_converter.convert_version` (opset 19 for Q/DQ).
 PTQ's per-channel int8 weight scales are computed a weight at a time, not a channel at a time (stages.weight_scales).
+PTQ's preprocessing writes the whole model to a new file after each step that changed it and reads only the last
+(`_preprocessing_writes_its_last_copy`): the copies another replaces are not written.
 Both: AutoCast's cleanup looks up each node's consumers by scanning every node (`_cleanup_no_consumer_nodes`,
 quadratic: 7.9 s of BERT-base's int8); here it scans once, into a set.
 
@@ -21,6 +23,7 @@ forked child, so nothing else in that process sees them).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -82,6 +85,7 @@ def quantize_passes() -> Iterator[None]:
         ),
         _cleanup_scanning_once(),
         _weight_scales_at_once(),
+        _preprocessing_writes_its_last_copy(),
     ):
         yield
 
@@ -113,6 +117,37 @@ def _weight_scales_at_once() -> Iterator[None]:
         QDQQuantizer,
         _calc_initializer_quant_params=lambda quantizer: weight_scales.calc_initializer_quant_params(quantizer, own),
     ):
+        yield
+
+
+@contextlib.contextmanager
+def _preprocessing_writes_its_last_copy() -> Iterator[None]:
+    """PTQ's `_preprocess_onnx` saves the whole model to a new file after each step that changed it (`_reconciled`
+    once it clears the value info, `_opset19` after the opset conversion, `_named` after naming nodes or duplicating
+    shared constants), changes it in memory between them, and returns the last file's path: nothing reads the others.
+    While the block runs, each save waits for the next, which drops it, and the last is written as the preprocessing
+    returns, from the same model (every later change to it is followed by a save). A path returned that is not the
+    last saved one would mean ModelOpt's preprocessing works otherwise now: the call fails rather than go on with a
+    file that was not written."""
+    quantize = importlib.import_module("modelopt.onnx.quantization.quantize")  # the package's `quantize` is a function
+    preprocess, save = quantize._preprocess_onnx, quantize.save_onnx
+
+    def last_copy_only(*args: Any, **kwargs: Any) -> Any:
+        pending: list[tuple[tuple, dict]] = []
+
+        def later(*saving: Any, **options: Any) -> None:
+            pending[:] = [(saving, options)]  # the copy it replaces was never read
+
+        with _replaced(quantize, save_onnx=later):
+            result = preprocess(*args, **kwargs)
+        if pending:
+            saving, options = pending[0]
+            if (saving[1] if len(saving) > 1 else options.get("onnx_path")) != result[0]:
+                raise RuntimeError(f"ModelOpt's preprocessing returned {result[0]}, not the model it saved last")
+            save(*saving, **options)
+        return result
+
+    with _replaced(quantize, _preprocess_onnx=last_copy_only):
         yield
 
 
