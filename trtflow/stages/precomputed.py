@@ -102,10 +102,8 @@ def _constant_chains(graph: Any) -> list[Any]:
 def _around_dequantize(chain: list[Any]) -> list[Any]:
     """The nodes of `chain` (in graph order) that are a DequantizeLinear, feed one, or are fed by one."""
     producer = _producers(chain)
-    keep = {id(n) for n in chain if n.op_type == "DequantizeLinear"}
-    for node in reversed(chain):  # upstream: what a kept node reads
-        if id(node) in keep:
-            keep.update(id(producer[i]) for i in node.input if i in producer)
+    dequantized = [o for n in chain if n.op_type == "DequantizeLinear" for o in n.output if o]
+    keep = {id(n) for n in _upstream(chain, producer, dequantized)}  # each DequantizeLinear and what it reads
     for node in chain:  # downstream: what reads a kept node
         if any(i in producer and id(producer[i]) in keep for i in node.input):
             keep.add(id(node))
