@@ -211,3 +211,28 @@ def test_an_fp32_precision_passes_its_model_through_and_is_expected_to_need_litt
     warnings = json.loads(result.out)["warnings"]
     assert not [w for w in warnings if w.startswith("precision:tiny/fp32")]
     assert [w for w in warnings if w.startswith("cleanup:tiny expects")]  # the budget is tight for the others
+
+
+def test_a_model_tools_process_reuses_the_memory_it_frees() -> None:
+    """Arrays of growing sizes allocated and freed in turn, as numpy and ONNX Runtime do in a precision stage: by
+    default glibc maps many afresh or hands freed heap back, and the kernel zeroes those pages again (a fault a page);
+    a worker server's process keeps them (util.memory.keep_freed_memory, inherited by the children it forks)."""
+    import subprocess
+    import sys
+
+    code = """
+import resource, sys
+import numpy as np
+from trtflow.util.memory import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for size in [(i + 1) << 20 for i in range(30)] * 2:  # 1 to 30 MB, twice
+    np.ones(size // 8)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+    faults = {
+        how: int(subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, check=True).stdout)
+        for how in ("default", "keep")
+    }
+    assert faults["keep"] * 2 < faults["default"], faults  # 7,667 against 26,581 measured

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trtflow.executors import import_quietly, run_task, warm_up
 from trtflow.util.fs import read_private
+from trtflow.util.memory import keep_freed_memory
 from trtflow.util.proc import die_with_parent
 
 # The task travels to the child pickled (the parent wrote it, in a 0700 folder of its own: the slot, or a private
@@ -60,6 +61,7 @@ def serve(kinds: list[str]) -> int:
 
 def serve_plain(kinds: list[str]) -> int:
     """A plain server's loop: imports, then per request the modules it names (once) and a fork, until end of input."""
+    keep_freed_memory()
     warm_up(kinds)
     for request in sys.stdin.buffer:
         words = request.decode("ascii", "replace").split()
