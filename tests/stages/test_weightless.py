@@ -18,6 +18,7 @@ from conftest import shared_dir
 from families import family_model
 from modelopt.onnx.autocast.precisionconverter import PrecisionConverter
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization.calibrate import HistogramCollector
 from zoo import zoo_model
 
 from trtflow.stages import convert, modelopt_passes, weightless
@@ -145,6 +146,7 @@ def _passes() -> tuple:
         onnx.shape_inference.infer_shapes_path,
         onnx.version_converter.convert_version,
         importlib.import_module("modelopt.onnx.quantization.quantize")._preprocess_onnx,
+        HistogramCollector.get_entropy_threshold,
         PrecisionConverter._cleanup_no_consumer_nodes,
     )
 

@@ -9,7 +9,8 @@ weights (stages.weightless):
   model it passed in), `check_model` in the fp16 conversion that follows quantization, and ONNX's own
   `shape_inference.infer_shapes_path` and `checker.check_model`, which ModelOpt calls on its files (loading the
   model, and on the quantized model it writes), and its `version_converter.convert_version` (opset 19 for Q/DQ).
-PTQ's per-channel int8 weight scales are computed a weight at a time, not a channel at a time (stages.weight_scales).
+PTQ's per-channel int8 weight scales are computed a weight at a time, not a channel at a time (stages.weight_scales),
+and its entropy calibration's ranges without ONNX Runtime's Python loops (stages.entropy_calibration).
 PTQ's preprocessing writes the whole model to a new file after each step that changed it and reads only the last
 (`_preprocessing_writes_its_last_copy`): the copies another replaces are not written.
 Both: AutoCast's cleanup looks up each node's consumers by scanning every node (`_cleanup_no_consumer_nodes`,
@@ -28,7 +29,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from trtflow.stages import weight_scales, weightless
+from trtflow.stages import entropy_calibration, weight_scales, weightless
 
 _PATCHED = threading.RLock()  # a block inside another (same thread) restores in turn
 
@@ -85,6 +86,7 @@ def quantize_passes() -> Iterator[None]:
         ),
         _cleanup_scanning_once(),
         _weight_scales_at_once(),
+        _entropy_thresholds_at_once(),
         _preprocessing_writes_its_last_copy(),
     ):
         yield
@@ -116,6 +118,21 @@ def _weight_scales_at_once() -> Iterator[None]:
     with _replaced(
         QDQQuantizer,
         _calc_initializer_quant_params=lambda quantizer: weight_scales.calc_initializer_quant_params(quantizer, own),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _entropy_thresholds_at_once() -> Iterator[None]:
+    """ONNX Runtime's entropy calibration finds each activation's range without its Python loops while the block runs
+    (stages.entropy_calibration)."""
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    with _replaced(
+        HistogramCollector,
+        get_entropy_threshold=lambda _collector, histogram, levels: entropy_calibration.entropy_threshold(
+            histogram, levels
+        ),
     ):
         yield
 
