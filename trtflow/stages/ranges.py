@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from trtflow.stages import compare
+from trtflow.stages import compare, weightless
 from trtflow.util.onnxio import load_graph_only
 
 _REDUCED = "trtflow.range/"  # the prefix of every node and tensor the pass adds
@@ -111,10 +111,11 @@ def _reducing(model: Any) -> tuple[Any, list[str]]:
 
 
 def _elem_types(model: Any) -> dict[str, int]:
-    """Tensor name -> ONNX element type, as shape inference tells (a tensor it cannot type is left out)."""
+    """Tensor name -> ONNX element type, as shape inference tells (a tensor it cannot type is left out); inferred on a
+    stand-in without the weights (stages.weightless: 0.28 s of ResNet-18's fp16 stage where ONNX serialized them)."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = onnx.shape_inference.infer_shapes(weightless.stand_in(onnx, model))
     return {
         v.name: v.type.tensor_type.elem_type
         for v in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input)
