@@ -13,15 +13,17 @@ to int8 with and without this, the same bytes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def entropy_threshold(histogram: tuple, num_quantized_bins: int) -> tuple[Any, Any]:
     """What ONNX Runtime's `HistogramCollector.get_entropy_threshold(histogram, num_quantized_bins)` returns.
 
     `histogram`: (counts, edges, min, max, ...) as the collector keeps it."""
+    import numpy as np
     from onnxruntime.quantization import calibrate
 
     counts, edges = histogram[0], histogram[1]
@@ -53,6 +55,8 @@ def _distributions(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(p, q) of one try, before smoothing: the bins in [start, end) with the outliers added to the end bins, and the
     same bins merged into `levels` and spread back evenly over the bins of p that are not empty (integers)."""
+    import numpy as np
+
     sliced = counts[start:end]
     reference = sliced.copy()
     reference[0] += below[start]
