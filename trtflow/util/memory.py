@@ -14,6 +14,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 GIB, MIB = 1 << 30, 1 << 20
 SHARE_OF_AVAILABLE = 0.9  # of the memory available when a run starts, what its stages may take together
@@ -115,12 +116,9 @@ def release_memory(since: int | None) -> None:
     import gc
 
     gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: what was freed stays with the process until it ends
+    malloc_trim = _glibc("malloc_trim")
+    if malloc_trim is not None:  # else not glibc: what was freed stays with the process until it ends
+        malloc_trim(0)
 
 
 # glibc's malloc options (mallopt): M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD
@@ -134,13 +132,18 @@ def keep_freed_memory() -> bool:
     `release_memory` trims it. A model tool's fresh child spent a second of its int8 stage (ResNet-18) in the kernel,
     zeroing pages it had just given back; the values computed are the same. glibc only: elsewhere nothing changes
     (False)."""
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and all(mallopt(option, value) == 1 for option, value in KEEP_FREED.items())
+
+
+def _glibc(function: str) -> Any:
+    """glibc's `function` through ctypes, or None where the C library is not glibc."""
     try:
         import ctypes
 
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
+        return getattr(ctypes.CDLL("libc.so.6"), function)
     except (OSError, AttributeError):
-        return False
-    return all(mallopt(option, value) == 1 for option, value in KEEP_FREED.items())
+        return None
 
 
 def peak_rss() -> int | None:
