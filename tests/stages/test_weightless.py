@@ -139,7 +139,12 @@ def test_the_checker_by_path_reads_the_file_and_refuses_an_invalid_graph(tmp_pat
 
 def _passes() -> tuple:
     """The functions the blocks replace, as they are now."""
+    from modelopt.onnx.quantization import ort_patching
+    from onnxruntime.quantization.calibrate import HistogramCalibrater
+
     return (
+        ort_patching._collect_data_histogram_calibrator,
+        HistogramCalibrater.collect_data,
         modelopt.onnx.utils.infer_shapes,
         modelopt.onnx.utils.check_model,
         onnx.checker.check_model,
@@ -154,8 +159,10 @@ def _passes() -> tuple:
 @pytest.mark.parametrize("block", [modelopt_passes.autocast_passes, modelopt_passes.quantize_passes])
 def test_modelopt_and_onnx_get_their_own_passes_back_after_the_block_even_on_an_error(block: Any) -> None:
     before = _passes()
-    with contextlib.suppress(RuntimeError), block():
-        assert _passes()[0] is not before[0] and _passes()[-1] is not before[-1]
+    with contextlib.suppress(RuntimeError), block(*([{}] if block is modelopt_passes.quantize_passes else [])):
+        assert _passes()[2] is not before[2] and _passes()[-1] is not before[-1]
+        if block is modelopt_passes.quantize_passes:  # with histograms kept: ModelOpt's calibration loop wrapped
+            assert _passes()[0] is not before[0]
         raise RuntimeError
     assert _passes() == before
 
@@ -201,3 +208,33 @@ def test_ptq_makes_the_same_model_byte_for_byte_writing_only_the_copies_it_reads
     reconciled = [name for name in written if name.endswith("_reconciled.onnx")]
     assert reconciled and not set(reconciled) & set(with_blocks)
     assert len(with_blocks) < len(written) and written[len(written) - len(with_blocks) :] == with_blocks
+
+
+def test_a_search_s_modelopt_runs_collect_each_histogram_once_and_quantize_the_same_bytes(
+    tmp_path: Path, zoo_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fallback search quantizes the same model on the same data again, nodes excluded: with the histograms of the
+    first run kept, the later run calibrates without running the model and writes the model a fresh run writes."""
+    from modelopt.onnx.quantization import ort_patching
+
+    own_collect, collected = ort_patching._collect_data_histogram_calibrator, []
+
+    def collect(calibrator: Any, reader: Any) -> None:
+        collected.append(len(calibrator.tensors_to_calibrate))
+        own_collect(calibrator, reader)
+
+    monkeypatch.setattr(ort_patching, "_collect_data_histogram_calibrator", collect)
+    model = zoo_model("resnet", zoo_dir)
+    feeds = model.random_feeds(3, seed=7)
+    options = {"method": "entropy", "exclude_op_types": [], "high_precision": "fp16", "external_data": False}
+    first = [n.name for n in onnx.load(model.path).graph.node if n.op_type == "Conv"][0]
+    kept: dict = {}
+    convert.quantize(model.path, tmp_path / "first" / "m.onnx", "int8", feeds, {**options, "exclude_nodes": []}, kept)
+    assert len(collected) == 1 and len(kept) == collected[0] > 0
+    excluding = {**options, "exclude_nodes": [f"^{first}$"]}
+    convert.quantize(model.path, tmp_path / "again" / "m.onnx", "int8", feeds, excluding, kept)
+    assert len(collected) == 1  # every histogram it needed was kept: the model did not run over the data again
+    convert.quantize(model.path, tmp_path / "fresh" / "m.onnx", "int8", feeds, excluding)
+    assert len(collected) == 2
+    again, fresh = (tmp_path / "again" / "m.onnx").read_bytes(), (tmp_path / "fresh" / "m.onnx").read_bytes()
+    assert again == fresh and again != (tmp_path / "first" / "m.onnx").read_bytes()

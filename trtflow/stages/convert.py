@@ -127,15 +127,19 @@ def _autocast_decisions() -> Iterator[dict[str, str]]:
         logger.setLevel(level)
 
 
-def quantize(model_path: Path, output: Path, precision: str, feeds: list[dict], options: dict) -> Any:
-    """int8/fp8 Q/DQ by ModelOpt PTQ, calibrated on ONNX Runtime's CPU provider over exactly `feeds`, in order."""
+def quantize(
+    model_path: Path, output: Path, precision: str, feeds: list[dict], options: dict, calibrated: dict | None = None
+) -> Any:
+    """int8/fp8 Q/DQ by ModelOpt PTQ, calibrated on ONNX Runtime's CPU provider over exactly `feeds`, in order.
+    `calibrated`: histograms kept across the calls of one stage on this model and these feeds
+    (modelopt_passes.quantize_passes)."""
     modelopt_onnx()
     import onnx
     from modelopt.onnx.quantization import quantize as modelopt_quantize
 
     method = "max" if options["method"] == "percentile" else options["method"]
     output.parent.mkdir(parents=True, exist_ok=True)
-    with modelopt_passes.quantize_passes():
+    with modelopt_passes.quantize_passes(calibrated):
         modelopt_quantize(
             onnx_path=str(model_path),
             quantize_mode=precision,

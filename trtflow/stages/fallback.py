@@ -20,11 +20,11 @@ high as fallback_autocast does, and AutoCast confirms.
    only when no ranking meets the limits within it does the last ranking go past it, to say what would (each trial runs
    once).
 3. Confirmation. ModelOpt quantizes again with that prefix in `nodes_to_exclude` (so calibration and Q/DQ placement
-   are its own) and the result is checked like any other; while it misses, the next nodes join, the step doubling
-   each time (ModelOpt's model can be more than a node from its trial: docs/precision.md), at most CONFIRMATIONS times,
-   and never past the point where less than `min_share` of the weights or MACs stays in the precision (a step that
-   would go past it is cut short to the most that stays within). The best result found is kept either way, and the
-   record says how it was reached.
+   are its own; its histograms are the first run's, kept by the stage: modelopt_passes) and the result is checked
+   like any other; while it misses, the next nodes join, the step doubling each time (ModelOpt's model can be more
+   than a node from its trial: docs/precision.md), at most CONFIRMATIONS times, and never past the point where less
+   than `min_share` of the weights or MACs stays in the precision (a step that would go past it is cut short to the
+   most that stays within). The best result found is kept either way, and the record says how it was reached.
 """
 
 from __future__ import annotations

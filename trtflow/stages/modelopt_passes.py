@@ -10,7 +10,8 @@ weights (stages.weightless):
   `shape_inference.infer_shapes_path` and `checker.check_model`, which ModelOpt calls on its files (loading the
   model, and on the quantized model it writes), and its `version_converter.convert_version` (opset 19 for Q/DQ).
 PTQ's per-channel int8 weight scales are computed a weight at a time, not a channel at a time (stages.weight_scales),
-and its entropy calibration's ranges without ONNX Runtime's Python loops (stages.entropy_calibration).
+and its entropy calibration's ranges without ONNX Runtime's Python loops (stages.entropy_calibration). A fallback
+search's later PTQ runs take the histograms its first run collected (`_histograms_remembered`).
 PTQ's preprocessing writes the whole model to a new file after each step that changed it and reads only the last
 (`_preprocessing_writes_its_last_copy`): the copies another replaces are not written.
 Both: AutoCast's cleanup looks up each node's consumers by scanning every node (`_cleanup_no_consumer_nodes`,
@@ -53,9 +54,11 @@ def autocast_passes() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quantize_passes() -> Iterator[None]:
+def quantize_passes(calibrated: dict | None = None) -> Iterator[None]:
     """While the block runs, PTQ's shape inference and checks (its own and ONNX's, on files) run on stand-ins, and
-    the fp16 conversion's cleanup scans once."""
+    the fp16 conversion's cleanup scans once. With `calibrated` (a dict kept across the calls of one stage on the same
+    model and calibration data), histogram calibration collects each activation's histogram once
+    (`_histograms_remembered`)."""
     import onnx
     import onnx.version_converter
 
@@ -88,6 +91,7 @@ def quantize_passes() -> Iterator[None]:
         _weight_scales_at_once(),
         _entropy_thresholds_at_once(),
         _preprocessing_writes_its_last_copy(),
+        _histograms_remembered(calibrated),
     ):
         yield
 
@@ -166,6 +170,69 @@ def _preprocessing_writes_its_last_copy() -> Iterator[None]:
 
     with _replaced(quantize, _preprocess_onnx=last_copy_only):
         yield
+
+
+@contextlib.contextmanager
+def _histograms_remembered(calibrated: dict | None) -> Iterator[None]:
+    """Histogram calibration (entropy, percentile, distribution) through `calibrated` while the block runs: a call whose
+    every activation's histogram is there takes them, without running the model over the data; any other collects as
+    ModelOpt does and keeps what it collected there. A fallback search's ModelOpt runs calibrate the same fp32 model
+    on the same data, and quantize a subset of the first run's nodes: their histograms are the first run's, value for
+    value (each depends only on its activation's values, batch after batch). The key holds what else a histogram
+    depends on: the graph's nodes, the collector's settings, the tensors ONNX Runtime merges into it (a Q/DQ group).
+
+    ModelOpt installs its calibration loop on ONNX Runtime's calibrator in every call (`patch_ort_modules`, from its
+    module's globals): the loop is wrapped there, and the calibrator's own restored after the block."""
+    if calibrated is None:
+        yield
+        return
+    from modelopt.onnx.quantization import ort_patching
+    from onnxruntime.quantization.calibrate import HistogramCalibrater, HistogramCollector
+
+    collect = ort_patching._collect_data_histogram_calibrator
+
+    def remembering(calibrator: Any, data_reader: Any) -> None:
+        keys = _histogram_keys(calibrator)
+        if keys and all(key in calibrated for key in keys.values()):
+            calibrator.collector = HistogramCollector(
+                method=calibrator.method,
+                symmetric=calibrator.symmetric,
+                num_bins=calibrator.num_bins,
+                num_quantized_bins=calibrator.num_quantized_bins,
+                percentile=calibrator.percentile,
+                scenario=calibrator.scenario,
+            )
+            calibrator.collector.histogram_dict = {name: calibrated[key] for name, key in keys.items()}
+            return
+        collect(calibrator, data_reader)
+        collected = calibrator.collector.histogram_dict if calibrator.collector else {}
+        calibrated.update({key: collected[name] for name, key in keys.items() if name in collected})
+
+    with (
+        _replaced(HistogramCalibrater, collect_data=HistogramCalibrater.collect_data),
+        _replaced(ort_patching, _collect_data_histogram_calibrator=remembering),
+    ):
+        yield
+
+
+def _histogram_keys(calibrator: Any) -> dict[str, tuple]:
+    """Each activation a histogram calibrator collects, keyed by what its histogram depends on besides the data."""
+    import hashlib
+
+    nodes = hashlib.sha256(b"".join(node.SerializeToString() for node in calibrator.model.graph.node)).hexdigest()
+    settings = (
+        calibrator.method,
+        calibrator.symmetric,
+        calibrator.num_bins,
+        calibrator.num_quantized_bins,
+        calibrator.percentile,
+        calibrator.scenario,
+    )
+    groups = getattr(calibrator, "group_qdq_tensors", None) or {}
+    return {
+        name: (nodes, settings, name, tuple(sorted(groups.get(name, ()))))
+        for name in sorted(calibrator.tensors_to_calibrate or ())
+    }
 
 
 def _without_unread_nodes(converter: Any) -> None:

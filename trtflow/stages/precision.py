@@ -160,7 +160,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         else None
     )
     checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source))
-    attempt = functools.partial(_attempt, params, inputs, source, calibrating, checking, workdir)
+    calibrated = _Calibration(calibrating, {} if searching else None)  # a search's runs: each histogram made once
+    attempt = functools.partial(_attempt, params, inputs, source, calibrated, checking, workdir)
     chosen, searched = attempt("", ()), None
     if not chosen.accuracy["passed"] and searching and want is not None:
         tolerance = chosen.accuracy["tolerance"]
@@ -191,6 +192,15 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 
 @dataclass(frozen=True)
+class _Calibration:
+    """What each ModelOpt run of a stage calibrates on (None: seeded samples), and the histograms it collected (kept
+    across a fallback search's runs; else None)."""
+
+    samples: list | None
+    histograms: dict | None
+
+
+@dataclass(frozen=True)
 class _Checking:
     """What every accuracy check of one stage compares over: the feeds, what they are, and fp32's outputs if known."""
 
@@ -205,7 +215,7 @@ def _attempt(
     params: Params,
     inputs: dict[str, Upstream],
     source: Path,
-    calibrating: list | None,
+    calibrated: _Calibration,
     checking: _Checking,
     workdir: Path,
     folder: str,
@@ -231,7 +241,7 @@ def _attempt(
     out.mkdir(parents=True, exist_ok=True)
     with released_after():  # ModelOpt's graphs and reference outputs, before the accuracy run loads two models
         say(f"ModelOpt making the {params.precision} model" + (f" ({len(kept)} node(s) kept high)" if kept else ""))
-        model, details, reasons = _convert(params, source, calibrating, out)
+        model, details, reasons = _convert(params, source, calibrated, out)
     # a model that came with external data keeps it (so one past 2 GB stays loadable), and is checked from its files
     files = save_model(onnx, canonical_order(model), out, external=MODEL_DATA in inputs["model"].files)
     excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
@@ -271,9 +281,9 @@ def _report(record: dict, workdir: Path) -> Path:
     return path
 
 
-def _convert(params: Params, source: Path, calibrating: list | None, workdir: Path) -> tuple[Any, dict, dict]:
+def _convert(params: Params, source: Path, calibrated: _Calibration, workdir: Path) -> tuple[Any, dict, dict]:
     """The reduced-precision model, what to record about how it was made, and why the tool kept nodes higher."""
-    precision, printed = params.precision, []
+    precision, printed, calibrating = params.precision, [], calibrated.samples
     try:
         with convert.quiet() as printed:
             if precision in AUTOCAST_PRECISIONS:
@@ -284,7 +294,9 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
                     "autocast_data": precision_samples.autocast_data_record(params, samples, bool(calibrating)),
                     "calibration": None,
                 }
-                ranges = _measured_ranges(source, samples)
+                from trtflow.stages.ranges import autocast_ranges
+
+                ranges = autocast_ranges(source, [s.feed for s in samples])
                 model, reasons = convert.autocast(source, precision, autocast, ranges)
                 return model, details, reasons
             samples = calibrating if calibrating is not None else precision_samples.random_samples(source, params)
@@ -295,7 +307,12 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
                 "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists(),
             }
             model = convert.quantize(
-                source, workdir / "quantized" / "model.onnx", precision, [s.feed for s in samples], options
+                source,
+                workdir / "quantized" / "model.onnx",
+                precision,
+                [s.feed for s in samples],
+                options,
+                calibrated.histograms,
             )
     except TrtflowError:
         raise
@@ -318,20 +335,6 @@ def _convert(params: Params, source: Path, calibrating: list | None, workdir: Pa
         },
         {},
     )
-
-
-def _measured_ranges(source: Path, samples: list) -> dict:
-    """The value ranges AutoCast judges fp16 safety by (stages.ranges: one inference's memory, unlike AutoCast's own
-    run); a model ONNX Runtime cannot run is said so, not blamed on ModelOpt."""
-    from trtflow.stages.ranges import float_ranges
-
-    try:
-        return float_ranges(source, [s.feed for s in samples])
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise StageError(
-            f"ONNX Runtime failed to run the fp32 model to measure its value ranges for AutoCast: {first}"
-        ) from exc
 
 
 MASK_REASON = (

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from trtflow.errors import StageError
 from trtflow.stages import compare, weightless
 from trtflow.util.onnxio import load_graph_only
 
@@ -47,6 +48,18 @@ class Range:
 
 
 EMPTY = Range(math.inf, -math.inf, 0)
+
+
+def autocast_ranges(model_path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, Range]:
+    """float_ranges, the value ranges AutoCast judges fp16 safety by; a model ONNX Runtime cannot run is said so in
+    one line, not blamed on ModelOpt."""
+    try:
+        return float_ranges(model_path, feeds)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise StageError(
+            f"ONNX Runtime failed to run the fp32 model to measure its value ranges for AutoCast: {first}"
+        ) from exc
 
 
 def float_ranges(model_path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, Range]:
