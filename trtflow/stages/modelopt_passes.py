@@ -174,12 +174,13 @@ def _preprocessing_writes_its_last_copy() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _histograms_remembered(calibrated: dict | None) -> Iterator[None]:
-    """Histogram calibration (entropy, percentile, distribution) through `calibrated` while the block runs: a call whose
-    every activation's histogram is there takes them, without running the model over the data; any other collects as
-    ModelOpt does and keeps what it collected there. A fallback search's ModelOpt runs calibrate the same fp32 model
-    on the same data, and quantize a subset of the first run's nodes: their histograms are the first run's, value for
-    value (each depends only on its activation's values, batch after batch). The key holds what else a histogram
-    depends on: the graph's nodes, the collector's settings, the tensors ONNX Runtime merges into it (a Q/DQ group).
+    """Histogram calibration (int8's default, entropy) through `calibrated` while the block runs: a call whose every
+    activation's histogram is there takes them, without running the model over the data; any other collects as
+    ModelOpt does and keeps what it collected there (max calibration, fp8's default, is left as it is). A fallback
+    search's ModelOpt runs calibrate the same fp32 model on the same data, and quantize a subset of the first run's
+    nodes: their histograms are the first run's, value for value (each depends only on its activation's values, batch
+    after batch). The key holds what else a histogram depends on: the graph's nodes, the collector's settings, the
+    tensors ONNX Runtime merges into it (a Q/DQ group).
 
     ModelOpt installs its calibration loop on ONNX Runtime's calibrator in every call (`patch_ort_modules`, from its
     module's globals): the loop is wrapped there, and the calibrator's own restored after the block."""
