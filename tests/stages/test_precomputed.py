@@ -175,3 +175,19 @@ def test_a_memo_past_the_budget_keeps_only_the_last_variant(tmp_path: Path, monk
         made = precomputed.prepared(path, variant, memo)
         assert np.array_equal(made.values["wd"], precomputed.prepared(path, variant).values["wd"])
         assert len(memo) == 1 and next(iter(memo.values())) is made.values["wd"]
+
+
+def test_a_check_of_one_sample_runs_its_chains_in_that_run_with_the_same_numbers(
+    tmp_path: Path, zoo_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Computing the chains first pays only when more than one run reads them."""
+    path, feeds = _quantized(tmp_path, zoo_dir, "resnet", "int8", False)
+    reference = zoo_model("resnet", zoo_dir).path
+    own, computed = precomputed._computed, []
+    monkeypatch.setattr(precomputed, "_computed", lambda *args: computed.append(args[0]) or own(*args))
+    tolerance = {"min_cosine": 0.9}
+    one = accuracy.report(path, reference, feeds[:1], tolerance, "random")
+    assert not computed
+    twice = accuracy.report(path, reference, feeds[:1] * 2, tolerance, "random")
+    assert computed == [path]
+    assert one["outputs"] == twice["outputs"]  # the same sample twice: its numbers, whichever way its chains ran
