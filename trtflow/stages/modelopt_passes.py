@@ -11,7 +11,9 @@ weights (stages.weightless):
   model, and on the quantized model it writes), and its `version_converter.convert_version` (opset 19 for Q/DQ).
 PTQ's per-channel int8 weight scales are computed a weight at a time, not a channel at a time (stages.weight_scales),
 and its entropy calibration's ranges without ONNX Runtime's Python loops (stages.entropy_calibration). A fallback
-search's later PTQ runs take the histograms its first run collected (`_histograms_remembered`).
+search's later PTQ runs take the histograms its first run collected (`_histograms_remembered`). PTQ's calibration
+sessions run the graph in node order (`_calibration_in_node_order`): fp8's max calibration held every tensor it
+measured until its reduction ran (the Whisper-tiny encoder's fp8 stage: 1.75 GB, 1.03 GB in node order).
 PTQ's preprocessing writes the whole model to a new file after each step that changed it and reads only the last
 (`_preprocessing_writes_its_last_copy`): the copies another replaces are not written.
 Both: AutoCast's cleanup looks up each node's consumers by scanning every node (`_cleanup_no_consumer_nodes`,
@@ -56,9 +58,9 @@ def autocast_passes() -> Iterator[None]:
 @contextlib.contextmanager
 def quantize_passes(calibrated: dict | None = None) -> Iterator[None]:
     """While the block runs, PTQ's shape inference and checks (its own and ONNX's, on files) run on stand-ins, and
-    the fp16 conversion's cleanup scans once. With `calibrated` (a dict kept across the calls of one stage on the same
-    model and calibration data), histogram calibration collects each activation's histogram once
-    (`_histograms_remembered`)."""
+    the fp16 conversion's cleanup scans once, and calibration runs in node order. With `calibrated` (a dict kept
+    across the calls of one stage on the same model and calibration data), histogram calibration collects each
+    activation's histogram once (`_histograms_remembered`)."""
     import onnx
     import onnx.version_converter
 
@@ -92,6 +94,7 @@ def quantize_passes(calibrated: dict | None = None) -> Iterator[None]:
         _entropy_thresholds_at_once(),
         _preprocessing_writes_its_last_copy(),
         _histograms_remembered(calibrated),
+        _calibration_in_node_order(),
     ):
         yield
 
@@ -212,6 +215,39 @@ def _histograms_remembered(calibrated: dict | None) -> Iterator[None]:
     with (
         _replaced(HistogramCalibrater, collect_data=HistogramCalibrater.collect_data),
         _replaced(ort_patching, _collect_data_histogram_calibrator=remembering),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _calibration_in_node_order() -> Iterator[None]:
+    """ModelOpt's calibration sessions run the graph in its node order (ONNX Runtime's priority-based order) while the
+    block runs: each node computes what it computes in any order, so every range and histogram is the same. Max
+    calibration (fp8's default) places a ReduceMin and a ReduceMax beside each tensor it calibrates, before the
+    tensor's first reader; ONNX Runtime's default order (a reverse depth-first walk from the outputs, stages.compare)
+    runs them far from it and keeps the tensors alive until then: the Whisper-tiny encoder's max calibration session
+    peaked 1.63 GiB above what the process held before, 0.20 GiB in node order.
+
+    ModelOpt installs its session factory on ONNX Runtime's calibrators in every call (`patch_ort_modules`, from its
+    module's globals): the factory is wrapped there, and the calibrators' own restored after the block."""
+    import onnxruntime as ort
+    from modelopt.onnx.quantization import ort_patching
+    from onnxruntime.quantization.calibrate import CalibraterBase
+
+    create, options = ort_patching._create_inference_session_with_ep_config, ort.SessionOptions
+
+    def in_node_order() -> Any:
+        made = options()
+        made.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        return made
+
+    def creating(calibrator: Any, *args: Any, **kwargs: Any) -> Any:
+        with _replaced(ort, SessionOptions=in_node_order):  # the options ModelOpt makes for this session alone
+            return create(calibrator, *args, **kwargs)
+
+    with (
+        _replaced(CalibraterBase, create_inference_session=CalibraterBase.create_inference_session),
+        _replaced(ort_patching, _create_inference_session_with_ep_config=creating),
     ):
         yield
 
