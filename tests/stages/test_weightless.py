@@ -265,8 +265,8 @@ def test_max_calibration_runs_in_node_order_holding_less_and_making_the_same_mod
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """fp8's max calibration reduces each calibrated tensor beside its first reader: in ONNX Runtime's default order
-    the Whisper-tiny encoder's tensors wait for their reductions (its fp8 stage peaked at 1.75 GB), in node order they
-    are freed as they are read (1.03 GB). The model is the same, byte for byte."""
+    the Whisper-tiny encoder's tensors wait for their reductions (its fp8 stage peaked at 1.64 GiB), in node order they
+    are freed as they are read (0.86 GiB). The model is the same, byte for byte."""
     import subprocess
     import sys
 
