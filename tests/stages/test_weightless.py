@@ -22,6 +22,7 @@ from onnxruntime.quantization.calibrate import HistogramCollector
 from zoo import zoo_model
 
 from trtflow.stages import convert, modelopt_passes, weightless
+from trtflow.util.settings import PINNED
 
 N = 256  # the weight is N x N fp32: 256 KiB, past SET_ASIDE_BYTES
 AUTOCAST = {"keep_io_types": True, "keep_op_types": [], "keep_nodes": []}
@@ -279,7 +280,7 @@ def test_max_calibration_runs_in_node_order_holding_less_and_making_the_same_mod
             [sys.executable, "-c", _PEAK_OF_FP8, str(path), order, str(tmp_path / order)],
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},  # as a worker runs (AutoCast's value info follows the seed)
+            env={**os.environ, **PINNED},  # the hash seed a worker runs with (AutoCast's value info follows it)
         )
         assert done.returncode == 0, done.stderr[-2000:]
         peaks[order] = int(done.stdout.split()[-1])
