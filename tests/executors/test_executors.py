@@ -224,3 +224,41 @@ def test_what_a_killed_server_left_in_its_folder_goes_with_the_folders_next_use(
     with free_slot(PLAIN_SLOTS) as slot:
         assert slot == left and not list(slot.iterdir())
     assert not left.exists()
+
+
+def test_model_tool_workers_ask_glibc_for_huge_pages_and_keep_the_users_tunables() -> None:
+    from trtflow.util.settings import tool_overlay
+
+    assert tool_overlay({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert tool_overlay({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == (
+        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    )
+    assert tool_overlay({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
+
+
+@pytest.mark.skipif(
+    not Path("/sys/kernel/mm/transparent_hugepage/enabled").is_file()
+    or "[madvise]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
+    reason="transparent huge pages are not in madvise mode here: the tunable changes nothing",
+)
+def test_a_model_tool_worker_gets_its_large_arrays_in_huge_pages() -> None:
+    """What the tunable is for: 256 MiB of bytes a tool's worker fills (a serialized model, a copy of its weights: the
+    C and C++ heap, not numpy, which asks for huge pages itself) sit in 2 MiB pages; in the same process started with
+    the user's environment, in 4 KiB ones (the kernel's `madvise` mode: only memory asked for gets them)."""
+    import subprocess
+    import sys
+
+    from trtflow.util.settings import Settings
+
+    fill = (
+        "import re; filled = b'x' * (1 << 28); "
+        "print(re.search(r'AnonHugePages:\\s+(\\d+)', open('/proc/self/smaps_rollup').read()).group(1))"
+    )
+
+    def huge_kib(env: dict[str, str]) -> int:
+        done = subprocess.run([sys.executable, "-c", fill], env=env, capture_output=True, text=True, check=True)
+        return int(done.stdout)
+
+    plain = {name: value for name, value in Settings.pinned_env().items() if name != "GLIBC_TUNABLES"}
+    assert huge_kib(Settings.pinned_env()) >= 200 * 1024
+    assert huge_kib(plain) < 8 * 1024

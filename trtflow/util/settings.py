@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 PINNED = {"PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 # Fixed for every hermetic worker: PATH for helper tools, plus the pinned variables.
 HERMETIC_BASE = {"PATH": "/usr/local/bin:/usr/bin:/bin", **PINNED}
+# For the model tools' workers only (export, cleanup, precision; a build's environment stays minimal): glibc's malloc
+# asks for transparent huge pages for what it maps (THP in `madvise` mode, Debian's and Ubuntu's default; nothing
+# changes where THP is `always` or `never`, or the C library is not glibc). A tool that copies a 440 MB model through
+# fresh memory again and again then takes a fault per 2 MiB, not per 4 KiB: BERT-base's int8 stage 74 s -> 59 s
+# (6.0 M page faults -> 0.13 M), the same bytes and peak (docs/memory.md). A tunable the user set is kept.
+HUGE_PAGE_MALLOC = ("glibc.malloc.hugetlb", "1")
 # Passed through when set: where the GPU driver's and CUDA's libraries are, which GPUs a process may use.
 PASSED_THROUGH = ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME")
 
@@ -40,17 +46,27 @@ class Settings:
     @staticmethod
     def pinned_env() -> dict[str, str]:
         """The environment of an isolated worker (it runs user code, which may need the user's variables): this
-        process's, with the hash seed and locale pinned."""
-        return {**os.environ, **PINNED}
+        process's, with tool_overlay's variables."""
+        return {**os.environ, **tool_overlay(os.environ)}
+
+
+def tool_overlay(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a model tool's worker sets over `environ`: the pinned variables and glibc's huge-page malloc."""
+    name, value = HUGE_PAGE_MALLOC
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if name not in tunables:
+        tunables = f"{tunables}:{name}={value}" if tunables else f"{name}={value}"
+    return {**PINNED, "GLIBC_TUNABLES": tunables}
 
 
 @contextlib.contextmanager
 def pinned_environ() -> Iterator[None]:
     """While worker processes are spawned (multiprocessing takes no environment of its own): this process's environment
-    with the hash seed and locale pinned, restored afterwards. Python reads PYTHONHASHSEED once, at start-up, so this
+    with tool_overlay's variables, restored afterwards. Python reads PYTHONHASHSEED once, at start-up, so this
     process's own hashing is unchanged; only children started inside see it."""
-    saved = {name: os.environ.get(name) for name in PINNED}
-    os.environ.update(PINNED)
+    overlay = tool_overlay(os.environ)
+    saved = {name: os.environ.get(name) for name in overlay}
+    os.environ.update(overlay)
     try:
         yield
     finally:
