@@ -87,6 +87,17 @@ def save_weights(root: Path, seed: int) -> None:
     torch.save(state, root / "models" / "convnet.pt")
 
 
+def export_outputs(root: Path, recipe: str) -> dict[str, str]:
+    """The digests of what a recipe's last export wrote (its model and external data), by role."""
+    from trtflow.store import Store
+
+    store = Store(root / "artifacts" / "store")
+    try:
+        return store.records.get(store.memos.last_run(f"export:{recipe}")["key"])["outputs"]
+    finally:
+        store.close()
+
+
 def run_json(root: Path, *args: str) -> dict:
     result = trtflow(root, "run", "--json", *args)
     assert result.code == 0, result.err + result.out
@@ -139,6 +150,25 @@ def test_torch_sources_export_clean_and_build(torch_project: Path) -> None:
         ("sequence", [1, 50, 128]),
         ("features", [1, 50, 256]),
     ]
+
+
+def test_an_export_forked_by_the_user_code_server_is_what_a_fresh_process_exports(
+    torch_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exports run in children of a server that imported torch and its exporter once (a fork instead of 5.4 s of
+    imports); where processes cannot fork, and on Ray, each runs in a fresh process. Both write the same models, byte
+    for byte, in another folder; the second model is exported by a child of a server that has already served one."""
+    import shutil
+
+    from trtflow.executors import local
+
+    copy = tmp_path / "proj"
+    shutil.copytree(torch_project, copy, ignore=shutil.ignore_patterns("artifacts", "trtflow.lock", "lstm.yaml"))
+    monkeypatch.setattr(local, "SERVED", {kind: group for kind, group in local.SERVED.items() if kind != "export"})
+    assert trtflow(copy, "validate", "--export").code == 0  # the exports alone, cached as a run caches them
+    for recipe in ("conv", "encoder"):
+        forked, fresh = (export_outputs(root, recipe) for root in (torch_project, copy))
+        assert fresh == forked, recipe
 
 
 def test_rerun_is_a_no_op_and_an_unrelated_edit_exports_nothing(torch_project: Path) -> None:

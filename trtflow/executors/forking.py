@@ -11,7 +11,9 @@ Two sorts:
   behind leaves with it: no stage is charged with an earlier stage's garbage (measured: a VGG-19's fp16 precision
   stage peaked at 7.9 GB after its cleanup in the same pool worker, 5.6 GB alone), and a crash inside a tool ends one
   child. A request may name modules to import before forking (ModelOpt, when a reduced precision comes): the server
-  keeps them for the children after.
+  keeps them for the children after. Exports run user code (a torch factory) in a plain server of their own, which
+  imports torch and its exporter at the first torch or Hugging Face export and nothing else: a child per export, whose
+  crash names itself as a fresh process's did, for a fork instead of 5.4 s of imports.
 Each server serves one task at a time; there is at most one per job and kind.
 """
 
@@ -32,14 +34,15 @@ from trtflow.executors import StageResult, StageTask
 from trtflow.executors.hermetic import HERMETIC_SLOTS, free_slot, hermetic_preexec, worker_result, write_task
 from trtflow.executors.worker import GO, OUTPUT_FILE, TASK_FILE
 from trtflow.stages import kinds_running_in
-from trtflow.stages.base import BUILD_SERVER, TOOLS_SERVER
+from trtflow.stages.base import BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 FORKS = sys.platform.startswith("linux")  # where servers fork workers (fork without exec is safe there)
 PLAIN_SLOTS = "servers"  # the slot pool of plain servers' folders (`/tmp/trtflow-servers-<uid>/<n>`)
-# The stage kinds one server imports for: hermetic build servers; plain servers for the model tools.
+# The stage kinds one server imports for: hermetic build servers; plain servers for the model tools, and for user code.
 BUILD_SERVED, TOOLS_SERVED = kinds_running_in(BUILD_SERVER), kinds_running_in(TOOLS_SERVER)
+USER_CODE_SERVED = kinds_running_in(USER_CODE_SERVER)
 
 
 class ForkServer(NamedTuple):

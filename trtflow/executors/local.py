@@ -17,7 +17,7 @@ import multiprocessing
 import os
 
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
-from trtflow.executors.forking import BUILD_SERVED, FORKS, TOOLS_SERVED, ForkServers, run_forked
+from trtflow.executors.forking import BUILD_SERVED, FORKS, TOOLS_SERVED, USER_CODE_SERVED, ForkServers, run_forked
 from trtflow.executors.hermetic import run_hermetic, run_isolated
 from trtflow.stages import kinds_running_in, stage
 from trtflow.stages.base import OWN_PROCESS
@@ -25,12 +25,12 @@ from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings, pinned_environ
 
 HERMETIC_KINDS = frozenset(BUILD_SERVED)
-ISOLATED_KINDS = frozenset(
-    kinds_running_in(OWN_PROCESS)
-)  # run user code: a fresh process each, so a crash names itself
+# run user code: a child of the user code's server each, or where processes cannot fork (and on Ray) a fresh process
+# each, so a crash names itself
+ISOLATED_KINDS = frozenset(kinds_running_in(OWN_PROCESS) + USER_CODE_SERVED)
 # Kinds forked by servers, and the group each one's server imports for (the model tools' leftovers leave with each
 # child, and each stage's peak memory is its own).
-SERVED = {kind: group for group in (BUILD_SERVED, TOOLS_SERVED) for kind in group}
+SERVED = {kind: group for group in (BUILD_SERVED, TOOLS_SERVED, USER_CODE_SERVED) for kind in group}
 
 
 class LocalExecutor:
@@ -82,15 +82,15 @@ class LocalExecutor:
         return executor
 
     def prepare(self, kinds: set[str], at_most: int | None = None) -> None:
-        """Start servers (a build server per job, one worker server; `at_most` in all, the tools' server first, since
-        cleanup comes first) and a pool worker, their imports done while the run still plans and checks; end the idle
-        servers of groups no kind in `kinds` needs."""
+        """Start servers (a build server per job, one for user code, one for the model tools; `at_most` in all, in the
+        DAG's order: exports come first, then cleanup) and a pool worker, their imports done while the run still plans
+        and checks; end the idle servers of groups no kind in `kinds` needs."""
         wanted = {SERVED[kind] for kind in kinds if kind in SERVED}
         for group in set(self._servers) - wanted:
             self._servers.pop(group).close()
         budget = at_most
-        for group in sorted(wanted, key=lambda group: group != TOOLS_SERVED):
-            count = 1 if group == TOOLS_SERVED else self.jobs
+        for group in sorted(wanted, key=(USER_CODE_SERVED, TOOLS_SERVED, BUILD_SERVED).index):  # in the DAG's order
+            count = self.jobs if group == BUILD_SERVED else 1
             count = count if budget is None else min(count, budget)
             servers = self._fork_servers(group[0]) if count > 0 else None
             if servers is not None:

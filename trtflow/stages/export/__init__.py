@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtflow.stages.base import (
-    OWN_PROCESS,
+    USER_CODE_SERVER,
     Node,
     Placement,
     RecipeContext,
@@ -51,6 +51,7 @@ STAGE = Stage(
     VERSION,
     run,
     finish=finish,
-    runs_in=OWN_PROCESS,  # it runs user code: a fresh process each, so a crash names itself
+    imports=lambda params: torch_module.EXPORTER_MODULES if isinstance(params, torch_module.ModuleExport) else (),
+    runs_in=USER_CODE_SERVER,  # it runs user code: a child of its own each, so a crash names itself
     memory=declared_memory(1 << 30, 4.0),
 )
