@@ -19,15 +19,14 @@ import os
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
 from trtflow.executors.forking import BUILD_SERVED, FORKS, TOOLS_SERVED, USER_CODE_SERVED, ForkServers, run_forked
 from trtflow.executors.hermetic import run_hermetic, run_isolated
-from trtflow.stages import kinds_running_in, stage
-from trtflow.stages.base import OWN_PROCESS
+from trtflow.stages import stage
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings, pinned_environ
 
 HERMETIC_KINDS = frozenset(BUILD_SERVED)
 # run user code: a child of the user code's server each, or where processes cannot fork (and on Ray) a fresh process
 # each, so a crash names itself
-ISOLATED_KINDS = frozenset(kinds_running_in(OWN_PROCESS) + USER_CODE_SERVED)
+ISOLATED_KINDS = frozenset(USER_CODE_SERVED)
 # Kinds forked by servers, and the group each one's server imports for (the model tools' leftovers leave with each
 # child, and each stage's peak memory is its own).
 SERVED = {kind: group for group in (BUILD_SERVED, TOOLS_SERVED, USER_CODE_SERVED) for kind in group}

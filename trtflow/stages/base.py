@@ -272,10 +272,9 @@ MIB = 1 << 20
 # Where a stage kind's nodes run (executors.local): forked by a hermetic build server (its own environment, pinned
 # threads), forked by the model tools' server (they are imported once; the leftovers leave with each child), forked by
 # a server of their own that runs user code (a child per node, so a crash names itself; the server imports only the
-# fixed modules a node names, so every child of a source kind starts alike), a fresh process each, or a pool of
-# spawned workers.
-BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER = "build-server", "tools-server", "user-code-server"
-OWN_PROCESS, POOL = "own-process", "pool"
+# fixed modules a node names, so every child of a source kind starts alike; a fresh process each where processes
+# cannot fork), or a pool of spawned workers.
+BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER, POOL = "build-server", "tools-server", "user-code-server", "pool"
 
 
 def declared_memory(base: int, per_model_byte: float) -> Callable[[Node], tuple[int, float]]:
@@ -304,7 +303,7 @@ class Stage:
     # the modules a node with these params imports beyond its kind's usual ones (a worker server imports them once,
     # before it forks the node's worker: executors.forking)
     imports: Callable[[Any], tuple[str, ...]] | None = None
-    runs_in: str = POOL  # BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER, OWN_PROCESS or POOL
+    runs_in: str = POOL  # BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER or POOL
     warm_imports: tuple[str, ...] = ()  # what a worker imports ahead of the kind's first task
     # (base bytes, bytes per byte of the largest input) the scheduler expects a node to peak at before it has run
     memory: Callable[[Node], tuple[int, float]] = declared_memory(500 * MIB, 2.0)
