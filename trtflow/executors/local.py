@@ -5,9 +5,10 @@ Processes, not threads: TensorRT-RTX builds are single-threaded and hold the GIL
 pool is then replaced). Workers are spawned, never forked from this process: the runner holds SQLite handles. Builds
 run each in a hermetic process of its own (executors.hermetic), forked by a build server that did its imports once:
 their output must not depend on what the process did before. Cleanup and precision stages are forked by a plain
-worker server (executors.forking): what the model tools leave behind leaves with each child. Every worker starts
-with the hash seed and locale pinned (util.settings.PINNED): AutoCast's value_info followed string hashing. The
-runner keeps at most -j tasks running in all.
+worker server (executors.forking): what the model tools leave behind leaves with each child. Exports, which run user
+code, are forked by a plain server of their own. Every worker starts with the hash seed and locale pinned
+(util.settings.PINNED): AutoCast's value_info followed string hashing. The runner keeps at most -j tasks running in
+all.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ SERVED = {kind: group for group in (BUILD_SERVED, TOOLS_SERVED, USER_CODE_SERVED
 
 class LocalExecutor:
     """Up to `jobs` stages at once: builds forked by hermetic build servers, cleanup and precision forked by plain
-    worker servers, exports in fresh processes, the rest in a pool of spawned worker processes."""
+    worker servers, exports forked by the user code's server, the rest in a pool of spawned worker processes."""
 
     def __init__(self, jobs: int, settings: Settings | None = None):
         self.jobs = jobs
@@ -103,7 +104,7 @@ class LocalExecutor:
 
     def _fork_servers(self, kind: str) -> ForkServers | None:
         """The servers that fork tasks of `kind` (up to one per job), or None: a kind no server runs, or processes
-        cannot fork here (builds then run in fresh processes, cleanup and precision in the pool)."""
+        cannot fork here (builds and exports then run in fresh processes, cleanup and precision in the pool)."""
         group = SERVED.get(kind)
         if group is None or not FORKS:
             return None
