@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 
 from trtflow.executors import import_quietly, run_task, warm_up
+from trtflow.stages import stage
+from trtflow.stages.base import USER_CODE_SERVER
 from trtflow.util.fs import read_private
 from trtflow.util.memory import keep_freed_memory
 from trtflow.util.proc import die_with_parent
@@ -41,8 +43,10 @@ def main(argv: list[str]) -> int:
         return serve(argv[1].split(","))
     if argv[:1] == ["--serve-plain"]:
         return serve_plain(argv[1].split(","))
-    task_file, result_file = Path(argv[0]), Path(argv[1])
-    task = pickle.loads(read_private(task_file.absolute(), 1 << 30))
+    task_file, result_file = Path(argv[0]).absolute(), Path(argv[1]).absolute()
+    task = pickle.loads(read_private(task_file, 1 << 30))
+    if stage(task.kind).runs_in == USER_CODE_SERVER:
+        os.chdir(task.workdir)  # user code runs in its work folder, as in a fresh process of its own: not in the slot
     result = run_task(task, release=False)  # one task, then exit: nothing to free for a next one
     fd = os.open(result_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as sink:
