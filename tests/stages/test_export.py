@@ -152,6 +152,7 @@ def test_torch_sources_export_clean_and_build(torch_project: Path) -> None:
     ]
 
 
+@pytest.mark.slow  # two exports in fresh processes: 25-30 s
 def test_an_export_forked_by_the_user_code_server_is_what_a_fresh_process_exports(
     torch_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
