@@ -104,15 +104,6 @@ def write_project(root: Path, recipes: dict[str, str] | None = None, pipeline: s
     return root
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files holding a slow test first, in collection order otherwise: with `--dist loadfile
-    --no-loadscope-reorder` xdist hands out whole files in this order, so the long ones start early and the many short
-    ones fill the end of both workers (xdist's own order, by number of tests, left the 1-test fleet and release files
-    for last)."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: each file's tests stay together and in order
-
-
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One folder the zoo (tests/zoo.py) generates its models into, once per test run (shared by xdist's workers)."""

@@ -43,8 +43,8 @@ def main(argv: list[str]) -> int:
         return serve(argv[1].split(","))
     if argv[:1] == ["--serve-plain"]:
         return serve_plain(argv[1].split(","))
-    task_file, result_file = Path(argv[0]).absolute(), Path(argv[1]).absolute()
-    task = pickle.loads(read_private(task_file, 1 << 30))
+    task_file, result_file = Path(argv[0]), Path(argv[1]).absolute()
+    task = pickle.loads(read_private(task_file.absolute(), 1 << 30))
     if stage(task.kind).runs_in == USER_CODE_SERVER:
         os.chdir(task.workdir)  # user code runs in its work folder, as in a fresh process of its own: not in the slot
     result = run_task(task, release=False)  # one task, then exit: nothing to free for a next one
