@@ -161,15 +161,20 @@ def write_remote_record(path: Path, record: dict, signer=None) -> None:
     path.write_text(json.dumps(envelope_of(RECORD_TYPE, record, signer)))
 
 
-def stage_record(root: Path, node_id: str) -> dict:
-    """The store record (the stage's own JSON) of a node's last run in the project at `root`."""
+def stage_entry(root: Path, node_id: str) -> dict:
+    """The store's whole entry of a node's last run in the project at `root`: its record, outputs, seconds..."""
     from trtflow.store import Store
 
     store = Store(root / "artifacts" / "store")
     try:
-        return store.records.get(store.memos.last_run(node_id)["key"])["record"]
+        return store.records.get(store.memos.last_run(node_id)["key"])
     finally:
         store.close()
+
+
+def stage_record(root: Path, node_id: str) -> dict:
+    """The store record (the stage's own JSON) of a node's last run in the project at `root`."""
+    return stage_entry(root, node_id)["record"]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import stage_record, trtflow
+from conftest import stage_entry, stage_record, trtflow
 from torchsources import CONVNET, ONE_TARGET, torch_recipe, write_torch_project
 
 torch = pytest.importorskip("torch")
@@ -87,17 +87,6 @@ def save_weights(root: Path, seed: int) -> None:
     torch.save(state, root / "models" / "convnet.pt")
 
 
-def export_outputs(root: Path, recipe: str) -> dict[str, str]:
-    """The digests of what a recipe's last export wrote (its model and external data), by role."""
-    from trtflow.store import Store
-
-    store = Store(root / "artifacts" / "store")
-    try:
-        return store.records.get(store.memos.last_run(f"export:{recipe}")["key"])["outputs"]
-    finally:
-        store.close()
-
-
 def run_json(root: Path, *args: str) -> dict:
     result = trtflow(root, "run", "--json", *args)
     assert result.code == 0, result.err + result.out
@@ -168,7 +157,7 @@ def test_an_export_forked_by_the_user_code_server_is_what_a_fresh_process_export
     monkeypatch.setattr(local, "SERVED", {kind: group for kind, group in local.SERVED.items() if kind != "export"})
     assert trtflow(copy, "validate", "--export").code == 0  # the exports alone, cached as a run caches them
     for recipe in ("conv", "encoder"):
-        forked, fresh = (export_outputs(root, recipe) for root in (torch_project, copy))
+        forked, fresh = (stage_entry(root, f"export:{recipe}")["outputs"] for root in (torch_project, copy))
         assert fresh == forked, recipe
 
 
