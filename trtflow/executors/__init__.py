@@ -117,14 +117,15 @@ def warm_up(kinds: list[str]) -> None:
 
 
 def import_quietly(modules: list[str]) -> None:
-    """Import these modules now; one that is missing is left to the stage, which says what to install."""
+    """Import these modules now; one that is missing or fails to load is left to the stage, which says what to install
+    or what failed (a server never dies of a tool's internals moving between versions)."""
     import importlib
 
     for module in modules:
         try:
             importlib.import_module(module)
-        except ImportError:
-            pass
+        except Exception:  # noqa: BLE001, S112 - the stage meets the same failure and reports it in one line
+            continue
 
 
 def run_task(task: StageTask, release: bool = True) -> StageResult:

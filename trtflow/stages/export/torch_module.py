@@ -40,8 +40,23 @@ if TYPE_CHECKING:
 EXPORTER = "torch.onnx.export(dynamo=True)"
 # What a torch or Hugging Face export imports before the user's code runs: the export's server imports them once and
 # forks each node's child from there (5.4 s of a fresh process's start on these cores). Never the user's modules,
-# nor transformers or diffusers: every child then starts from the same state whatever ran before it.
-EXPORTER_MODULES = ("torch", "torch.onnx", "onnxscript", "onnx", "onnxruntime")
+# nor transformers or diffusers: every child then starts from the same state whatever ran before it. The exporter's
+# own internals load at its first call (torch.export, dynamo, the decompositions, onnxscript's torch ops: 1.5-1.8 s
+# of a tiny GPT-2's export), so the server imports them too: a project's later exports skip them, the same bytes.
+EXPORTER_MODULES = (
+    "torch",
+    "torch.onnx",
+    "onnxscript",
+    "onnx",
+    "onnxruntime",
+    "torch._dynamo",
+    "torch._decomp",
+    "torch._meta_registrations",
+    "torch._functorch.aot_autograd",
+    "torch.export._trace",
+    "torch.onnx._internal.exporter._core",
+    "onnxscript.function_libs.torch_lib.ops",
+)
 STRIPPED_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 
