@@ -141,6 +141,17 @@ def test_torch_sources_export_clean_and_build(torch_project: Path) -> None:
     ]
 
 
+def test_every_module_the_export_server_loads_exists_in_the_installed_torch() -> None:
+    """The server loads the exporter's internals ahead of each child (torch.export, dynamo, onnxscript's torch ops);
+    it skips a module it cannot import, so one that a torch or onnxscript release moved would cost every export its
+    import again, silently. The names are held to the installed tools here instead."""
+    import importlib.util
+
+    from trtflow.stages.export.torch_module import EXPORTER_MODULES
+
+    assert [name for name in EXPORTER_MODULES if importlib.util.find_spec(name) is None] == []
+
+
 @pytest.mark.slow  # two exports in fresh processes: 25-30 s
 def test_an_export_forked_by_the_user_code_server_is_what_a_fresh_process_exports(
     torch_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
