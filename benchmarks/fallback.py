@@ -18,7 +18,8 @@ tie. Two recipes:
   both with `--quantize` as their `quantize:` (where ModelOpt places Q/DQ, what the rest runs in).
 Printed: accuracy of each, the nodes kept with their sensitivity, the trial models and ModelOpt runs, the shares, and
 the fallback stage's seconds against the plain one's (goal: at most 3x, nothing extra when the first try passes), the
-run's first precision stage's less ModelOpt's import (it alone pays it; timed apart in a fresh process).
+run's first precision stage's less what it waited of ModelOpt's import (the worker server imports it while its first
+task runs; timed apart in a fresh process).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def main() -> int:
     from conftest import stage_record
 
     imported = modelopt_import_seconds()
-    print(f"ModelOpt's import: {imported:.1f} s (paid by the run's first precision stage: taken off its seconds)")
+    print(f"ModelOpt's import: {imported:.1f} s alone (what the first precision stage waited of it: off its seconds)")
     precision = args.precision
     for name in args.models:
         root = work / name

@@ -9,7 +9,8 @@ and fp8 for rtx-ada (sm_89 has fp8), `--calibration + --held-out` seeded files o
 holds `--held-out` of them out for its accuracy check), `verify: {on_fail: warn}` so a miss is recorded, not fatal.
 Measured in one run:
   1. a cold `trtflow run -j 1`: each precision stage's seconds and peak RSS (artifacts/run.json); the first precision
-     stage of the run also pays ModelOpt's import (timed apart in a fresh process, taken off its seconds, printed);
+     stage of the run also waits for what is left of ModelOpt's import (the worker server imports it while the cleanup
+     runs; the import timed apart in a fresh process, what was left taken off its seconds, printed);
   2. the baseline, each in a fresh subprocess on the very cleaned model and calibration files the stage read
      (benchmarks/model_families.py's bare call): AutoCast as a user calls it, its reference run over the calibration
      files included, for fp16; the PTQ call the stage makes for int8 and fp8;
@@ -137,7 +138,8 @@ def main() -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-precision-cost-"))
     imported = modelopt_import_seconds()
     print(
-        f"ModelOpt's import: {imported:.1f} s (paid by a worker's first precision stage: taken off its seconds below)"
+        f"ModelOpt's import: {imported:.1f} s alone (what the first precision stage waited of it, the worker server "
+        "importing it while the cleanup ran, is taken off its seconds below)"
     )
     for name in args.models:
         print("\n".join(measure(work, name, args.calibration, args.held_out, imported, args.rounds)), flush=True)

@@ -262,3 +262,33 @@ def test_a_model_tool_worker_gets_its_large_arrays_in_huge_pages() -> None:
     plain = {name: value for name, value in Settings.pinned_env().items() if name != "GLIBC_TUNABLES"}
     assert huge_kib(Settings.pinned_env()) >= 200 * 1024
     assert huge_kib(plain) < 8 * 1024
+
+
+def test_the_model_tools_server_imports_what_the_plan_needs_while_its_first_task_runs(tmp_path: Path) -> None:
+    """With a reduced precision planned, the model tools' server imports ModelOpt while the run's first task for it
+    runs, in a child forked before the import: that task is answered as it ends, and the server reads the next request
+    once the import is done, so the children after start with it. Shown here with a module no stage imports (its
+    shared library appears in the server's memory map); the first task carries it, the next none."""
+    import shutil
+
+    from trtflow.executors.forking import TOOLS_SERVED
+    from trtflow.stages import precision
+
+    model = tmp_path / "model.onnx"
+    shutil.copy(Path(__file__).resolve().parents[2] / "models" / "tiny_cnn.onnx", model)
+    executor = LocalExecutor(1)
+    try:
+        executor.prepare({"precision"}, {"precision": {"xxlimited"}})
+        (server,) = executor._servers[TOOLS_SERVED]._idle
+        maps = Path(f"/proc/{server.process.pid}/maps")
+        assert "xxlimited" not in maps.read_text()
+        for index in range(2):
+            work = tmp_path / f"work-{index}"
+            work.mkdir()
+            params = precision.Params(precision="fp32")
+            task = StageTask("precision:m/fp32", "precision", params, {"model": Upstream(files={"model": model})}, work)
+            assert executor.submit(task).result(timeout=120).error is None
+            assert TOOLS_SERVED not in executor._later  # the first task carried the imports
+        assert "xxlimited" in maps.read_text()
+    finally:
+        executor.shutdown()

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -104,8 +105,9 @@ class Executor(Protocol):
     def submit(self, task: StageTask) -> futures.Future[StageResult]:
         """Start `task`; the future resolves to its StageResult, a failure included."""
 
-    def prepare(self, kinds: set[str]) -> None:
-        """Start what tasks of these stage kinds will need (workers, their imports) ahead of the first one."""
+    def prepare(self, kinds: set[str], imports: Mapping[str, set[str]] | None = None) -> None:
+        """Start what tasks of these stage kinds will need (workers, their imports; `imports`: per kind, the modules
+        its planned tasks import beyond the kind's own) ahead of the first one."""
 
     def shutdown(self) -> None:
         """Stop the workers at the end of a run; tasks not yet started are cancelled."""

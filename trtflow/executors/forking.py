@@ -7,13 +7,15 @@ Two sorts:
   builder numbers what it generates the same way in every child;
 - **plain** (cleanup and precision: the model tools): this process's environment with the hash seed and locale pinned,
   a slot folder of its own (`/tmp/trtflow-servers-<uid>/<n>`, emptied by its next user: a killed run leaves nothing
-  there for good). A child runs the task where the task says and exits, and what the model tools left
-  behind leaves with it: no stage is charged with an earlier stage's garbage (measured: a VGG-19's fp16 precision
-  stage peaked at 7.9 GB after its cleanup in the same pool worker, 5.6 GB alone), and a crash inside a tool ends one
-  child. A request may name modules to import before forking (ModelOpt, when a reduced precision comes): the server
-  keeps them for the children after. Exports run user code (a torch factory) in a plain server of their own, which
-  imports torch and its exporter at the first torch or Hugging Face export and nothing else: a child per export, whose
-  crash names itself as a fresh process's did, for a fork instead of 5.4 s of imports.
+  there for good). A child runs the task where the task says and exits, and what the model tools left behind leaves
+  with it: no stage is charged with an earlier stage's garbage (measured: a VGG-19's fp16 precision stage peaked at
+  7.9 GB after its cleanup in the same pool worker, 5.6 GB alone), and a crash inside a tool ends one child. A request
+  may name modules to import before forking (ModelOpt, when a reduced precision comes): the server keeps them for the
+  children after; and modules to import while its child runs (ModelOpt again, named with the run's first task for this
+  server when its plan has a reduced precision: the import overlaps that task). Exports run user code (a torch
+  factory) in a plain server of their own, which imports torch and its exporter at the first torch or Hugging Face
+  export and nothing else: a child per export, whose crash names itself as a fresh process's did, for a fork instead
+  of 5.4 s of imports.
 Each server serves one task at a time; there is at most one per job and kind.
 """
 
@@ -53,11 +55,12 @@ class ForkServer(NamedTuple):
     slot: Path
     process: subprocess.Popen
 
-    def run(self, task: StageTask, imports: tuple[str, ...] = ()) -> StageResult:
-        """Run `task` in a child the server forks (after importing `imports`, a plain server only); its result, or
-        its death."""
+    def run(self, task: StageTask, imports: tuple[str, ...] = (), later: tuple[str, ...] = ()) -> StageResult:
+        """Run `task` in a child the server forks (after importing `imports`, a plain server only; `later` it imports
+        while the child runs, for the tasks after); its result, or its death."""
         write_task(self.slot / TASK_FILE, task)
-        reply = _ask(self.process, GO if not imports else b"go " + " ".join(imports).encode() + b"\n")
+        words = [*imports, *(("then", *later) if later else ())]
+        reply = _ask(self.process, GO if not words else b"go " + " ".join(words).encode() + b"\n")
         code = int(reply) if reply.strip().lstrip(b"-").isdigit() else _server_death(self.process)
         return worker_result(task, self.slot, code, _tail(self.slot / OUTPUT_FILE))
 
@@ -131,11 +134,14 @@ class ForkServers:
             server.stack.close()
 
 
-def run_forked(task: StageTask, servers: ForkServers, imports: tuple[str, ...] = ()) -> StageResult:
-    """Run one task in a child of a plain server (`imports` done in the server first), in the task's own work dir."""
+def run_forked(
+    task: StageTask, servers: ForkServers, imports: tuple[str, ...] = (), later: tuple[str, ...] = ()
+) -> StageResult:
+    """Run one task in a child of a plain server (`imports` done in the server first, `later` while the child runs),
+    in the task's own work dir."""
     try:
         with servers.server() as server:
-            return server.run(task, imports)
+            return server.run(task, imports, later)
     except TrtflowError as exc:
         return StageResult.failure(str(exc), exc.exit_code)
     except OSError as exc:  # the server's folder could not be made or written

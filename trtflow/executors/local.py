@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import multiprocessing
 import os
+from collections.abc import Mapping
 
 from trtflow.executors import StageResult, StageTask, run_task, warm_up
 from trtflow.executors.forking import BUILD_SERVED, FORKS, TOOLS_SERVED, USER_CODE_SERVED, ForkServers, run_forked
@@ -44,6 +45,7 @@ class LocalExecutor:
         self._pool: futures.ProcessPoolExecutor | None = None
         self._broken = False  # set from the pool's thread when a worker died; the pool is replaced on the next submit
         self._servers: dict[tuple[str, ...], ForkServers] = {}
+        self._later: dict[tuple[str, ...], tuple[str, ...]] = {}  # per server group: its next task's server imports
 
     def submit(self, task: StageTask) -> futures.Future[StageResult]:
         """Start the task in a worker; a worker that dies resolves the future to a failure, never an exception."""
@@ -52,7 +54,9 @@ class LocalExecutor:
             return self._waiting().submit(run_hermetic, task, self.settings, servers)
         if servers is not None:
             imports = stage(task.kind).imports
-            return self._waiting().submit(run_forked, task, servers, imports(task.params) if imports else ())
+            own = imports(task.params) if imports else ()
+            later = tuple(module for module in self._later.pop(SERVED[task.kind], ()) if module not in own)
+            return self._waiting().submit(run_forked, task, servers, own, later)
         if task.kind in ISOLATED_KINDS:
             return self._waiting().submit(run_isolated, task)
         outer: futures.Future[StageResult] = futures.Future()
@@ -81,11 +85,18 @@ class LocalExecutor:
             raise
         return executor
 
-    def prepare(self, kinds: set[str], at_most: int | None = None) -> None:
+    def prepare(
+        self, kinds: set[str], imports: Mapping[str, set[str]] | None = None, at_most: int | None = None
+    ) -> None:
         """Start servers (a build server per job, one for user code, one for the model tools; `at_most` in all, in the
         DAG's order: exports come first, then cleanup) and a pool worker, their imports done while the run still plans
-        and checks; end the idle servers of groups no kind in `kinds` needs."""
+        and checks; end the idle servers of groups no kind in `kinds` needs. `imports`: per kind, the modules its
+        tasks will import beyond the kind's own (ModelOpt for a reduced precision): the server of the group's next
+        task imports them while that task's child runs (the export or cleanup before them, on the core it leaves)."""
         wanted = {SERVED[kind] for kind in kinds if kind in SERVED}
+        if imports is not None:
+            for group in wanted:
+                self._later[group] = tuple(sorted({module for kind in group for module in imports.get(kind, ())}))
         for group in set(self._servers) - wanted:
             self._servers.pop(group).close()
         budget = at_most

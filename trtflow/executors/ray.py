@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ class RayExecutor:
         """Ship the inputs, run the task on a node that has the labels, fetch the outputs; the future never raises."""
         return self._threads.submit(self._run, task)
 
-    def prepare(self, kinds: set[str]) -> None:
+    def prepare(self, kinds: set[str], imports: Mapping[str, set[str]] | None = None) -> None:
         """Nothing to warm here: Ray keeps its own workers."""
 
     def shutdown(self) -> None:

@@ -9,7 +9,9 @@ memory: with address-space randomization off (the server was started that way) t
 every child, as in fresh processes, and a fork costs milliseconds where a fresh process and its imports cost 0.35 s
 of CPU. It forks once at start, before the first request, so the first task finds the server in the state every later
 one does. A plain server's request may name modules to import first (`go modelopt.onnx.autocast ...`), kept for the
-children after. End of input: the server exits 0.
+children after, and after `then` modules to import while that child runs (`go then modelopt.onnx.autocast ...`: what
+the run's later tasks will import, on the core the child leaves idle; the child's status is answered as it ends, and
+the next request read once the imports are done). End of input: the server exits 0.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import pickle
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -64,27 +67,51 @@ def serve(kinds: list[str]) -> int:
 
 
 def serve_plain(kinds: list[str]) -> int:
-    """A plain server's loop: imports, then per request the modules it names (once) and a fork, until end of input."""
+    """A plain server's loop: imports, then per request the modules it names (once), a fork, and the modules named
+    after `then` while the child runs, until end of input."""
     keep_freed_memory()
     warm_up(kinds)
     for request in sys.stdin.buffer:
         words = request.decode("ascii", "replace").split()
         if words[:1] != ["go"]:
             break
-        import_quietly(words[1:])
+        first, later = split_request(words[1:])
+        import_quietly(first)
         # what the server holds (ModelOpt, torch, onnx: hundreds of MB of objects) out of every collection a child
         # makes: a child's collector would otherwise touch each object and copy its page
         gc.freeze()
-        os.write(1, b"%d\n" % fork_and_wait(run=True))
+        child = fork_child(run=True)
+        answer = threading.Thread(target=lambda pid=child: os.write(1, b"%d\n" % wait_for(pid)))
+        answer.start()  # the child's status as it ends: its seconds are its own, not the imports'
+        import_quietly(later)  # the child has its copy of this process already: nothing it runs changes
+        answer.join()  # no thread left beside the next fork
     return 0
+
+
+def split_request(words: list[str]) -> tuple[list[str], list[str]]:
+    """A plain server's request words: (the modules to import before forking, those to import while the child runs)."""
+    if "then" not in words:
+        return words, []
+    at = words.index("then")
+    return words[:at], words[at + 1 :]
 
 
 def fork_and_wait(run: bool) -> int:
     """Fork a child (that runs the task in this folder when `run`, else exits at once) and wait for it: its exit
     status, negative for the signal that killed it."""
+    return wait_for(fork_child(run))
+
+
+def fork_child(run: bool) -> int:
+    """Fork a child that runs the task in this folder when `run` (else exits at once); its pid."""
     pid = os.fork()
     if pid == 0:
         os._exit(_child() if run else 0)
+    return pid
+
+
+def wait_for(pid: int) -> int:
+    """Wait for the child `pid`: its exit status, negative for the signal that killed it."""
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 

@@ -251,6 +251,17 @@ def kinds_to_run(planned: dict[str, NodeState]) -> set[str]:
     return {state.node.kind for state in planned.values() if not state.settled}
 
 
+def imports_to_run(dag: Dag, planned: dict[str, NodeState]) -> dict[str, set[str]]:
+    """Per stage kind, the modules the nodes a plan still has to run import beyond the kind's own (ModelOpt for a
+    reduced precision): what their workers may import ahead."""
+    found: dict[str, set[str]] = {}
+    for node_id, state in planned.items():
+        imports = stage(state.node.kind).imports if not state.settled else None
+        if imports is not None:
+            found.setdefault(state.node.kind, set()).update(imports(dag.nodes[node_id].params))
+    return found
+
+
 def diff_components(old: dict, new: dict, pending: frozenset[str] = frozenset()) -> list[str]:
     """Human lines naming each leaf that differs, e.g. `fingerprint.backend_version: 1.7.1 -> 1.8.0`; `pending`: the
     input roles not resolved yet (upstream nodes that will run: said separately), not reported as removed."""

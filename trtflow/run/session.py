@@ -29,7 +29,7 @@ from trtflow.run.dag import Dag, dag_from_project, dag_node
 from trtflow.run.frozen import locked_entries
 from trtflow.run.lockupdate import update_lock
 from trtflow.run.options import RunOptions
-from trtflow.run.plan import Resolver, kinds_to_run, plan
+from trtflow.run.plan import Resolver, imports_to_run, kinds_to_run, plan
 from trtflow.run.result import RunResult, frozen_mapping
 from trtflow.run.runner import Listener, Runner
 from trtflow.signing import Signer, signer_from_environment
@@ -152,14 +152,14 @@ class Session:
             if lease is not None and (options.check_repro or not all(s.settled for s in planned.values())):
                 # its workers start while the run leases and plans again
                 executor = self._executor(options, planned, early)
-                executor.prepare(kinds_to_run(planned))
+                executor.prepare(kinds_to_run(planned), imports_to_run(self.dag, planned))
                 # Work ahead: gc must not delete what the plan uses, so lease first, then plan again from scratch (a gc
                 # may have run since). A run that finds everything cached (or failed the same way) writes nothing.
                 lease.tmp()
                 self._new_resolver(options.retry_failed)
                 planned = self.plan(options.force)
             executor = executor or self._executor(options, planned, early)
-            executor.prepare(kinds_to_run(planned))  # and while the models are checked
+            executor.prepare(kinds_to_run(planned), imports_to_run(self.dag, planned))  # the models checked meanwhile
             self.project.refuse(self.check_models(planned))
             check_backends(planned)
             if self.store is not None and lease is not None:  # what a killed run left beside the packages and the lock
