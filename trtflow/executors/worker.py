@@ -81,11 +81,19 @@ def serve_plain(kinds: list[str]) -> int:
         # makes: a child's collector would otherwise touch each object and copy its page
         gc.freeze()
         child = fork_child(run=True)
-        answer = threading.Thread(target=lambda pid=child: os.write(1, b"%d\n" % wait_for(pid)))
+        if not later:
+            answer_when_done(child)
+            continue
+        answer = threading.Thread(target=answer_when_done, args=(child,))
         answer.start()  # the child's status as it ends: its seconds are its own, not the imports'
         import_quietly(later)  # the child has its copy of this process already: nothing it runs changes
         answer.join()  # no thread left beside the next fork
     return 0
+
+
+def answer_when_done(pid: int) -> None:
+    """Wait for the child `pid` and answer its exit status as one line."""
+    os.write(1, b"%d\n" % wait_for(pid))
 
 
 def split_request(words: list[str]) -> tuple[list[str], list[str]]:
