@@ -60,9 +60,9 @@ def main(argv: list[str]) -> int:
 def serve(kinds: list[str]) -> int:
     """A hermetic server's loop: imports, one fork to settle its state, then a fork per `go` until end of input."""
     warm_up(kinds)
-    fork_and_wait(run=False)
+    wait_for(fork_child(run=False))
     while os.read(0, len(GO)) == GO:
-        os.write(1, b"%d\n" % fork_and_wait(run=True))
+        answer_when_done(fork_child(run=True))
     return 0
 
 
@@ -102,12 +102,6 @@ def split_request(words: list[str]) -> tuple[list[str], list[str]]:
         return words, []
     at = words.index("then")
     return words[:at], words[at + 1 :]
-
-
-def fork_and_wait(run: bool) -> int:
-    """Fork a child (that runs the task in this folder when `run`, else exits at once) and wait for it: its exit
-    status, negative for the signal that killed it."""
-    return wait_for(fork_child(run))
 
 
 def fork_child(run: bool) -> int:
