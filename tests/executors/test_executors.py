@@ -292,3 +292,38 @@ def test_the_model_tools_server_imports_what_the_plan_needs_while_its_first_task
         assert "xxlimited" in maps.read_text()
     finally:
         executor.shutdown()
+
+
+def test_the_model_tools_servers_of_a_run_share_one_private_folder_that_goes_with_the_run() -> None:
+    """Every model tools' server a run starts names the same folder (stages.shared_outputs: what one precision stage
+    computed for the others), private to this user; the run's end removes it. Servers of other kinds name none."""
+    import os
+    import stat
+
+    from trtflow.executors.forking import TOOLS_SERVED, USER_CODE_SERVED, ForkServers
+    from trtflow.stages.base import SHARED_OUTPUTS_ENV
+    from trtflow.util.settings import Settings
+
+    def named(pid: int) -> str | None:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        found = [
+            entry.split(b"=", 1)[1].decode() for entry in environ if entry.startswith(f"{SHARED_OUTPUTS_ENV}=".encode())
+        ]
+        return found[0] if found else None
+
+    tools, user_code = (
+        ForkServers(TOOLS_SERVED, Settings(), hermetic=False),
+        ForkServers(USER_CODE_SERVED, Settings(), hermetic=False),
+    )
+    try:
+        tools.fill(2)
+        user_code.fill(1)
+        folders = {named(server.process.pid) for server in tools._idle}
+        assert len(folders) == 1 and None not in folders
+        folder = Path(str(next(iter(folders))))
+        assert folder.is_dir() and stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
+        assert named(user_code._idle[0].process.pid) is None
+    finally:
+        tools.close()
+        user_code.close()
+    assert not folder.exists()

@@ -36,12 +36,13 @@ from trtflow.executors import StageResult, StageTask
 from trtflow.executors.hermetic import HERMETIC_SLOTS, free_slot, hermetic_preexec, worker_result, write_task
 from trtflow.executors.worker import GO, OUTPUT_FILE, TASK_FILE
 from trtflow.stages import kinds_running_in
-from trtflow.stages.base import BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER
+from trtflow.stages.base import BUILD_SERVER, SHARED_OUTPUTS_ENV, TOOLS_SERVER, USER_CODE_SERVER
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
 
 FORKS = sys.platform.startswith("linux")  # where servers fork workers (fork without exec is safe there)
 PLAIN_SLOTS = "servers"  # the slot pool of plain servers' folders (`/tmp/trtflow-servers-<uid>/<n>`)
+SHARED_SLOTS = "shared"  # the pool of the folders a run's model tools' servers share
 # The stage kinds one server imports for: hermetic build servers; plain servers for the model tools, and for user code.
 BUILD_SERVED, TOOLS_SERVED = kinds_running_in(BUILD_SERVER), kinds_running_in(TOOLS_SERVER)
 USER_CODE_SERVED = kinds_running_in(USER_CODE_SERVER)
@@ -73,6 +74,8 @@ class ForkServers:
         self._idle: list[ForkServer] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._shared = contextlib.ExitStack()  # the model tools' servers' shared folder, held while the run lasts
+        self._shared_folder: Path | None = None
 
     @classmethod
     def for_builds(cls, settings: Settings) -> ForkServers:
@@ -115,7 +118,7 @@ class ForkServers:
         process = subprocess.Popen(
             [sys.executable, "-m", "trtflow.executors.worker", "--serve" if self.hermetic else "--serve-plain"]
             + [",".join(self.kinds)],
-            env=self.settings.hermetic_env() if self.hermetic else Settings.pinned_env(),
+            env=self.settings.hermetic_env() if self.hermetic else {**Settings.pinned_env(), **self._shares()},
             cwd=slot,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -125,6 +128,15 @@ class ForkServers:
         stack.callback(_end, process)
         return ForkServer(stack, slot, process)
 
+    def _shares(self) -> dict[str, str]:
+        """The model tools' servers' environment entry naming the folder they share (stages.shared_outputs): a slot of
+        its own (`/tmp/trtflow-shared-<uid>/<n>`), taken at the first server's start; called with the lock held."""
+        if self.kinds != TOOLS_SERVED:
+            return {}
+        if self._shared_folder is None:
+            self._shared_folder = self._shared.enter_context(free_slot(SHARED_SLOTS))
+        return {SHARED_OUTPUTS_ENV: str(self._shared_folder)}
+
     def close(self) -> None:
         """End the idle servers (killed: they hold no task) and free their folders; busy ones end when given back."""
         with self._lock:
@@ -132,6 +144,7 @@ class ForkServers:
             idle, self._idle = self._idle, []
         for server in idle:
             server.stack.close()
+        self._shared.close()  # its slot: emptied by its next user, as a killed run's is
 
 
 def run_forked(

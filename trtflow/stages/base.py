@@ -275,6 +275,9 @@ MIB = 1 << 20
 # fixed modules a node names, so every child of a source kind starts alike; a fresh process each where processes
 # cannot fork), or a pool of spawned workers.
 BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER, POOL = "build-server", "tools-server", "user-code-server", "pool"
+# A folder the model tools' servers of one run share (its path in this variable): what one stage computed that the
+# run's other stages would compute again (stages.shared_outputs: the fp32 outputs over the check feeds).
+SHARED_OUTPUTS_ENV = "TRTFLOW_SHARED_OUTPUTS"
 
 
 def declared_memory(base: int, per_model_byte: float) -> Callable[[Node], tuple[int, float]]:

@@ -147,18 +147,14 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     source = placed["model"]
     model_inputs = calibration.model_input_types(source)
     held_out, calibrating = precision_samples.declared_samples(params, inputs, model_inputs, source)
-    from trtflow.stages import accuracy, compare, fallback, fallback_trial, task
+    from trtflow.stages import accuracy, compare, fallback, fallback_trial, shared_outputs, task
 
     compare.onnxruntime()  # refuse a broken ONNX Runtime install before ModelOpt trips over it
     samples, data = precision_samples.accuracy_samples(params, source, held_out, calibrating)
     feeds = [s.feed for s in samples]
     searching = params.accuracy is not None and params.accuracy.fallback == "auto"
-    # the fp32 outputs once, for every check and trial of a search (else the check runs fp32 beside the candidate)
-    want = (
-        compare.run_spread(lambda: compare.session(source), feeds, compare.threads_for(compare.model_bytes(source)))[0]
-        if searching
-        else None
-    )
+    # the fp32 outputs once, for the run's other precisions and a search's checks (else run beside the candidate)
+    want = shared_outputs.fp32_outputs(source, inputs["model"].sha256, feeds, needed=searching)
     checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source))
     calibrated = _Calibration(calibrating, {} if searching else None)  # a search's runs: each histogram made once
     attempt = functools.partial(_attempt, params, inputs, source, calibrated, checking, workdir)

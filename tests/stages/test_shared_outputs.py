@@ -1,0 +1,130 @@
+"""The fp32 outputs a run's reduced precisions check against, computed once and read by the others
+(stages.shared_outputs), on real models and real ONNX Runtime sessions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import example_models, stage_record, trtflow, write_project
+
+from trtflow.recipe import load_project
+from trtflow.run.dag import dag_from_project
+from trtflow.stages import compare, shared_outputs
+from trtflow.stages import precision as precision_stage
+from trtflow.stages.base import SHARED_OUTPUTS_ENV, Upstream
+
+RECIPE = """\
+source:
+  onnx: models/tiny.onnx
+precisions: [fp32, fp16, int8]
+targets: [rtx-ada]
+profiles:
+  - inputs:
+      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}
+calibration:
+  data: calib/*.npz
+accuracy: {samples: 4}
+"""
+
+
+def _feeds(count: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"input": rng.standard_normal((4, 3, 32, 32)).astype(np.float32)} for _ in range(count)]
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.onnx"
+    onnx.save(example_models().tiny_cnn(np.random.default_rng(0)), path)
+    return path
+
+
+def test_the_first_stage_leaves_the_outputs_and_the_next_reads_them_without_the_model(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv(SHARED_OUTPUTS_ENV, str(shared))
+    feeds = _feeds(3)
+    first = shared_outputs.fp32_outputs(model, {"model": "a" * 64}, feeds)
+    assert first is not None and len(list(shared.glob("*.npz"))) == 1
+    alone = compare.run_all(compare.session(model), feeds)  # what a check's own fp32 session gives
+    assert all(
+        np.array_equal(mine[name], theirs[name]) for mine, theirs in zip(first, alone, strict=True) for name in mine
+    )
+    # read back: no model file is opened (it is gone)
+    again = shared_outputs.fp32_outputs(tmp_path / "gone.onnx", {"model": "a" * 64}, feeds)
+    assert again is not None and all(
+        np.array_equal(mine[name], theirs[name]) and mine[name].dtype == theirs[name].dtype
+        for mine, theirs in zip(again, first, strict=True)
+        for name in mine
+    )
+    # another model file, or one value of one feed changed: not the entry, so computed (and the gone model fails)
+    changed = [dict(feed) for feed in feeds]
+    changed[2] = {"input": changed[2]["input"].copy()}
+    changed[2]["input"][0, 0, 0, 0] += 1.0
+    for digests, fed in (({"model": "b" * 64}, feeds), ({"model": "a" * 64}, changed)):
+        with pytest.raises(Exception, match="gone.onnx|NO_SUCHFILE|No such file"):
+            shared_outputs.fp32_outputs(tmp_path / "gone.onnx", digests, fed)
+
+
+def test_an_entry_that_cannot_be_read_is_computed_again(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv(SHARED_OUTPUTS_ENV, str(shared))
+    feeds = _feeds(2)
+    entry = shared / f"{shared_outputs.entry_key({'model': 'c' * 64}, feeds)}.npz"
+    entry.write_bytes(b"PK\x03\x04 cut short")
+    outputs = shared_outputs.fp32_outputs(model, {"model": "c" * 64}, feeds)
+    assert outputs is not None and len(outputs) == 2
+    assert shared_outputs.fp32_outputs(tmp_path / "gone.onnx", {"model": "c" * 64}, feeds) is not None  # rewritten
+
+
+def test_without_a_shared_folder_a_check_runs_fp32_beside_its_candidate_unless_asked(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(SHARED_OUTPUTS_ENV, raising=False)
+    assert shared_outputs.fp32_outputs(model, {"model": "d" * 64}, _feeds(1)) is None
+    assert shared_outputs.fp32_outputs(model, {"model": "d" * 64}, _feeds(1), needed=True) is not None
+
+
+def test_a_runs_precisions_record_what_each_stage_records_computing_its_own_fp32_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp16 and int8 of one model in one run: the model tools' servers share a folder, so the second stage reads the
+    first's fp32 outputs. Each stage then runs again here without it (its check runs fp32 beside the candidate), and
+    records the same, model and accuracy alike."""
+    root = write_project(tmp_path / "proj", {"tiny": RECIPE})
+    onnx.save(example_models().tiny_cnn(np.random.default_rng(0)), root / "models" / "tiny.onnx")
+    (root / "calib").mkdir()
+    for index, feed in enumerate(_feeds(8, seed=3)):
+        np.savez(root / "calib" / f"batch_{index:02d}.npz", **feed)
+    result = trtflow(root, "run", "--json")
+    assert result.code == 0, result.err + result.out
+    monkeypatch.delenv(SHARED_OUTPUTS_ENV, raising=False)
+    lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
+    cleaned = lock["cleanup:tiny"]["outputs"]["model"]
+    objects = root / "artifacts" / "store" / "objects"
+    for precision in ("fp16", "int8"):
+        node = dag_from_project(load_project(root)).nodes[f"precision:tiny/{precision}"]
+        inputs = {"model": Upstream(files={"model": objects / cleaned[:2] / cleaned}, sha256={"model": cleaned})}
+        inputs.update({role: Upstream(files={role: path}) for role, path in node.sources})
+        workdir = tmp_path / f"alone-{precision}"
+        workdir.mkdir()
+        alone = precision_stage.run(node.params, inputs, workdir)
+        stored = stage_record(root, f"precision:tiny/{precision}")
+        assert alone.record["accuracy"] == stored["accuracy"], precision
+        made = lock[f"precision:tiny/{precision}"]["outputs"]["model"]
+        assert compare_digest(alone.files["model"]) == made, precision
+
+
+def compare_digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
