@@ -12,7 +12,9 @@ Two sorts:
   7.9 GB after its cleanup in the same pool worker, 5.6 GB alone), and a crash inside a tool ends one child. A request
   may name modules to import before forking (ModelOpt, when a reduced precision comes): the server keeps them for the
   children after; and modules to import while its child runs (ModelOpt again, named with the run's first task for this
-  server when its plan has a reduced precision: the import overlaps that task). Exports run user code (a torch
+  server when its plan has a reduced precision: the import overlaps that task). The model tools' servers of a run
+  share a private folder, named in their environment (stages.shared_outputs: the fp32 outputs one precision stage
+  computed for the recipe's others), removed when the run ends. Exports run user code (a torch
   factory) in a plain server of their own, which imports torch and its exporter at the first torch or Hugging Face
   export and nothing else: a child per export, whose crash names itself as a fresh process's did, for a fork instead
   of 5.4 s of imports.
