@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -79,11 +80,16 @@ def test_an_entry_that_cannot_be_read_is_computed_again(
     shared.mkdir()
     monkeypatch.setenv(SHARED_OUTPUTS_ENV, str(shared))
     feeds = _feeds(2)
-    entry = shared / f"{shared_outputs.entry_key({'model': 'c' * 64}, feeds)}.npz"
+    entry = shared / f"{shared_outputs.entry_key('outputs', {'model': 'c' * 64}, feeds)}.npz"
     entry.write_bytes(b"PK\x03\x04 cut short")
     outputs = shared_outputs.fp32_outputs(model, {"model": "c" * 64}, feeds)
     assert outputs is not None and len(outputs) == 2
     assert shared_outputs.fp32_outputs(tmp_path / "gone.onnx", {"model": "c" * 64}, feeds) is not None  # rewritten
+    ranges = shared / f"{shared_outputs.entry_key('ranges', {'model': 'c' * 64}, feeds)}.npz"
+    np.savez(ranges, names=np.array('["a", "b"]'), lows=np.zeros(2, np.float64), highs=np.ones(2, np.float32))
+    assert shared_outputs.known_ranges({"model": "c" * 64}, feeds) is None  # not float32: not what fp16 leaves
+    ranges.write_bytes(b"not a zip")
+    assert shared_outputs.known_ranges({"model": "c" * 64}, feeds) is None
 
 
 def test_without_a_shared_folder_a_check_runs_fp32_beside_its_candidate_unless_asked(
@@ -94,37 +100,50 @@ def test_without_a_shared_folder_a_check_runs_fp32_beside_its_candidate_unless_a
     assert shared_outputs.fp32_outputs(model, {"model": "d" * 64}, _feeds(1), needed=True) is not None
 
 
-def test_a_runs_precisions_record_what_each_stage_records_computing_its_own_fp32_outputs(
+def test_a_runs_precisions_record_what_each_stage_records_computing_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """fp16 and int8 of one model in one run: the model tools' servers share a folder, so the second stage reads the
-    first's fp32 outputs. Each stage then runs again here without it (its check runs fp32 beside the candidate), and
-    records the same, model and accuracy alike."""
-    root = write_project(tmp_path / "proj", {"tiny": RECIPE})
-    onnx.save(example_models().tiny_cnn(np.random.default_rng(0)), root / "models" / "tiny.onnx")
+    """fp16, int8 and fp8 of one model in one run, their model tools' servers sharing a folder. Each stage then runs
+    here again without it (its check runs fp32 beside the candidate, fp8 calibrates by running the model) and makes
+    and records the same. With a folder of its own again, fp16 leaves the fp32 outputs and its value ranges, and fp8
+    reads both: it quantizes without running the model over the data, to the same bytes."""
+    from modelopt.onnx.quantization import ort_patching
+
+    root = write_project(tmp_path / "proj", {"wide": RECIPE.replace("[fp32, fp16, int8]", "[fp32, fp16, int8, fp8]")})
+    onnx.save(example_models().wide_cnn(np.random.default_rng(0)), root / "models" / "tiny.onnx")
     (root / "calib").mkdir()
     for index, feed in enumerate(_feeds(8, seed=3)):
         np.savez(root / "calib" / f"batch_{index:02d}.npz", **feed)
     result = trtflow(root, "run", "--json")
     assert result.code == 0, result.err + result.out
-    monkeypatch.delenv(SHARED_OUTPUTS_ENV, raising=False)
     lock = json.loads((root / "trtflow.lock").read_text())["nodes"]
-    cleaned = lock["cleanup:tiny"]["outputs"]["model"]
+    cleaned = lock["cleanup:wide"]["outputs"]["model"]
     objects = root / "artifacts" / "store" / "objects"
-    for precision in ("fp16", "int8"):
-        node = dag_from_project(load_project(root)).nodes[f"precision:tiny/{precision}"]
+
+    def alone(precision: str) -> tuple[str, dict]:
+        node = dag_from_project(load_project(root)).nodes[f"precision:wide/{precision}"]
         inputs = {"model": Upstream(files={"model": objects / cleaned[:2] / cleaned}, sha256={"model": cleaned})}
         inputs.update({role: Upstream(files={role: path}) for role, path in node.sources})
-        workdir = tmp_path / f"alone-{precision}"
+        workdir = tmp_path / f"alone-{precision}-{len(list(tmp_path.glob('alone-*')))}"
         workdir.mkdir()
-        alone = precision_stage.run(node.params, inputs, workdir)
-        stored = stage_record(root, f"precision:tiny/{precision}")
-        assert alone.record["accuracy"] == stored["accuracy"], precision
-        made = lock[f"precision:tiny/{precision}"]["outputs"]["model"]
-        assert compare_digest(alone.files["model"]) == made, precision
+        made = precision_stage.run(node.params, inputs, workdir)
+        return hashlib.sha256(made.files["model"].read_bytes()).hexdigest(), made.record
 
+    monkeypatch.delenv(SHARED_OUTPUTS_ENV, raising=False)
+    for precision in ("fp16", "int8", "fp8"):
+        digest, record = alone(precision)
+        assert record["accuracy"] == stage_record(root, f"precision:wide/{precision}")["accuracy"], precision
+        assert digest == lock[f"precision:wide/{precision}"]["outputs"]["model"], precision
 
-def compare_digest(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv(SHARED_OUTPUTS_ENV, str(shared))
+    alone("fp16")
+    assert len(list(shared.glob("*.npz"))) == 2  # the fp32 outputs and the value ranges
+    own_collect, collected = ort_patching._collect_data_minmax_calibrator, []
+    monkeypatch.setattr(
+        ort_patching, "_collect_data_minmax_calibrator", lambda *args: collected.append(1) or own_collect(*args)
+    )
+    digest, record = alone("fp8")
+    assert not collected and digest == lock["precision:wide/fp8"]["outputs"]["model"]
+    assert record["accuracy"] == stage_record(root, "precision:wide/fp8")["accuracy"]

@@ -141,11 +141,13 @@ def test_the_checker_by_path_reads_the_file_and_refuses_an_invalid_graph(tmp_pat
 def _passes() -> tuple:
     """The functions the blocks replace, as they are now."""
     from modelopt.onnx.quantization import ort_patching
-    from onnxruntime.quantization.calibrate import CalibraterBase, HistogramCalibrater
+    from onnxruntime.quantization.calibrate import CalibraterBase, HistogramCalibrater, MinMaxCalibrater
 
     return (
         ort_patching._collect_data_histogram_calibrator,
         HistogramCalibrater.collect_data,
+        ort_patching._collect_data_minmax_calibrator,
+        MinMaxCalibrater.collect_data,
         modelopt.onnx.utils.infer_shapes,
         modelopt.onnx.utils.check_model,
         onnx.checker.check_model,
@@ -162,10 +164,11 @@ def _passes() -> tuple:
 @pytest.mark.parametrize("block", [modelopt_passes.autocast_passes, modelopt_passes.quantize_passes])
 def test_modelopt_and_onnx_get_their_own_passes_back_after_the_block_even_on_an_error(block: Any) -> None:
     before = _passes()
-    with contextlib.suppress(RuntimeError), block(*([{}] if block is modelopt_passes.quantize_passes else [])):
-        assert _passes()[2] is not before[2] and _passes()[-1] is not before[-1]
-        if block is modelopt_passes.quantize_passes:  # with histograms kept: ModelOpt's calibration loop wrapped
-            assert _passes()[0] is not before[0] and _passes()[-3] is not before[-3]  # its sessions in node order
+    with contextlib.suppress(RuntimeError), block(*([{}, {}] if block is modelopt_passes.quantize_passes else [])):
+        assert _passes()[4] is not before[4] and _passes()[-1] is not before[-1]
+        if block is modelopt_passes.quantize_passes:  # with histograms kept and extremes known: the loops wrapped
+            assert _passes()[0] is not before[0] and _passes()[2] is not before[2]
+            assert _passes()[-3] is not before[-3]  # its sessions in node order
         raise RuntimeError
     assert _passes() == before
 
@@ -241,6 +244,40 @@ def test_a_search_s_modelopt_runs_collect_each_histogram_once_and_quantize_the_s
     assert len(collected) == 2
     again, fresh = (tmp_path / "again" / "m.onnx").read_bytes(), (tmp_path / "fresh" / "m.onnx").read_bytes()
     assert again == fresh and again != (tmp_path / "first" / "m.onnx").read_bytes()
+
+
+@pytest.mark.parametrize(("name", "precision"), [("resnet", "int8"), ("encoder", "fp8")])
+def test_max_calibration_given_the_fp16_pass_s_extremes_runs_no_model_and_quantizes_the_same_bytes(
+    tmp_path: Path, zoo_dir: Path, monkeypatch: pytest.MonkeyPatch, name: str, precision: str
+) -> None:
+    """A run's fp16 stage measures every float tensor's smallest and largest value over the calibration feeds
+    (stages.ranges); max calibration (fp8's default, int8's `method: max`) given them runs no model over the data and
+    writes the model it writes running it. Given too few tensors, it runs the model as ModelOpt does."""
+    from modelopt.onnx.quantization import ort_patching
+
+    from trtflow.stages.ranges import float_ranges
+
+    own_collect, collected = ort_patching._collect_data_minmax_calibrator, []
+
+    def collect(calibrator: Any, reader: Any) -> None:
+        collected.append(len(calibrator.infer_session.get_outputs()))
+        own_collect(calibrator, reader)
+
+    monkeypatch.setattr(ort_patching, "_collect_data_minmax_calibrator", collect)
+    model = zoo_model(name, zoo_dir)
+    feeds = model.random_feeds(3, seed=7)
+    options = {"method": "max", "exclude_op_types": [], "exclude_nodes": [], "high_precision": "fp16"}
+    options["external_data"] = False
+    known = {name: (np.float32(r.low), np.float32(r.high)) for name, r in float_ranges(model.path, feeds).items()}
+    convert.quantize(model.path, tmp_path / "known" / "m.onnx", precision, feeds, options, None, known)
+    assert not collected
+    convert.quantize(model.path, tmp_path / "run" / "m.onnx", precision, feeds, options)
+    assert len(collected) == 1
+    assert (tmp_path / "known" / "m.onnx").read_bytes() == (tmp_path / "run" / "m.onnx").read_bytes()
+    inputs_only = {name: known[name] for name in (i.name for i in onnx.load(model.path).graph.input) if name in known}
+    convert.quantize(model.path, tmp_path / "partly" / "m.onnx", precision, feeds, options, None, inputs_only)
+    assert len(collected) == 2
+    assert (tmp_path / "partly" / "m.onnx").read_bytes() == (tmp_path / "run" / "m.onnx").read_bytes()
 
 
 _PEAK_OF_FP8 = """

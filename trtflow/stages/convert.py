@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,18 +128,24 @@ def _autocast_decisions() -> Iterator[dict[str, str]]:
 
 
 def quantize(
-    model_path: Path, output: Path, precision: str, feeds: list[dict], options: dict, calibrated: dict | None = None
+    model_path: Path,
+    output: Path,
+    precision: str,
+    feeds: list[dict],
+    options: dict,
+    calibrated: dict | None = None,
+    known: Mapping[str, tuple] | None = None,
 ) -> Any:
     """int8/fp8 Q/DQ by ModelOpt PTQ, calibrated on ONNX Runtime's CPU provider over exactly `feeds`, in order.
-    `calibrated`: histograms kept across the calls of one stage on this model and these feeds
-    (modelopt_passes.quantize_passes)."""
+    `calibrated`: histograms kept across the calls of one stage on this model and these feeds; `known`: each tensor's
+    extremes over these feeds, for max calibration (modelopt_passes.quantize_passes)."""
     modelopt_onnx()
     import onnx
     from modelopt.onnx.quantization import quantize as modelopt_quantize
 
     method = "max" if options["method"] == "percentile" else options["method"]
     output.parent.mkdir(parents=True, exist_ok=True)
-    with modelopt_passes.quantize_passes(calibrated):
+    with modelopt_passes.quantize_passes(calibrated, known):
         modelopt_quantize(
             onnx_path=str(model_path),
             quantize_mode=precision,

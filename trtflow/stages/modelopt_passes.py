@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from trtflow.stages import entropy_calibration, weight_scales, weightless
@@ -56,11 +56,12 @@ def autocast_passes() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quantize_passes(calibrated: dict | None = None) -> Iterator[None]:
+def quantize_passes(calibrated: dict | None = None, known: Mapping[str, tuple] | None = None) -> Iterator[None]:
     """While the block runs, PTQ's shape inference and checks (its own and ONNX's, on files) run on stand-ins, and
     the fp16 conversion's cleanup scans once, and calibration runs in node order. With `calibrated` (a dict kept
     across the calls of one stage on the same model and calibration data), histogram calibration collects each
-    activation's histogram once (`_histograms_remembered`)."""
+    activation's histogram once (`_histograms_remembered`); with `known` (each tensor's extremes over the same data),
+    max calibration takes them instead of running the model (`_extremes_known`)."""
     import onnx
     import onnx.version_converter
 
@@ -94,6 +95,7 @@ def quantize_passes(calibrated: dict | None = None) -> Iterator[None]:
         _entropy_thresholds_at_once(),
         _preprocessing_writes_its_last_copy(),
         _histograms_remembered(calibrated),
+        _extremes_known(known),
         _calibration_in_node_order(),
     ):
         yield
@@ -217,6 +219,52 @@ def _histograms_remembered(calibrated: dict | None) -> Iterator[None]:
         _replaced(ort_patching, _collect_data_histogram_calibrator=remembering),
     ):
         yield
+
+
+@contextlib.contextmanager
+def _extremes_known(known: Mapping[str, tuple] | None) -> Iterator[None]:
+    """Max calibration (fp8's default, int8's `method: max`) takes each tensor's smallest and largest value over the
+    data from `known` while the block runs, instead of running the model over the data, when it holds every tensor the
+    calibrator measures (what the run's fp16 stage measured on the same model and the same feeds, stages.ranges and
+    stages.shared_outputs: the same kernels, ONNX Runtime with no graph rewrite, so the same values, and an extreme is
+    exact whichever pass finds it). ModelOpt's own reduction then runs over one batch holding those extremes: its
+    minimum of minima and maximum of maxima come out as over the batches one by one, value for value and type for
+    type. Any other calibrator (a tensor not held, a moving average, a type but float32) collects as ModelOpt does.
+
+    ModelOpt installs its collection loop on ONNX Runtime's calibrator in every call (`patch_ort_modules`, from its
+    module's globals): the loop is wrapped there."""
+    if known is None:
+        yield
+        return
+    import numpy as np
+    from modelopt.onnx.quantization import ort_patching
+    from onnxruntime.quantization.calibrate import MinMaxCalibrater
+
+    collect = ort_patching._collect_data_minmax_calibrator
+
+    def from_known(calibrator: Any, data_reader: Any) -> None:
+        added = calibrator.infer_session.get_outputs()[calibrator.num_model_outputs :]
+        measured = [output.name.rpartition("_") for output in added]  # (tensor, "_", ReduceMin or ReduceMax)
+        if (
+            calibrator.moving_average
+            or any(output.type != "tensor(float)" for output in added)
+            or any(op not in EXTREMES or tensor not in known for tensor, _, op in measured)
+        ):
+            collect(calibrator, data_reader)
+            return
+        extremes = [np.array([known[tensor][EXTREMES[op]]], np.float32) for tensor, _, op in measured]
+        calibrator.intermediate_outputs.append([np.empty(0, np.float32)] * calibrator.num_model_outputs + extremes)
+        calibrator.compute_data()
+        calibrator.clear_collected_data()
+
+    with (
+        _replaced(MinMaxCalibrater, collect_data=MinMaxCalibrater.collect_data),
+        _replaced(ort_patching, _collect_data_minmax_calibrator=from_known),
+    ):
+        yield
+
+
+EXTREMES = {"ReduceMin": 0, "ReduceMax": 1}  # what each of max calibration's reductions measures: (low, high)[i]
 
 
 @contextlib.contextmanager

@@ -156,7 +156,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     # the fp32 outputs once, for the run's other precisions and a search's checks (else run beside the candidate)
     want = shared_outputs.fp32_outputs(source, inputs["model"].sha256, feeds, needed=searching)
     checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source))
-    calibrated = _Calibration(calibrating, {} if searching else None)  # a search's runs: each histogram made once
+    calibrated = _Calibration(calibrating, {} if searching else None, inputs["model"].sha256)  # histograms once
     attempt = functools.partial(_attempt, params, inputs, source, calibrated, checking, workdir)
     chosen, searched = attempt("", ()), None
     if not chosen.accuracy["passed"] and searching and want is not None:
@@ -189,11 +189,13 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
 
 @dataclass(frozen=True)
 class _Calibration:
-    """What each ModelOpt run of a stage calibrates on (None: seeded samples), and the histograms it collected (kept
-    across a fallback search's runs; else None)."""
+    """What each ModelOpt run of a stage calibrates on (None: seeded samples), the histograms it collected (kept
+    across a fallback search's runs; else None), and the digests of the model's files (what the run's stages share
+    is named by them: stages.shared_outputs)."""
 
     samples: list | None
     histograms: dict | None
+    digests: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,8 @@ def _report(record: dict, workdir: Path) -> Path:
 
 def _convert(params: Params, source: Path, calibrated: _Calibration, workdir: Path) -> tuple[Any, dict, dict]:
     """The reduced-precision model, what to record about how it was made, and why the tool kept nodes higher."""
+    from trtflow.stages import shared_outputs
+
     precision, printed, calibrating = params.precision, [], calibrated.samples
     try:
         with convert.quiet() as printed:
@@ -292,7 +296,8 @@ def _convert(params: Params, source: Path, calibrated: _Calibration, workdir: Pa
                 }
                 from trtflow.stages.ranges import autocast_ranges
 
-                ranges = autocast_ranges(source, [s.feed for s in samples])
+                ranges = autocast_ranges(source, feeds := [s.feed for s in samples])
+                shared_outputs.leave_ranges(calibrated.digests, feeds, ranges)  # max calibration's, if the same data
                 model, reasons = convert.autocast(source, precision, autocast, ranges)
                 return model, details, reasons
             samples = calibrating if calibrating is not None else precision_samples.random_samples(source, params)
@@ -302,13 +307,10 @@ def _convert(params: Params, source: Path, calibrated: _Calibration, workdir: Pa
                 "exclude_nodes": sorted({*options["exclude_nodes"], *masked}),
                 "external_data": (source.parent / FILE_NAMES[MODEL_DATA]).exists(),
             }
+            feeds = [s.feed for s in samples]
+            known = shared_outputs.known_ranges(calibrated.digests, feeds) if options["method"] != "entropy" else None
             model = convert.quantize(
-                source,
-                workdir / "quantized" / "model.onnx",
-                precision,
-                [s.feed for s in samples],
-                options,
-                calibrated.histograms,
+                source, workdir / "quantized" / "model.onnx", precision, feeds, options, calibrated.histograms, known
             )
     except TrtflowError:
         raise
