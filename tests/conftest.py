@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 # The example project's fleet (rtx-ampere sm_86, rtx-ada sm_89): one definition shared with benchmarks/noop.py.
 PIPELINE = (REPO / "pipeline.yaml").read_text()
+# the profile of the example models made by models/make_models.py (tiny_cnn, wide_cnn): one 3x32x32 input
+PROFILE_YAML = "profiles:\n  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
 
 TINY_RECIPE = """\
 source:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import PIPELINE, example_models, trtflow, write_project
+from conftest import PIPELINE, PROFILE_YAML, example_models, trtflow, write_project
 from refusals import assert_refused, recipe
 
 from trtflow.backends.base import BuildRequest, get_backend
@@ -182,7 +182,6 @@ def _ops(path: Path) -> dict[str, int]:
 
 
 TINY_PROFILE = {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])}
-PROFILE_YAML = "profiles:\n  - inputs:\n      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}\n"
 INT8_FOR_ADA = "source: {onnx: models/m.onnx}\nprecisions: [int8]\ntargets: [rtx-ada]\n" + PROFILE_YAML
 
 

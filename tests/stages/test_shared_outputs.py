@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import example_models, stage_record, trtflow, write_project
+from conftest import PROFILE_YAML, example_models, stage_record, trtflow, write_project
 
 from trtflow.recipe import load_project
 from trtflow.run.dag import dag_from_project
@@ -18,23 +18,25 @@ from trtflow.stages import compare, shared_outputs
 from trtflow.stages import precision as precision_stage
 from trtflow.stages.base import SHARED_OUTPUTS_ENV, Upstream
 
-RECIPE = """\
-source:
-  onnx: models/tiny.onnx
-precisions: [fp32, fp16, int8]
-targets: [rtx-ada]
-profiles:
-  - inputs:
-      input: {min: [1, 3, 32, 32], opt: [4, 3, 32, 32], max: [8, 3, 32, 32]}
-calibration:
-  data: calib/*.npz
-accuracy: {samples: 4}
-"""
+RECIPE = (
+    "source: {onnx: models/tiny.onnx}\nprecisions: [fp32, fp16, int8]\ntargets: [rtx-ada]\n"
+    + PROFILE_YAML
+    + "calibration: {data: calib/*.npz}\naccuracy: {samples: 4}\n"
+)
 
 
 def _feeds(count: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     return [{"input": rng.standard_normal((4, 3, 32, 32)).astype(np.float32)} for _ in range(count)]
+
+
+@pytest.fixture
+def shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder of the run's model tools' workers, as the stage sees it."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    monkeypatch.setenv(SHARED_OUTPUTS_ENV, str(folder))
+    return folder
 
 
 @pytest.fixture
@@ -45,11 +47,8 @@ def model(tmp_path: Path) -> Path:
 
 
 def test_the_first_stage_leaves_the_outputs_and_the_next_reads_them_without_the_model(
-    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    model: Path, tmp_path: Path, shared: Path
 ) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    monkeypatch.setenv(SHARED_OUTPUTS_ENV, str(shared))
     feeds = _feeds(3)
     first = shared_outputs.fp32_outputs(model, {"model": "a" * 64}, feeds)
     assert first is not None and len(list(shared.glob("*.npz"))) == 1
@@ -73,12 +72,7 @@ def test_the_first_stage_leaves_the_outputs_and_the_next_reads_them_without_the_
             shared_outputs.fp32_outputs(tmp_path / "gone.onnx", digests, fed)
 
 
-def test_an_entry_that_cannot_be_read_is_computed_again(
-    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    monkeypatch.setenv(SHARED_OUTPUTS_ENV, str(shared))
+def test_an_entry_that_cannot_be_read_is_computed_again(model: Path, tmp_path: Path, shared: Path) -> None:
     feeds = _feeds(2)
     entry = shared / f"{shared_outputs.entry_key('outputs', {'model': 'c' * 64}, feeds)}.npz"
     entry.write_bytes(b"PK\x03\x04 cut short")
