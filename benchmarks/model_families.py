@@ -133,7 +133,7 @@ def bare_call(model: str, precision: str, files: list[str], options: str, out: s
                 providers=["cpu"],
             )
     else:  # the stage's call, with ModelOpt's own whole-model passes (not trtflow's: stages.modelopt_passes)
-        modelopt_passes.quantize_passes = contextlib.nullcontext
+        modelopt_passes.quantize_passes = lambda *_: contextlib.nullcontext()
         with convert.quiet():
             convert.quantize(source, Path(out) / "q" / "model.onnx", precision, feeds, json.loads(options))
     seconds = time.perf_counter() - started
