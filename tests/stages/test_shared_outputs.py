@@ -50,7 +50,8 @@ def test_the_first_stage_leaves_the_outputs_and_the_next_reads_them_without_the_
     model: Path, tmp_path: Path, shared: Path
 ) -> None:
     feeds = _feeds(3)
-    first = shared_outputs.fp32_outputs(model, {"model": "a" * 64}, feeds)
+    assert shared_outputs.fp32_outputs(model, {"model": "a" * 64}, feeds) is None  # a check computes them beside
+    first = shared_outputs.fp32_outputs(model, {"model": "a" * 64}, feeds, needed=True)  # a search: at once
     assert first is not None and len(list(shared.glob("*.npz"))) == 1
     alone = compare.run_all(compare.session(model), feeds)  # what a check's own fp32 session gives
     assert all(
@@ -68,15 +69,20 @@ def test_the_first_stage_leaves_the_outputs_and_the_next_reads_them_without_the_
     changed[2] = {"input": changed[2]["input"].copy()}
     changed[2]["input"][0, 0, 0, 0] += 1.0
     for digests, fed in (({"model": "b" * 64}, feeds), ({"model": "a" * 64}, changed)):
+        assert shared_outputs.fp32_outputs(tmp_path / "gone.onnx", digests, fed) is None
         with pytest.raises(Exception, match="gone.onnx|NO_SUCHFILE|No such file"):
-            shared_outputs.fp32_outputs(tmp_path / "gone.onnx", digests, fed)
+            shared_outputs.fp32_outputs(tmp_path / "gone.onnx", digests, fed, needed=True)
+    # what a check computed beside its candidate, left for the others
+    shared_outputs.leave_outputs({"model": "b" * 64}, feeds, alone)
+    assert shared_outputs.fp32_outputs(tmp_path / "gone.onnx", {"model": "b" * 64}, feeds) is not None
 
 
 def test_an_entry_that_cannot_be_read_is_computed_again(model: Path, tmp_path: Path, shared: Path) -> None:
     feeds = _feeds(2)
     entry = shared / f"{shared_outputs.entry_key('outputs', {'model': 'c' * 64}, feeds)}.npz"
     entry.write_bytes(b"PK\x03\x04 cut short")
-    outputs = shared_outputs.fp32_outputs(model, {"model": "c" * 64}, feeds)
+    assert shared_outputs.fp32_outputs(model, {"model": "c" * 64}, feeds) is None
+    outputs = shared_outputs.fp32_outputs(model, {"model": "c" * 64}, feeds, needed=True)
     assert outputs is not None and len(outputs) == 2
     assert shared_outputs.fp32_outputs(tmp_path / "gone.onnx", {"model": "c" * 64}, feeds) is not None  # rewritten
     ranges = shared / f"{shared_outputs.entry_key('ranges', {'model': 'c' * 64}, feeds)}.npz"

@@ -10,6 +10,7 @@ op, fp32 arithmetic inside each, as on tensor cores. The record says so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,16 @@ def emulation_note(types: list[str]) -> str:
 
 
 def report(
-    candidate: Path, reference: Path, feeds: list[dict], tolerance: dict, data: str, want: list[dict] | None = None
+    candidate: Path,
+    reference: Path,
+    feeds: list[dict],
+    tolerance: dict,
+    data: str,
+    want: list[dict] | None = None,
+    keep: Callable[[list[dict]], None] | None = None,
 ) -> dict:
-    """Run both model files over `feeds` and compare every output (`want`: the reference's outputs, if known).
+    """Run both model files over `feeds` and compare every output (`want`: the reference's outputs, if known; else
+    computed, and handed to `keep`).
 
     The candidate's feeds are spread over every core, a session each, while the models are small enough (the
     reference's run, when needed, takes one of them first): its emulation is what the check spends most on. Its
@@ -47,6 +55,8 @@ def report(
         threads,
         (lambda: compare.run_all(compare.session(reference), feeds)) if want is None else None,
     )
+    if want is None and keep is not None:
+        keep(required(expected, "the reference's outputs"))
     outputs = judged(
         got,
         want if want is not None else required(expected, "the reference's outputs"),

@@ -153,9 +153,10 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     samples, data = precision_samples.accuracy_samples(params, source, held_out, calibrating)
     feeds = [s.feed for s in samples]
     searching = params.accuracy is not None and params.accuracy.fallback == "auto"
-    # the fp32 outputs once, for the run's other precisions and a search's checks (else run beside the candidate)
-    want = shared_outputs.fp32_outputs(source, inputs["model"].sha256, feeds, needed=searching)
-    checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source))
+    # fp32's outputs as the run's other precisions left them (a search's: now); else the check leaves them
+    want = shared_outputs.fp32_outputs(source, digests := inputs["model"].sha256, feeds, needed=searching)
+    keep = functools.partial(shared_outputs.leave_outputs, digests, feeds)
+    checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source), keep)
     calibrated = _Calibration(calibrating, {} if searching else None, inputs["model"].sha256)  # histograms once
     attempt = functools.partial(_attempt, params, inputs, source, calibrated, checking, workdir)
     chosen, searched = attempt("", ()), None
@@ -207,6 +208,7 @@ class _Checking:
     held_out: bool
     want: list[dict] | None
     labelled: Any = None  # task.Rows: the labelled rows of accuracy.data, when the recipe has them
+    keep: Any = None  # called with fp32's outputs when a check computed them
 
 
 def _attempt(
@@ -345,7 +347,7 @@ def _accuracy(params: Params, model: Path, source: Path, checking: _Checking) ->
     from trtflow.stages import accuracy
 
     tolerance = required(params.accuracy, "accuracy").tolerance
-    result = accuracy.report(model, source, checking.feeds, tolerance, checking.data, checking.want)
+    result = accuracy.report(model, source, checking.feeds, tolerance, checking.data, checking.want, checking.keep)
     return {**result, "held_out": checking.held_out}
 
 
