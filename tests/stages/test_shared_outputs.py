@@ -72,6 +72,9 @@ def test_the_first_stage_leaves_the_outputs_and_the_next_reads_them_without_the_
         assert shared_outputs.fp32_outputs(tmp_path / "gone.onnx", digests, fed) is None
         with pytest.raises(Exception, match="gone.onnx|NO_SUCHFILE|No such file"):
             shared_outputs.fp32_outputs(tmp_path / "gone.onnx", digests, fed, needed=True)
+    # a model of unknown digests shares nothing
+    shared_outputs.leave_outputs({}, feeds, alone)
+    assert len(list(shared.glob("*.npz"))) == 1 and shared_outputs.fp32_outputs(model, {}, feeds) is None
     # what a check computed beside its candidate, left for the others
     shared_outputs.leave_outputs({"model": "b" * 64}, feeds, alone)
     assert shared_outputs.fp32_outputs(tmp_path / "gone.onnx", {"model": "b" * 64}, feeds) is not None

@@ -108,9 +108,10 @@ def entry_key(kind: str, digests: Mapping[str, str], feeds: list[dict]) -> str:
 
 
 def _entry(kind: str, digests: Mapping[str, str], feeds: list[dict]) -> Path | None:
-    """Where the run's shared folder keeps this entry; None without the folder."""
+    """Where the run's shared folder keeps this entry; None without the folder, or for a model of unknown digests
+    (every such model would share one entry)."""
     folder = os.environ.get(SHARED_OUTPUTS_ENV)
-    if not folder or not Path(folder).is_dir():
+    if not folder or not Path(folder).is_dir() or not digests:
         return None
     return Path(folder) / f"{entry_key(kind, digests, feeds)}.npz"
 
