@@ -157,7 +157,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     want = shared_outputs.fp32_outputs(source, digests := inputs["model"].sha256, feeds, needed=searching)
     keep = functools.partial(shared_outputs.leave_outputs, digests, feeds)
     checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source), keep)
-    calibrated = _Calibration(calibrating, {} if searching else None, inputs["model"].sha256)  # histograms once
+    calibrated = _Calibration(calibrating, {} if searching else None, digests)  # histograms made once
     attempt = functools.partial(_attempt, params, inputs, source, calibrated, checking, workdir)
     chosen, searched = attempt("", ()), None
     if not chosen.accuracy["passed"] and searching and want is not None:
