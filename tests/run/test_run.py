@@ -393,3 +393,22 @@ def test_builds_alone_runs_no_stage_beside_a_build(tmp_path: Path) -> None:
     alone = overlaps(timelines["--builds-alone"])
     assert alone and not [pair for pair in alone if any(p.startswith("build:") for p in pair)], alone
     assert [pair for pair in overlaps(timelines[None]) if all(p.startswith("build:") for p in pair)]
+
+
+def test_a_stage_starts_while_the_outputs_before_it_are_stored(tmp_path: Path) -> None:
+    """At -j 1 a finished stage's outputs move into the store (hashing, fsync) in a thread beside the next stage: the
+    next independent stage starts before the finished one is settled, and every record names objects in place. A
+    node of the same stage (recipe c is a's) waits for them quietly: no other run is building it."""
+    recipes = {"a": TINY_RECIPE, "b": TINY_RECIPE.replace("tiny_cnn", "tiny_cnn_b"), "c": TINY_RECIPE}
+    root = write_project(tmp_path / "p", recipes)
+    other = onnx.load(root / "models" / "tiny_cnn.onnx")
+    other.doc_string = "another model"  # another digest: not the same stage as a's
+    onnx.save(other, root / "models" / "tiny_cnn_b.onnx")
+    result = trtflow(root, "run", "-j", "1")
+    assert result.code == 0, result.err
+    lines = [line.split()[:2] for line in result.err.splitlines() if line.startswith(("run ", "built "))]
+    first_built = min(lines.index(["built", f"cleanup:{recipe}"]) for recipe in "ab")
+    assert max(lines.index(["run", f"cleanup:{recipe}"]) for recipe in "ab") < first_built, result.err
+    assert "another run" not in result.err and "cached   precision:c/fp32  (same stage as another node" in result.err
+    assert "0 built" in trtflow(root, "run").out
+    assert trtflow(root, "cache", "verify").code == 0

@@ -1,8 +1,10 @@
-"""One job of a run: the node handed to an executor (its inputs, its work dir), and what its ending means: a failure
-recorded under its key, a worker the OOM killer took, a store too full to take its output."""
+"""One job of a run: the node handed to an executor (its inputs, its work dir), and what its ending means: its
+outputs and record stored, a failure recorded under its key, a worker the OOM killer took, a store too full to take
+its output."""
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +15,13 @@ from trtflow.run.dag import Node
 from trtflow.run.plan import Resolution
 from trtflow.stages.base import Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side
+from trtflow.store.layout import write_failure
 from trtflow.store.records import StageRecord
 from trtflow.store.store import Store
 from trtflow.util.memory import oom_kills, shown
+
+# A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
+STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
 @dataclass
@@ -67,6 +73,30 @@ def as_lack_of_memory(job: Job, result: StageResult) -> StageResult:
         result.detail,
         node=result.node,
     )
+
+
+def store_outputs(store: Store, job: Job, result: StageResult, seconds: float, run_id: str) -> StageRecord:
+    """Move a successful stage's files into the store, then write its record naming them (objects first: a crash
+    leaves orphan objects, never a record naming a missing one); the record as stored."""
+    files = required(result.files, f"{job.node.id}: the files of a successful stage")
+    outputs = {name: store.objects.add(Path(path)) for name, path in files.items()}
+    built: StageRecord = {
+        "key": job.key,
+        "node": job.node.id,
+        "outputs": outputs,
+        "record": required(result.record, f"{job.node.id}: the record of a successful stage"),
+        "components": job.components,
+        "seconds": seconds,
+        "peak_rss": result.peak_rss,
+        "built_by": {"run": run_id, "pid": os.getpid()},
+    }
+    return store.records.put(job.key, built)
+
+
+def raise_if_store_full(store: Store, job: Job, code: int | None) -> None:
+    """A stage that could not write its output fails the run with one line, not every stage after it."""
+    if code in STORE_FULL_ERRNOS:
+        raise write_failure(store.root, OSError(code, os.strerror(code)), f"({job.node.id} writing its output)")
 
 
 def failure_record(job: Job, result: StageResult, seconds: float, run_id: str) -> StageRecord:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import dataclasses
-import errno
 import functools
 import os
 import shutil
@@ -29,9 +28,9 @@ from trtflow.executors import Executor, StageResult, StageTask
 from trtflow.run.admission import MemoryAdmission, beside_builds
 from trtflow.run.dag import Dag, Node, dag_node
 from trtflow.run.frozen import FrozenCheck
-from trtflow.run.jobs import Job, as_lack_of_memory, failure_record, task_inputs
+from trtflow.run.jobs import Job, as_lack_of_memory, failure_record, raise_if_store_full, store_outputs, task_inputs
 from trtflow.run.options import RunOptions
-from trtflow.run.placing import Placements, run_here
+from trtflow.run.placing import Beside, run_here
 from trtflow.run.plan import Resolution, Resolver, failure_shown, upstream_outcome
 from trtflow.run.result import Slot
 from trtflow.stages import stage
@@ -47,7 +46,7 @@ from trtflow.states import (
     failed_as_recorded,
     recorded_failure,
 )
-from trtflow.store import Store, write_failure
+from trtflow.store import Store
 from trtflow.store.lockfile import LockEntry
 from trtflow.store.locks import KeyLocks
 from trtflow.store.records import StageRecord
@@ -60,8 +59,6 @@ if TYPE_CHECKING:
 # ("workdir", (node id, its work directory)): where a started node's stage says what it is doing (stage_progress)
 Listener = Callable[[str, Any], None]
 LOCK_POLL_SECONDS = 0.05  # how often a key another run is building is looked at again
-# A stage that fails with one of these could not write its output: the store is full, not the stage wrong.
-STORE_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
 class Runner:
@@ -98,7 +95,8 @@ class Runner:
         self._memory_noted: set[str] = set()
         self._built_here: dict[str, StageRecord] = {}  # key -> record built by this run (two nodes, one key)
         self._reopened: list[Node] = []  # finished nodes whose output turned out corrupt: to run again
-        self.placements = Placements()  # finish hooks that place packages, running beside the next stages
+        self.storing: Beside[tuple[Job, StageResult, float]] = Beside("storing")  # finished stages' outputs
+        self.placements: Beside[tuple[NodeState, StageRecord]] = Beside("placing")  # finish hooks placing packages
         self._lock_waits = 0
         self._waited: set[str] = set()
         self._reported = 0
@@ -114,16 +112,18 @@ class Runner:
         running: dict[futures.Future, Job] = {}
         self.t0 = time.perf_counter()
         try:
-            while waiting or running or self.placements.pending:
+            while waiting or running or self._beside():
                 waiting = self._dispatch(waiting, running)
                 self._report()
-                if running or self.placements.pending:
+                if running or self._beside():
                     poll = LOCK_POLL_SECONDS if self._lock_waits else None
-                    pending = [*running, *self.placements.pending]
+                    pending = [*running, *self.storing.pending, *self.placements.pending]
                     done, _ = futures.wait(pending, timeout=poll, return_when=futures.FIRST_COMPLETED)
                     for future in done:
                         if future in running:
                             self._collect(running.pop(future), future.result())
+                        elif future in self.storing.pending:
+                            self._stored(*self.storing.take(future), future)
                         else:
                             self._placed(*self.placements.take(future), future)
                 elif self._lock_waits:
@@ -131,6 +131,7 @@ class Runner:
             if self.remote is not None:
                 self.remote.finish()
         finally:
+            self.storing.close()
             self.placements.close()
             self.executor.shutdown()
             self.keys.release_all()
@@ -175,6 +176,8 @@ class Runner:
         """Start the node holding its key's lock, or use what was made meanwhile; False: wait (key busy, input
         corrupt)."""
         node, key = resolution.node, required(resolution.key, f"{resolution.node.id}: the key")  # upstreams are done
+        if key in {job.key for job in [*self._running_jobs, *(job for job, _, _ in self.storing.pending.values())]}:
+            return False  # another node of this run makes the same stage: its record is used once stored
         if not self.keys.claim(key):
             self._lock_waits += 1
             if node.id not in self._waited:
@@ -191,7 +194,7 @@ class Runner:
             return True
         expected, kinds = self.memory.expected(resolution), [job.node.kind for job in self._running_jobs]
         if not self.memory.admits(expected, [job.expected for job in self._running_jobs]) or (
-            self.options.builds_alone and not beside_builds(node.kind, kinds, bool(self.placements.pending))
+            self.options.builds_alone and not beside_builds(node.kind, kinds, self._beside())
         ):
             self.keys.release(key)  # a stage finishing makes room (or leaves a build alone): the dispatcher comes back
             return False
@@ -279,64 +282,67 @@ class Runner:
         return self.executor.submit(task), job
 
     def _collect(self, job: Job, result: StageResult) -> None:
-        """Store a finished stage's outputs and record, or settle its failure; always release its key and work dir."""
+        """Store a finished stage's outputs and record beside the next stages (the storing thread), or settle its
+        failure; the key and work dir are released once the node is settled."""
         seconds = round(time.perf_counter() - job.started, 3)
         self._running_jobs.remove(job)
         start = round(job.started - self.t0, 3)
         self.timeline[job.node.id] = Slot(start, round(start + seconds, 3), job.slot, result.peak_rss)
         self.store.memos.remember_peak(job.node.id, result.peak_rss)
         result = as_lack_of_memory(job, result)
+        if result.error is None:
+            work = functools.partial(store_outputs, self.store, job, result, seconds, self.run_id)
+            self.storing.start(work, (job, result, seconds))
+            return
         try:
-            if result.error is not None:
-                self._raise_if_store_full(job, result.errno)
-                recorded = result.deterministic and self._record_failure(job, result, seconds)
-                self._settle(
-                    NodeState(
-                        job.node,
-                        FAILED,
-                        result.error,
-                        key=job.key,
-                        components=job.components,
-                        seconds=seconds,
-                        detail=result.detail,
-                        exit_code=result.exit_code,
-                        where=result.node,
-                        recorded=recorded,
-                        peak_rss=result.peak_rss,
-                    )
-                )
-                return
-            files = required(result.files, f"{job.node.id}: the files of a successful stage")
-            outputs = {name: self.store.objects.add(Path(path)) for name, path in files.items()}
-            built: StageRecord = {
-                "key": job.key,
-                "node": job.node.id,
-                "outputs": outputs,
-                "record": required(result.record, f"{job.node.id}: the record of a successful stage"),
-                "components": job.components,
-                "seconds": seconds,
-                "peak_rss": result.peak_rss,
-                "built_by": {"run": self.run_id, "pid": os.getpid()},
-            }
-            record = self.store.records.put(job.key, built)
-            self._built_here[job.key] = record
-            self._finish(
+            raise_if_store_full(self.store, job, result.errno)
+            recorded = result.deterministic and self._record_failure(job, result, seconds)
+            self._settle(
                 NodeState(
                     job.node,
-                    BUILT,
+                    FAILED,
+                    result.error,
                     key=job.key,
                     components=job.components,
                     seconds=seconds,
+                    detail=result.detail,
+                    exit_code=result.exit_code,
                     where=result.node,
+                    recorded=recorded,
                     peak_rss=result.peak_rss,
-                ),
-                record,
+                )
             )
+        finally:
+            self._release(job)
+
+    def _stored(self, job: Job, result: StageResult, seconds: float, stored: futures.Future) -> None:
+        """A stage's outputs and record are in the store (a failure to write them fails the run, as before): the node
+        is built."""
+        try:
+            record = stored.result()
+            self._built_here[job.key] = record
+            state = NodeState(
+                job.node,
+                BUILT,
+                key=job.key,
+                components=job.components,
+                seconds=seconds,
+                where=result.node,
+                peak_rss=result.peak_rss,
+            )
+            self._finish(state, record)
             if self.remote is not None:
                 self.remote.push(job.key, record, self.store)
         finally:
-            self.keys.release(job.key)
-            shutil.rmtree(job.workdir, ignore_errors=True)
+            self._release(job)
+
+    def _release(self, job: Job) -> None:
+        self.keys.release(job.key)
+        shutil.rmtree(job.workdir, ignore_errors=True)
+
+    def _beside(self) -> bool:
+        """Whether outputs are being stored or packages placed beside the stages."""
+        return bool(self.storing.pending or self.placements.pending)
 
     def _record_failure(self, job: Job, result: StageResult, seconds: float) -> bool:
         """Record a stage's own failure under its key: the same key fails the same way, so the next run reports it
@@ -345,13 +351,6 @@ class Runner:
         self._built_here[job.key] = self.store.records.put(job.key, record)
         self.store.memos.set_last_run(job.node.id, {"key": job.key, "components": job.components})
         return True
-
-    def _raise_if_store_full(self, job: Job, code: int | None) -> None:
-        """A stage that could not write its output fails the run with one line, not every stage after it."""
-        if code in STORE_FULL_ERRNOS:
-            raise write_failure(
-                self.store.root, OSError(code, os.strerror(code)), f"({job.node.id} writing its output)"
-            )
 
     def _finish(self, state: NodeState, record: StageRecord) -> None:
         """A node is done (built or cached): its stage's finish hook places what it made (or refuses a cached result
@@ -365,7 +364,7 @@ class Runner:
         kind = stage(state.node.kind)
         place = functools.partial(kind.finish, dag_node(state), record, self.placement) if kind.finish else lambda: None
         if kind.places_files:
-            self.placements.start(place, state, record)
+            self.placements.start(place, (state, record))
         else:
             self._placed(state, record, run_here(place))
 
