@@ -7,10 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from conftest import TINY_RECIPE, package_files, settle, trtflow, trtflow_process, write_project
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 
 def run_json(root: Path, *args: str) -> dict:
@@ -395,20 +396,38 @@ def test_builds_alone_runs_no_stage_beside_a_build(tmp_path: Path) -> None:
     assert [pair for pair in overlaps(timelines[None]) if all(p.startswith("build:") for p in pair)]
 
 
+def _dense_model(path: Path, seed: int) -> None:
+    """A [N, 3, 32, 32] -> [N, 128] linear model with 1.5 MiB of seeded weights."""
+    weights = np.random.default_rng(seed).standard_normal((3 * 32 * 32, 128)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["input"], ["flat"]), helper.make_node("MatMul", ["flat", "w"], ["output"])],
+        "dense",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["n", 3, 32, 32])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["n", 128])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 def test_a_stage_starts_while_the_outputs_before_it_are_stored(tmp_path: Path) -> None:
-    """At -j 1 a finished stage's outputs move into the store (hashing, fsync) in a thread beside the next stage: the
-    next independent stage starts before the finished one is settled, and every record names objects in place. A
-    node of the same stage (recipe c is a's) waits for them quietly: no other run is building it."""
-    recipes = {"a": TINY_RECIPE, "b": TINY_RECIPE.replace("tiny_cnn", "tiny_cnn_b"), "c": TINY_RECIPE}
+    """At -j 1 a finished stage's outputs of a MiB or more move into the store (hashing, fsync) in a thread beside the
+    next stage: the next independent stage starts before the finished one is settled, and every record names objects
+    in place. A node of the same stage (recipe c is a's) waits for it quietly: no other run is building it. Smaller
+    outputs are stored at once (the tiny CNN's: its next stage starts after it is settled)."""
+    dense = TINY_RECIPE.replace("tiny_cnn", "dense_a")
+    recipes = {"a": dense, "b": dense.replace("dense_a", "dense_b"), "c": dense, "d": TINY_RECIPE}
     root = write_project(tmp_path / "p", recipes)
-    other = onnx.load(root / "models" / "tiny_cnn.onnx")
-    other.doc_string = "another model"  # another digest: not the same stage as a's
-    onnx.save(other, root / "models" / "tiny_cnn_b.onnx")
+    for seed, name in enumerate(("dense_a", "dense_b")):
+        _dense_model(root / "models" / f"{name}.onnx", seed)
     result = trtflow(root, "run", "-j", "1")
     assert result.code == 0, result.err
     lines = [line.split()[:2] for line in result.err.splitlines() if line.startswith(("run ", "built "))]
     first_built = min(lines.index(["built", f"cleanup:{recipe}"]) for recipe in "ab")
     assert max(lines.index(["run", f"cleanup:{recipe}"]) for recipe in "ab") < first_built, result.err
-    assert "another run" not in result.err and "cached   precision:c/fp32  (same stage as another node" in result.err
+    between = lines[lines.index(["run", "cleanup:d"]) + 1 : lines.index(["built", "cleanup:d"])]
+    assert not [line for line in between if line[0] == "run"], result.err  # stored at once: nothing started meanwhile
     assert "0 built" in trtflow(root, "run").out
+    shutil.rmtree(root / "artifacts")
+    both = trtflow(root, "run", "-j", "2")  # precision:c is ready with precision:a, which takes the key
+    assert both.code == 0 and "another run" not in both.err, both.err
     assert trtflow(root, "cache", "verify").code == 0

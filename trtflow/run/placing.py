@@ -5,26 +5,38 @@ Both are I/O and hashing in the runner's process: a cold run of three torchvisio
 wall extracting packages and 0.9 s moving its stages' 210 MB of outputs into the store (hashing, then `fsync`), with
 every other stage waiting. In a thread of their own (hashing and file I/O release the GIL) they overlap the next
 stages; the runner settles the node when its work is done, in its own thread, and a run ends only when all of it
-has. One piece of work at a time in each: two would compete for the same disk.
+has. One piece of work at a time in each: two would compete for the same disk. Small outputs are stored in the
+runner's thread (`stored_beside`): their dependents then start at once.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import os
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from trtflow.errors import TrtflowError
+from trtflow.executors import StageResult
 
 Payload = TypeVar("Payload")  # what the runner settles once the work is done (the node, its job or record)
 
 
-def run_here(place: Callable[[], str | None]) -> futures.Future:
-    """`place` run in this thread, its result (or the TrtflowError it raised) in a done future, as if placed
-    beside."""
+# Outputs under this size are stored in the runner's thread: they take milliseconds, leave nothing to overlap, and
+# their dependents then start at once instead of a turn of the loop later.
+STORED_BESIDE_FROM = 1 << 20
+
+
+def stored_beside(result: StageResult) -> bool:
+    """Whether a finished stage's outputs are large enough to be stored in the storing thread."""
+    return sum(os.path.getsize(path) for path in (result.files or {}).values()) >= STORED_BESIDE_FROM
+
+
+def run_here(work: Callable[[], Any]) -> futures.Future:
+    """`work` run in this thread, its result (or the TrtflowError it raised) in a done future, as if run beside."""
     done: futures.Future = futures.Future()
     try:
-        done.set_result(place())
+        done.set_result(work())
     except TrtflowError as exc:
         done.set_exception(exc)
     return done

@@ -30,7 +30,7 @@ from trtflow.run.dag import Dag, Node, dag_node
 from trtflow.run.frozen import FrozenCheck
 from trtflow.run.jobs import Job, as_lack_of_memory, failure_record, raise_if_store_full, store_outputs, task_inputs
 from trtflow.run.options import RunOptions
-from trtflow.run.placing import Beside, run_here
+from trtflow.run.placing import Beside, run_here, stored_beside
 from trtflow.run.plan import Resolution, Resolver, failure_shown, upstream_outcome
 from trtflow.run.result import Slot
 from trtflow.stages import stage
@@ -292,7 +292,10 @@ class Runner:
         result = as_lack_of_memory(job, result)
         if result.error is None:
             work = functools.partial(store_outputs, self.store, job, result, seconds, self.run_id)
-            self.storing.start(work, (job, result, seconds))
+            if stored_beside(result):
+                self.storing.start(work, (job, result, seconds))
+            else:
+                self._stored(job, result, seconds, run_here(work))
             return
         try:
             raise_if_store_full(self.store, job, result.errno)
