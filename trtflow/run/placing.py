@@ -16,7 +16,6 @@ import os
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from trtflow.errors import TrtflowError
 from trtflow.executors import StageResult
 
 Payload = TypeVar("Payload")  # what the runner settles once the work is done (the node, its job or record)
@@ -28,16 +27,20 @@ STORED_BESIDE_FROM = 1 << 20
 
 
 def stored_beside(result: StageResult) -> bool:
-    """Whether a finished stage's outputs are large enough to be stored in the storing thread."""
-    return sum(os.path.getsize(path) for path in (result.files or {}).values()) >= STORED_BESIDE_FROM
+    """Whether a finished stage's outputs are large enough to be stored in the storing thread (one that is missing
+    or not a file is stored at once, where adding it says what is wrong)."""
+    try:
+        return sum(os.lstat(path).st_size for path in (result.files or {}).values()) >= STORED_BESIDE_FROM
+    except OSError:
+        return False
 
 
 def run_here(work: Callable[[], Any]) -> futures.Future:
-    """`work` run in this thread, its result (or the TrtflowError it raised) in a done future, as if run beside."""
+    """`work` run in this thread, its result (or what it raised) in a done future, as if run beside."""
     done: futures.Future = futures.Future()
     try:
         done.set_result(work())
-    except TrtflowError as exc:
+    except Exception as exc:  # noqa: BLE001 - handed on as the thread's future would: its reader raises it
         done.set_exception(exc)
     return done
 
