@@ -3,7 +3,8 @@ and what the search costs against the stage without it, measured in one run.
 
     python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert bert_narrow_init] [--files 12]
                                   [--precision int8|fp8] [--min-share 0.5] [--workdir DIR]
-                                  [--quantize '{high_precision: fp32, exclude_op_types: [Add]}'] [--task [--noise N]]
+                                  [--quantize '{high_precision: fp32, exclude_op_types: [Add]}']
+                                  [--task [--noise N] [--train all]]
 
 Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
 BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py at two weight scales, whose token
@@ -12,7 +13,8 @@ ids come from trtflow's seeded random inputs; seeded random weights), one projec
 shape (half held out), limits cosine 0.995 and top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss
 is recorded. With `--task`, an image model's last Linear is trained on a synthetic 100-class task and its files are
 that task's images (benchmarks/image_task.py): logits with a trained classifier's margins, not random ones that nearly
-tie. Two recipes:
+tie; with `--train all`, every layer is trained on the task (the backbone's activations then are a trained network's).
+Two recipes:
   - plain: `fallback: none`, today's stage;
   - fallback: `fallback: auto, min_share: <--min-share>` (0.5 by default);
   both with `--quantize` as their `quantize:` (where ModelOpt places Q/DQ, what the rest runs in).
@@ -40,7 +42,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from families import family_model  # noqa: E402
-from image_task import NOISE, ImageTask, accuracy, trained_head  # noqa: E402
+from image_task import NOISE, ImageTask, accuracy, trained_head, trained_whole  # noqa: E402
 from model_families import modelopt_import_seconds, without_import  # noqa: E402
 from torchvision_like import MODELS  # noqa: E402
 from zoo import SEED, _export  # noqa: E402
@@ -62,10 +64,11 @@ def write_project(
     quantize: dict,
     task: bool = False,
     noise: float | None = None,
+    whole: bool = False,
 ) -> None:
     """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files (a text model:
     trtflow's seeded random token ids, valid for its tables, `files // 2` of them to calibrate on; an image model with
-    `task`: a trained head and the task's images)."""
+    `task`: a trained head, or every layer trained with `whole`, and the task's images)."""
     (root / "recipes").mkdir(parents=True)
     (root / "models").mkdir()
     targets = {"rtx-ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}
@@ -80,9 +83,11 @@ def write_project(
         folder.mkdir()
         if task and name in NOISE:
             images = ImageTask(NOISE[name] if noise is None else noise, seed=SEED)
-            model = trained_head(make(), images)
+            model = (trained_whole if whole else trained_head)(make(), images)
             right, margin = accuracy(model, images)
-            print(f"{name}: head trained on the task: {right:.0%} of fresh samples right, top-2 margin {margin:.2f}")
+            trained = "every layer" if whole else "head"
+            said = f"{right:.0%} of fresh samples right, top-2 margin {margin:.2f}"
+            print(f"{name}: {trained} trained on the task: {said}")
             batches = [{"input": batch} for batch in images.batches(files, profile["input"].opt[0])]
         else:
             model, rng = make(), np.random.default_rng(SEED)
@@ -132,6 +137,9 @@ def main() -> int:
     )
     parser.add_argument("--task", action="store_true", help="image models: a trained head, the task's images")
     parser.add_argument("--noise", type=float, help="with --task: the task's noise for every model (default: NOISE's)")
+    parser.add_argument(
+        "--train", choices=["head", "all"], default="head", help="with --task: train the classifier, or every layer"
+    )
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtflow-fallback-"))
     from conftest import stage_record
@@ -141,7 +149,9 @@ def main() -> int:
     precision = args.precision
     for name in args.models:
         root = work / name
-        write_project(root, name, args.files, precision, args.min_share, args.quantize, args.task, args.noise)
+        write_project(
+            root, name, args.files, precision, args.min_share, args.quantize, args.task, args.noise, args.train == "all"
+        )
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1"], capture_output=True)
         print(f"\n{name}: run exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")
