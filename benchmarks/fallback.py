@@ -42,7 +42,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from families import family_model  # noqa: E402
-from image_task import NOISE, ImageTask, accuracy, trained_head, trained_whole  # noqa: E402
+from image_task import NOISE, WHOLE_STEPS, ImageTask, accuracy, trained_head, trained_whole  # noqa: E402
 from model_families import modelopt_import_seconds, without_import  # noqa: E402
 from torchvision_like import MODELS  # noqa: E402
 from zoo import SEED, _export  # noqa: E402
@@ -53,6 +53,8 @@ FAMILIES = (
 )  # Hugging Face architectures at real size (tests/families.py), token ids as inputs
 
 LIMITS = {"min_cosine": 0.995, "min_top1": 0.9}
+# Weights of the models trained end to end (--train all), kept between runs: training EfficientNet-B0 takes 6 minutes
+TRAINED = Path(tempfile.gettempdir()) / "trtflow-benchmarks" / "trained"
 
 
 def write_project(
@@ -83,7 +85,8 @@ def write_project(
         folder.mkdir()
         if task and name in NOISE:
             images = ImageTask(NOISE[name] if noise is None else noise, seed=SEED)
-            model = (trained_whole if whole else trained_head)(make(), images)
+            cache = TRAINED / f"{name}-noise{images.noise}-steps{WHOLE_STEPS}-torch{torch.__version__}.pt"
+            model = trained_whole(make(), images, cache=cache) if whole else trained_head(make(), images)
             right, margin = accuracy(model, images)
             trained = "every layer" if whole else "head"
             said = f"{right:.0%} of fresh samples right, top-2 margin {margin:.2f}"

@@ -13,6 +13,8 @@ samples come from the same task. Everything is seeded.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from torch import nn
@@ -33,12 +35,12 @@ class ImageTask:
         self._generator = torch.Generator().manual_seed(seed)
         coarse = torch.randn(CLASSES, 3, 14, 14, generator=self._generator)
         self._patterns = nn.functional.interpolate(coarse, size=size, mode="bilinear")
-        self._noise = noise
+        self.noise = noise
 
     def samples(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` images [count, 3, size, size] and their labels, the next in the stream."""
         labels = torch.randint(0, CLASSES, (count,), generator=self._generator)
-        images = self._patterns[labels] + self._noise * torch.randn(
+        images = self._patterns[labels] + self.noise * torch.randn(
             count, *self._patterns.shape[1:], generator=self._generator
         )
         return images, labels
@@ -66,10 +68,19 @@ def trained_head(model: nn.Sequential, task: ImageTask) -> nn.Sequential:
     return model.eval()
 
 
-def trained_whole(model: nn.Module, task: ImageTask, steps: int = WHOLE_STEPS) -> nn.Module:
+def trained_whole(model: nn.Module, task: ImageTask, steps: int = WHOLE_STEPS, cache: Path | None = None) -> nn.Module:
     """`model` with every layer trained on the task (Adam, batches of 16 fresh samples, seeded), then its BatchNorm
     statistics settled on the task's images (a cumulative average over 8 batches of 32); eval mode. A backbone that
-    learned the task, not only its classifier: activations shaped by training, as a shipped network's are."""
+    learned the task, not only its classifier: activations shaped by training, as a shipped network's are. With
+    `cache`, the weights are read from that file if it exists (the task's stream drawn as training draws it, so what
+    follows sees the same samples) and written to it otherwise."""
+    if cache is not None and cache.is_file():
+        model.load_state_dict(torch.load(cache, weights_only=True))
+        for _ in range(steps):
+            task.samples(16)
+        for _ in range(8):
+            task.samples(32)
+        return model.eval()
     torch.manual_seed(SEED)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
@@ -85,6 +96,11 @@ def trained_whole(model: nn.Module, task: ImageTask, steps: int = WHOLE_STEPS) -
     with torch.no_grad():
         for _ in range(8):
             model(task.samples(32)[0])
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(".partial")
+        torch.save(model.state_dict(), partial)
+        partial.replace(cache)  # whole, or not there
     return model.eval()
 
 

@@ -150,3 +150,23 @@ def test_a_runs_precisions_record_what_each_stage_records_computing_its_own(
     digest, record = alone("fp8")
     assert not collected and digest == lock["precision:wide/fp8"]["outputs"]["model"]
     assert record["accuracy"] == stage_record(root, "precision:wide/fp8")["accuracy"]
+
+
+def test_a_stages_reference_is_computed_at_most_once_and_only_when_no_check_computed_it(
+    model: Path, tmp_path: Path, shared: Path
+) -> None:
+    """A fallback search's trials need fp32's outputs, but only once its first try missed: the first check computes them
+    beside its candidate and the stage holds them; the search computes them only where nothing did."""
+    feeds = _feeds(2)
+    alone = compare.run_all(compare.session(model), feeds)
+    checked = shared_outputs.Reference(tmp_path / "gone.onnx", {"model": "d" * 64}, feeds)
+    assert checked.outputs is None  # nothing left: the first check computes them
+    checked.keep(alone)
+    assert checked.needed() is alone  # held: the gone model is never opened
+    assert shared_outputs.Reference(tmp_path / "gone.onnx", {"model": "d" * 64}, feeds).outputs is not None  # left
+    unchecked = shared_outputs.Reference(model, {"model": "e" * 64}, feeds)
+    first = unchecked.needed()
+    assert unchecked.needed() is first and all(
+        np.array_equal(mine[name], theirs[name]) for mine, theirs in zip(first, alone, strict=True) for name in mine
+    )
+    assert shared_outputs.Reference(tmp_path / "gone.onnx", {"model": "e" * 64}, feeds).outputs is not None

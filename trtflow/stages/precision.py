@@ -153,19 +153,17 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     samples, data = precision_samples.accuracy_samples(params, source, held_out, calibrating)
     feeds = [s.feed for s in samples]
     searching = params.accuracy is not None and params.accuracy.fallback == "auto"
-    # fp32's outputs as the run's other precisions left them (a search's: now); else the check leaves them
-    want = shared_outputs.fp32_outputs(source, digests := inputs["model"].sha256, feeds, needed=searching)
-    keep = functools.partial(shared_outputs.leave_outputs, digests, feeds)
-    checking = _Checking(feeds, data, bool(held_out), want, task.rows(params, inputs, source), keep)
+    reference = shared_outputs.Reference(source, digests := inputs["model"].sha256, feeds)  # fp32's outputs, once
+    checking = _Checking(feeds, data, bool(held_out), reference, task.rows(params, inputs, source))
     calibrated = _Calibration(calibrating, {} if searching else None, digests)  # histograms made once
     attempt = functools.partial(_attempt, params, inputs, source, calibrated, checking, workdir)
     chosen, searched = attempt("", ()), None
-    if not chosen.accuracy["passed"] and searching and want is not None:
+    if not chosen.accuracy["passed"] and searching:
         tolerance = chosen.accuracy["tolerance"]
         limit = task.Limit.of(checking.labelled, source)  # max_drop: trials are held to it too
         sets = accuracy.set_outputs(source)
         trial = fallback_trial.Trial(
-            chosen.files[MODEL], feeds, want, sets, tolerance, limit, source, notes_in(workdir)
+            chosen.files[MODEL], feeds, reference.needed(), sets, tolerance, limit, source, notes_in(workdir)
         )
         try:
             chosen, searched = fallback.search(chosen, attempt, trial, tolerance.get("min_share"))
@@ -201,14 +199,14 @@ class _Calibration:
 
 @dataclass(frozen=True)
 class _Checking:
-    """What every accuracy check of one stage compares over: the feeds, what they are, and fp32's outputs if known."""
+    """What every accuracy check of one stage compares over: the feeds, what they are, and fp32's outputs
+    (shared_outputs.Reference: known, or computed by the first check)."""
 
     feeds: list[dict]
     data: str
     held_out: bool
-    want: list[dict] | None
+    reference: Any
     labelled: Any = None  # task.Rows: the labelled rows of accuracy.data, when the recipe has them
-    keep: Any = None  # called with fp32's outputs when a check computed them
 
 
 def _attempt(
@@ -347,7 +345,8 @@ def _accuracy(params: Params, model: Path, source: Path, checking: _Checking) ->
     from trtflow.stages import accuracy
 
     tolerance = required(params.accuracy, "accuracy").tolerance
-    result = accuracy.report(model, source, checking.feeds, tolerance, checking.data, checking.want, checking.keep)
+    reference = checking.reference
+    result = accuracy.report(model, source, checking.feeds, tolerance, checking.data, reference.outputs, reference.keep)
     return {**result, "held_out": checking.held_out}
 
 
