@@ -46,6 +46,7 @@ from trtflow.util.versions import ort_version, tool_version
 
 if TYPE_CHECKING:
     from trtflow.stages.fallback import Attempt
+    from trtflow.stages.shared_outputs import Reference
 
 # versions: 2: fp16 accuracy rounded between ops; 3: AutoCast on the recipe's data; 4: CPU-independent sessions; 5:
 # value_info in canonical order; 6: composition shares and kept nodes with reasons, min_share, range diagnosis; 7:
@@ -205,7 +206,7 @@ class _Checking:
     feeds: list[dict]
     data: str
     held_out: bool
-    reference: Any
+    reference: Reference
     labelled: Any = None  # task.Rows: the labelled rows of accuracy.data, when the recipe has them
 
 
