@@ -9,6 +9,10 @@ each of 100 classes is a smooth random pattern, a sample is its pattern plus Gau
 classes from the random backbone's features of 600 samples (cross-entropy). The noise is set per model (NOISE) so that
 it classifies 80-90% of fresh samples right, about what torchvision's ImageNet models score; calibration and held-out
 samples come from the same task. Everything is seeded.
+
+`trained_whole` trains every layer instead (the backbone's activations then are a trained network's, not a random
+one's): at the same noise the three CNNs get 91-100% right, and their int8 and fp8 pass without a fallback search
+(docs/precision.md).
 """
 
 from __future__ import annotations
