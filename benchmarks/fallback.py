@@ -125,13 +125,17 @@ def summary(record: dict, precision: str) -> str:
     )
 
 
+def _trtflow_run(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """`trtflow run` of the project at `root` with `args`, its output captured."""
+    return subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", *args], capture_output=True)
+
+
 def _run_alone(root: Path, recipe: str, precision: str, imported: float) -> float:
     """Run one recipe of the project, every stage of it (`--force`), in a run of its own (a run's first precision
     stage computes what its others read, fp32's outputs and value ranges: run together, the first stage paid for
     both); its precision stage's seconds, less what it waited of ModelOpt's import."""
     started = time.perf_counter()
-    command = [sys.executable, "-m", "trtflow", "-C", str(root), "run", "-j", "1", "--force", recipe]
-    done = subprocess.run(command, capture_output=True)
+    done = _trtflow_run(root, "-j", "1", "--force", recipe)
     print(f"{root.name} {recipe}: run exit {done.returncode} in {time.perf_counter() - started:.0f} s ({root})")
     nodes = {n["id"]: n for n in json.loads((root / "artifacts" / "run.json").read_text())["nodes"]}
     return without_import(nodes, imported)[f"precision:{recipe}/{precision}"]
@@ -169,7 +173,7 @@ def main() -> int:
         )
         print()
         # a first run makes the store (a cold run starts its servers otherwise), then each recipe is timed alike
-        subprocess.run([sys.executable, "-m", "trtflow", "-C", str(root), "run", "plain"], capture_output=True)
+        _trtflow_run(root, "plain")
         seconds = {recipe: _run_alone(root, recipe, precision, imported) for recipe in ("fallback", "plain")}
         plain = stage_record(root, f"precision:plain/{precision}")
         searched = stage_record(root, f"precision:fallback/{precision}")
