@@ -264,6 +264,44 @@ def test_a_model_tool_worker_gets_its_large_arrays_in_huge_pages() -> None:
     assert huge_kib(plain) < 8 * 1024
 
 
+@pytest.mark.skipif(
+    not Path("/sys/kernel/mm/transparent_hugepage/enabled").is_file()
+    or "[madvise]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
+    reason="transparent huge pages are not in madvise mode here: the tunable changes nothing",
+)
+@pytest.mark.parametrize(("model_bytes", "huge"), [(46_000_000, False), (440_000_000, True)])
+def test_a_cleanup_worker_takes_huge_pages_only_for_a_large_model(tmp_path: Path, model_bytes: int, huge: bool) -> None:
+    """A cleanup child of a small model (ResNet-18's 46 MB) gives huge pages up, the tunable notwithstanding: its first
+    ones cost more than they save (docs/memory.md); one of BERT-base's 440 MB keeps them. The worker decides from its
+    task's input files, as it does before running the stage."""
+    import pickle
+    import subprocess
+    import sys
+
+    from trtflow.executors import StageTask
+    from trtflow.stages.base import Upstream
+    from trtflow.util.settings import Settings
+
+    model = tmp_path / "model.onnx"
+    with model.open("wb") as sparse:
+        sparse.truncate(model_bytes)
+    task = StageTask("cleanup:m", "cleanup", None, {"model": Upstream(files={"model": model})}, tmp_path)
+    (tmp_path / "task.pickle").write_bytes(pickle.dumps(task))
+    fill = (
+        "import pickle, re, sys; from trtflow.executors.worker import settle_huge_pages; "
+        "settle_huge_pages(pickle.load(open(sys.argv[1], 'rb'))); filled = b'x' * (1 << 28); "
+        "print(re.search(r'AnonHugePages:\\s+(\\d+)', open('/proc/self/smaps_rollup').read()).group(1))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", fill, str(tmp_path / "task.pickle")],
+        env=Settings.pinned_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (int(done.stdout) >= 200 * 1024) is huge
+
+
 def test_the_model_tools_server_imports_what_the_plan_needs_while_its_first_task_runs(tmp_path: Path) -> None:
     """With a reduced precision planned, the model tools' server imports ModelOpt while the run's first task for it
     runs, in a child forked before the import: that task is answered as it ends, and the server reads the next request

@@ -16,6 +16,7 @@ the next request read once the imports are done). End of input: the server exits
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -25,11 +26,11 @@ import threading
 import traceback
 from pathlib import Path
 
-from trtflow.executors import import_quietly, run_task, warm_up
+from trtflow.executors import StageTask, import_quietly, run_task, warm_up
 from trtflow.stages import stage
 from trtflow.stages.base import USER_CODE_SERVER
 from trtflow.util.fs import read_private
-from trtflow.util.memory import keep_freed_memory
+from trtflow.util.memory import keep_freed_memory, without_huge_pages
 from trtflow.util.proc import die_with_parent
 
 # The task travels to the child pickled (the parent wrote it, in a 0700 folder of its own: the slot, or a private
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> int:
         return serve_plain(argv[1].split(","))
     task_file, result_file = Path(argv[0]), Path(argv[1]).absolute()
     task = pickle.loads(read_private(task_file.absolute(), 1 << 30))
+    settle_huge_pages(task)
     if stage(task.kind).runs_in == USER_CODE_SERVER:
         os.chdir(task.workdir)  # user code runs in its work folder, as in a fresh process of its own: not in the slot
     result = run_task(task, release=False)  # one task, then exit: nothing to free for a next one
@@ -55,6 +57,24 @@ def main(argv: list[str]) -> int:
     with os.fdopen(fd, "w", encoding="utf-8") as sink:
         json.dump(result.to_json(), sink)
     return 0
+
+
+def settle_huge_pages(task: StageTask) -> None:
+    """Give up transparent huge pages in this worker where its task's kind takes them only for larger inputs
+    (Stage.huge_pages_above): a short-lived child's first huge pages cost more than they save on a small model."""
+    above = stage(task.kind).huge_pages_above
+    if above and input_bytes(task) <= above:
+        without_huge_pages()
+
+
+def input_bytes(task: StageTask) -> int:
+    """The bytes of the task's input files (one that cannot be read counts nothing: the stage says what is wrong)."""
+    total = 0
+    for upstream in task.inputs.values():
+        for path in upstream.files.values():
+            with contextlib.suppress(OSError):
+                total += Path(path).stat().st_size
+    return total
 
 
 def serve(kinds: list[str]) -> int:

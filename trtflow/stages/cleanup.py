@@ -327,4 +327,7 @@ STAGE = Stage(
     runs_in=TOOLS_SERVER,
     warm_imports=("trtflow.stages.cleanup", "onnx", "onnxruntime", "onnxslim"),
     memory=declared_memory(400 * MIB, 4.0),
+    # measured in cold runs: ResNet-18's (47 MB) 1.3 s without them, 1.8-2.0 s with; BERT-base's (440 MB) 21.9 s with
+    # them, 25.9 s without (docs/memory.md)
+    huge_pages_above=256 * MIB,
 )
