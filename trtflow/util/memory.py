@@ -123,7 +123,6 @@ def release_memory(since: int | None) -> None:
 
 # glibc's malloc options (mallopt): M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-_PR_SET_THP_DISABLE = 41
 KEEP_FREED = {_M_MMAP_THRESHOLD: 32 * MIB, _M_TRIM_THRESHOLD: 4 * GIB, _M_TOP_PAD: 256 * MIB}
 
 
@@ -137,12 +136,18 @@ def keep_freed_memory() -> bool:
     return mallopt is not None and all(mallopt(option, value) == 1 for option, value in KEEP_FREED.items())
 
 
+_PR_SET_THP_DISABLE = 41  # prctl's option: this process and its children get no transparent huge pages
+
+
 def without_huge_pages() -> bool:
     """Stop this process, and the children it forks, from backing its memory with transparent huge pages, whatever
     malloc asks (prctl PR_SET_THP_DISABLE; the glibc tunable of util.settings.tool_overlay notwithstanding). Linux
     only: elsewhere, or where the kernel refuses, nothing changes (False)."""
+    import ctypes
+
     prctl = _glibc("prctl")
-    return prctl is not None and prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+    flags = [ctypes.c_ulong(value) for value in (1, 0, 0, 0)]  # prctl reads them as unsigned longs: no stray bits
+    return prctl is not None and prctl(_PR_SET_THP_DISABLE, *flags) == 0
 
 
 def _glibc(function: str) -> Any:
