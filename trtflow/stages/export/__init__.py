@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtflow.stages.base import (
+    MIB,
     USER_CODE_SERVER,
     Node,
     Placement,
@@ -54,4 +55,7 @@ STAGE = Stage(
     imports=lambda params: torch_module.EXPORTER_MODULES if isinstance(params, torch_module.ModuleExport) else (),
     runs_in=USER_CODE_SERVER,  # it runs user code: a child of its own each, so a crash names itself
     memory=declared_memory(1 << 30, 4.0),
+    # measured on `validate --export` of ResNet-18, EfficientNet-B0 and an encoder from torch factories: 2-6% faster
+    # without them in each of 7 alternated rounds; BERT-base's 440 MB folder the same either way (docs/memory.md)
+    huge_pages_above=256 * MIB,
 )
