@@ -310,9 +310,10 @@ class Stage:
     warm_imports: tuple[str, ...] = ()  # what a worker imports ahead of the kind's first task
     # (base bytes, bytes per byte of the largest input) the scheduler expects a node to peak at before it has run
     memory: Callable[[Node], tuple[int, float]] = declared_memory(500 * MIB, 2.0)
-    # A forked worker of this kind backs its memory with transparent huge pages (util.settings.tool_overlay) only when
-    # its inputs hold more bytes than this (0: always). A huge page saves 511 faults where a process copies a large
-    # model again and again, but a short-lived child's first huge pages cost more than they save on a small model
+    # A worker process of this kind backs its memory with transparent huge pages (util.settings.tool_overlay) only
+    # when its inputs hold more bytes than this (0: always; executors.worker.settle_huge_pages). A huge page saves 511
+    # faults where a process copies a large model again and again, but a short-lived child's first huge pages cost
+    # more than they save on a small model
     huge_pages_above: int = 0
     # `run --builds-alone`: a node of this kind runs with nothing beside it, nor anything beside it (admission)
     alone_when_asked: bool = False
