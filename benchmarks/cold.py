@@ -2,6 +2,7 @@
 
     python benchmarks/cold.py [--models resnet mobilenet encoder] [--workdir DIR]
     python benchmarks/cold.py --torchvision [--workdir DIR]
+    python benchmarks/cold.py --only-by-hand [--rounds N] [--workdir DIR]
 
 --torchvision measures the project the issue names instead of tests/zoo.py's small models: torchvision's ResNet-18
 and MobileNetV3-small at their real sizes and a 4-layer encoder (benchmarks/torchvision_like.py), batch 1/8/32.
@@ -16,7 +17,8 @@ What is measured, in one run (every figure is a ratio against a baseline measure
      cleanup proof does, the builds from the slimmed model), run as a script in a fresh process as a user would run
      it (interpreter and imports included, as trtflow's wall includes them): goal 4 is trtflow wall / by hand
      <= 1.15, medians of --rounds interleaved pairs on fresh copies of the project; the same work timed inside that
-     process, imports excluded, is printed beside it;
+     process, imports excluded, is printed beside it (--only-by-hand measures goal 4 alone, on the --torchvision
+     project);
   3. packaging: the package stages' seconds against `tar cf` of the same package folders: goal 2 is <= 1.2;
   4. parallelism: the same cold run with `-j 2` in a fresh store, and, the issue's measure, independent builds: both
      projects rerun with their targets moved to other compute capabilities (only builds, verifies and packages
@@ -211,6 +213,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved pairs for goal 4 (--torchvision)")
     parser.add_argument("--only-precision", action="store_true", help="skip the fp32 runs: time the precision stages")
+    parser.add_argument("--only-by-hand", action="store_true", help="goal 4 alone: its rounds (the --torchvision trio)")
     parser.add_argument(
         "--precision-model", default="resnet", help="the model whose fp16/int8 stages are timed ('' to skip)"
     )
@@ -221,6 +224,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="trtflow-cold-")) if args.workdir is None else args.workdir
+    if args.only_by_hand:
+        by_hand_rounds(workdir, args.rounds)
+        return
     if args.only_precision:
         _precision(args, workdir)
         return
