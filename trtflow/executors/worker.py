@@ -16,7 +16,6 @@ the next request read once the imports are done). End of input: the server exits
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -29,7 +28,7 @@ from pathlib import Path
 from trtflow.executors import StageTask, import_quietly, run_task, warm_up
 from trtflow.stages import stage
 from trtflow.stages.base import USER_CODE_SERVER
-from trtflow.util.fs import read_private
+from trtflow.util.fs import read_private, size_or_zero
 from trtflow.util.memory import keep_freed_memory, without_huge_pages
 from trtflow.util.proc import die_with_parent
 
@@ -69,12 +68,7 @@ def settle_huge_pages(task: StageTask) -> None:
 
 def input_bytes(task: StageTask) -> int:
     """The bytes of the task's input files (one that cannot be read counts nothing: the stage says what is wrong)."""
-    total = 0
-    for upstream in task.inputs.values():
-        for path in upstream.files.values():
-            with contextlib.suppress(OSError):
-                total += Path(path).stat().st_size
-    return total
+    return sum(size_or_zero(path) for upstream in task.inputs.values() for path in upstream.files.values())
 
 
 def serve(kinds: list[str]) -> int:

@@ -12,11 +12,10 @@ with a warning: waiting could not make room, and refusing would leave the projec
 
 from __future__ import annotations
 
-import os
-
 from trtflow.run.plan import Resolution
 from trtflow.stages import stage
 from trtflow.store.store import Store
+from trtflow.util.fs import size_or_zero
 from trtflow.util.memory import SHARE_OF_AVAILABLE, available_bytes, expected_peak, shown
 
 
@@ -52,18 +51,11 @@ class MemoryAdmission:
 
     def _largest_input(self, resolution: Resolution) -> int:
         """Bytes of the node's largest input file: a store object by its digest, or a source file outside the store."""
-        sizes = [_size(path) for _, path in resolution.node.sources]
+        sizes = [size_or_zero(path) for _, path in resolution.node.sources]
         for digest in (resolution.components or {}).get("inputs", {}).values():
             if isinstance(digest, str) and len(digest) == 64:
-                sizes.append(_size(self.store.objects.path(digest)))
+                sizes.append(size_or_zero(self.store.objects.path(digest)))
         return max(sizes, default=0)
-
-
-def _size(path: os.PathLike[str]) -> int:
-    try:
-        return os.stat(path).st_size
-    except (OSError, ValueError):
-        return 0
 
 
 def beside_builds(kind: str, running: list[str], placing: bool) -> bool:

@@ -75,6 +75,14 @@ class NotRegular(OSError):
     """A path that must be a regular file (or a real folder) is a symlink, a FIFO, a device or a folder."""
 
 
+def size_or_zero(path: os.PathLike[str] | str) -> int:
+    """A file's size in bytes; 0 where it cannot be read (whoever reads it says what is wrong)."""
+    try:
+        return os.stat(path).st_size
+    except (OSError, ValueError):
+        return 0
+
+
 def real_dir(path: Path) -> bool:
     """True if `path` itself (not what a symlink points to) is a folder."""
     try:
