@@ -210,11 +210,10 @@ def test_what_a_killed_server_left_in_its_folder_goes_with_the_folders_next_use(
     import subprocess
     import sys
 
-    from trtflow.executors.forking import PLAIN_SLOTS
-    from trtflow.executors.hermetic import free_slot
+    from trtflow.util.slots import PLAIN_SLOTS, free_slot
 
     killed = (
-        "import os, sys\nfrom trtflow.executors.hermetic import free_slot\n"
+        "import os, sys\nfrom trtflow.util.slots import free_slot\n"
         f"with free_slot({PLAIN_SLOTS!r}) as slot:\n"
         "    (slot / 'left-behind.pickle').write_bytes(b'task')\n    print(slot, flush=True)\n    os._exit(9)\n"
     )
@@ -342,7 +341,7 @@ def test_the_model_tools_servers_of_a_run_share_one_private_folder_that_goes_wit
     import stat
 
     from trtflow.executors.forking import TOOLS_SERVED, USER_CODE_SERVED, ForkServers
-    from trtflow.stages.base import SHARED_OUTPUTS_ENV
+    from trtflow.util.servers import SHARED_OUTPUTS_ENV
     from trtflow.util.settings import Settings
 
     def named(pid: int) -> str | None:

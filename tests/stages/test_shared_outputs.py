@@ -16,7 +16,8 @@ from trtflow.recipe import load_project
 from trtflow.run.dag import dag_from_project
 from trtflow.stages import compare, shared_outputs
 from trtflow.stages import precision as precision_stage
-from trtflow.stages.base import SHARED_OUTPUTS_ENV, Upstream
+from trtflow.stages.base import Upstream
+from trtflow.util.servers import SHARED_OUTPUTS_ENV
 
 RECIPE = (
     "source: {onnx: models/tiny.onnx}\nprecisions: [fp32, fp16, int8]\ntargets: [rtx-ada]\n"

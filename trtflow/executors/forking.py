@@ -35,16 +35,16 @@ from typing import NamedTuple
 
 from trtflow.errors import EnvironmentProblem, TrtflowError
 from trtflow.executors import StageResult, StageTask
-from trtflow.executors.hermetic import HERMETIC_SLOTS, free_slot, hermetic_preexec, worker_result, write_task
+from trtflow.executors.hermetic import hermetic_preexec, worker_result, write_task
 from trtflow.executors.worker import GO, OUTPUT_FILE, TASK_FILE
-from trtflow.stages import kinds_running_in
-from trtflow.stages.base import BUILD_SERVER, SHARED_OUTPUTS_ENV, TOOLS_SERVER, USER_CODE_SERVER
+from trtflow.stages import kinds_running_in, stage
+from trtflow.util import early_server, servers
 from trtflow.util.proc import die_with_parent
+from trtflow.util.servers import BUILD_SERVER, SHARED_OUTPUTS_ENV, TOOLS_SERVER, USER_CODE_SERVER
 from trtflow.util.settings import Settings
+from trtflow.util.slots import HERMETIC_SLOTS, PLAIN_SLOTS, SHARED_SLOTS, free_slot
 
 FORKS = sys.platform.startswith("linux")  # where servers fork workers (fork without exec is safe there)
-PLAIN_SLOTS = "servers"  # the slot pool of plain servers' folders (`/tmp/trtflow-servers-<uid>/<n>`)
-SHARED_SLOTS = "shared"  # the pool of the folders a run's model tools' servers share
 # The stage kinds one server imports for: hermetic build servers; plain servers for the model tools, and for user code.
 BUILD_SERVED, TOOLS_SERVED = kinds_running_in(BUILD_SERVER), kinds_running_in(TOOLS_SERVER)
 USER_CODE_SERVED = kinds_running_in(USER_CODE_SERVER)
@@ -115,20 +115,32 @@ class ForkServers:
                 self._idle.append(self._start())
 
     def _start(self) -> ForkServer:
+        early = self._early()
+        if early is not None:
+            return early
         stack = contextlib.ExitStack()
         slot = stack.enter_context(free_slot(HERMETIC_SLOTS if self.hermetic else PLAIN_SLOTS))
-        process = subprocess.Popen(
-            [sys.executable, "-m", "trtflow.executors.worker", "--serve" if self.hermetic else "--serve-plain"]
-            + [",".join(self.kinds)],
-            env=self.settings.hermetic_env() if self.hermetic else {**Settings.pinned_env(), **self._shares()},
-            cwd=slot,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=hermetic_preexec() if self.hermetic else die_with_parent,
+        process = servers.spawn(
+            stage(self.kinds[0]).runs_in,
+            self.hermetic,
+            slot,
+            self.settings.hermetic_env() if self.hermetic else {**Settings.pinned_env(), **self._shares()},
+            hermetic_preexec() if self.hermetic else die_with_parent,
         )
-        stack.callback(_end, process)
+        stack.callback(servers.end, process)
         return ForkServer(stack, slot, process)
+
+    def _early(self) -> ForkServer | None:
+        """The model tools' server the command started as it began (util.early_server), taken over as this run's
+        first, with the folder it shares; None for other servers, or if there is none; called with the lock held."""
+        if self.kinds != TOOLS_SERVED or self._shared_folder is not None:
+            return None
+        started = early_server.take()
+        if started is None:
+            return None
+        self._shared.enter_context(started.shared_stack)
+        self._shared_folder = started.shared
+        return ForkServer(started.stack, started.slot, started.process)
 
     def _shares(self) -> dict[str, str]:
         """The model tools' servers' environment entry naming the folder they share (stages.shared_outputs): a slot of
@@ -202,10 +214,3 @@ def _tail(path: Path) -> str:
             return source.read().decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-def _end(process: subprocess.Popen) -> None:
-    """End a server that holds no task (idle, or its task has ended): killed, not left to unload its libraries (0.6 s
-    with torch, at the end of every run); its pipes closed, reaped."""
-    process.kill()
-    process.communicate()

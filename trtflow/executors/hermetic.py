@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import itertools
 import json
 import os
 import pickle
@@ -29,18 +28,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from trtflow.errors import EnvironmentProblem, TrtflowError
+from trtflow.errors import TrtflowError
 from trtflow.executors import StageResult, StageTask
 from trtflow.executors.worker import RESULT_FILE, TASK_FILE
 from trtflow.stages.modelfile import FILE_NAMES
-from trtflow.util.fs import NotRegular, check_private, private_dir, read_private
+from trtflow.util.fs import check_private, private_dir, read_private
 from trtflow.util.proc import die_with_parent
 from trtflow.util.settings import Settings
+from trtflow.util.slots import free_slot
 from trtflow.util.text import clipped
 
 ADDR_NO_RANDOMIZE = 0x0040000
 RESULT_MAX_BYTES = 64 << 20
-HERMETIC_SLOTS = "hermetic"  # the slot pool of hermetic workers (`/tmp/trtflow-hermetic-<uid>/<n>`)
 
 
 def unavailable_reason() -> str | None:
@@ -119,38 +118,6 @@ def run_hermetic(task: StageTask, settings: Settings, servers: SlotWorkers | Non
     except OSError as exc:  # the slot folder could not be made or filled
         return StageResult.failure(f"hermetic worker could not start: {exc}", errno=exc.errno)
     return result
-
-
-@contextlib.contextmanager
-def free_slot(pool: str = HERMETIC_SLOTS) -> Iterator[Path]:
-    """An empty slot folder of `pool` (`/tmp/trtflow-<pool>-<uid>/<n>`) no other worker (of any run on this machine)
-    uses meanwhile. A slot is locked while used and emptied when taken again: what a killed run left in one goes
-    with its next use, never piling up in /tmp."""
-    from filelock import FileLock, Timeout
-
-    root = Path("/tmp") / f"trtflow-{pool}-{os.getuid()}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    try:
-        check_private(root)
-    except NotRegular:
-        raise EnvironmentProblem(
-            f"{root} is not a private (0700) folder of this user's: remove it (trtflow's workers run there)"
-        ) from None
-    for number in itertools.count():
-        lock = FileLock(str(root / f"{number}.lock"))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            continue
-        slot = root / str(number)
-        try:
-            shutil.rmtree(slot, ignore_errors=True)
-            slot.mkdir(mode=0o700)
-            yield slot
-        finally:
-            shutil.rmtree(slot, ignore_errors=True)
-            lock.release()
-        return
 
 
 def task_in_slot(task: StageTask, slot: Path) -> StageTask:

@@ -1,8 +1,8 @@
 """`python -m trtflow.executors.worker TASK RESULT`: what a worker process runs (executors.hermetic);
-`python -m trtflow.executors.worker --serve KINDS` (hermetic) or `--serve-plain KINDS`: a server that forks one such
-worker per task (executors.forking).
+`python -m trtflow.executors.worker --serve WHERE` (hermetic) or `--serve-plain WHERE`: a server that forks one such
+worker per task (executors.forking) of the stage kinds that run in WHERE (util.servers: `build-server`, ...).
 
-A server imports what stages of KINDS (comma-separated) need once, then reads requests on stdin: for each it forks a
+A server imports what those stages need once, then reads requests on stdin: for each it forks a
 child that runs the task file waiting in its folder, waits for it and answers the child's exit status as one line. A
 hermetic server reads the fixed request `go` and does nothing else between forks, so every child starts from the same
 memory: with address-space randomization off (the server was started that way) the builder sees the same addresses in
@@ -26,11 +26,11 @@ import traceback
 from pathlib import Path
 
 from trtflow.executors import StageTask, import_quietly, run_task, warm_up
-from trtflow.stages import stage
-from trtflow.stages.base import USER_CODE_SERVER
+from trtflow.stages import kinds_running_in, stage
 from trtflow.util.fs import read_private, size_or_zero
 from trtflow.util.memory import keep_freed_memory, without_huge_pages
 from trtflow.util.proc import die_with_parent
+from trtflow.util.servers import USER_CODE_SERVER
 
 # The task travels to the child pickled (the parent wrote it, in a 0700 folder of its own: the slot, or a private
 # folder for isolated workers); the result comes back as JSON, never unpickled, through the same private folder.
@@ -43,9 +43,9 @@ def main(argv: list[str]) -> int:
     """Load the pickled StageTask (written by the parent in a private 0700 folder of its own, read no-follow), run it,
     write the StageResult as JSON beside it; exit 0 unless the result could not be written."""
     if argv[:1] == ["--serve"]:
-        return serve(argv[1].split(","))
+        return serve(list(kinds_running_in(argv[1])))
     if argv[:1] == ["--serve-plain"]:
-        return serve_plain(argv[1].split(","))
+        return serve_plain(list(kinds_running_in(argv[1])))
     task_file, result_file = Path(argv[0]), Path(argv[1]).absolute()
     task = pickle.loads(read_private(task_file.absolute(), 1 << 30))
     settle_huge_pages(task)

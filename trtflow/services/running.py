@@ -19,13 +19,13 @@ from trtflow.run import runmemo
 from trtflow.run.options import RunOptions
 from trtflow.run.result import RunResult, frozen_mapping
 from trtflow.states import CACHED, FAILED, SKIPPED, NodeState
+from trtflow.util.early_server import DEFAULT_STORE
 from trtflow.util.reads import recording as reads_recording
 
 if TYPE_CHECKING:
     from trtflow.run.runner import Listener
     from trtflow.run.session import Session
 
-DEFAULT_STORE = "artifacts/store"  # pipeline.yaml's default `store:` (the early guess need not load the project)
 __all__ = ["RunOptions", "RunResult", "plan_project", "render_report", "run_project", "validate_project"]
 
 

@@ -26,6 +26,6 @@ def stage(kind: str) -> Stage:
 
 
 def kinds_running_in(where: str) -> tuple[str, ...]:
-    """The stage kinds whose nodes run in `where` (stages.base: BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER, POOL),
+    """The stage kinds whose nodes run in `where` (util.servers: BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER, POOL),
     in DAG order."""
     return tuple(kind for kind in STAGE_KINDS if stage(kind).runs_in == where)

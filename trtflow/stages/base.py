@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from trtflow.errors import InternalError
+from trtflow.util.servers import POOL
 
 if TYPE_CHECKING:
     from trtflow.calibration import Split
@@ -269,15 +270,6 @@ class Placement:
 
 
 MIB = 1 << 20
-# Where a stage kind's nodes run (executors.local): forked by a hermetic build server (its own environment, pinned
-# threads), forked by the model tools' server (they are imported once; the leftovers leave with each child), forked by
-# a server of their own that runs user code (a child per node, so a crash names itself; the server imports only the
-# fixed modules a node names, so every child of a source kind starts alike; a fresh process each where processes
-# cannot fork), or a pool of spawned workers.
-BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER, POOL = "build-server", "tools-server", "user-code-server", "pool"
-# A folder the model tools' servers of one run share (its path in this variable): what one stage computed that the
-# run's other stages would compute again (stages.shared_outputs: the fp32 outputs over the check feeds).
-SHARED_OUTPUTS_ENV = "TRTFLOW_SHARED_OUTPUTS"
 
 
 def declared_memory(base: int, per_model_byte: float) -> Callable[[Node], tuple[int, float]]:

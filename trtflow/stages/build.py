@@ -19,7 +19,6 @@ from trtflow.errors import StageError
 from trtflow.recipe.build import BuildOptions
 from trtflow.recipe.schema import TargetSpec
 from trtflow.stages.base import (
-    BUILD_SERVER,
     MIB,
     Dep,
     Node,
@@ -34,6 +33,7 @@ from trtflow.stages.base import (
     plugin_files,
 )
 from trtflow.util.cc import ComputeCapability
+from trtflow.util.servers import BUILD_SERVER
 
 # versions: 2: the record holds the engine's canonical digest; 3: canonical form v2 (bump with CANONICAL_FORM); 4: the
 # record holds the network's layers (BuildResult.network)

@@ -36,7 +36,6 @@ from trtflow.stages import folding
 from trtflow.stages.base import (
     CACHED_UNDER_WARN,
     MIB,
-    TOOLS_SERVER,
     Dep,
     Node,
     NodeId,
@@ -57,6 +56,7 @@ from trtflow.stages.weightless import infer_shapes
 from trtflow.store.records import StageRecord
 from trtflow.util.memory import released_after
 from trtflow.util.onnxio import tensor_bytes, tensor_info
+from trtflow.util.servers import TOOLS_SERVER
 from trtflow.util.versions import ort_version, tool_version
 
 PROOF_FAILED = "the cleaned model differs from the source: onnx_compare"

@@ -24,7 +24,6 @@ from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS
 from trtflow.stages import convert, precision_samples
 from trtflow.stages.base import (
     MIB,
-    TOOLS_SERVER,
     Dep,
     Node,
     NodeId,
@@ -41,6 +40,7 @@ from trtflow.stages.precision_params import Accuracy, Params, Quantize, TaskChec
 from trtflow.util.inputvalues import mask_carrying_nodes
 from trtflow.util.memory import released_after
 from trtflow.util.onnxio import load_graph_only
+from trtflow.util.servers import TOOLS_SERVER
 from trtflow.util.stage_progress import notes_in
 from trtflow.util.versions import ort_version, tool_version
 

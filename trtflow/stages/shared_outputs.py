@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from trtflow.errors import required
-from trtflow.stages.base import SHARED_OUTPUTS_ENV
+from trtflow.util.servers import SHARED_OUTPUTS_ENV
 from trtflow.util.versions import ort_version
 
 FORMAT = 2

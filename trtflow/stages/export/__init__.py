@@ -10,7 +10,6 @@ from pathlib import Path
 
 from trtflow.stages.base import (
     MIB,
-    USER_CODE_SERVER,
     Node,
     Placement,
     RecipeContext,
@@ -23,6 +22,7 @@ from trtflow.stages.base import (
 from trtflow.stages.export import from_huggingface, from_tensorflow, from_torch, torch_module
 from trtflow.stages.export.common import KIND, VERSION
 from trtflow.store.records import StageRecord
+from trtflow.util.servers import USER_CODE_SERVER
 
 
 def node(ctx: RecipeContext) -> Node | None:
