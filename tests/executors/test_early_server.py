@@ -34,9 +34,23 @@ def test_the_guess_reads_a_cold_local_run_off_the_command_line(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     words = [word.replace("{p}", str(tmp_path)) for word in argv]
+    assert early_server.cold_run_project(words) is None  # no pipeline.yaml: the command fails at once
+    (tmp_path / "pipeline.yaml").write_text("targets: {}\n")
     assert (early_server.cold_run_project(words) is not None) is starts
     (tmp_path / early_server.DEFAULT_STORE).mkdir(parents=True)  # built before: not cold, the build server comes first
     assert early_server.cold_run_project(words) is None
+
+
+def test_a_project_the_no_op_memo_may_answer_starts_no_server_early(tmp_path: Path) -> None:
+    """A project whose store is elsewhere has no store at the default place: its no-op memo says it has run."""
+    from trtflow.run.runmemo import memo_path
+
+    (tmp_path / "pipeline.yaml").write_text("targets: {}\n")
+    assert early_server.cold_run_project(["-C", str(tmp_path), "run"]) == tmp_path
+    assert memo_path(tmp_path) == tmp_path / early_server.RUN_MEMO
+    memo_path(tmp_path).parent.mkdir()
+    memo_path(tmp_path).write_text("{}")
+    assert early_server.cold_run_project(["-C", str(tmp_path), "run"]) is None
 
 
 def test_a_cold_run_takes_over_the_model_tools_server_its_command_started(
@@ -61,3 +75,14 @@ def test_an_early_server_the_run_never_takes_ends_with_the_command(project: Path
     early_server._end_untaken()  # what the command's exit runs
     assert started.process.poll() is not None
     assert not started.slot.exists() and not started.shared.exists() and early_server.take() is None
+
+
+def test_the_early_start_imports_nothing_heavy() -> None:
+    """What the command runs before the CLI is imported: the server's start must not wait for the run's imports."""
+    import subprocess
+    import sys
+
+    heavy = ("pydantic", "numpy", "onnx", "click", "trtflow.stages", "trtflow.executors", "trtflow.cli")
+    probe = f"import sys, trtflow.util.early_server\nprint([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.strip() == "[]"

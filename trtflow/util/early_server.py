@@ -4,9 +4,9 @@ from the first instant, and the first cleanup finds the server ready sooner.
 
 The run takes it over as its first model tools' server (executors.forking), with the slot and the shared folder it
 holds: the same command, environment and folders a server started later would have. The decision reads the command
-line without the CLI's parser, so it is a guess (`run`, not dry, not on Ray, no store at the project's default
-place yet); a wrong guess costs a process that the run never takes, ended when the command exits. Import-light: the
-standard library and trtflow.util only.
+line without the CLI's parser, so it is a guess (`run`, not dry, not on Ray, a pipeline.yaml but no store at its
+default place and no no-op memo yet); a wrong guess costs a process that the run never takes, ended when the command
+exits. Import-light: the standard library and trtflow.util only.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from trtflow.util.settings import Settings
 from trtflow.util.slots import PLAIN_SLOTS, SHARED_SLOTS, free_slot
 
 DEFAULT_STORE = "artifacts/store"  # pipeline.yaml's default `store:` (the guess need not load the project)
+RUN_MEMO = ".trtflow/last-run.json"  # run.runmemo's no-op memo: a run it may answer starts no server
 PROJECT_OPTIONS = ("-C", "--project")
 NOT_LOCAL = ("--dry-run", "--ray-address", "--help", "-h")  # options of a run that starts no local server at once
 
@@ -72,8 +73,8 @@ def take() -> Started | None:
 
 
 def cold_run_project(argv: list[str]) -> Path | None:
-    """The project folder of `argv` when it is a local `run` of a project with no store at the default place yet;
-    else None. Options before the command: -C/--project DIR (also -CDIR, --project=DIR) and -v/--verbose."""
+    """The project folder of `argv` when it is a local `run` of a project that has not run yet (_cold); else None.
+    Options before the command: -C/--project DIR (also -CDIR, --project=DIR) and -v/--verbose."""
     project = Path(".")
     words = iter(argv)
     for word in words:
@@ -86,8 +87,7 @@ def cold_run_project(argv: list[str]) -> Path | None:
         elif word in ("-v", "--verbose"):
             continue
         elif word == "run":
-            cold = _starts_local(list(words)) and not (project / DEFAULT_STORE).is_dir()
-            return project if cold else None
+            return project if _starts_local(list(words)) and _cold(project) else None
         else:
             return None
     return None
@@ -102,6 +102,15 @@ def _starts_local(options: list[str]) -> bool:
         if name in NOT_LOCAL:
             return False
     return True
+
+
+def _cold(project: Path) -> bool:
+    """Whether `project` is a project that has not run yet: its pipeline.yaml, no store at the default place, no
+    no-op memo (a memo's answer starts no server; a project with a store elsewhere has no memo until its first
+    no-op)."""
+    return (project / "pipeline.yaml").is_file() and not any(
+        (project / path).exists() for path in (DEFAULT_STORE, RUN_MEMO)
+    )
 
 
 def _end_untaken() -> None:
