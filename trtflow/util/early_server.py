@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -46,7 +47,7 @@ def start_for(argv: list[str]) -> None:
     """Start the model tools' server now if `argv` (the command's arguments) is a cold local `run`. Best effort: a
     server that cannot start here is left to the run, which reports its problem when a stage needs it."""
     project = cold_run_project(argv)
-    if project is None or _started:
+    if project is None or _started or not sys.platform.startswith("linux"):  # elsewhere a run forks no server
         return
     with contextlib.ExitStack() as shared_stack, contextlib.ExitStack() as stack:
         try:
