@@ -46,8 +46,10 @@ _started: list[Started] = []  # at most one, until the run takes it
 def start_for(argv: list[str]) -> None:
     """Start the model tools' server now if `argv` (the command's arguments) is a cold local `run`. Best effort: a
     server that cannot start here is left to the run, which reports its problem when a stage needs it."""
+    if _started or not sys.platform.startswith("linux"):  # elsewhere a run forks no server to take it over
+        return
     project = cold_run_project(argv)
-    if project is None or _started or not sys.platform.startswith("linux"):  # elsewhere a run forks no server
+    if project is None:
         return
     with contextlib.ExitStack() as shared_stack, contextlib.ExitStack() as stack:
         try:
@@ -115,6 +117,7 @@ def _cold(project: Path) -> bool:
 
 
 def _end_untaken() -> None:
+    """At the command's exit: end the server the run did not take (a wrong guess), and free its folders."""
     while _started:
         _close(_started.pop())
 
