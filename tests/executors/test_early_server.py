@@ -41,6 +41,12 @@ def test_the_guess_reads_a_cold_local_run_off_the_command_line(
     assert early_server.cold_run_project(words) is None
 
 
+def test_the_guess_looks_for_the_store_where_pipeline_yaml_puts_it_by_default() -> None:
+    from trtflow.recipe.schema import Pipeline
+
+    assert Pipeline.model_fields["store"].default == early_server.DEFAULT_STORE
+
+
 def test_a_project_the_no_op_memo_may_answer_starts_no_server_early(tmp_path: Path) -> None:
     """A project whose store is elsewhere has no store at the default place: its no-op memo says it has run."""
     from trtflow.run.runmemo import memo_path

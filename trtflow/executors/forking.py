@@ -39,8 +39,7 @@ from trtflow.executors.hermetic import hermetic_preexec, worker_result, write_ta
 from trtflow.executors.worker import GO, OUTPUT_FILE, TASK_FILE
 from trtflow.stages import kinds_running_in, stage
 from trtflow.util import early_server, servers
-from trtflow.util.proc import die_with_parent
-from trtflow.util.servers import BUILD_SERVER, SHARED_OUTPUTS_ENV, TOOLS_SERVER, USER_CODE_SERVER
+from trtflow.util.servers import BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER
 from trtflow.util.settings import Settings
 from trtflow.util.slots import HERMETIC_SLOTS, PLAIN_SLOTS, SHARED_SLOTS, free_slot
 
@@ -120,12 +119,11 @@ class ForkServers:
             return early
         stack = contextlib.ExitStack()
         slot = stack.enter_context(free_slot(HERMETIC_SLOTS if self.hermetic else PLAIN_SLOTS))
-        process = servers.spawn(
-            stage(self.kinds[0]).runs_in,
-            self.hermetic,
-            slot,
-            self.settings.hermetic_env() if self.hermetic else {**Settings.pinned_env(), **self._shares()},
-            hermetic_preexec() if self.hermetic else die_with_parent,
+        where = stage(self.kinds[0]).runs_in
+        process = (
+            servers.spawn(where, True, slot, self.settings.hermetic_env(), hermetic_preexec())
+            if self.hermetic
+            else servers.spawn_plain(where, slot, self._shared_for_tools())
         )
         stack.callback(servers.end, process)
         return ForkServer(stack, slot, process)
@@ -142,14 +140,15 @@ class ForkServers:
         self._shared_folder = started.shared
         return ForkServer(started.stack, started.slot, started.process)
 
-    def _shares(self) -> dict[str, str]:
-        """The model tools' servers' environment entry naming the folder they share (stages.shared_outputs): a slot of
-        its own (`/tmp/trtflow-shared-<uid>/<n>`), taken at the first server's start; called with the lock held."""
+    def _shared_for_tools(self) -> Path | None:
+        """The folder the model tools' servers share (stages.shared_outputs): a slot of its own
+        (`/tmp/trtflow-shared-<uid>/<n>`), taken at the first server's start; None for other servers; called with the
+        lock held."""
         if self.kinds != TOOLS_SERVED:
-            return {}
+            return None
         if self._shared_folder is None:
             self._shared_folder = self._shared.enter_context(free_slot(SHARED_SLOTS))
-        return {SHARED_OUTPUTS_ENV: str(self._shared_folder)}
+        return self._shared_folder
 
     def close(self) -> None:
         """End the idle servers (killed: they hold no task) and free their folders; busy ones end when given back."""

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from trtflow.util import servers
-from trtflow.util.proc import die_with_parent
-from trtflow.util.settings import Settings
 from trtflow.util.slots import PLAIN_SLOTS, SHARED_SLOTS, free_slot
 
 DEFAULT_STORE = "artifacts/store"  # pipeline.yaml's default `store:` (the guess need not load the project)
@@ -55,8 +53,7 @@ def start_for(argv: list[str]) -> None:
         try:
             shared = shared_stack.enter_context(free_slot(SHARED_SLOTS))
             slot = stack.enter_context(free_slot(PLAIN_SLOTS))
-            env = {**Settings.pinned_env(), servers.SHARED_OUTPUTS_ENV: str(shared)}
-            process = servers.spawn(servers.TOOLS_SERVER, False, slot, env, die_with_parent)
+            process = servers.spawn_plain(servers.TOOLS_SERVER, slot, shared)
         except Exception:  # noqa: BLE001 - any problem here is met again, and reported, where the run starts it
             return
         stack.callback(servers.end, process)

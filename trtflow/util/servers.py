@@ -14,6 +14,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from trtflow.util.proc import die_with_parent
+from trtflow.util.settings import Settings
+
 BUILD_SERVER, TOOLS_SERVER, USER_CODE_SERVER, POOL = "build-server", "tools-server", "user-code-server", "pool"
 # A folder the model tools' servers of one run share (its path in this variable): what one stage computed that the
 # run's other stages would compute again (stages.shared_outputs: the fp32 outputs over the check feeds).
@@ -32,6 +35,15 @@ def spawn(where: str, hermetic: bool, slot: Path, env: dict[str, str], preexec: 
         stderr=subprocess.DEVNULL,
         preexec_fn=preexec,
     )
+
+
+def spawn_plain(where: str, slot: Path, shared: Path | None) -> subprocess.Popen:
+    """A plain (non-hermetic) worker server: this process's environment with the tools' overlay
+    (util.settings.Settings.pinned_env), naming the folder the run's model tools' servers share where given, and
+    dying with this process. The one way both a run and the command's early start (util.early_server) start one, so
+    the server a run takes over is the one it would have started."""
+    env = {**Settings.pinned_env(), **({SHARED_OUTPUTS_ENV: str(shared)} if shared is not None else {})}
+    return spawn(where, False, slot, env, die_with_parent)
 
 
 def end(process: subprocess.Popen) -> None:
