@@ -7,6 +7,7 @@ with most MACs still in int8, reproducibly."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -141,6 +142,73 @@ def test_a_confirmations_step_is_cut_short_where_it_would_go_past_min_share() ->
     assert fallback._next_count(11, 4, within) == 13  # 15 would go past: the most within
     # nothing more fits: one more, which the search judges without a ModelOpt run and reports as below min_share
     assert fallback._next_count(13, 2, within) == 14
+
+
+def test_modelopts_first_run_keeps_the_first_count_foreseen_to_meet_the_limits() -> None:
+    """Before its first ModelOpt run, the search judges the keep as ModelOpt will make it, stepping as confirmations
+    do (1, 2, 4 more): a trial costs a fraction of a ModelOpt run. None foreseen: ModelOpt's own model judges."""
+    within = lambda count: count <= 20  # noqa: E731
+    tried: list[int] = []
+
+    def meets_from(first: int):  # noqa: ANN202
+        return lambda count: tried.append(count) or count >= first
+
+    assert fallback._foreseen(10, meets_from(10), within, 30) == (10, 1) and tried == [10]
+    tried.clear()
+    assert fallback._foreseen(10, meets_from(11), within, 30) == (11, 2) and tried == [10, 11]
+    tried.clear()
+    assert fallback._foreseen(10, meets_from(12), within, 30) == (13, 4) and tried == [10, 11, 13]
+    tried.clear()  # none within the trials allowed (FORESEEN), or past what min_share allows: the search's count
+    assert fallback._foreseen(10, meets_from(99), within, 30) == (10, 1) and tried == [10, 11, 13, 17]
+    tried.clear()
+    assert fallback._foreseen(18, meets_from(99), within, 30) == (18, 1) and tried == [18, 19, 20]
+
+
+def test_a_keep_is_foreseen_as_modelopt_makes_it_bit_for_bit(tmp_path: Path, zoo_dir: Path) -> None:
+    """ModelOpt's model keeping nodes out of int8 (`nodes_to_exclude`) reads more than them off its Q/DQ: the
+    ReduceMean beside a kept squeeze-excitation Mul and the residual Add beside a kept Conv, where nothing else
+    quantizes what they read; and a kept ReduceMean changes nothing while the Mul beside it stays quantized.
+    fallback_switch.as_modelopt_keeps names what ModelOpt's model reads off its Q/DQ, and the trial wired for it
+    computes ModelOpt's model bit for bit, where a trial keeping only the kept nodes does not. A transformer's
+    attention partitions are not foreseen."""
+    source = zoo_model("mobilenet", zoo_dir).path
+    rng = np.random.default_rng(5)
+    feeds = [{"input": rng.standard_normal((4, 3, 64, 64)).astype(np.float32)} for _ in range(2)]
+    options = {"method": "entropy", "exclude_op_types": [], "exclude_nodes": [], "high_precision": "fp16"}
+    options["external_data"] = False
+    quantized = convert.quantize(source, tmp_path / "q.onnx", "int8", feeds, options)
+    found = fallback.candidates(quantized)
+    names, of = [name for name, _ in found], [op for _, op in found]
+    keeps = fallback_switch.as_modelopt_keeps(quantized, names)
+    assert keeps is not None
+    model, inputs = fallback_switch.switched(quantized, names)
+    board = ort_runnable(model)[0]
+
+    def run(graph: onnx.ModelProto) -> list[dict]:
+        return compare.run_all(compare.session(graph.SerializeToString()), feeds)
+
+    def same(got: list[dict], want: list[dict]) -> bool:
+        return all(np.array_equal(g[k], w[k]) for g, w in zip(got, want, strict=True) for k in w)
+
+    mean, mul, conv = (names[of.index(op)] for op in ("ReduceMean", "Mul", "Conv"))
+    beside_add = next(name for name, op in found if op == "Conv" and len(keeps([name])) > 1)  # an Add reads its input
+    for kept, also_off in (([mean], False), ([mul], True), ([conv, beside_add], True)):
+        exclude = [f"^{re.escape(name)}$" for name in kept]
+        made = convert.quantize(source, tmp_path / "e.onnx", "int8", feeds, {**options, "exclude_nodes": exclude})
+        off = sorted(set(names) - {name for name, _ in fallback.candidates(made)})
+        assert keeps(kept) == off, (kept, off)
+        assert (len(off) > len(kept)) if also_off else not off, (kept, off)  # a kept ReduceMean: nothing changes
+        want = run(ort_runnable(made)[0])
+        assert same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, off))), want), kept
+        assert not same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, kept))), want), kept
+    encoder = convert.quantize(
+        zoo_model("encoder", zoo_dir).path,
+        tmp_path / "encoder.onnx",
+        "int8",
+        [{"embeddings": rng.standard_normal((4, 16, 64)).astype(np.float32)}],
+        options,
+    )
+    assert fallback_switch.as_modelopt_keeps(encoder, [name for name, _ in fallback.candidates(encoder)]) is None
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,9 +256,13 @@ class SessionPool:
 
     def run(self, feeds: list[dict]) -> list[dict]:
         """Each feed's outputs, in feed order (ONNX Runtime releases the GIL: the threads run at once)."""
+        return list(self.each(feeds))
+
+    def each(self, feeds: list[dict]) -> Iterator[dict]:
+        """Each feed's outputs, in feed order, as they come: every feed is started at once."""
         if self._pool is None:
-            return [self._one(feed) for feed in feeds]
-        return list(self._pool.map(self._one, feeds))
+            return (self._one(feed) for feed in feeds)
+        return self._pool.map(self._one, feeds)
 
     def submit(self, work: Callable[[], T]) -> Future:
         """Run `work` on one of the threads (a pool of more than one)."""

@@ -45,13 +45,17 @@ from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
 from trtflow.stages.fallback_cuts import Cuts
 from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of, remembered
-from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
+from trtflow.stages.fallback_switch import as_modelopt_keeps, prunable, resolved, switched, wiring
 from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.util.onnxio import load_graph_only
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search: the search's count kept high, then 1 more, then 2 more than that
-# Sensitivities are ranked on the first samples only (each node costs a trial); prefixes are judged on all of them
-RANKING_SAMPLES = 2
+FORESEEN = 4  # trials of ModelOpt's model before its first run, stepping as confirmations do
+# Sensitivities are ranked on the first samples only (each node costs a trial), prefixes judged on all of them:
+# int8/fp8 on one (its trials run several at once, one per core: EfficientNet-B0's int8 ranked on two kept 35 of the
+# same 36 nodes, in twice the time); fp16/bf16 on two (one op's rounding shows in fewer rows: the zoo encoder's fp16
+# ranked on one found no keep)
+RANKING_SAMPLES = {"quantized": 1, "autocast": 2}
 DEFAULT_MIN_SHARE = 0.5
 SUMMARY = ("cosine_similarity", "top1_agreement", "set_agreement")  # per output, before and after
 
@@ -90,28 +94,32 @@ def search(
     if precision in LOW_TYPES:
         keeper = fallback_autocast.Keeper(graph, precision, required(trial.source, "the fp32 model"))
         judge = Judge(trial, lambda high: ort_runnable(keeper(graph, high))[0])
-        rank_by = functools.partial(_sensitivity, judge, every, metrics)
+        foresee: Judge | None = None  # AutoCast keeps what it is told: the search's trials are its models
+        rank_by = functools.partial(_sensitivity, judge, every, metrics, RANKING_SAMPLES["autocast"])
     else:  # one switched model, emulated once, wired for each trial; rankings run from where trials differ
         switched_model, inputs = switched(graph, every)
         board = ort_runnable(switched_model)[0]
         judge = Judge(trial, lambda high: resolved(board, wiring(inputs, high)))
+        modelopt_keeps = as_modelopt_keeps(graph, every)  # a keep as ModelOpt will make it, where that is known
+        foresee = modelopt_keeps and Judge(trial, lambda high: resolved(board, wiring(inputs, modelopt_keeps(high))))
         groups = [names_of([unit]) for unit in units]
+        samples = RANKING_SAMPLES["quantized"]
         rank_by = (
-            functools.partial(_cut_sensitivity, board, inputs, trial, groups, metrics)
+            functools.partial(_cut_sensitivity, board, inputs, trial, groups, metrics, samples)
             if prunable(board)
-            else functools.partial(_sensitivity, judge, every, metrics)
+            else functools.partial(_sensitivity, judge, every, metrics, samples)
         )
     trials = 0
-    known: dict[tuple[str, ...], bool] = {}
+    known: dict[tuple[bool, tuple[str, ...]], bool] = {}
     measures: dict[bool, Measure] = {}
 
-    def passes(names: list[str]) -> bool:
+    def passes(names: list[str], judged_by: Judge = judge) -> bool:
         nonlocal trials
-        key = tuple(sorted(names))
+        key = (judged_by is judge, tuple(sorted(names)))
         if key not in known:
             trials += 1
             trial.say(f"fallback: trial model {trials}, {len(names)} of {len(every)} candidates kept high")
-            known[key] = judge.meets(names)
+            known[key] = judged_by.meets(names)
         return known[key]
 
     def counted(new: int) -> None:
@@ -145,6 +153,8 @@ def search(
     ops = dict(found)
     ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]
     best, confirmed, too_few, step = first, 0, None, 1
+    if foresee is not None and count is not None:  # ModelOpt's first run where its model is foreseen to pass
+        count, step = _foreseen(count, lambda n: passes(names[:n], foresee), lambda n: allowed(names[:n]), len(names))
     while count is not None and count <= len(names) and confirmed < CONFIRMATIONS:
         # what keeping them leaves in the precision, read off the quantized graph: no ModelOpt run to find it out
         left = shares_keeping(graph, precision, set(names[:count]))
@@ -186,6 +196,25 @@ def search(
     }
 
 
+def _foreseen(count: int, meets: Callable[[int], bool], allowed: Callable[[int], bool], most: int) -> tuple[int, int]:
+    """(how many ModelOpt's first run keeps, the step after it): the first of `count` and the counts confirmations
+    would step to after it (FORESEEN of them at most, none past `most` or what `allowed` allows) whose trial as ModelOpt
+    will make it (`meets`: fallback_switch.as_modelopt_keeps) meets
+    the limits; `count` when none does, ModelOpt's own model then the judge. A trial costs a fraction of a ModelOpt
+    run: MobileNetV3-small's int8 search met the limits keeping 4 nodes, and ModelOpt's model keeping 4 missed where
+    its trial as ModelOpt makes it did too (a ReduceMean beside a kept Mul off its Q/DQ); keeping 5 met them in both,
+    bit for bit."""
+    tried, step = count, 1
+    for _ in range(FORESEEN):
+        if meets(tried):
+            return tried, step
+        later = _next_count(tried, step, allowed)
+        if later > most or not allowed(later):
+            break
+        tried, step = later, step * 2
+    return count, 1
+
+
 def _next_count(count: int, step: int, allowed: Callable[[int], bool]) -> int:
     """How many to keep in the next ModelOpt run: `step` more, fewer where that would leave less than `min_share` in
     the precision (the most that `allowed` takes), and one more when even that is too many (the search then judges
@@ -196,10 +225,10 @@ def _next_count(count: int, step: int, allowed: Callable[[int], bool]) -> int:
     return more
 
 
-def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone: bool) -> Measure:
-    """How units (a group of candidates, or one node) are measured over the ranking samples, each trial a model of
-    its own, several at once (ONNX Runtime frees the GIL). The error is accuracy.badness of the agreements whose
-    limits the first try misses (`metrics`, accuracy.missed).
+def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], samples: int, alone: bool) -> Measure:
+    """How units (a group of candidates, or one node) are measured over the first `samples` samples, each trial a
+    model of its own, several at once (ONNX Runtime frees the GIL). The error is accuracy.badness of the agreements
+    whose limits the first try misses (`metrics`, accuracy.missed).
     - `alone` (int8, fp8, after the error removed kept too much): the error the unit adds alone: the error of the
       model with only its nodes reduced (every other candidate high) less that of the model with none reduced. Each
       unit's own error shows even when the model's error is spread over many small ones, which add up
@@ -210,10 +239,10 @@ def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone
       it finds the node whose own error is tiny. fp16/bf16 rank by it alone: one op's rounding, alone, is below
       what the check resolves (the cosine's 8 significant digits)."""
     baseline = set(every if alone else [])
-    base = _error(judge.outputs(sorted(baseline), RANKING_SAMPLES), metrics)
+    base = _error(judge.outputs(sorted(baseline), samples), metrics)
 
     def error(unit: list[tuple[str, str]]) -> tuple[float, float]:
-        return _error(judge.outputs(sorted(baseline ^ set(names_of([unit]))), RANKING_SAMPLES), metrics)
+        return _error(judge.outputs(sorted(baseline ^ set(names_of([unit]))), samples), metrics)
 
     def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:
         judge.trial.say_measuring(units)
@@ -228,11 +257,17 @@ def _sensitivity(judge: Judge, every: list[str], metrics: tuple[str, ...], alone
 
 
 def _cut_sensitivity(
-    board: Any, inputs: dict[str, str], trial: Trial, groups: list[list[str]], metrics: tuple[str, ...], alone: bool
+    board: Any,
+    inputs: dict[str, str],
+    trial: Trial,
+    groups: list[list[str]],
+    metrics: tuple[str, ...],
+    samples: int,
+    alone: bool,
 ) -> Measure:
     """_sensitivity's measure for an int8/fp8 model, each trial run from where it differs from the ranking's baseline
     (fallback_cuts): the same numbers, for about half the work, and a session per group instead of per trial."""
-    cuts = Cuts(board, inputs, trial, groups, list(inputs) if alone else [], RANKING_SAMPLES)
+    cuts = Cuts(board, inputs, trial, groups, list(inputs) if alone else [], samples)
     base = _error(trial.numbers(cuts.baseline_outputs()), metrics)
 
     def measure(units: list[list[tuple[str, str]]]) -> list[tuple[float, float]]:

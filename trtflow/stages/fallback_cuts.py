@@ -72,10 +72,15 @@ class Cuts:
             made = declare(self._part(free)[0], [self.given[n] if n in self.given else feeds[0][n] for n in cut], cut)
             mine = {name: switch for name, switch in self.inputs.items() if switch in free}
             with compare.SessionPool(self.trial.sessions(made), self.trial.threads) as sessions:
+                # every (unit, feed) of the group at once, over the pool's sessions: one feed still fills the cores
+                jobs = [
+                    [{**feed, **switches(mine, self.baseline ^ set(units[index]))} for feed in feeds]
+                    for index in indices
+                ]
+                got = sessions.each([fed for job in jobs for fed in job])
                 for index in indices:
-                    fed = switches(mine, self.baseline ^ set(units[index]))
-                    got = sessions.run([{**feed, **fed} for feed in feeds])
-                    results[index] = [{**base, **new} for base, new in zip(self.baseline_outputs(), got, strict=True)]
+                    own = [next(got) for _ in feeds]
+                    results[index] = [{**base, **new} for base, new in zip(self.baseline_outputs(), own, strict=True)]
                     measured += 1
                     self.trial.say_measured(measured, len(units))
         return results
