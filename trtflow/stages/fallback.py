@@ -94,14 +94,13 @@ def search(
     if precision in LOW_TYPES:
         keeper = fallback_autocast.Keeper(graph, precision, required(trial.source, "the fp32 model"))
         judge = Judge(trial, lambda high: ort_runnable(keeper(graph, high))[0])
-        foresee: Judge | None = None  # AutoCast keeps what it is told: the search's trials are its models
+        as_modelopt: Callable[[list[str]], list[str]] | None = None  # AutoCast keeps what it is told
         rank_by = functools.partial(_sensitivity, judge, every, metrics, RANKING_SAMPLES["autocast"])
     else:  # one switched model, emulated once, wired for each trial; rankings run from where trials differ
         switched_model, inputs = switched(graph, every)
         board = ort_runnable(switched_model)[0]
         judge = Judge(trial, lambda high: resolved(board, wiring(inputs, high)))
-        modelopt_keeps = as_modelopt_keeps(graph, every)  # a keep as ModelOpt will make it, where that is known
-        foresee = modelopt_keeps and Judge(trial, lambda high: resolved(board, wiring(inputs, modelopt_keeps(high))))
+        as_modelopt = as_modelopt_keeps(graph, every)  # what ModelOpt's model keeping some has high, where known
         groups = [names_of([unit]) for unit in units]
         samples = RANKING_SAMPLES["quantized"]
         rank_by = (
@@ -110,16 +109,16 @@ def search(
             else functools.partial(_sensitivity, judge, every, metrics, samples)
         )
     trials = 0
-    known: dict[tuple[bool, tuple[str, ...]], bool] = {}
+    known: dict[tuple[str, ...], bool] = {}
     measures: dict[bool, Measure] = {}
 
-    def passes(names: list[str], judged_by: Judge = judge) -> bool:
+    def passes(names: list[str]) -> bool:
         nonlocal trials
-        key = (judged_by is judge, tuple(sorted(names)))
+        key = tuple(sorted(names))
         if key not in known:
             trials += 1
             trial.say(f"fallback: trial model {trials}, {len(names)} of {len(every)} candidates kept high")
-            known[key] = judged_by.meets(names)
+            known[key] = judge.meets(names)
         return known[key]
 
     def counted(new: int) -> None:
@@ -153,8 +152,9 @@ def search(
     ops = dict(found)
     ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]
     best, confirmed, too_few, step = first, 0, None, 1
-    if foresee is not None and count is not None:  # ModelOpt's first run where its model is foreseen to pass
-        count, step = _foreseen(count, lambda n: passes(names[:n], foresee), lambda n: allowed(names[:n]), len(names))
+    if as_modelopt is not None and count is not None:  # ModelOpt's first run where its model is foreseen to pass
+        made_as = as_modelopt
+        count, step = _foreseen(count, lambda n: passes(made_as(names[:n])), lambda n: allowed(names[:n]), len(names))
     while count is not None and count <= len(names) and confirmed < CONFIRMATIONS:
         # what keeping them leaves in the precision, read off the quantized graph: no ModelOpt run to find it out
         left = shares_keeping(graph, precision, set(names[:count]))
@@ -199,7 +199,7 @@ def search(
 def _foreseen(count: int, meets: Callable[[int], bool], allowed: Callable[[int], bool], most: int) -> tuple[int, int]:
     """(how many ModelOpt's first run keeps, the step after it): the first of `count` and the counts confirmations
     would step to after it (FORESEEN of them at most, none past `most` or what `allowed` allows) whose trial as ModelOpt
-    will make it (`meets`: fallback_switch.as_modelopt_keeps) meets
+    will make it (`meets`: the trial of what fallback_switch.as_modelopt_keeps keeps high) meets
     the limits; `count` when none does, ModelOpt's own model then the judge. A trial costs a fraction of a ModelOpt
     run: MobileNetV3-small's int8 search met the limits keeping 4 nodes, and ModelOpt's model keeping 4 missed where
     its trial as ModelOpt makes it did too (a ReduceMean beside a kept Mul off its Q/DQ); keeping 5 met them in both,
