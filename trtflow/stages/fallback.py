@@ -24,7 +24,10 @@ high as fallback_autocast does, and AutoCast confirms.
    like any other; while it misses, the next nodes join, the step doubling each time (ModelOpt's model can be more
    than a node from its trial: docs/precision.md), at most CONFIRMATIONS times, and never past the point where less
    than `min_share` of the weights or MACs stays in the precision (a step that would go past it is cut short to the
-   most that stays within). The best result found is kept either way, and the record says how it was reached.
+   most that stays within). Before the first run, an int8/fp8 convolutional network's counts are tried in that order
+   as ModelOpt will make them (fallback_switch.as_modelopt_keeps: the Adds and ReduceMeans beside kept nodes come off
+   their Q/DQ too), and ModelOpt first runs at the first foreseen to meet the limits (_foreseen). The best result
+   found is kept either way, and the record says how it was reached.
 """
 
 from __future__ import annotations
@@ -198,12 +201,12 @@ def search(
 
 def _foreseen(count: int, meets: Callable[[int], bool], allowed: Callable[[int], bool], most: int) -> tuple[int, int]:
     """(how many ModelOpt's first run keeps, the step after it): the first of `count` and the counts confirmations
-    would step to after it (FORESEEN of them at most, none past `most` or what `allowed` allows) whose trial as ModelOpt
-    will make it (`meets`: the trial of what fallback_switch.as_modelopt_keeps keeps high) meets
-    the limits; `count` when none does, ModelOpt's own model then the judge. A trial costs a fraction of a ModelOpt
-    run: MobileNetV3-small's int8 search met the limits keeping 4 nodes, and ModelOpt's model keeping 4 missed where
-    its trial as ModelOpt makes it did too (a ReduceMean beside a kept Mul off its Q/DQ); keeping 5 met them in both,
-    bit for bit."""
+    would step to after it (FORESEEN of them at most, none past `most` or what `allowed` allows) whose trial as
+    ModelOpt will make it (`meets`: the trial of what fallback_switch.as_modelopt_keeps has high) meets the limits;
+    `count` when none does, ModelOpt's own model then the judge. A trial costs a fraction of a ModelOpt run:
+    MobileNetV3-small's int8 search met the limits keeping 4 nodes, and ModelOpt's model keeping 4 missed them, as
+    its trial as ModelOpt makes it did (a ReduceMean beside a kept Mul off its Q/DQ); keeping 5 met them in both, bit
+    for bit."""
     tried, step = count, 1
     for _ in range(FORESEEN):
         if meets(tried):

@@ -1,13 +1,14 @@
 """The sensitivity trials of an int8/fp8 ranking, each run from where it starts to differ from the ranking's baseline.
 
-A ranking measures units (a group of candidates, or one node of a group) against one baseline: every candidate
-quantized (the error a unit removes) or every candidate high (the error a unit adds alone). A trial differs from
-its baseline only in one group's nodes, so everything before them is the baseline's: the baseline runs once over the
-ranking samples and keeps what each group's part reads at its cut (the reference activations, shared); each group's
-part (fallback_switch.downstream: the nodes its switches reach, its own switches free, every other wired as in the
-baseline) then runs once per unit of that group, over one session per thread that lives while that group is
-measured. On a network whose candidates are spread along it, that is about half the work of whole-model trials, and
-a session per group instead of per trial. The numbers are those of the whole trial model, bit for bit.
+A ranking measures units (a group of candidates, or one node of a group) against one baseline: every candidate quantized
+(the error a unit removes) or every candidate high (the error a unit adds alone). A trial differs from its baseline only
+in one group's nodes, so everything before them is the baseline's: the baseline runs once over the ranking samples and
+keeps what each group's part reads at its cut (the reference activations, shared); each group's part
+(fallback_switch.downstream: the nodes its switches reach, its own switches free, every other wired as in the baseline)
+then runs once per unit of that group, over one session per thread that lives while that group is measured, every unit
+and sample of the group at once (one ranking sample still fills every core). On a network whose candidates are spread
+along it, that is about half the work of whole-model trials, and a session per group instead of per trial. The numbers
+are those of the whole trial model, bit for bit.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ ranking's group keeps its own switches free, in the part of the model they reach
 
 The numbers are those of a copy rewired by hand, bit for bit: a wired switch reads the very tensor, a free one copies
 it unchanged, and the check's sessions run every node as written (no graph optimization, so no fusion sees a Where).
+`as_modelopt_keeps` says which switches a keep sets as ModelOpt's own model keeping those nodes would read.
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ BESIDE = ("Add", "Sum", "ReduceMean")  # ModelOpt quantizes what they read only 
 # Where as_modelopt_keeps was measured to name what ModelOpt's model reads off its Q/DQ, bit for bit: convolutional
 # networks. In a transformer ModelOpt's attention partitions place more than that (the zoo encoder: a kept Add took a
 # Transpose off its Q/DQ too), so there the search judges no keep as ModelOpt will make it.
-FORESEEABLE = frozenset(("Conv", "ConvTranspose", "Gemm", *BESIDE, "Mul", "Relu", "Clip", "HardSwish", "HardSigmoid"))
-FORESEEABLE |= {"Sigmoid", "MaxPool", "AveragePool", "GlobalAveragePool"}
+FORESEEABLE = frozenset(
+    ("Conv", "ConvTranspose", "Gemm", "Mul", "Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "MaxPool")
+    + ("AveragePool", "GlobalAveragePool", *BESIDE)
+)
 
 
 def as_modelopt_keeps(graph: Any, names: list[str]) -> Callable[[Iterable[str]], list[str]] | None:
