@@ -6,6 +6,7 @@ with most MACs still in int8, reproducibly."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -184,11 +185,7 @@ def test_a_keep_is_foreseen_as_modelopt_makes_it_bit_for_bit(tmp_path: Path, zoo
     model, inputs = fallback_switch.switched(quantized, names)
     board = ort_runnable(model)[0]
 
-    def run(graph: onnx.ModelProto) -> list[dict]:
-        return compare.run_all(compare.session(graph.SerializeToString()), feeds)
-
-    def same(got: list[dict], want: list[dict]) -> bool:
-        return all(np.array_equal(g[k], w[k]) for g, w in zip(got, want, strict=True) for k in w)
+    run = functools.partial(_run, feeds=feeds)
 
     mean, mul, conv = (names[of.index(op)] for op in ("ReduceMean", "Mul", "Conv"))
     beside_add = next(name for name, op in found if op == "Conv" and len(keeps([name])) > 1)  # an Add reads its input
@@ -199,8 +196,8 @@ def test_a_keep_is_foreseen_as_modelopt_makes_it_bit_for_bit(tmp_path: Path, zoo
         assert keeps(kept) == off, (kept, off)
         assert (len(off) > len(kept)) if also_off else not off, (kept, off)  # a kept ReduceMean: nothing changes
         want = run(ort_runnable(made)[0])
-        assert same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, off))), want), kept
-        assert not same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, kept))), want), kept
+        assert _same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, off))), want), kept
+        assert not _same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, kept))), want), kept
     encoder = convert.quantize(
         zoo_model("encoder", zoo_dir).path,
         tmp_path / "encoder.onnx",
@@ -387,11 +384,7 @@ def test_every_trial_and_every_cut_ranking_trial_compute_what_a_rewired_copy_doe
     board = ort_runnable(model)[0]
     assert len(inputs) == len(names) > 30 and fallback_switch.prunable(board)
 
-    def run(graph: onnx.ModelProto) -> list[dict]:
-        return compare.run_all(compare.session(graph.SerializeToString()), feeds)
-
-    def same(got: list[dict], want: list[dict]) -> bool:
-        return all(np.array_equal(g[k], w[k]) for g, w in zip(got, want, strict=True) for k in w)
+    run = functools.partial(_run, feeds=feeds)
 
     plain = run(ort_runnable(quantized)[0])
     trial = fallback_trial.Trial(tmp_path / "q.onnx", feeds, plain, {}, {})
@@ -402,9 +395,9 @@ def test_every_trial_and_every_cut_ranking_trial_compute_what_a_rewired_copy_doe
         for unit, got in zip(units, cuts.run(units), strict=True):
             high = sorted(set(baseline) ^ set(unit))
             want = run(ort_runnable(_rewired(quantized, high))[0])
-            assert same(got, want), unit
-            assert same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, high))), want), high
-    assert not same(run(ort_runnable(_rewired(quantized, names))[0]), plain)  # keeping every node high changes it
+            assert _same(got, want), unit
+            assert _same(run(fallback_switch.resolved(board, fallback_switch.wiring(inputs, high))), want), high
+    assert not _same(run(ort_runnable(_rewired(quantized, names))[0]), plain)  # keeping every node high changes it
 
 
 def _rewired(graph: onnx.ModelProto, high: list[str]) -> onnx.ModelProto:
@@ -420,3 +413,13 @@ def _rewired(graph: onnx.ModelProto, high: list[str]) -> onnx.ModelProto:
                 if quantize is not None and quantize.op_type == "QuantizeLinear":
                     node.input[index] = quantize.input[0]
     return copy
+
+
+def _run(graph: onnx.ModelProto, feeds: list[dict]) -> list[dict]:
+    """Each feed's outputs of `graph` on a session of its own."""
+    return compare.run_all(compare.session(graph.SerializeToString()), feeds)
+
+
+def _same(got: list[dict], want: list[dict]) -> bool:
+    """Whether two runs' outputs are equal bit for bit."""
+    return all(np.array_equal(g[k], w[k]) for g, w in zip(got, want, strict=True) for k in w)

@@ -74,11 +74,8 @@ class Cuts:
             mine = {name: switch for name, switch in self.inputs.items() if switch in free}
             with compare.SessionPool(self.trial.sessions(made), self.trial.threads) as sessions:
                 # every (unit, feed) of the group at once, over the pool's sessions: one feed still fills the cores
-                jobs = [
-                    [{**feed, **switches(mine, self.baseline ^ set(units[index]))} for feed in feeds]
-                    for index in indices
-                ]
-                got = sessions.each([fed for job in jobs for fed in job])
+                fed = [switches(mine, self.baseline ^ set(units[index])) for index in indices]
+                got = sessions.each([{**feed, **wired} for wired in fed for feed in feeds])
                 for index in indices:
                     own = [next(got) for _ in feeds]
                     results[index] = [{**base, **new} for base, new in zip(self.baseline_outputs(), own, strict=True)]
