@@ -83,6 +83,25 @@ def test_engine_io_that_does_not_match_the_model_fails(tmp_path: Path) -> None:
         verify.run(_params(), _inputs(tmp_path, wrong), tmp_path)
 
 
+def test_the_engine_is_checked_against_the_cleanups_record_of_the_very_model_it_was_built_from(tmp_path: Path) -> None:
+    """fp32 builds from the cleaned model itself: verify takes its I/O from the cleanup's record of that file (no
+    parse); a model that is another file (a reduced precision's) is read from its graph, whatever the record says."""
+    from trtflow.stages import cleanup
+
+    inputs = _inputs(tmp_path)
+    model = inputs["model"].files["model"]
+    summary = cleanup.model_summary(onnx.load(model))
+    lying = {**summary, "inputs": [{"name": "input", "dtype": "float16", "shape": [-1, 3, 32, 32]}]}
+    inputs["reference"] = Upstream(files={"model": model}, record={"after": lying}, sha256={"model": "a" * 64})
+    inputs["model"] = Upstream(files={"model": model}, sha256={"model": "a" * 64})
+    with pytest.raises(StageError, match="input: engine .*float32.* vs model .*float16"):  # the record was read
+        verify.run(_params(), inputs, tmp_path)
+    inputs["model"] = Upstream(files={"model": model}, sha256={"model": "b" * 64})
+    assert verify.run(_params(), inputs, tmp_path).record["engine_checks"]["problems"] == []  # the graph was read
+    inputs["reference"] = Upstream(files={"model": model}, record={"after": summary}, sha256={"model": "b" * 64})
+    assert verify.run(_params(), inputs, tmp_path).record["engine_checks"]["problems"] == []
+
+
 def test_profile_outside_the_engine_static_dims_is_reported() -> None:
     problems = verify._profile_problems(TENSORS, [{"input": {"min": [1, 4, 32, 32]}}])
     assert problems == ["profile 0 input.min [1, 4, 32, 32] does not fit engine shape [-1, 3, 32, 32]"]

@@ -22,7 +22,7 @@ import numpy as np
 from trtflow.backends.base import import_or_explain
 from trtflow.errors import EnvironmentProblem, StageError, required
 from trtflow.util.inputvalues import UNKNOWN, Values, values_for
-from trtflow.util.onnxio import load_graph_only, model_io_of_file
+from trtflow.util.onnxio import ModelIO, load_graph_only, model_io_of_file
 from trtflow.util.versions import tool_version
 
 ORT_DTYPES = {
@@ -124,7 +124,11 @@ class Signature:
 
 def signature(path: Path) -> Signature:
     """I/O of a model without an ONNX Runtime session: also for what its CPU provider cannot run (bf16 kernels)."""
-    io = model_io_of_file(path)
+    return signature_of(model_io_of_file(path))
+
+
+def signature_of(io: ModelIO) -> Signature:
+    """A Signature (what an InferenceSession answers) of a model's inputs and outputs."""
     return Signature(
         [SimpleNamespace(name=t.name, type=t.ort_type, shape=t.dims or []) for t in io.inputs],
         [SimpleNamespace(name=t.name, type=t.ort_type, shape=t.dims or []) for t in io.outputs],
