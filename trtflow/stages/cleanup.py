@@ -141,9 +141,8 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     # onnxslim's graph (cycles, with copies of the weights) is freed before the model is written and proven
     with captured_output() as log, released_after():
         model, passes = _clean(onnx, model, options)
-    files = save_model(onnx, model, workdir, unloaded=unloaded)
-    external = bool(unloaded) or "model.data" in files
-    _check(onnx, files["model"] if external else model)
+    files, serialized = save_model(onnx, model, workdir, unloaded=unloaded)
+    _check(onnx, files["model"] if serialized is None else serialized)
     equality = compare.prove_equal(files["model"], source.files["model"], params.profiles, params.proof.model_dump())
     enforce_proof(params.on_fail, equality, PROOF_FAILED)
     record = {
@@ -152,7 +151,7 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
         "before": before,
         "after": model_summary(model),
         "passes": passes,
-        "external_data": external,
+        "external_data": serialized is None,
         "equality": equality,
         "log": log,
     }
@@ -291,9 +290,9 @@ def _convert_opset(onnx: Any, model: Any, opset: int) -> Any:
         ) from exc
 
 
-def _check(onnx: Any, model: Any) -> None:
-    """The checker on the model as written: in memory when its weights are inline (what was serialized; 8x faster than
-    reading the file back), by path when they are external (it then reads the graph and finds the weights file)."""
+def _check(onnx: Any, model: Path | bytes) -> None:
+    """The checker on the model as written: the bytes written when its weights are inline (8x faster than reading the
+    file back), by path when they are external (it then reads the graph and finds the weights file)."""
     try:
         onnx.checker.check_model(str(model) if isinstance(model, Path) else model)
     except onnx.checker.ValidationError as exc:

@@ -242,7 +242,7 @@ def _attempt(
         say(f"ModelOpt making the {params.precision} model" + (f" ({len(kept)} node(s) kept high)" if kept else ""))
         model, details, reasons = _convert(params, source, calibrated, out)
     # a model that came with external data keeps it (so one past 2 GB stays loadable), and is checked from its files
-    files = save_model(onnx, canonical_order(model), out, external=MODEL_DATA in inputs["model"].files)
+    files, _ = save_model(onnx, canonical_order(model), out, external=MODEL_DATA in inputs["model"].files)
     excluded = (params.quantize.exclude_op_types, params.quantize.exclude_nodes) if params.quantize else ()
     made_of = composition(model, params.precision, reasons, excluded)
     del model  # its weights: the checks below read the saved files
