@@ -195,7 +195,11 @@ def by_hand_rounds(workdir: Path, rounds: int) -> None:
         f"{work:.2f} s of it past the interpreter and imports (medians of {rounds})"
     )
     print(verdict("4. cold -j 1 / the same work by hand", wall / hand, GOALS["by_hand"], "lower"))
-    print(f"   (against the work alone, imports excluded: {wall / work:.2f}x)")
+    pairs = sorted(w / h for w, h in zip(walls, hands, strict=True))
+    print(
+        f"   (per round, each pair run back to back: median {statistics.median(pairs):.2f}x, "
+        f"from {pairs[0]:.2f}x to {pairs[-1]:.2f}x; against the work alone, imports excluded: {wall / work:.2f}x)"
+    )
 
 
 def _precision(args: argparse.Namespace, workdir: Path) -> None:

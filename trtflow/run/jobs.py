@@ -13,6 +13,7 @@ from trtflow.errors import EnvironmentProblem, required
 from trtflow.executors import StageResult
 from trtflow.run.dag import Node
 from trtflow.run.plan import Resolution
+from trtflow.stages import described
 from trtflow.stages.base import Upstream
 from trtflow.stages.modelfile import companions, place_side_by_side
 from trtflow.store.layout import write_failure
@@ -79,12 +80,15 @@ def store_outputs(store: Store, job: Job, result: StageResult, seconds: float, r
     """Move a successful stage's files into the store, then write its record naming them (objects first: a crash
     leaves orphan objects, never a record naming a missing one); the record as stored."""
     files = required(result.files, f"{job.node.id}: the files of a successful stage")
+    record = described(
+        job.node.kind, files, required(result.record, f"{job.node.id}: the record of a successful stage")
+    )
     outputs = {name: store.objects.add(Path(path)) for name, path in files.items()}
     built: StageRecord = {
         "key": job.key,
         "node": job.node.id,
         "outputs": outputs,
-        "record": required(result.record, f"{job.node.id}: the record of a successful stage"),
+        "record": record,
         "components": job.components,
         "seconds": seconds,
         "peak_rss": result.peak_rss,

@@ -23,6 +23,7 @@ from trtflow.hashing import sha256_file
 from trtflow.run.dag import Dag, Node
 from trtflow.run.jobs import task_inputs
 from trtflow.run.plan import Resolver
+from trtflow.stages import described
 from trtflow.store.records import StageRecord
 from trtflow.store.store import Store
 from trtflow.util.settings import Settings
@@ -114,7 +115,8 @@ def _check(
             if result.error is not None:
                 failures.append(result.error)
                 continue
-            files, made = required(result.files, "a rebuild's files"), required(result.record, "a rebuild's record")
+            files = required(result.files, "a rebuild's files")
+            made = described(node.kind, files, required(result.record, "a rebuild's record"))
             identical += sha256_file(Path(files["engine"])) == digest
             rebuilt = (made.get("canonical_sha256") or {}).get("engine")
             equivalent += canonical is not None and rebuilt == canonical

@@ -9,7 +9,9 @@ global config or the clock.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trtflow.stages.base import Stage
@@ -23,6 +25,12 @@ def stage(kind: str) -> Stage:
         raise KeyError(f"no stage kind {kind!r}")
     found: Stage = importlib.import_module(f"trtflow.stages.{kind}").STAGE
     return found
+
+
+def described(kind: str, files: Mapping[str, str | Path], record: dict[str, Any]) -> dict[str, Any]:
+    """A finished stage's record with what the runner reads from its output files (Stage.described)."""
+    describe = stage(kind).described
+    return {**record, **describe({name: Path(path) for name, path in files.items()})} if describe else record
 
 
 def kinds_running_in(where: str) -> tuple[str, ...]:

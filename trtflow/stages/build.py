@@ -106,9 +106,14 @@ def run(params: Params, inputs: dict[str, Upstream], workdir: Path) -> StageOutp
     backend = get_backend(params.backend)
     _check_limits(params, request.onnx_path)
     result = backend.engine_from_onnx(request)
-    canonical = canonical_digest(request.engine_path)
-    identity = {"canonical_sha256": {"engine": canonical}, "canonical_form": CANONICAL_FORM} if canonical else {}
-    return StageOutput(files={"engine": request.engine_path}, record={**result.to_record(), **identity})
+    return StageOutput(files={"engine": request.engine_path}, record=result.to_record())
+
+
+def identity(files: dict[str, Path]) -> dict[str, Any]:
+    """The engine's canonical digest for the record (engines equivalent by it are the same build: reproducible
+    releases), where its layout has one; computed by the runner as it stores the engine."""
+    canonical = canonical_digest(files["engine"])
+    return {"canonical_sha256": {"engine": canonical}, "canonical_form": CANONICAL_FORM} if canonical else {}
 
 
 def _check_limits(params: Params, onnx_path: Path) -> None:
@@ -142,6 +147,7 @@ STAGE = Stage(
     VERSION,
     run,
     failure_hint=failure_hint,
+    described=identity,
     runs_in=BUILD_SERVER,
     # not onnx: a build reads the graph only for an architecture with limits, and onnx brings numpy, whose BLAS starts
     # a thread; a build server forks from a single-threaded process
