@@ -80,10 +80,9 @@ def store_outputs(store: Store, job: Job, result: StageResult, seconds: float, r
     """Move a successful stage's files into the store, then write its record naming them (objects first: a crash
     leaves orphan objects, never a record naming a missing one); the record as stored."""
     files = required(result.files, f"{job.node.id}: the files of a successful stage")
-    record = described(
-        job.node.kind, files, required(result.record, f"{job.node.id}: the record of a successful stage")
-    )
+    record = required(result.record, f"{job.node.id}: the record of a successful stage")
     outputs = {name: store.objects.add(Path(path)) for name, path in files.items()}
+    record = described(job.node.kind, {name: store.objects.path(digest) for name, digest in outputs.items()}, record)
     built: StageRecord = {
         "key": job.key,
         "node": job.node.id,
