@@ -268,14 +268,14 @@ def test_a_model_tool_worker_gets_its_large_arrays_in_huge_pages() -> None:
     or "[madvise]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
     reason="transparent huge pages are not in madvise mode here: the tunable changes nothing",
 )
-@pytest.mark.parametrize("kind", ["cleanup", "export"])
+@pytest.mark.parametrize("kind", ["cleanup", "export", "precision"])
 @pytest.mark.parametrize(("model_bytes", "huge"), [(46_000_000, False), (440_000_000, True)])
-def test_a_cleanup_or_export_worker_takes_huge_pages_only_for_large_inputs(
+def test_a_model_tool_worker_takes_huge_pages_only_for_large_inputs(
     tmp_path: Path, kind: str, model_bytes: int, huge: bool
 ) -> None:
-    """A cleanup or export child of small inputs (ResNet-18's 46 MB) gives huge pages up, the tunable notwithstanding:
-    its first ones cost more than they save (docs/memory.md); one of BERT-base's 440 MB keeps them. The worker decides
-    from its task's input files, as it does before running the stage."""
+    """A cleanup, export or precision child of small inputs (ResNet-18's 46 MB) gives huge pages up, the tunable
+    notwithstanding: its first ones cost more than they save (docs/memory.md); one of BERT-base's 440 MB keeps them.
+    The worker decides from its task's input files, as it does before running the stage."""
     import pickle
     import subprocess
     import sys

@@ -397,4 +397,5 @@ STAGE = Stage(
     runs_in=TOOLS_SERVER,
     warm_imports=("trtflow.stages.precision", "trtflow.stages.compare", "onnx", "onnxruntime"),
     memory=expected_memory,
+    huge_pages_above=256 * MIB,
 )

@@ -21,8 +21,8 @@ HERMETIC_BASE = {"PATH": "/usr/local/bin:/usr/bin:/bin", **PINNED}
 # asks for transparent huge pages for what it maps (THP in `madvise` mode, Debian's and Ubuntu's default; nothing
 # changes where THP is `always` or `never`, or the C library is not glibc). A tool that copies a 440 MB model through
 # fresh memory again and again then takes a fault per 2 MiB, not per 4 KiB: BERT-base's int8 stage 59-64 s -> 53 s
-# (6.0 M page faults -> 0.1 M), the same bytes and peak (docs/memory.md). A tunable the user set is kept. A cleanup
-# or export of small inputs gives them up again in its own worker (Stage.huge_pages_above).
+# (6.0 M page faults -> 0.1 M), the same bytes and peak (docs/memory.md). A tunable the user set is kept. A cleanup,
+# export or precision stage of small inputs gives them up again in its own worker (Stage.huge_pages_above).
 HUGE_PAGE_MALLOC = ("glibc.malloc.hugetlb", "1")
 # Passed through when set: where the GPU driver's and CUDA's libraries are, which GPUs a process may use.
 PASSED_THROUGH = ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME")
