@@ -379,11 +379,11 @@ def expected_memory(node: Node) -> tuple[int, float]:
 
     fp16/bf16: trtflow's range pass costs one inference, AutoCast (its whole-model passes on stand-ins, see
     stages.weightless) about three copies of the weights; measured peaks (GiB): Whisper-tiny encoder 0.82 (33 MB),
-    BERT-base 2.48 (440 MB), a 142M-parameter UNet 3.87 (571 MB, the check's activations), GPT-2-large size 8.27
-    (3.1 GB), where this expects 1.11, 2.43, 2.86 and 11.1. int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime
-    (activations of the calibration batches) and converts what stays higher to fp16: ResNet-18 0.90 (46 MB),
-    Whisper-tiny 1.09, BERT-base 5.35-5.70, VGG-19 6.7 (548 MB), where this expects 1.10, 0.95, 5.48 and 7.0 (32 per
-    byte expected 13.7 for BERT-base). fp32 links its model through: 0.07 GB measured for a 3.1 GB model."""
+    BERT-base 2.48 (440 MB), a 142M-parameter UNet 3.87 (571 MB, the check's activations), GPT-2-large size 8.27 (3.1
+    GB), where this expects 1.11, 2.43, 2.86 and 11.1. int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime (activations
+    of the calibration batches) and converts what stays higher to fp16: ResNet-18 0.90 (46 MB), Whisper-tiny 1.09,
+    BERT-base 5.35-5.70, VGG-19 6.7 (548 MB), where this expects 1.10, 0.95, 5.48 and 7.0 (32 per byte expected 13.7 for
+    BERT-base). fp32 links its model through: 0.07 GB measured for a 3.1 GB model."""
     if node.info.precision == "fp32":
         return 200 * MIB, 0.0
     return (1024 * MIB, 3.5) if node.info.precision in AUTOCAST_PRECISIONS else (600 * MIB, 12.0)
