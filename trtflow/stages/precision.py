@@ -22,17 +22,7 @@ from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError, required
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS
 from trtflow.stages import convert, precision_samples
-from trtflow.stages.base import (
-    MIB,
-    Dep,
-    Node,
-    NodeId,
-    NodeInfo,
-    RecipeContext,
-    Stage,
-    StageOutput,
-    Upstream,
-)
+from trtflow.stages.base import MIB, Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, Upstream
 from trtflow.stages.composition import composition
 from trtflow.stages.fallback_blocks import SEARCH_VERSION
 from trtflow.stages.modelfile import FILE_NAMES, MODEL, MODEL_DATA, canonical_order, place_side_by_side, save_model
