@@ -270,6 +270,9 @@ class Placement:
 
 
 MIB = 1 << 20
+# The model tools' stages (export, cleanup, precision) back a child's memory with huge pages only above this many
+# bytes of inputs: below, a short-lived child's first huge pages cost more than they save (docs/memory.md)
+SMALL_INPUTS = 256 * MIB
 
 
 def declared_memory(base: int, per_model_byte: float) -> Callable[[Node], tuple[int, float]]:

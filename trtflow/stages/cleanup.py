@@ -36,6 +36,7 @@ from trtflow.stages import folding
 from trtflow.stages.base import (
     CACHED_UNDER_WARN,
     MIB,
+    SMALL_INPUTS,
     Dep,
     Node,
     NodeId,
@@ -328,5 +329,5 @@ STAGE = Stage(
     memory=declared_memory(400 * MIB, 4.0),
     # measured in cold runs: ResNet-18's (47 MB) 1.3 s without them, 1.8-2.0 s with; BERT-base's (440 MB) 21.9 s with
     # them, 25.9 s without (docs/memory.md)
-    huge_pages_above=256 * MIB,
+    huge_pages_above=SMALL_INPUTS,
 )

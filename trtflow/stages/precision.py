@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from trtflow import calibration, taskdata
 from trtflow.errors import StageError, TrtflowError, required
 from trtflow.recipe.precision import AUTOCAST_PRECISIONS, QUANTIZED_PRECISIONS
-from trtflow.stages import convert, precision_samples
+from trtflow.stages import base, convert, precision_samples
 from trtflow.stages.base import MIB, Dep, Node, NodeId, NodeInfo, RecipeContext, Stage, StageOutput, Upstream
 from trtflow.stages.composition import composition
 from trtflow.stages.fallback_blocks import SEARCH_VERSION
@@ -369,11 +369,11 @@ def expected_memory(node: Node) -> tuple[int, float]:
 
     fp16/bf16: trtflow's range pass costs one inference, AutoCast (its whole-model passes on stand-ins, see
     stages.weightless) about three copies of the weights; measured peaks (GiB): Whisper-tiny encoder 0.82 (33 MB),
-    BERT-base 2.48 (440 MB), a 142M-parameter UNet 3.87 (571 MB, the check's activations), GPT-2-large size 8.27 (3.1
-    GB), where this expects 1.11, 2.43, 2.86 and 11.1. int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime (activations
-    of the calibration batches) and converts what stays higher to fp16: ResNet-18 0.90 (46 MB), Whisper-tiny 1.09,
-    BERT-base 5.35-5.70, VGG-19 6.7 (548 MB), where this expects 1.10, 0.95, 5.48 and 7.0 (32 per byte expected 13.7 for
-    BERT-base). fp32 links its model through: 0.07 GB measured for a 3.1 GB model."""
+    BERT-base 2.48 (440 MB), a 142M-parameter UNet 3.87 (571 MB, the check's activations), GPT-2-large size 8.27
+    (3.1 GB), where this expects 1.11, 2.43, 2.86 and 11.1. int8/fp8: ModelOpt's PTQ calibrates on ONNX Runtime
+    (activations of the calibration batches) and converts what stays higher to fp16: ResNet-18 0.90 (46 MB),
+    Whisper-tiny 1.09, BERT-base 5.35-5.70, VGG-19 6.7 (548 MB), where this expects 1.10, 0.95, 5.48 and 7.0 (32 per
+    byte expected 13.7 for BERT-base). fp32 links its model through: 0.07 GB measured for a 3.1 GB model."""
     if node.info.precision == "fp32":
         return 200 * MIB, 0.0
     return (1024 * MIB, 3.5) if node.info.precision in AUTOCAST_PRECISIONS else (600 * MIB, 12.0)
@@ -387,5 +387,7 @@ STAGE = Stage(
     runs_in=TOOLS_SERVER,
     warm_imports=("trtflow.stages.precision", "trtflow.stages.compare", "onnx", "onnxruntime"),
     memory=expected_memory,
-    huge_pages_above=256 * MIB,
+    # measured (benchmarks/precision_cost.py): ResNet-18's fp16, int8 and fp8 together 9.4 s without them, 10.5 s
+    # with, the run's first paying for fresh huge pages in the kernel; EfficientNet-B0's 13.0 s and 13.6 s
+    huge_pages_above=base.SMALL_INPUTS,
 )

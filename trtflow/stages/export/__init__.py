@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtflow.stages.base import (
-    MIB,
+    SMALL_INPUTS,
     Node,
     Placement,
     RecipeContext,
@@ -57,5 +57,5 @@ STAGE = Stage(
     memory=declared_memory(1 << 30, 4.0),
     # measured on `validate --export` of ResNet-18, EfficientNet-B0 and an encoder from torch factories: 2-6% faster
     # without them in each of 7 alternated rounds; BERT-base's 440 MB folder the same either way (docs/memory.md)
-    huge_pages_above=256 * MIB,
+    huge_pages_above=SMALL_INPUTS,
 )
