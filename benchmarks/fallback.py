@@ -50,6 +50,7 @@ from zoo import SEED, _export  # noqa: E402
 FAMILIES = (
     "bert",
     "bert_narrow_init",
+    "bert_outliers",
 )  # Hugging Face architectures at real size (tests/families.py), token ids as inputs
 
 LIMITS = {"min_cosine": 0.995, "min_top1": 0.9}
