@@ -10,8 +10,10 @@ high as fallback_autocast does, and AutoCast confirms.
    the fp32 outputs computed once, in the agreements whose limits the first try missed (_sensitivity): first by the
    error it removes (the quantized model with the group's nodes off their Q/DQ); for int8/fp8, where that ranking
    keeps too much for `min_share`, again by the error it adds alone (only its nodes quantized). An int8/fp8 trial
-   is one switched model (fallback_switch, emulated once) wired for it, and a ranking's trials run from where they
-   differ from its baseline (fallback_cuts): the same numbers as a rewired copy, bit for bit, for less.
+   is one switched model (fallback_switch, emulated once) wired for it, each tensor read off its Q/DQ as ModelOpt's
+   model keeping those nodes reads it (the Adds and ReduceMeans beside kept nodes too, a tensor another reader still
+   quantizes not), and a ranking's trials run from where they differ from its baseline (fallback_cuts): the same
+   numbers as a rewired copy, bit for bit, for less.
 2. Search. In order of sensitivity (ties by the first node's name), the fewest whole groups whose bypassed model
    meets the limits, found by doubling, then bisecting; then the nodes of the last of those groups (of all of them,
    ranked by the error added alone) are ranked alone and the fewest of them are found the same way
@@ -24,10 +26,7 @@ high as fallback_autocast does, and AutoCast confirms.
    like any other; while it misses, the next nodes join, the step doubling each time (ModelOpt's model can be more
    than a node from its trial: docs/precision.md), at most CONFIRMATIONS times, and never past the point where less
    than `min_share` of the weights or MACs stays in the precision (a step that would go past it is cut short to the
-   most that stays within). Before the first run, an int8/fp8 convolutional network's counts are tried in that order
-   as ModelOpt will make them (fallback_switch.as_modelopt_keeps: the Adds and ReduceMeans beside kept nodes come off
-   their Q/DQ too), and ModelOpt first runs at the first foreseen to meet the limits (_foreseen). The best result
-   found is kept either way, and the record says how it was reached.
+   most that stays within). The best result found is kept either way, and the record says how it was reached.
 """
 
 from __future__ import annotations
@@ -48,12 +47,11 @@ from trtflow.stages.emulation import ort_runnable
 from trtflow.stages.fallback_blocks import QDQ, balanced, blocks
 from trtflow.stages.fallback_cuts import Cuts
 from trtflow.stages.fallback_ranking import Choice, Measure, choose, names_of, remembered
-from trtflow.stages.fallback_switch import as_modelopt_keeps, prunable, resolved, switched, wiring
+from trtflow.stages.fallback_switch import prunable, resolved, switched, wiring
 from trtflow.stages.fallback_trial import Judge, Trial
 from trtflow.util.onnxio import load_graph_only
 
 CONFIRMATIONS = 3  # ModelOpt runs after the search: the search's count kept high, then 1 more, then 2 more than that
-FORESEEN = 4  # trials of ModelOpt's model before its first run, stepping as confirmations do
 # Sensitivities are ranked on the first samples only (each node costs a trial), prefixes judged on all of them:
 # int8/fp8 on one (its trials run several at once, one per core: EfficientNet-B0's int8 ranked on two kept 35 of the
 # same 36 nodes, in twice the time); fp16/bf16 on two (one op's rounding shows in fewer rows: the zoo encoder's fp16
@@ -97,13 +95,11 @@ def search(
     if precision in LOW_TYPES:
         keeper = fallback_autocast.Keeper(graph, precision, required(trial.source, "the fp32 model"))
         judge = Judge(trial, lambda high: ort_runnable(keeper(graph, high))[0])
-        as_modelopt: Callable[[list[str]], list[str]] | None = None  # AutoCast keeps what it is told
         rank_by = functools.partial(_sensitivity, judge, every, metrics, RANKING_SAMPLES["autocast"])
     else:  # one switched model, emulated once, wired for each trial; rankings run from where trials differ
         switched_model, inputs = switched(graph, every)
         board = ort_runnable(switched_model)[0]
         judge = Judge(trial, lambda high: resolved(board, wiring(inputs, high)))
-        as_modelopt = as_modelopt_keeps(graph, every)  # what ModelOpt's model keeping some has high, where known
         groups = [names_of([unit]) for unit in units]
         samples = RANKING_SAMPLES["quantized"]
         rank_by = (
@@ -155,9 +151,6 @@ def search(
     ops = dict(found)
     ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]
     best, confirmed, too_few, step = first, 0, None, 1
-    if as_modelopt is not None and count is not None:  # ModelOpt's first run where its model is foreseen to pass
-        made_as = as_modelopt
-        count, step = _foreseen(count, lambda n: passes(made_as(names[:n])), lambda n: allowed(names[:n]), len(names))
     while count is not None and count <= len(names) and confirmed < CONFIRMATIONS:
         # what keeping them leaves in the precision, read off the quantized graph: no ModelOpt run to find it out
         left = shares_keeping(graph, precision, set(names[:count]))
@@ -197,25 +190,6 @@ def search(
         "passed": best.accuracy["passed"],
         **({"below_min_share": too_few} if too_few else {}),
     }
-
-
-def _foreseen(count: int, meets: Callable[[int], bool], allowed: Callable[[int], bool], most: int) -> tuple[int, int]:
-    """(how many ModelOpt's first run keeps, the step after it): the first of `count` and the counts confirmations
-    would step to after it (FORESEEN of them at most, none past `most` or what `allowed` allows) whose trial as
-    ModelOpt will make it (`meets`: the trial of what fallback_switch.as_modelopt_keeps has high) meets the limits;
-    `count` when none does, ModelOpt's own model then the judge. A trial costs a fraction of a ModelOpt run:
-    MobileNetV3-small's int8 search met the limits keeping 4 nodes, and ModelOpt's model keeping 4 missed them, as
-    its trial as ModelOpt makes it did (a ReduceMean beside a kept Mul off its Q/DQ); keeping 5 met them in both, bit
-    for bit."""
-    tried, step = count, 1
-    for _ in range(FORESEEN):
-        if meets(tried):
-            return tried, step
-        later = _next_count(tried, step, allowed)
-        if later > most or not allowed(later):
-            break
-        tried, step = later, step * 2
-    return count, 1
 
 
 def _next_count(count: int, step: int, allowed: Callable[[int], bool]) -> int:

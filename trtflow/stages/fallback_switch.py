@@ -9,12 +9,12 @@ ranking's group keeps its own switches free, in the part of the model they reach
 
 The numbers are those of a copy rewired by hand, bit for bit: a wired switch reads the very tensor, a free one copies
 it unchanged, and the check's sessions run every node as written (no graph optimization, so no fusion sees a Where).
-`as_modelopt_keeps` says which switches a keep sets as ModelOpt's own model keeping those nodes would read.
+Which tensors a keep reads off their Q/DQ is what ModelOpt's own model keeping those nodes reads (`switched`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -24,24 +24,49 @@ SWITCH = "trtflow_keep_high_"  # the boolean input of candidate i is SWITCH + st
 
 def switched(graph: Any, names: list[str]) -> tuple[Any, dict[str, str]]:
     """(a copy of `graph` in which each named node's quantized inputs are switched, {node name: its switch input}).
-    A named node with no input through Quantize -> Dequantize gets no switch (keeping it high changes nothing)."""
+    A named node with no input through Quantize -> Dequantize gets no switch (keeping it high changes nothing).
+
+    A switch reads a tensor off its Q/DQ as ModelOpt's model keeping those nodes does (`nodes_to_exclude`): a kept
+    Conv, MatMul or Gemm reads its inputs before their QuantizeLinear; any other node reads a tensor before it only
+    once no reader of it that is quantized for its own sake is quantized (`free`): ONNX Runtime's quantizer gives a
+    tensor one Q/DQ, which every reader then reads, and a residual Add, Sum or ReduceMean is quantized only beside
+    such a reader where it has one. BERT-base: keeping a residual Add whose other input, a LayerNorm's output, is
+    also read by the next attention's projections reads that input quantized while they are; a trial reading it
+    before its Q/DQ met cosine 0.995 where ModelOpt's model keeping the same nodes reached 0.991."""
     import onnx
 
     made_by = {o: n for n in graph.graph.node for o in n.output}
     model = onnx.ModelProto()
     model.CopyFrom(graph)
     order = {name: index for index, name in enumerate(names)}
-    inputs: dict[str, str] = {}
-    nodes: list[Any] = []
+    ops: dict[str, str] = {}
+    readers: dict[str, list[str]] = {}  # a quantized tensor (before its QuantizeLinear) -> the named nodes reading it
     for node in model.graph.node:
         if node.name in order:
+            for name in node.input:
+                before = _before_quantize(made_by, name)
+                if before is not None:
+                    ops[node.name] = node.op_type
+                    if node.name not in readers.setdefault(before, []):
+                        readers[before].append(node.name)
+    inputs = {name: f"{SWITCH}{order[name]}" for name in ops}  # graph order
+    free = _Conditions(inputs)
+    nodes: list[Any] = []
+    for node in model.graph.node:
+        if node.name in ops:
             for index, name in enumerate(node.input):
                 before = _before_quantize(made_by, name)
                 if before is None:
                     continue
-                switch = inputs.setdefault(node.name, f"{SWITCH}{order[node.name]}")
+                if ops[node.name] in LINEAR:
+                    condition = inputs[node.name]
+                else:
+                    own = [r for r in readers[before] if ops[r] not in BESIDE] or readers[before]
+                    condition = free.all_of(own, nodes)
                 chosen = f"{name}__switched_{order[node.name]}_{index}"
-                nodes.append(onnx.helper.make_node("Where", [switch, before, name], [chosen], name=f"{chosen}/where"))
+                nodes.append(
+                    onnx.helper.make_node("Where", [condition, before, name], [chosen], name=f"{chosen}/where")
+                )
                 node.input[index] = chosen
         nodes.append(node)
     del model.graph.node[:]
@@ -52,58 +77,34 @@ def switched(graph: Any, names: list[str]) -> tuple[Any, dict[str, str]]:
     return model, inputs
 
 
+FREE = "__free"  # the suffix of an And of switches (a tensor read off its Q/DQ only when every one is set)
+
+
+class _Conditions:
+    """The boolean tensor that holds when every named node's switch is set: the switch itself for one, an And chain
+    made once per set of nodes for more."""
+
+    def __init__(self, inputs: dict[str, str]):
+        self.inputs = inputs
+        self.made: dict[tuple[str, ...], str] = {}
+
+    def all_of(self, names: list[str], nodes: list[Any]) -> str:
+        import onnx
+
+        switches = [self.inputs[name] for name in names]
+        condition = switches[0]
+        for count in range(2, len(switches) + 1):
+            key = tuple(switches[:count])
+            if key not in self.made:
+                made = f"{'_'.join(s.removeprefix(SWITCH) for s in key)}{FREE}"
+                nodes.append(onnx.helper.make_node("And", [condition, key[-1]], [made], name=f"{made}/and"))
+                self.made[key] = made
+            condition = self.made[key]
+        return condition
+
+
 LINEAR = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # kept out, ModelOpt takes every input of one off its Q/DQ
 BESIDE = ("Add", "Sum", "ReduceMean")  # ModelOpt quantizes what they read only for another reader of it
-# Where as_modelopt_keeps was measured to name what ModelOpt's model reads off its Q/DQ, bit for bit: convolutional
-# networks. In a transformer ModelOpt's attention partitions place more than that (the zoo encoder: a kept Add took a
-# Transpose off its Q/DQ too), so there the search judges no keep as ModelOpt will make it.
-FORESEEABLE = frozenset(
-    ("Conv", "ConvTranspose", "Gemm", "Mul", "Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "MaxPool")
-    + ("AveragePool", "GlobalAveragePool", *BESIDE)
-)
-
-
-def as_modelopt_keeps(graph: Any, names: list[str]) -> Callable[[Iterable[str]], list[str]] | None:
-    """What reads off its Q/DQ in ModelOpt's model when `nodes_to_exclude` keeps some of the named nodes (`graph`
-    quantized with none kept): a kept Conv, MatMul or Gemm (ModelOpt removes its inputs' Q/DQ), and every named node
-    whose every quantized input is quantized no more, a tensor being quantized while a reader of it that is not kept
-    is quantized for its own sake (ONNX Runtime's quantizer then has every reader of it read its DequantizeLinear).
-    A residual Add or a ReduceMean is quantized only beside another reader where it has one.
-
-    Measured: on EfficientNet-B0's int8, ModelOpt's model keeping 35 nodes had 11 more off their Q/DQ (the Adds and
-    ReduceMeans beside kept convolutions), each one so explained, and no other. On the zoo's MobileNetV3-,
-    EfficientNet- and ResNet-style models, 5 keeps each: int8 names exactly what ModelOpt's model reads off its Q/DQ
-    in all 15, whose trials compute ModelOpt's models bit for bit (tests/stages/test_fallback.py); fp8 in 14 (in the
-    15th ModelOpt also took the residual Add of a downsampling block off, beside its kept convolution: no rule found
-    that holds for both). A wrong foresight costs a ModelOpt run or keeps a node more, never a wrong result: ModelOpt's
-    model is checked. None where a named node is of a type outside FORESEEABLE (a MatMul: a transformer)."""
-    made_by = {o: n for n in graph.graph.node for o in n.output}
-    wanted = set(names)
-    ops: dict[str, str] = {}
-    sources: dict[str, set[str]] = {}
-    readers: dict[str, set[str]] = {}
-    for node in graph.graph.node:
-        if node.name in wanted:
-            ops[node.name] = node.op_type
-            for name in node.input:
-                before = _before_quantize(made_by, name)
-                if before is not None:
-                    sources.setdefault(node.name, set()).add(before)
-                    readers.setdefault(before, set()).add(node.name)
-    if any(op not in FORESEEABLE for op in ops.values()):
-        return None
-    own = {t: {r for r in rs if ops[r] not in BESIDE} or rs for t, rs in readers.items()}
-
-    def high(kept: Iterable[str]) -> list[str]:
-        out = set(kept)
-        still = {t for t, rs in own.items() if rs - out}  # quantized for a reader not kept
-        return sorted(
-            name
-            for name in names
-            if (name in out and ops.get(name) in LINEAR) or (name in sources and not sources[name] & still)
-        )
-
-    return high
 
 
 def wiring(inputs: dict[str, str], high: Iterable[str]) -> dict[str, bool]:
@@ -134,17 +135,19 @@ def resolved(model: Any, fixed: dict[str, bool]) -> Any:
     (the same values: the branches were rounded where they were made). No copy per run, unlike a Where."""
     import onnx
 
+    known, same = _folded(model, fixed)
     wired: dict[str, str] = {}
     for node in model.graph.node:
-        if node.op_type == "Where" and node.input[0] in fixed:
+        if node.op_type == "Where" and same.get(node.input[0], node.input[0]) in known:
             made = node.output[0].removesuffix("__fp32")
-            branch = node.input[1] if fixed[node.input[0]] else node.input[2]
+            branch = node.input[1] if known[same.get(node.input[0], node.input[0])] else node.input[2]
             wired.update({made: branch, f"{made}__fp32": branch, f"{made}__reduced": branch})
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    nodes = [node for node in copy.graph.node if not all(o in wired for o in node.output)]
+    folded = set(known) | set(same)
+    nodes = [node for node in copy.graph.node if not all(o in wired or o in folded for o in node.output)]
     for node in nodes:
-        node.input[:] = [wired.get(name, name) for name in node.input]
+        node.input[:] = [wired.get(name, same.get(name, name)) for name in node.input]
     del copy.graph.node[:]
     copy.graph.node.extend(nodes)
     gone = set(fixed)
@@ -152,6 +155,22 @@ def resolved(model: Any, fixed: dict[str, bool]) -> Any:
     del copy.graph.input[:]
     copy.graph.input.extend(kept_inputs)
     return copy
+
+
+def _folded(model: Any, fixed: dict[str, bool]) -> tuple[dict[str, bool], dict[str, str]]:
+    """(every switch and condition whose value `fixed` decides, {a condition `fixed` reduces to one free switch or
+    condition: that one}): an And of a set switch is its other input, of an unset one false."""
+    known: dict[str, bool] = dict(fixed)
+    same: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type == "And" and node.output[0].endswith(FREE):
+            first, second = (same.get(name, name) for name in node.input)
+            values = (known.get(first), known.get(second))
+            if False in values or values == (True, True):
+                known[node.output[0]] = values == (True, True)
+            elif values[0] is True or values[1] is True:
+                same[node.output[0]] = second if values[0] is True else first
+    return known, same
 
 
 def prunable(model: Any) -> bool:
