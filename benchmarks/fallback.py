@@ -1,19 +1,20 @@
 """`fallback: auto` on real-size models: what plain int8 (or fp8) reaches, what the search reaches within min_share,
 and what the search costs against the stage without it, measured in one run.
 
-    python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert bert_narrow_init] [--files 12]
-                                  [--precision int8|fp8] [--min-share 0.5] [--workdir DIR]
+    python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert bert_narrow_init bert_outliers]
+                                  [--files 12] [--precision int8|fp8] [--min-share 0.5] [--workdir DIR]
                                   [--quantize '{high_precision: fp32, exclude_op_types: [Add]}']
                                   [--task [--noise N] [--train all]]
 
 Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
-BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py at two weight scales, whose token
-ids come from trtflow's seeded random inputs; seeded random weights), one project with two recipes of the same ONNX,
-`--precision` (int8 by default) for rtx-ada (sm_89, which has fp8), `--files` seeded calibration batches at the opt
-shape (half held out), limits cosine 0.995 and top-1 0.9 (the issue's acceptance), `verify: {on_fail: warn}` so a miss
-is recorded. With `--task`, an image model's last Linear is trained on a synthetic 100-class task and its files are
-that task's images (benchmarks/image_task.py): logits with a trained classifier's margins, not random ones that nearly
-tie; with `--train all`, every layer is trained on the task (the backbone's activations then are a trained network's).
+BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py at two weight scales, and with
+a trained BERT's outlier dimensions, whose token ids come from trtflow's seeded random inputs; seeded random
+weights), one project with two recipes of the same ONNX, `--precision` (int8 by default) for rtx-ada (sm_89, which
+has fp8), `--files` seeded calibration batches at the opt shape (half held out), limits cosine 0.995 and top-1 0.9
+(the issue's acceptance), `verify: {on_fail: warn}` so a miss is recorded. With `--task`, an image model's last
+Linear is trained on a synthetic 100-class task and its files are that task's images (benchmarks/image_task.py):
+logits with a trained classifier's margins, not random ones that nearly tie; with `--train all`, every layer is
+trained on the task (the backbone's activations then are a trained network's).
 Two recipes:
   - plain: `fallback: none`, today's stage;
   - fallback: `fallback: auto, min_share: <--min-share>` (0.5 by default);
