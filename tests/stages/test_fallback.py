@@ -391,30 +391,34 @@ def test_every_trial_and_every_cut_ranking_trial_compute_what_a_rewired_copy_doe
 
 def _rewired(graph: onnx.ModelProto, high: list[str]) -> onnx.ModelProto:
     """A copy whose `high` nodes read each input that comes through QuantizeLinear -> DequantizeLinear before it."""
-    made_by = {o: n for n in graph.graph.node for o in n.output}
     copy = onnx.ModelProto()
     copy.CopyFrom(graph)
-    for node in copy.graph.node:
-        for index, name in enumerate(node.input):
-            dequantize = made_by.get(name)
-            if node.name in high and dequantize is not None and dequantize.op_type == "DequantizeLinear":
-                quantize = made_by.get(dequantize.input[0])
-                if quantize is not None and quantize.op_type == "QuantizeLinear":
-                    node.input[index] = quantize.input[0]
+    for node, index, before in _qdq_reads(copy):
+        if node.name in high:
+            node.input[index] = before
     return copy
 
 
-def _quantized_reads(graph: onnx.ModelProto) -> dict[str, list[str]]:
-    """{a tensor ModelOpt quantized (what its QuantizeLinear reads): the nodes reading its DequantizeLinear}."""
+def _qdq_reads(graph: onnx.ModelProto) -> list[tuple[onnx.NodeProto, int, str]]:
+    """(node, input index, the tensor its QuantizeLinear reads) of each node input that comes through QuantizeLinear
+    -> DequantizeLinear."""
     made_by = {o: n for n in graph.graph.node for o in n.output}
-    reads: dict[str, list[str]] = {}
+    reads = []
     for node in graph.graph.node:
-        for name in node.input:
+        for index, name in enumerate(node.input):
             dequantize = made_by.get(name)
             if dequantize is not None and dequantize.op_type == "DequantizeLinear":
                 quantize = made_by.get(dequantize.input[0])
                 if quantize is not None and quantize.op_type == "QuantizeLinear":
-                    reads.setdefault(quantize.input[0], []).append(node.name)
+                    reads.append((node, index, str(quantize.input[0])))
+    return reads
+
+
+def _quantized_reads(graph: onnx.ModelProto) -> dict[str, list[str]]:
+    """{a tensor ModelOpt quantized (what its QuantizeLinear reads): the nodes reading its DequantizeLinear}."""
+    reads: dict[str, list[str]] = {}
+    for node, _, before in _qdq_reads(graph):
+        reads.setdefault(before, []).append(node.name)
     return reads
 
 
@@ -423,28 +427,19 @@ def _as_modelopt(graph: onnx.ModelProto, kept: list[str]) -> onnx.ModelProto:
     Q/DQ while a reader of it that is not kept quantizes it for its own sake (a Conv, MatMul, Gemm, Mul, ...: any but
     an Add, Sum or ReduceMean, which do only where nothing else reads it), and a kept Conv, MatMul or Gemm reads its
     inputs before it whatever the others do."""
-    reads = _quantized_reads(graph)
     ops = {n.name: n.op_type for n in graph.graph.node}
     beside = ("Add", "Sum", "ReduceMean")
     quantized = {
         t
-        for t, readers in reads.items()
+        for t, readers in _quantized_reads(graph).items()
         if any(r not in kept for r in ([r for r in readers if ops[r] not in beside] or readers))
     }
-    made_by = {o: n for n in graph.graph.node for o in n.output}
     copy = onnx.ModelProto()
     copy.CopyFrom(graph)
-    for node in copy.graph.node:
-        for index, name in enumerate(node.input):
-            dequantize = made_by.get(name)
-            if dequantize is None or dequantize.op_type != "DequantizeLinear":
-                continue
-            quantize = made_by.get(dequantize.input[0])
-            if quantize is None or quantize.op_type != "QuantizeLinear":
-                continue
-            linear = node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm") and node.name in kept
-            if linear or quantize.input[0] not in quantized:
-                node.input[index] = quantize.input[0]
+    for node, index, before in _qdq_reads(copy):
+        linear = node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm") and node.name in kept
+        if linear or before not in quantized:
+            node.input[index] = before
     return copy
 
 
