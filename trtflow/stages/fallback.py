@@ -9,15 +9,15 @@ high as fallback_autocast does, and AutoCast confirms.
    group is measured with the same emulation as the accuracy check, on the first RANKING_SAMPLES samples, against
    the fp32 outputs computed once, in the agreements whose limits the first try missed (_sensitivity): first by the
    error it removes (the quantized model with the group's nodes off their Q/DQ); for int8/fp8, where that ranking
-   keeps too much for `min_share`, again by the error it adds alone (only its nodes quantized). An int8/fp8 trial
+   keeps too much for `min_share`, every node again by the error it adds alone (only it quantized). An int8/fp8 trial
    is one switched model (fallback_switch, emulated once) wired for it, each tensor read off its Q/DQ as ModelOpt's
    model keeping those nodes reads it (the Adds and ReduceMeans beside kept nodes too, a tensor another reader still
    quantizes not), and a ranking's trials run from where they differ from its baseline (fallback_cuts): the same
    numbers as a rewired copy, bit for bit, for less.
 2. Search. In order of sensitivity (ties by the first node's name), the fewest whole groups whose bypassed model
-   meets the limits, found by doubling, then bisecting; then the nodes of the last of those groups (of all of them,
-   ranked by the error added alone) are ranked alone and the fewest of them are found the same way
-   (fallback_ranking). A model with no residual connections is ranked node by node. Each choice is made by numbers
+   meets the limits, found by doubling, then bisecting; then the nodes of the last of those groups are ranked alone
+   and the fewest of them are found the same way (fallback_ranking); ranked by the error added alone, the fewest
+   nodes. A model with no residual connections is ranked node by node. Each choice is made by numbers
    alone. No more nodes are tried than `min_share` allows (read off the quantized graph, without a ModelOpt run);
    only when no ranking meets the limits within it does the last ranking go past it, to say what would (each trial runs
    once).
@@ -136,17 +136,24 @@ def search(
     def within_share(choice: Choice) -> bool:
         return choice.count is not None and allowed(choice.names[: choice.count])
 
+    def ranked_units(alone: bool) -> tuple[list[list[tuple[str, str]]], bool]:
+        """(what a ranking measures, whether those are groups): by the error removed, groups, then the nodes of the
+        last one kept; by the error added alone, every node (a node's trial runs one batch from its cut, a fraction of
+        a prefix trial's held-out samples: ranking groups first and trying prefixes of them cost EfficientNet-B0's
+        int8 more than the nodes of every group it kept, which were all of them)."""
+        return ([[c] for c in found], False) if alone else (units, grouped)
+
     # first by the error a group removes (cheap where a few nodes make it); int8/fp8 where that keeps too much: by
-    # the error each adds alone, node by node within the groups kept (where it is spread over many)
+    # the error each node adds alone (where it is spread over many)
     rankings = (False, True) if precision not in LOW_TYPES else (False,)
     for alone in rankings:  # the first whose choice is within min_share
-        chosen = choose(measure(alone), units, grouped, alone, passes, allowed)
+        chosen = choose(measure(alone), *ranked_units(alone), alone, passes, allowed)
         if within_share(chosen):
             break
     else:  # none within min_share: the fewest the last ranking keeps whatever the share, what the failure reports
         # (the last: its node ranking is measured already, where going past with the first would rank its last group's
         # nodes too; EfficientNet-B0's fp8 spent 16 of 99 trial models on that)
-        chosen = choose(measure(rankings[-1]), units, grouped, rankings[-1], passes)
+        chosen = choose(measure(rankings[-1]), *ranked_units(rankings[-1]), rankings[-1], passes)
     names, count, sensitivity = chosen.names, chosen.count, chosen.sensitivity
     ops = dict(found)
     ranked = [{"name": name, "op": ops[name], "sensitivity": sensitivity[name]} for name in names]

@@ -13,15 +13,16 @@ from typing import Any
 
 # The search's version, in the key of every stage that searches (and of no other): 10's int8/fp8 trials read off their
 # Q/DQ the tensors ModelOpt's model keeping the same nodes does (9 read every input of the kept nodes, and judged a
-# convolutional network's keeps again as ModelOpt would make them before its first run); 9 ranks int8/fp8 on one
-# sample (8 on two); 8 goes past min_share, to report what would meet the limits, with the last ranking only (7 with
-# each); 7 cuts a confirmation's step short where it would leave less than min_share in the precision (6 stopped
-# there); 6 confirms with 1, then 2 more nodes (the step doubles) when ModelOpt's model misses where its trial met the
-# limits; 5 no longer tries the most nodes min_share allows first (keeping more can miss where fewer meet the limits);
-# 4 tries no more nodes than min_share allows, the most it allows first (where a trial meets the limits, so does one
-# keeping more: the keep of 3); 3 ranks by the error a group removes, then (int8/fp8, where that keeps too much) by
-# the error each adds alone; 2 ranked by the error removed only; 2 to 4 rank groups of blocks, then nodes; 1 ranked
-# every node alone.
+# convolutional network's keeps again as ModelOpt would make them before its first run), and 10 ranks every node by
+# the error it adds alone, without ranking groups first (9 ranked groups, then the nodes of the groups kept); 9 ranks
+# int8/fp8 on one sample (8 on two); 8 goes past min_share, to report what would meet the limits, with the last
+# ranking only (7 with each); 7 cuts a confirmation's step short where it would leave less than min_share in the
+# precision (6 stopped there); 6 confirms with 1, then 2 more nodes (the step doubles) when ModelOpt's model misses
+# where its trial met the limits; 5 no longer tries the most nodes min_share allows first (keeping more can miss where
+# fewer meet the limits); 4 tries no more nodes than min_share allows, the most it allows first (where a trial meets
+# the limits, so does one keeping more: the keep of 3); 3 ranks by the error a group removes, then (int8/fp8, where
+# that keeps too much) by the error each adds alone; 2 ranked by the error removed only; 2 to 4 rank groups of blocks,
+# then nodes; 1 ranked every node alone.
 SEARCH_VERSION = 10
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 PASS_THROUGH = (*QDQ, "Cast", "Identity")  # what a weight or a constant may go through on its way to an Add
