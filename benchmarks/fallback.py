@@ -4,7 +4,7 @@ and what the search costs against the stage without it, measured in one run.
     python benchmarks/fallback.py [--models resnet18 mobilenet_v3_small encoder bert bert_narrow_init bert_outliers]
                                   [--files 12] [--precision int8|fp8] [--min-share 0.5] [--workdir DIR]
                                   [--quantize '{high_precision: fp32, exclude_op_types: [Add]}']
-                                  [--task [--noise N] [--train all]]
+                                  [--task [--noise N] [--train all] [--max-drop D]]
 
 Per model (benchmarks/torchvision_like.py: torchvision's ResNet-18 and MobileNetV3-small at real size with settled
 BatchNorm statistics, a 4-layer transformer encoder; BERT-base from tests/families.py at two weight scales, and with
@@ -14,7 +14,8 @@ has fp8), `--files` seeded calibration batches at the opt shape (half held out),
 (the issue's acceptance), `verify: {on_fail: warn}` so a miss is recorded. With `--task`, an image model's last
 Linear is trained on a synthetic 100-class task and its files are that task's images (benchmarks/image_task.py):
 logits with a trained classifier's margins, not random ones that nearly tie; with `--train all`, every layer is
-trained on the task (the backbone's activations then are a trained network's).
+trained on the task (the backbone's activations then are a trained network's); with `--max-drop D`, each recipe also
+scores top-1 on held-out labelled images of the task and holds it to `max_drop: {top1: D}` against fp32's.
 Two recipes:
   - plain: `fallback: none`, today's stage;
   - fallback: `fallback: auto, min_share: <--min-share>` (0.5 by default);
@@ -69,14 +70,17 @@ def write_project(
     task: bool = False,
     noise: float | None = None,
     whole: bool = False,
+    max_drop: float | None = None,
 ) -> None:
     """pipeline.yaml (rtx-ada), recipes plain and fallback over models/<name>.onnx, calibration files (a text model:
     trtflow's seeded random token ids, valid for its tables, `files // 2` of them to calibrate on; an image model with
-    `task`: a trained head, or every layer trained with `whole`, and the task's images)."""
+    `task`: a trained head, or every layer trained with `whole`, and the task's images; with `max_drop` too, `files //
+    2` batches of the task's labelled images, held to that drop in top-1 against their labels)."""
     (root / "recipes").mkdir(parents=True)
     (root / "models").mkdir()
     targets = {"rtx-ada": {"backend": "tensorrt-rtx", "compute_capabilities": ["sm_89"]}}
     (root / "pipeline.yaml").write_text(yaml.safe_dump({"targets": targets}))
+    labelled: dict = {}
     if name in FAMILIES:
         model = family_model(name, root.parent / "cache")
         shutil.copyfile(model.path, root / "models" / "m.onnx")
@@ -94,6 +98,8 @@ def write_project(
             said = f"{right:.0%} of fresh samples right, top-2 margin {margin:.2f}"
             print(f"{name}: {trained} trained on the task: {said}")
             batches = [{"input": batch} for batch in images.batches(files, profile["input"].opt[0])]
+            if max_drop is not None:
+                labelled = _labelled_rows(root, images, files // 2, profile["input"].opt[0])
         else:
             model, rng = make(), np.random.default_rng(SEED)
             shapes = {key: shape.opt for key, shape in profile.items()}
@@ -103,13 +109,14 @@ def write_project(
         for index, arrays in enumerate(batches):
             np.savez(folder / f"{index:02d}.npz", **arrays)
         calibration = {"data": "calib/*.npz"}
+    task_limit = {"max_drop": {"top1": max_drop}} if labelled else {}
     for recipe, extra in (("plain", {}), ("fallback", {"fallback": "auto", "min_share": min_share})):
         text = {
             "source": {"onnx": "models/m.onnx"},
             "precisions": [precision],
             "targets": ["rtx-ada"],
             "calibration": calibration,
-            "accuracy": {"samples": files // 2, precision: {**LIMITS, **extra}},
+            "accuracy": {"samples": files // 2, **labelled, precision: {**LIMITS, **task_limit, **extra}},
             "verify": {"on_fail": "warn"},
             **({"quantize": quantize} if quantize else {}),
             "profiles": [{"inputs": {k: s.as_recipe() for k, s in profile.items()}}],
@@ -117,12 +124,26 @@ def write_project(
         (root / "recipes" / f"{recipe}.yaml").write_text(yaml.safe_dump(text, sort_keys=False))
 
 
+def _labelled_rows(root: Path, images: ImageTask, files: int, batch: int) -> dict:
+    """`files` batches of the task's images and their labels under root/val; the recipe's accuracy.data and labels."""
+    (root / "val").mkdir()
+    labels = []
+    for index in range(files):
+        rows, classes = images.samples(batch)
+        np.savez(root / "val" / f"{index:02d}.npz", input=rows.numpy().astype(np.float32))
+        labels.append(classes.numpy())
+    np.save(root / "val" / "labels.npy", np.concatenate(labels).astype(np.int64))
+    return {"data": "val/*.npz", "labels": "val/labels.npy"}
+
+
 def summary(record: dict, precision: str) -> str:
     """`cosine 0.99, top-1 0.9, MACs in int8 97%, passed True` of a precision record."""
     outputs = record["accuracy"]["outputs"][0]
     made = record["composition"]
+    task = record["accuracy"].get("task")
+    scored = f", top-1 against labels {task['value']} (fp32 {task['fp32']}, drop {task['drop']})" if task else ""
     return (
-        f"cosine {outputs['cosine_similarity']:.6f}, top-1 {outputs.get('top1_agreement')}, "
+        f"cosine {outputs['cosine_similarity']:.6f}, top-1 {outputs.get('top1_agreement')}{scored}, "
         f"MACs in {precision} {made['mac_share']:.1%}, passed {record['accuracy']['passed']}"
     )
 
@@ -159,6 +180,9 @@ def main() -> int:
     parser.add_argument("--task", action="store_true", help="image models: a trained head, the task's images")
     parser.add_argument("--noise", type=float, help="with --task: the task's noise for every model (default: NOISE's)")
     parser.add_argument(
+        "--max-drop", type=float, help="with --task: labelled rows of the task, top-1 held to this drop"
+    )
+    parser.add_argument(
         "--train", choices=["head", "all"], default="head", help="with --task: train the classifier, or every layer"
     )
     args = parser.parse_args()
@@ -171,7 +195,16 @@ def main() -> int:
     for name in args.models:
         root = work / name
         write_project(
-            root, name, args.files, precision, args.min_share, args.quantize, args.task, args.noise, args.train == "all"
+            root,
+            name,
+            args.files,
+            precision,
+            args.min_share,
+            args.quantize,
+            args.task,
+            args.noise,
+            args.train == "all",
+            args.max_drop,
         )
         print()
         # a first run makes the store (a cold run starts its servers otherwise), then each recipe is timed alike
