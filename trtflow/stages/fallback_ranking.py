@@ -30,20 +30,18 @@ def choose(
     passes: Callable[[list[str]], bool],
     allowed: Callable[[list[str]], bool] | None = None,
 ) -> Choice:
-    """Groups ranked by `measure`; the fewest whole groups that pass; then the nodes of the groups kept (of the last
-    one only when ranking by the error removed, where the groups before it are kept whole) ranked alone, and the
-    fewest of them that pass. With `allowed` (whether keeping those names leaves enough in the precision), no more
-    nodes than it allows are tried, and by the error removed no more whole groups before the last than it allows: the
-    trials that could only find a keep it refuses are not run."""
+    """Groups ranked by `measure` (`alone`: what measured them, recorded); the fewest whole groups that pass; then,
+    where they are `grouped`, the nodes of the last of them ranked alone, and the fewest of them that pass beside the
+    groups before. With `allowed` (whether keeping those names leaves enough in the precision), no more nodes than it
+    allows are tried, and no more whole groups before the last than it allows: the trials that could only find a keep
+    it refuses are not run."""
     ranked_groups = ranked(measure, groups)
     sensitivity = {name: value for value, group in ranked_groups for name, _ in group}
     order = [group for _, group in ranked_groups]
     names, count = names_of(order), None
-    whole = shortest_passing_prefix(
-        len(order), lambda n: passes(names_of(order[:n])), _cap(order, grouped, alone, allowed)
-    )
+    whole = shortest_passing_prefix(len(order), lambda n: passes(names_of(order[:n])), _cap(order, grouped, allowed))
     if whole is not None:
-        base = [] if alone else names_of(order[: whole - 1])
+        base = names_of(order[: whole - 1])
         inner = names_of(order[:whole])[len(base) :]
         refined = grouped and len(inner) > 1
         if refined:
@@ -57,16 +55,11 @@ def choose(
     return Choice(names, count, sensitivity, alone)
 
 
-def _cap(
-    order: list[list[tuple[str, str]]], grouped: bool, alone: bool, allowed: Callable[[list[str]], bool] | None
-) -> int | None:
-    """How many of the ranked groups are worth trying: ungrouped (each a node), as many as allowed; by the error
-    removed, one more than allowed (the ones before the last stay whole); by the error added alone, all (only the
-    nodes ranked within them are kept)."""
+def _cap(order: list[list[tuple[str, str]]], grouped: bool, allowed: Callable[[list[str]], bool] | None) -> int | None:
+    """How many of the ranked groups are worth trying: ungrouped (each a node), as many as allowed; groups, one more
+    than allowed (the ones before the last stay whole, of the last only some nodes may be kept)."""
     most = _most(len(order), lambda n: names_of(order[:n]), allowed)
-    if most is None or not grouped:
-        return most
-    return None if alone else most + 1
+    return most if most is None or not grouped else most + 1
 
 
 def _most(total: int, prefix: Callable[[int], list[str]], allowed: Callable[[list[str]], bool] | None) -> int | None:
