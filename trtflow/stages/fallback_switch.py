@@ -39,35 +39,32 @@ def switched(graph: Any, names: list[str]) -> tuple[Any, dict[str, str]]:
     model = onnx.ModelProto()
     model.CopyFrom(graph)
     order = {name: index for index, name in enumerate(names)}
+    quantized: dict[str, dict[int, str]] = {}  # named node -> {input index: the tensor before its QuantizeLinear}
+    readers: dict[str, list[str]] = {}  # a quantized tensor -> the named nodes reading it, in graph order
     ops: dict[str, str] = {}
-    readers: dict[str, list[str]] = {}  # a quantized tensor (before its QuantizeLinear) -> the named nodes reading it
     for node in model.graph.node:
         if node.name in order:
-            for name in node.input:
+            for index, name in enumerate(node.input):
                 before = _before_quantize(made_by, name)
                 if before is not None:
+                    quantized.setdefault(node.name, {})[index] = before
                     ops[node.name] = node.op_type
                     if node.name not in readers.setdefault(before, []):
                         readers[before].append(node.name)
-    inputs = {name: f"{SWITCH}{order[name]}" for name in ops}  # graph order
+    inputs = {name: f"{SWITCH}{order[name]}" for name in quantized}  # graph order
     free = _Conditions(inputs)
     nodes: list[Any] = []
     for node in model.graph.node:
-        if node.name in ops:
-            for index, name in enumerate(node.input):
-                before = _before_quantize(made_by, name)
-                if before is None:
-                    continue
-                if ops[node.name] in LINEAR:
-                    condition = inputs[node.name]
-                else:
-                    own = [r for r in readers[before] if ops[r] not in BESIDE] or readers[before]
-                    condition = free.all_of(own, nodes)
-                chosen = f"{name}__switched_{order[node.name]}_{index}"
-                nodes.append(
-                    onnx.helper.make_node("Where", [condition, before, name], [chosen], name=f"{chosen}/where")
-                )
-                node.input[index] = chosen
+        for index, before in quantized.get(node.name, {}).items():
+            name = node.input[index]
+            if ops[node.name] in LINEAR:
+                condition = inputs[node.name]
+            else:
+                own = [r for r in readers[before] if ops[r] not in BESIDE] or readers[before]
+                condition = free.all_of(own, nodes)
+            chosen = f"{name}__switched_{order[node.name]}_{index}"
+            nodes.append(onnx.helper.make_node("Where", [condition, before, name], [chosen], name=f"{chosen}/where"))
+            node.input[index] = chosen
         nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
@@ -138,9 +135,10 @@ def resolved(model: Any, fixed: dict[str, bool]) -> Any:
     known, same = _folded(model, fixed)
     wired: dict[str, str] = {}
     for node in model.graph.node:
-        if node.op_type == "Where" and same.get(node.input[0], node.input[0]) in known:
+        condition = same.get(node.input[0], node.input[0]) if node.op_type == "Where" else None
+        if condition in known:
             made = node.output[0].removesuffix("__fp32")
-            branch = node.input[1] if known[same.get(node.input[0], node.input[0])] else node.input[2]
+            branch = node.input[1] if known[condition] else node.input[2]
             wired.update({made: branch, f"{made}__fp32": branch, f"{made}__reduced": branch})
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
